@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// placeIDs places /counters/{prefix}0..n-1 and returns each id's owner.
+func placeIDs(ctx context.Context, t *testing.T, pb *Pinboard, prefix string, n int) (ids []string, owners map[string]string) {
+	t.Helper()
+	owners = map[string]string{}
+	for i := range n {
+		id := prefix + strconv.Itoa(i)
+		w, _, err := whoami(ctx, pb, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		owners[id] = w
+	}
+	return ids, owners
+}
+
+// A worker stopped with SIGTERM releases its placements and deregisters on
+// its way out: the ids it owned re-place on the other worker at the very next
+// request, while the other worker keeps its own.
+func TestGracefulStopReleasesIDs_RREG3(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+
+	ids, owners := placeIDs(ctx, t, pb, "graceful-", 12)
+	victim := f.Worker(owners[ids[0]])
+	survivor := f.Other(victim.Name)
+	t.Logf("owners before the stop: %v; stopping %s", owners, victim.Name)
+
+	if !victim.Stop() {
+		t.Errorf("unexpected stop; %s did not exit within %v of SIGTERM", victim.Name, stopTimeout)
+	}
+	uctx, ucancel := context.WithTimeout(ctx, time.Second)
+	defer ucancel()
+	if err := victim.WaitUnregistered(uctx); err != nil {
+		t.Errorf("unexpected registry after a clean shutdown (deregister, R-REG-3): %v", err)
+	}
+
+	for _, id := range ids {
+		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Worker string `json:"worker"`
+		}
+		if r.Status != http.StatusOK || r.JSON(&body) != nil || body.Worker != survivor.Name {
+			t.Errorf("%s (was on %s): unexpected first request after the stop; got %s; want 200 from %s", id, owners[id], r, survivor.Name)
+		}
+	}
+}
+
+// A SIGKILLed worker cannot release anything: until its lease lapses the
+// proxy answers 502 {"error":…} fast for the ids it owned (the owner is
+// unreachable, R-DP-3, R-DP-4); after the lease they re-place on the other
+// worker (R-LS-2). Ids on the survivor keep working throughout.
+func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second
+	const hb = defaultHeartbeatInterval
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+
+	ids, owners := placeIDs(ctx, t, pb, "killed-", 12)
+	victim := f.Worker(owners[ids[0]])
+	survivor := f.Other(victim.Name)
+	var survivorID string
+	for _, id := range ids {
+		if owners[id] == survivor.Name {
+			survivorID = id
+			break
+		}
+	}
+	t.Logf("owners before the kill: %v; killing %s", owners, victim.Name)
+
+	victim.Kill()
+	killed := time.Now()
+
+	// Before the lease lapses: 502 JSON, fast.
+	r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+ids[0]+"/whoami", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eb errorBody
+	if r.Status != http.StatusBadGateway || r.JSON(&eb) != nil || eb.Error == "" {
+		t.Errorf("unexpected answer for an id on the dead worker; got %s; want 502 {\"error\":…} (R-DP-4)", r)
+	}
+	if r.Elapsed > time.Second {
+		t.Errorf("unexpected latency for an id on the dead worker; got %v; want < 1s (R-DP-3: a dead worker fails fast)", r.Elapsed)
+	}
+	if survivorID != "" {
+		w, r, err := whoami(ctx, pb, survivorID)
+		if err != nil || w != survivor.Name {
+			t.Errorf("unexpected answer for %s on the survivor during the lease; got %s (err %v); want 200 from %s", survivorID, r, err, survivor.Name)
+		}
+	}
+
+	// Poll until the id re-places; every answer before that is 502.
+	deadline := killed.Add(ttl + 5*time.Second)
+	var replaced time.Time
+	for time.Now().Before(deadline) {
+		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+ids[0]+"/whoami", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == http.StatusOK {
+			replaced = time.Now()
+			var body struct {
+				Worker string `json:"worker"`
+			}
+			if r.JSON(&body) != nil || body.Worker != survivor.Name {
+				t.Errorf("unexpected re-placement; got %s; want 200 from %s", r, survivor.Name)
+			}
+			break
+		}
+		if r.Status != http.StatusBadGateway {
+			t.Errorf("unexpected answer %v after the kill, before re-placement; got %s; want 502", time.Since(killed).Round(time.Millisecond), r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if replaced.IsZero() {
+		t.Fatalf("unexpected failover; %s still not re-placed %v after the kill (lease %v)", ids[0], time.Since(killed).Round(time.Millisecond), ttl)
+	}
+	// The last ack came at most one heartbeat before the kill, so the lease
+	// cannot lapse before ttl-hb after it.
+	if early := ttl - hb - 250*time.Millisecond; replaced.Sub(killed) < early {
+		t.Errorf("unexpected early re-placement; %v after the kill; want no sooner than %v (the lease was live: one owner at a time, R-PL-1)", replaced.Sub(killed).Round(time.Millisecond), early)
+	}
+	t.Logf("re-placed %v after the kill", replaced.Sub(killed).Round(time.Millisecond))
+
+	// Every id re-places or stays on the survivor.
+	for _, id := range ids {
+		w, r, err := whoami(ctx, pb, id)
+		if err != nil || w != survivor.Name {
+			t.Errorf("%s (was on %s): unexpected owner after the lease; got %s (err %v); want %s", id, owners[id], r, err, survivor.Name)
+		}
+	}
+	uctx, ucancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ucancel()
+	if err := victim.WaitUnregistered(uctx); err != nil {
+		t.Errorf("unexpected registry after the lease lapsed (R-LS-2): %v", err)
+	}
+}

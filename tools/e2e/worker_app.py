@@ -1,0 +1,208 @@
+"""A real `pinned` worker for pinboard-go's end-to-end suite (package e2e).
+
+Run one process per port:
+
+    WORKER_NAME=w1 PINBOARD_URL=http://127.0.0.1:8080 PINBOARD_TOKEN=... \
+    ADVERTISE_URL=http://127.0.0.1:8001 \
+        python -m uvicorn worker_app:app --host 127.0.0.1 --port 8001
+
+Without PINBOARD_URL the worker runs in local (dev) mode: an in-process
+directory, attestation checks off. That is how this file is checked on its own.
+
+Environment:
+    PINBOARD_URL, PINBOARD_TOKEN, ADVERTISE_URL  control-plane mode (all three)
+    WORKER_NAME         reported by every route, so tests can tell workers apart
+    HEARTBEAT_INTERVAL  seconds between heartbeats (default 3.0)
+    HEADROOM            constant headroom (int) instead of the memory probe, so
+                        tests control placement (R-PL-1, R-PL-3)
+    LEASE_BUFFER        seconds before expires_at at which the lease turns
+                        unhealthy (pinned's default is 5.0). Must be well below
+                        PINBOARD_LEASE_TTL_MS, or every new activation answers
+                        503 "lease unhealthy" with the in-band refusal marker.
+
+Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
+    /counters  Counter  GET value, POST increment, POST echo (streams the body
+                        back), GET whoami, GET headers, POST sha256 (consumes
+                        the body, returns its digest), GET blob?size=N
+    /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
+"""
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, WebSocket
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocketDisconnect
+
+from pinned import PinnedAPI, PinnedHost, PinnedWorker, route
+
+WORKER_NAME = os.environ.get("WORKER_NAME", "local")
+
+
+class FullDuplexStreamingResponse(StreamingResponse):
+    """A StreamingResponse that never reads `receive` itself.
+
+    Starlette's StreamingResponse listens for http.disconnect on `receive`
+    concurrently with streaming when the server speaks ASGI < 2.4 (uvicorn's
+    HTTP protocols say 2.3). That listener would swallow the http.request
+    body chunks an echo is still reading through request.stream(). Here the
+    body iterator is the only reader; request.stream() raises ClientDisconnect
+    when the client goes away.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.stream_response(send)
+        except (OSError, ClientDisconnect):
+            return
+
+
+def _headroom() -> Any:
+    raw = os.environ.get("HEADROOM")
+    if not raw:
+        return None
+    value = int(raw)
+    return lambda: value
+
+
+def _make_worker() -> PinnedWorker:
+    kwargs: dict[str, Any] = {
+        "heartbeat_interval": float(os.environ.get("HEARTBEAT_INTERVAL", "3.0")),
+    }
+    lease_buffer = os.environ.get("LEASE_BUFFER")
+    if lease_buffer:
+        kwargs["lease_buffer"] = float(lease_buffer)
+    headroom = _headroom()
+    if headroom is not None:
+        kwargs["headroom"] = headroom
+    # Passed explicitly (PinnedWorker would read the same variables when they
+    # are omitted) so a half-set environment fails loudly here.
+    pinboard_url = os.environ.get("PINBOARD_URL")
+    if pinboard_url:
+        kwargs["pinboard_url"] = pinboard_url
+        kwargs["token"] = os.environ.get("PINBOARD_TOKEN")
+        kwargs["advertise_url"] = os.environ.get("ADVERTISE_URL")
+    return PinnedWorker(**kwargs)
+
+
+class Counter(PinnedAPI):
+    count = 0
+
+    @route.get("/value")
+    async def value(self) -> dict[str, Any]:
+        return {"id": self.id, "count": self.count, "worker": WORKER_NAME}
+
+    @route.post("/increment")
+    async def increment(self) -> dict[str, Any]:
+        self.count += 1
+        return {"id": self.id, "count": self.count, "worker": WORKER_NAME}
+
+    @route.get("/whoami")
+    async def whoami(self) -> dict[str, Any]:
+        return {"worker": WORKER_NAME, "id": self.id}
+
+    @route.get("/headers")
+    async def headers(self, request: Request) -> dict[str, Any]:
+        # Lists, not a dict: repeated headers must stay visible.
+        return {
+            "worker": WORKER_NAME,
+            "id": self.id,
+            "headers": [[k, v] for k, v in request.headers.items()],
+        }
+
+    @route.post("/echo")
+    async def echo(self, request: Request) -> Response:
+        # Full duplex: each chunk goes back as soon as it arrives; the body is
+        # never held whole (R-DP-2).
+        async def body() -> AsyncIterator[bytes]:
+            async for chunk in request.stream():
+                if chunk:
+                    yield chunk
+
+        return FullDuplexStreamingResponse(
+            body(), media_type="application/octet-stream"
+        )
+
+    @route.post("/sha256")
+    async def sha256(self, request: Request) -> dict[str, Any]:
+        digest = hashlib.sha256()
+        size = 0
+        async for chunk in request.stream():
+            digest.update(chunk)
+            size += len(chunk)
+        return {"worker": WORKER_NAME, "size": size, "sha256": digest.hexdigest()}
+
+    @route.get("/blob")
+    async def blob(self, size: int = 0) -> Response:
+        # Deterministic bytes: byte i is i % 251, so a client can verify
+        # without the worker sending a digest.
+        block = bytes(i % 251 for i in range(251 * 256))
+
+        async def body() -> AsyncIterator[bytes]:
+            left = size
+            while left > 0:
+                n = min(left, len(block))
+                yield block[:n]
+                left -= n
+
+        return StreamingResponse(
+            body(),
+            media_type="application/octet-stream",
+            headers={"x-blob-size": str(size)},
+        )
+
+
+class Ticker(PinnedAPI):
+    @route.get("/events")
+    async def events(self, count: int = 5, interval: float = 0.5) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            for n in range(count):
+                if n:
+                    await asyncio.sleep(interval)
+                # t is taken at emission, so the client can measure how long
+                # the proxy held the event (R-DP-2).
+                event = {"n": n, "t": time.time(), "worker": WORKER_NAME}
+                yield f"data: {json.dumps(event)}\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
+
+    @route.websocket("/ws")
+    async def ws(self, websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("text") is not None:
+                    await websocket.send_text(message["text"])
+                elif message.get("bytes") is not None:
+                    await websocket.send_bytes(message["bytes"])
+        except WebSocketDisconnect:
+            return
+
+
+worker = _make_worker()
+counters = PinnedHost(Counter, worker=worker, namespace="/counters")
+tickers = PinnedHost(Ticker, worker=worker, namespace="/tickers")
+
+app = FastAPI()
+app.include_router(worker)
+app.include_router(counters)
+app.include_router(tickers)
+
+
+@app.get("/healthz")
+async def healthz() -> dict[str, Any]:
+    """Process liveness and pinned readiness (registered and inside the lease)."""
+    return {"worker": WORKER_NAME, "ready": worker.ready}
