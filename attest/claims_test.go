@@ -1,0 +1,128 @@
+package attest
+
+import (
+	"strings"
+	"testing"
+)
+
+// claimsOf compiles a claims.pinboard object for tests.
+func claimsOf(t testing.TB, pinboard string) Claims {
+	t.Helper()
+	obj, err := decodeObject([]byte(pinboard))
+	if err != nil {
+		t.Fatalf("bad test claims %s: %v", pinboard, err)
+	}
+	c, err := parseClaims(obj, "claims.pinboard", func(w string) { t.Fatalf("unexpected warning %q", w) })
+	if err != nil {
+		t.Fatalf("bad test claims %s: %v", pinboard, err)
+	}
+	return c
+}
+
+func TestClaims_CoversNamespace_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"namespaces":["counters","/chat-*"]}`)
+	for ns, want := range map[string]bool{
+		"/counters": true, "counters": true, "/chat-eu": true, "chat-": true,
+		"/countersx": false, "/chat": false, "/Counters": false, "": false,
+	} {
+		if got := c.CoversNamespace(ns); got != want {
+			t.Errorf("unexpected CoversNamespace(%q); got %v; want %v", ns, got, want)
+		}
+	}
+	var none Claims
+	if none.CoversNamespace("/counters") || none.CoversHostname("a") || none.CoversEnv("prod") || none.CheckBackend("http://a") == nil {
+		t.Fatalf("the zero Claims must cover nothing")
+	}
+}
+
+func TestClaims_CoversHostnameAndEnv_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"hostnames":["*.Example.com","app.test"],"envs":["prod","stage-*"]}`)
+	for h, want := range map[string]bool{
+		"a.example.com": true, "A.B.EXAMPLE.COM": true, "example.com": false, "APP.test": true, "app.test.evil": false,
+	} {
+		if got := c.CoversHostname(h); got != want {
+			t.Errorf("unexpected CoversHostname(%q); got %v; want %v", h, got, want)
+		}
+	}
+	for e, want := range map[string]bool{"prod": true, "Prod": false, "stage-2": true, "stage": false, "": false} {
+		if got := c.CoversEnv(e); got != want {
+			t.Errorf("unexpected CoversEnv(%q); got %v; want %v", e, got, want)
+		}
+	}
+}
+
+func TestClaims_CheckBackend_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"allowedBackendHosts":[
+		"worker.internal", "*.pods.local", "10.0.3.7", "10.0.4.9:8000", "192.168.0.0/16",
+		"::1", "[fd00::5]:9000", "fd00:1::/32", "api.test:443", "*:7777"]}`)
+	cases := []struct {
+		url  string
+		want string // "" = allowed; otherwise a substring of the error
+	}{
+		{"http://worker.internal:8000", ""},
+		{"https://WORKER.Internal/base/", ""},
+		{"http://worker.internal.:8000", ""},
+		{"http://evil-worker.internal:8000", `advertise host "evil-worker.internal:8000" is not in allowedBackendHosts`},
+		{"http://a.pods.local", ""},
+		{"http://a.b.pods.local:1", ""},
+		{"http://pods.local", `advertise host "pods.local" is not in allowedBackendHosts`},
+		{"http://10.0.3.7:8000", ""},
+		{"http://10.0.3.7", ""},
+		{"http://10.0.3.8:8000", "is not in allowedBackendHosts"},
+		{"http://10.0.4.9:8000", ""},
+		{"http://10.0.4.9:8001", `advertise host "10.0.4.9:8001" is not in allowedBackendHosts`},
+		{"http://10.0.4.9", "is not in allowedBackendHosts"},
+		{"http://192.168.44.2:8000", ""},
+		{"http://[::ffff:192.168.1.1]:8000", ""},
+		{"http://192.169.0.1:8000", "is not in allowedBackendHosts"},
+		{"http://[::1]:8000", ""},
+		{"http://[0:0::1]:8000", ""},
+		{"http://[fd00::5]:9000", ""},
+		{"http://[fd00::5]:9001", "is not in allowedBackendHosts"},
+		{"http://[fd00:1:2::3]:80", ""},
+		{"https://api.test", ""},
+		{"http://api.test", `advertise host "api.test" is not in allowedBackendHosts`},
+		{"http://anything.example:7777", ""},
+		{"http://10.9.9.9:8000", `advertise host "10.9.9.9:8000" is not in allowedBackendHosts`},
+		{"ftp://worker.internal", "scheme must be http or https"},
+		{"worker.internal:8000", "scheme must be http or https"},
+		{"/relative", "scheme must be http or https"},
+		{"http:///path", "has no host"},
+		{"http://user:pw@worker.internal", "must not carry user info"},
+		{"http://worker.internal/?x=1", "must not carry a query"},
+		{"http://worker.internal/?", "must not carry a query"},
+		{"http://worker.internal/#frag", "must not carry a fragment"},
+		{"http://worker.internal/#", "must not carry a fragment"},
+		{"http://wor ker.internal", "cannot parse advertise URL"},
+	}
+	for _, tc := range cases {
+		err := c.CheckBackend(tc.url)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("unexpected error for %q: %v", tc.url, err)
+		case tc.want != "" && err == nil:
+			t.Errorf("unexpected success for %q; want error containing %q", tc.url, tc.want)
+		case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+			t.Errorf("unexpected error for %q; got %v; want it to contain %q", tc.url, err, tc.want)
+		}
+	}
+	any := claimsOf(t, `{"allowedBackendHosts":["*"]}`)
+	if err := any.CheckBackend("http://169.254.169.254"); err != nil {
+		t.Fatalf("\"*\" must allow any host; got %v", err)
+	}
+	if err := any.CheckBackend("gopher://x"); err == nil {
+		t.Fatalf("\"*\" must still require http or https")
+	}
+}
+
+func TestCoversNamespace_ZeroAlloc_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"namespaces":["a","b","chat-*"]}`)
+	ns := []byte("/chat-eu")
+	if n := testing.AllocsPerRun(100, func() {
+		if !coversNamespace(&c, ns) || !c.CoversNamespace("/chat-us") {
+			t.Fatal("unexpected miss")
+		}
+	}); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}

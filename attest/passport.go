@@ -1,0 +1,283 @@
+package attest
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"unicode/utf8"
+)
+
+// Passport is the parsed PINBOARD_PASSPORT: the credentials pinboard accepts
+// (R-TR-1), what each may do (R-TR-2, R-TR-3) and who may reach which
+// namespace (R-TR-4). It is immutable after ParsePassport and safe for
+// concurrent use.
+type Passport struct {
+	principals []*Principal
+	byDigest   map[[sha256.Size]byte]*credential
+	policies   policySet
+	warnings   []string
+}
+
+// credential is a principal's secret; kept apart from Principal so that
+// handing a *Principal to request handlers never hands out the token.
+type credential struct {
+	token     []byte
+	principal *Principal
+}
+
+// ParsePassport parses the JSON of PINBOARD_PASSPORT, for example
+//
+//	{"providers":[{"type":"staticToken","id":"pinboard","keys":[{
+//	  "name":"deployment","token":{"env":"PINBOARD_TOKEN"},
+//	  "scopes":["pinboard:worker","pinboard:operator"],
+//	  "claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],
+//	 "namespaces":{"*":{"allow":"anonymous"}}}
+//
+// Key tokens are never written into the passport: each key names the
+// environment variable holding it, read through lookupEnv (nil means
+// os.LookupEnv). Start-up must fail on any error (R-SRV-2); errors name the
+// offending part of the passport by path, e.g.
+//
+//	cannot parse providers[0].keys[0] "deployment": token.env names PINBOARD_TOKEN, which is not set
+//
+// Unknown fields are tolerated for compatibility with passports written for
+// the Node pinboard and listed by Warnings.
+func ParsePassport(raw []byte, lookupEnv func(string) (string, bool)) (*Passport, error) {
+	if lookupEnv == nil {
+		lookupEnv = os.LookupEnv
+	}
+	if !utf8.Valid(raw) {
+		return nil, errors.New("cannot parse passport: not valid UTF-8")
+	}
+	if err := checkSyntax(raw); err != nil {
+		return nil, fmt.Errorf("cannot parse passport JSON %w", err)
+	}
+	top, err := decodeObject(raw)
+	if err != nil {
+		return nil, fmt.Errorf("cannot parse passport: %w", err)
+	}
+	pp := &passportParser{
+		lookupEnv: lookupEnv,
+		p:         &Passport{byDigest: make(map[[sha256.Size]byte]*credential)},
+		keyPaths:  make(map[[sha256.Size]byte]string),
+	}
+	warnUnknown(top, "", pp.warn, "providers", "namespaces")
+	providers, ok := top["providers"]
+	if !ok {
+		return nil, errors.New("cannot parse passport: providers is required")
+	}
+	if err := pp.parseProviders(providers); err != nil {
+		return nil, err
+	}
+	if len(pp.p.principals) == 0 {
+		return nil, errors.New("cannot parse providers: the passport holds no key; at least one is required")
+	}
+	if raw, ok := top["namespaces"]; ok {
+		if pp.p.policies, err = parsePolicies(raw, pp.warn); err != nil {
+			return nil, err
+		}
+	}
+	return pp.p, nil
+}
+
+// Warnings lists what ParsePassport tolerated but an operator should fix,
+// such as unknown fields, by path. Callers log them at start-up and must not
+// modify the slice.
+func (p *Passport) Warnings() []string {
+	return p.warnings
+}
+
+// Principals lists every key of the passport in passport order, for
+// start-up logs and operator views. The slice and the principals are shared:
+// do not modify them.
+func (p *Passport) Principals() []*Principal {
+	return p.principals
+}
+
+// passportParser carries what parsing the providers accumulates.
+type passportParser struct {
+	lookupEnv func(string) (string, bool)
+	p         *Passport
+	keyPaths  map[[sha256.Size]byte]string // token digest → key that holds it
+}
+
+func (pp *passportParser) warn(w string) {
+	pp.p.warnings = append(pp.p.warnings, w)
+}
+
+func (pp *passportParser) parseProviders(raw json.RawMessage) error {
+	providers, err := decodeArray(raw)
+	if err != nil {
+		return fmt.Errorf("cannot parse providers: %w", err)
+	}
+	ids := make(map[string]int, len(providers))
+	for i, raw := range providers {
+		path := fmt.Sprintf("providers[%d]", i)
+		obj, err := decodeObject(raw)
+		if err != nil {
+			return fmt.Errorf("cannot parse %s: %w", path, err)
+		}
+		warnUnknown(obj, path, pp.warn, "type", "id", "keys")
+		typ, err := requiredString(obj, "type")
+		if err != nil {
+			return fmt.Errorf("cannot parse %s: %w", path, err)
+		}
+		// Signed JWTs with JWKS are welcome later (R-TR-1); until then an
+		// unknown type must stop start-up rather than admit nobody.
+		if typ != "staticToken" {
+			return fmt.Errorf("cannot parse %s: unsupported provider type %q (want \"staticToken\")", path, typ)
+		}
+		id, err := requiredString(obj, "id")
+		if err != nil {
+			return fmt.Errorf("cannot parse %s: %w", path, err)
+		}
+		if prev, dup := ids[id]; dup {
+			return fmt.Errorf("cannot parse %s: id %q is already used by providers[%d]", path, id, prev)
+		}
+		ids[id] = i
+		keysRaw, ok := obj["keys"]
+		if !ok {
+			return fmt.Errorf("cannot parse %s %q: keys is required", path, id)
+		}
+		keys, err := decodeArray(keysRaw)
+		if err != nil {
+			return fmt.Errorf("cannot parse %s %q: keys: %w", path, id, err)
+		}
+		names := make(map[string]int, len(keys))
+		for j, raw := range keys {
+			if err := pp.parseKey(raw, id, fmt.Sprintf("%s.keys[%d]", path, j), j, names); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// parseKey compiles one staticToken key into a principal and its credential.
+func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, index int, names map[string]int) error {
+	obj, err := decodeObject(raw)
+	if err != nil {
+		return fmt.Errorf("cannot parse %s: %w", path, err)
+	}
+	warnUnknown(obj, path, pp.warn, "name", "token", "scopes", "claims")
+	name, err := requiredString(obj, "name")
+	if err != nil {
+		return fmt.Errorf("cannot parse %s: %w", path, err)
+	}
+	if prev, dup := names[name]; dup {
+		return fmt.Errorf("cannot parse %s: name %q is already used by keys[%d] of this provider", path, name, prev)
+	}
+	names[name] = index
+	named := fmt.Sprintf("%s %q", path, name) // "providers[0].keys[0] "deployment""
+
+	token, err := pp.parseToken(obj, path)
+	if err != nil {
+		return fmt.Errorf("cannot parse %s: %w", named, err)
+	}
+	var scopes []string
+	if raw, ok := obj["scopes"]; ok {
+		if scopes, err = parseScopes(raw); err != nil {
+			return fmt.Errorf("cannot parse %s: %w", named, err)
+		}
+	}
+	pr := &Principal{Sub: provider + ":" + name, Provider: provider, Name: name, Scopes: scopes}
+	var claimsRaw json.RawMessage
+	if raw, ok := obj["claims"]; ok {
+		claimsObj, err := decodeObject(raw)
+		if err != nil {
+			return fmt.Errorf("cannot parse %s: claims: %w", named, err)
+		}
+		claimsRaw = raw
+		if pbRaw, ok := claimsObj["pinboard"]; ok {
+			pbObj, err := decodeObject(pbRaw)
+			if err != nil {
+				return fmt.Errorf("cannot parse %s: claims.pinboard: %w", named, err)
+			}
+			if pr.Claims, err = parseClaims(pbObj, path+".claims.pinboard", pp.warn); err != nil {
+				return fmt.Errorf("cannot parse %s: claims.pinboard.%w", named, err)
+			}
+		}
+	}
+	if pr.AcctJSON, err = appendAcctJSON(nil, pr.Sub, pr.Scopes, claimsRaw); err != nil {
+		return fmt.Errorf("cannot parse %s: %w", named, err)
+	}
+
+	digest := sha256.Sum256(token)
+	if prev, dup := pp.keyPaths[digest]; dup {
+		return fmt.Errorf("cannot parse %s: its token is also the token of %s; every key needs its own", named, prev)
+	}
+	pp.keyPaths[digest] = named
+	pp.p.byDigest[digest] = &credential{token: token, principal: pr}
+	pp.p.principals = append(pp.p.principals, pr)
+	return nil
+}
+
+// parseToken resolves {"token":{"env":"VAR"}} to the variable's value.
+func (pp *passportParser) parseToken(key jsonObject, path string) ([]byte, error) {
+	raw, ok := key["token"]
+	if !ok {
+		return nil, errors.New(`token is required (want {"env":"VAR"})`)
+	}
+	obj, err := decodeObject(raw)
+	if err != nil {
+		return nil, fmt.Errorf(`token: %w (want {"env":"VAR"})`, err)
+	}
+	warnUnknown(obj, path+".token", pp.warn, "env")
+	envRaw, ok := obj["env"]
+	if !ok {
+		return nil, errors.New(`token.env is required (want {"env":"VAR"})`)
+	}
+	env, err := decodeString(envRaw)
+	if err != nil {
+		return nil, fmt.Errorf("token.env: %w", err)
+	}
+	if env == "" {
+		return nil, errors.New("token.env is empty; it must name an environment variable")
+	}
+	value, set := pp.lookupEnv(env)
+	switch {
+	case !set:
+		return nil, fmt.Errorf("token.env names %s, which is not set", env)
+	case value == "":
+		return nil, fmt.Errorf("token.env names %s, which is empty", env)
+	}
+	return []byte(value), nil
+}
+
+// parseScopes decodes "scopes", dropping duplicates and keeping order.
+func parseScopes(raw json.RawMessage) ([]string, error) {
+	all, err := decodeStrings(raw, "scopes")
+	if err != nil {
+		return nil, err
+	}
+	scopes := make([]string, 0, len(all))
+	seen := make(map[string]bool, len(all))
+	for i, s := range all {
+		if s == "" {
+			return nil, fmt.Errorf("scopes[%d]: empty scope", i)
+		}
+		if !seen[s] {
+			seen[s] = true
+			scopes = append(scopes, s)
+		}
+	}
+	return scopes, nil
+}
+
+// requiredString decodes obj[name], which must be a non-empty string.
+func requiredString(obj jsonObject, name string) (string, error) {
+	raw, ok := obj[name]
+	if !ok {
+		return "", fmt.Errorf("%s is required", name)
+	}
+	s, err := decodeString(raw)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", name, err)
+	}
+	if s == "" {
+		return "", fmt.Errorf("%s must not be empty", name)
+	}
+	return s, nil
+}

@@ -1,0 +1,253 @@
+package attest
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// testEnv is a lookupEnv over a fixed map.
+func testEnv(vars map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := vars[k]
+		return v, ok
+	}
+}
+
+var defaultTestEnv = map[string]string{
+	"PINBOARD_TOKEN": "tok-deployment",
+	"CLIENT_TOKEN":   "tok-client",
+	"EMPTY_TOKEN":    "",
+}
+
+const deploymentKey = `{"name":"deployment","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}`
+
+// withKeys builds a one-provider passport around the given key objects.
+func withKeys(keys ...string) string {
+	return `{"providers":[{"type":"staticToken","id":"pinboard","keys":[` + strings.Join(keys, ",") + `]}]}`
+}
+
+// withPolicies builds a passport with the deployment key and a namespaces object.
+func withPolicies(namespaces string) string {
+	return `{"providers":[{"type":"staticToken","id":"pinboard","keys":[` + deploymentKey + `]}],"namespaces":` + namespaces + `}`
+}
+
+// keyWith returns the deployment key with one member replaced or added.
+func keyWith(member string) string {
+	return `{"name":"k","token":{"env":"PINBOARD_TOKEN"},` + member + `}`
+}
+
+func TestParsePassport_GuideExample_RTR1(t *testing.T) {
+	raw := `{"providers":[{"type":"staticToken","id":"pinboard","keys":[` + deploymentKey + `]}],"namespaces":{"*":{"allow":"anonymous"}}}`
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	if w := p.Warnings(); len(w) != 0 {
+		t.Fatalf("unexpected warnings; got %q; want none", w)
+	}
+	prs := p.Principals()
+	if len(prs) != 1 {
+		t.Fatalf("unexpected principals; got %d; want 1", len(prs))
+	}
+	pr := prs[0]
+	if pr.Sub != "pinboard:deployment" || pr.Provider != "pinboard" || pr.Name != "deployment" {
+		t.Fatalf("unexpected identity; got %q %q %q", pr.Sub, pr.Provider, pr.Name)
+	}
+	if !slices.Equal(pr.Scopes, []string{ScopeWorker, ScopeOperator}) {
+		t.Fatalf("unexpected scopes; got %q", pr.Scopes)
+	}
+	if !pr.Claims.CoversNamespace("/anything") || pr.Claims.CheckBackend("http://10.0.0.1:8000") != nil {
+		t.Fatalf("claims with \"*\" must cover everything")
+	}
+	want := `{"sub":"pinboard:deployment","scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}`
+	if string(pr.AcctJSON) != want {
+		t.Fatalf("unexpected AcctJSON;\ngot  %s\nwant %s", pr.AcctJSON, want)
+	}
+}
+
+func TestParsePassport_Errors_RTR1(t *testing.T) {
+	// Each case names the part of the passport at fault; every listed
+	// substring must appear in the error.
+	cases := []struct {
+		name string
+		raw  string
+		want []string
+	}{
+		{"invalid JSON", `{"providers":`, []string{"cannot parse passport JSON at offset"}},
+		{"invalid UTF-8", "{\"providers\":\"\xff\"}", []string{"cannot parse passport: not valid UTF-8"}},
+		{"not an object", `[]`, []string{"cannot parse passport: want an object, got array"}},
+		{"providers missing", `{}`, []string{"providers is required"}},
+		{"providers not array", `{"providers":{}}`, []string{"cannot parse providers: want an array, got object"}},
+		{"no keys at all", `{"providers":[]}`, []string{"cannot parse providers:", "at least one"}},
+		{"provider keys empty", `{"providers":[{"type":"staticToken","id":"a","keys":[]}]}`, []string{"at least one"}},
+		{"provider not object", `{"providers":["x"]}`, []string{"cannot parse providers[0]: want an object, got string"}},
+		{"type missing", `{"providers":[{"id":"a","keys":[]}]}`, []string{"providers[0]: type is required"}},
+		{"type not string", `{"providers":[{"type":1,"id":"a","keys":[]}]}`, []string{"providers[0]: type: want a string, got number"}},
+		{"type unsupported", `{"providers":[{"type":"staticToken","id":"a","keys":[]},{"type":"jwks","id":"b","keys":[]}]}`,
+			[]string{"providers[1]", `unsupported provider type "jwks"`, `"staticToken"`}},
+		{"id missing", `{"providers":[{"type":"staticToken","keys":[]}]}`, []string{"providers[0]: id is required"}},
+		{"id empty", `{"providers":[{"type":"staticToken","id":"","keys":[]}]}`, []string{"providers[0]: id must not be empty"}},
+		{"id duplicate", `{"providers":[{"type":"staticToken","id":"a","keys":[]},{"type":"staticToken","id":"a","keys":[]}]}`,
+			[]string{"providers[1]", `id "a" is already used by providers[0]`}},
+		{"keys missing", `{"providers":[{"type":"staticToken","id":"a"}]}`, []string{`providers[0] "a": keys is required`}},
+		{"keys not array", `{"providers":[{"type":"staticToken","id":"a","keys":{}}]}`, []string{`providers[0] "a": keys: want an array, got object`}},
+		{"key not object", withKeys(`7`), []string{"providers[0].keys[0]: want an object, got number"}},
+		{"key name missing", withKeys(`{"token":{"env":"PINBOARD_TOKEN"}}`), []string{"providers[0].keys[0]: name is required"}},
+		{"key name empty", withKeys(`{"name":"","token":{"env":"PINBOARD_TOKEN"}}`), []string{"providers[0].keys[0]: name must not be empty"}},
+		{"key name duplicate", withKeys(`{"name":"a","token":{"env":"PINBOARD_TOKEN"}}`, `{"name":"a","token":{"env":"CLIENT_TOKEN"}}`),
+			[]string{"providers[0].keys[1]", `name "a" is already used by keys[0]`}},
+		{"token missing", withKeys(`{"name":"k"}`), []string{`providers[0].keys[0] "k": token is required`}},
+		{"token not object", withKeys(`{"name":"k","token":"secret"}`), []string{`providers[0].keys[0] "k": token: want an object, got string`, `{"env":"VAR"}`}},
+		{"token env missing", withKeys(`{"name":"k","token":{}}`), []string{`providers[0].keys[0] "k": token.env is required`}},
+		{"token env not string", withKeys(`{"name":"k","token":{"env":["X"]}}`), []string{`"k": token.env: want a string, got array`}},
+		{"token env empty name", withKeys(`{"name":"k","token":{"env":""}}`), []string{`"k": token.env is empty`}},
+		{"token env unset", withKeys(`{"name":"deployment","token":{"env":"NOPE_TOKEN"}}`),
+			[]string{`cannot parse providers[0].keys[0] "deployment": token.env names NOPE_TOKEN, which is not set`}},
+		{"token env empty value", withKeys(`{"name":"k","token":{"env":"EMPTY_TOKEN"}}`), []string{"token.env names EMPTY_TOKEN, which is empty"}},
+		{"token duplicated", withKeys(`{"name":"a","token":{"env":"PINBOARD_TOKEN"}}`, `{"name":"b","token":{"env":"PINBOARD_TOKEN"}}`),
+			[]string{`providers[0].keys[1] "b"`, `token of providers[0].keys[0] "a"`}},
+		{"scopes not array", withKeys(keyWith(`"scopes":"pinboard:worker"`)), []string{`"k": scopes: want an array, got string`}},
+		{"scope not string", withKeys(keyWith(`"scopes":["pinboard:worker",3]`)), []string{`"k": scopes[1]: want a string, got number`}},
+		{"scope empty", withKeys(keyWith(`"scopes":[""]`)), []string{`"k": scopes[0]: empty scope`}},
+		{"claims not object", withKeys(keyWith(`"claims":[]`)), []string{`"k": claims: want an object, got array`}},
+		{"claims.pinboard not object", withKeys(keyWith(`"claims":{"pinboard":true}`)), []string{`"k": claims.pinboard: want an object, got boolean`}},
+		{"namespaces not array", withKeys(keyWith(`"claims":{"pinboard":{"namespaces":"*"}}`)), []string{`"k": claims.pinboard.namespaces: want an array, got string`}},
+		{"namespace not string", withKeys(keyWith(`"claims":{"pinboard":{"namespaces":["*",null]}}`)), []string{`claims.pinboard.namespaces[1]: want a string, got null`}},
+		{"namespace two segments", withKeys(keyWith(`"claims":{"pinboard":{"namespaces":["/a/b"]}}`)), []string{`claims.pinboard.namespaces[0]: namespace pattern "/a/b"`}},
+		{"namespace slash only", withKeys(keyWith(`"claims":{"pinboard":{"namespaces":["/"]}}`)), []string{`claims.pinboard.namespaces[0]`, `names no namespace`}},
+		{"backend bad CIDR", withKeys(keyWith(`"claims":{"pinboard":{"allowedBackendHosts":["10.0.0/8"]}}`)), []string{`claims.pinboard.allowedBackendHosts[0]: cannot parse CIDR "10.0.0/8"`}},
+		{"backend inner wildcard", withKeys(keyWith(`"claims":{"pinboard":{"allowedBackendHosts":["*","work*.internal"]}}`)), []string{`allowedBackendHosts[1]: host pattern "work*.internal"`}},
+		{"backend bad port", withKeys(keyWith(`"claims":{"pinboard":{"allowedBackendHosts":["10.0.0.1:99999"]}}`)), []string{`allowedBackendHosts[0]: host pattern "10.0.0.1:99999": port`}},
+		{"backend empty", withKeys(keyWith(`"claims":{"pinboard":{"allowedBackendHosts":[""]}}`)), []string{`allowedBackendHosts[0]: empty host pattern`}},
+		{"hostnames empty", withKeys(keyWith(`"claims":{"pinboard":{"hostnames":[""]}}`)), []string{`claims.pinboard.hostnames[0]: empty hostname pattern`}},
+		{"envs not string", withKeys(keyWith(`"claims":{"pinboard":{"envs":[1]}}`)), []string{`claims.pinboard.envs[0]: want a string, got number`}},
+		{"policies not object", withPolicies(`[]`), []string{"cannot parse namespaces: want an object, got array"}},
+		{"policy not object", withPolicies(`{"*":"anonymous"}`), []string{`cannot parse namespaces["*"]: want an object, got string`}},
+		{"policy allow missing", withPolicies(`{"counters":{}}`), []string{`cannot parse namespaces.counters: allow is required`}},
+		{"policy allow unknown", withPolicies(`{"/counters":{"allow":"public"}}`), []string{`cannot parse namespaces["/counters"]: allow: unknown policy "public"`}},
+		{"policy allow not string", withPolicies(`{"/counters":{"allow":true}}`), []string{`namespaces["/counters"]: allow: want a string, got boolean`}},
+		{"policy scopes bad", withPolicies(`{"/counters":{"allow":"authenticated","scopes":[1]}}`), []string{`namespaces["/counters"]: scopes[0]: want a string, got number`}},
+		{"policy empty key", withPolicies(`{"":{"allow":"anonymous"}}`), []string{`namespaces[""]: empty namespace pattern`}},
+		{"policy duplicate after normalizing", withPolicies(`{"counters":{"allow":"anonymous"},"/counters":{"allow":"deny"}}`),
+			[]string{`namespaces.counters: same namespace pattern as namespaces["/counters"]`}},
+		{"policy two segments", withPolicies(`{"/a/b":{"allow":"anonymous"}}`), []string{`namespaces["/a/b"]: namespace pattern "/a/b"`}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ParsePassport([]byte(tc.raw), testEnv(defaultTestEnv))
+			if err == nil {
+				t.Fatalf("unexpected success; got %+v; want an error containing %q", p, tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("unexpected error;\ngot  %v\nwant it to contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "tok-") {
+				t.Fatalf("error leaks a token value: %v", err)
+			}
+			if msg := err.Error(); msg != strings.ToLower(msg[:1])+msg[1:] {
+				t.Fatalf("error must start lower case: %v", err)
+			}
+		})
+	}
+}
+
+func TestParsePassport_UnknownFieldsWarn(t *testing.T) {
+	raw := `{"version":2,"providers":[{"type":"staticToken","id":"p","issuer":"x","keys":[
+		{"name":"k","token":{"env":"PINBOARD_TOKEN","file":"/x"},"scope":["typo"],
+		 "claims":{"custom":1,"pinboard":{"namespaces":["*"],"env":["prod"]}}}]}],
+		"namespaces":{"/counters":{"allow":"anonymous","scopes":["x"],"why":"dev"}}}`
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	want := []string{
+		"version: unknown field, ignored",
+		"providers[0].issuer: unknown field, ignored",
+		"providers[0].keys[0].scope: unknown field, ignored",
+		"providers[0].keys[0].token.file: unknown field, ignored",
+		"providers[0].keys[0].claims.pinboard.env: unknown field, ignored",
+		`namespaces["/counters"].why: unknown field, ignored`,
+		`namespaces["/counters"].scopes: only "authenticated" policies require scopes; ignored`,
+	}
+	got := p.Warnings()
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Fatalf("missing warning %q; got %q", w, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("unexpected warnings; got %q; want %q", got, want)
+	}
+	// "claims.custom" is the operator's own claim, not an unknown field.
+	if pr := p.Principals()[0]; !strings.Contains(string(pr.AcctJSON), `"custom":1`) {
+		t.Fatalf("acct must keep the whole claims object; got %s", pr.AcctJSON)
+	}
+}
+
+func TestParsePassport_ScopesAndSubjects_RTR2(t *testing.T) {
+	raw := `{"providers":[
+		{"type":"staticToken","id":"ops","keys":[{"name":"a","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:operator","custom:x","pinboard:operator"]}]},
+		{"type":"staticToken","id":"ci","keys":[{"name":"a","token":{"env":"CLIENT_TOKEN"}}]}]}`
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	prs := p.Principals()
+	if got := []string{prs[0].Sub, prs[1].Sub}; !slices.Equal(got, []string{"ops:a", "ci:a"}) {
+		t.Fatalf("unexpected subjects; got %q", got)
+	}
+	if !slices.Equal(prs[0].Scopes, []string{ScopeOperator, "custom:x"}) {
+		t.Fatalf("unexpected scopes; got %q; want duplicates dropped, unknown kept", prs[0].Scopes)
+	}
+	if !prs[0].HasScope("custom:x") || prs[0].HasScope(ScopeWorker) || prs[1].HasScope(ScopeWorker) {
+		t.Fatalf("unexpected HasScope results")
+	}
+	if got, want := string(prs[1].AcctJSON), `{"sub":"ci:a","scopes":[],"claims":{}}`; got != want {
+		t.Fatalf("unexpected AcctJSON; got %s; want %s", got, want)
+	}
+	if prs[1].Claims.CoversNamespace("/x") {
+		t.Fatalf("a key without claims must cover nothing")
+	}
+}
+
+func TestParsePassport_NilLookupUsesEnvironment(t *testing.T) {
+	t.Setenv("ATTEST_TEST_TOKEN", "from-env")
+	p, err := ParsePassport([]byte(withKeys(`{"name":"k","token":{"env":"ATTEST_TEST_TOKEN"}}`)), nil)
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	if pr, err := p.Authenticate([]byte("Bearer from-env")); err != nil || pr == nil {
+		t.Fatalf("unexpected Authenticate result; got %v, %v", pr, err)
+	}
+}
+
+func ExampleParsePassport() {
+	raw := `{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"deployment",
+		"token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],
+		"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["10.0.0.0/8"]}}}]}],
+		"namespaces":{"*":{"allow":"anonymous"}}}`
+	env := map[string]string{"PINBOARD_TOKEN": "s3cret"}
+	p, err := ParsePassport([]byte(raw), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	pr, err := p.Authenticate([]byte("Bearer s3cret"))
+	fmt.Println(pr.Sub, err, pr.HasScope(ScopeWorker))
+	fmt.Println(pr.Claims.CheckBackend("http://10.0.3.7:8000"))
+	fmt.Println(pr.Claims.CheckBackend("http://192.168.1.5:8000"))
+	fmt.Println(p.Admit([]byte("/counters"), nil))
+
+	_, err = ParsePassport([]byte(raw), func(string) (string, bool) { return "", false })
+	fmt.Println(err)
+	// Output:
+	// pinboard:deployment <nil> true
+	// <nil>
+	// advertise host "192.168.1.5:8000" is not in allowedBackendHosts
+	// allow
+	// cannot parse providers[0].keys[0] "deployment": token.env names PINBOARD_TOKEN, which is not set
+}
