@@ -425,12 +425,51 @@ func generatedBody(seed byte, size int64) (*countingReader, func() string) {
 	return body, func() string { return hex.EncodeToString(h.Sum(nil)) }
 }
 
-// bigRequest sends a bigBody-byte generated body to path and returns the
-// response (status checked by the caller), the request body counter and its
-// digest function. A stall past ctx reports how much went each way.
+// stallAfter is how long a large transfer may make no progress in either
+// direction before the test gives up on it.
+const stallAfter = 5 * time.Second
+
+// watchStall cancels ctx (with a cause naming the counts) once none of the
+// counters has moved for stallAfter. Stop it by cancelling ctx.
+func watchStall(ctx context.Context, cancel context.CancelCauseFunc, sent *countingReader, received *atomic.Pointer[countingReader]) {
+	last, still := int64(-1), time.Time{}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			total := sent.n.Load()
+			var got int64
+			if r := received.Load(); r != nil {
+				got = r.n.Load()
+			}
+			total += got
+			if total != last {
+				last, still = total, now
+				continue
+			}
+			if now.Sub(still) >= stallAfter {
+				cancel(fmt.Errorf("transfer stalled for %v: sent %d of %d bytes, received %d (response headers: %v)",
+					stallAfter, sent.n.Load(), int64(bigBody), got, received.Load() != nil))
+				return
+			}
+		}
+	}
+}
+
+// bigRequest sends a bigBody-byte generated body to url and returns the
+// response (status checked by the caller) with its body counted, the request
+// body counter and its digest function. A transfer that stops moving fails
+// the test within stallAfter, saying how far each direction got.
 func bigRequest(ctx context.Context, t *testing.T, method, url string, seed byte) (*http.Response, *countingReader, func() string) {
 	t.Helper()
+	ctx, cancel := context.WithCancelCause(ctx)
+	t.Cleanup(func() { cancel(nil) })
 	body, digest := generatedBody(seed, bigBody)
+	var received atomic.Pointer[countingReader]
+	go watchStall(ctx, cancel, body, &received)
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		t.Fatal(err)
@@ -439,13 +478,22 @@ func bigRequest(ctx context.Context, t *testing.T, method, url string, seed byte
 	req.Header.Set("Content-Type", "application/octet-stream")
 	res, err := httpClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v after sending %d of %d bytes", method, url, err, body.n.Load(), bigBody)
+		t.Fatalf("%s %s: %v", method, url, err)
 	}
+	counted := &countingReader{r: res.Body}
+	received.Store(counted)
+	res.Body = struct {
+		io.Reader
+		io.Closer
+	}{counted, res.Body}
 	return res, body, digest
 }
 
 // A 64 MiB upload echoed back arrives byte-identical: both directions stream
-// at once through the proxy (full duplex).
+// at once through the proxy (full duplex). A proxy that writes the whole
+// request before reading the response stalls here once the socket buffers
+// between client, proxy and worker fill (the worker stops reading while its
+// echo cannot be sent).
 func TestLargeBodyEcho_RDP2(t *testing.T) {
 	f := sharedFleet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
@@ -462,13 +510,12 @@ func TestLargeBodyEcho_RDP2(t *testing.T) {
 		t.Fatalf("unexpected answer; got %d %s; want 200", res.StatusCode, b)
 	}
 	h := sha256.New()
-	got := &countingReader{r: res.Body}
-	if _, err := io.Copy(h, got); err != nil {
-		t.Fatalf("cannot read the echo: %v; sent %d of %d bytes, received %d (a stall here suggests the proxy does not stream both directions at once)",
-			err, sent.n.Load(), bigBody, got.n.Load())
+	n, err := io.Copy(h, res.Body)
+	if err != nil {
+		t.Fatalf("cannot read the echo: %v; sent %d of %d bytes, received %d", err, sent.n.Load(), bigBody, n)
 	}
-	if got.n.Load() != bigBody || hex.EncodeToString(h.Sum(nil)) != sentDigest() {
-		t.Errorf("unexpected echo; got %d bytes sha256 %x; want %d bytes sha256 %s", got.n.Load(), h.Sum(nil), bigBody, sentDigest())
+	if n != bigBody || hex.EncodeToString(h.Sum(nil)) != sentDigest() {
+		t.Errorf("unexpected echo; got %d bytes sha256 %x; want %d bytes sha256 %s", n, h.Sum(nil), bigBody, sentDigest())
 	}
 	t.Logf("64 MiB echo in %v", time.Since(start).Round(time.Millisecond))
 }
