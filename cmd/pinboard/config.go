@@ -1,0 +1,206 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/proxy"
+)
+
+// config is everything the environment configures. Environment parsing
+// lives only here (house style): packages take Options structs.
+type config struct {
+	Addr          string
+	Passport      *attest.Passport
+	RedisURL      string
+	LeaseTTL      time.Duration
+	BalanceFactor float64
+	Trusted       *proxy.TrustedProxies
+	BasePath      string
+	ProbeTimeout  time.Duration
+	RegWorkers    int
+	RegQueue      int
+	Upstream      proxy.UpstreamOptions
+	ReadTimeout   time.Duration
+	IdleTimeout   time.Duration
+	HeaderTimeout time.Duration
+	Grace         time.Duration
+	LogLevel      string
+	LogFormat     string
+	MetricsAddr   string
+}
+
+// configError names the variable at fault; main prints it on one line and
+// exits 2.
+type configError struct {
+	Var string
+	Err error
+}
+
+func (e *configError) Error() string { return e.Var + ": " + e.Err.Error() }
+
+func bad(name, format string, args ...any) error {
+	return &configError{Var: name, Err: fmt.Errorf(format, args...)}
+}
+
+// loadConfig reads the Node pinboard's variables with the same meaning and
+// defaults (R-SRV-2, R-SRV-3), plus this binary's tuning knobs (all
+// optional, documented in docs/OPERATIONS.md).
+func loadConfig(lookup func(string) (string, bool)) (*config, error) {
+	get := func(name string) string {
+		v, _ := lookup(name)
+		return strings.TrimSpace(v)
+	}
+	c := &config{}
+
+	port := get("PORT")
+	if port == "" {
+		port = "8080"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return nil, bad("PORT", "must be a port number, got %q", port)
+	}
+	c.Addr = net.JoinHostPort(get("HOST"), port)
+
+	raw, ok := lookup("PINBOARD_PASSPORT")
+	if !ok || strings.TrimSpace(raw) == "" {
+		return nil, bad("PINBOARD_PASSPORT", "is required (a JSON passport; see README.md)")
+	}
+	pp, err := attest.ParsePassport([]byte(raw), lookup)
+	if err != nil {
+		return nil, &configError{Var: "PINBOARD_PASSPORT", Err: err}
+	}
+	c.Passport = pp
+
+	c.RedisURL = get("REDIS_URL")
+	if c.RedisURL == "" {
+		return nil, bad("REDIS_URL", "is required: redis://host:6379, rediss://…, redis+cluster://…, redis+sentinel://… or memory:")
+	}
+	if err := checkStoreURL(c.RedisURL); err != nil {
+		return nil, &configError{Var: "REDIS_URL", Err: err}
+	}
+
+	if c.LeaseTTL, err = durationMs(get, "PINBOARD_LEASE_TTL_MS", 15000, 100); err != nil {
+		return nil, err
+	}
+	c.BalanceFactor = 0
+	if v := get("PINBOARD_AFFINITY_BALANCE_FACTOR"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 1 || math.IsInf(f, 0) || math.IsNaN(f) {
+			return nil, bad("PINBOARD_AFFINITY_BALANCE_FACTOR", "must be a number >= 1, got %q", v)
+		}
+		c.BalanceFactor = f
+	}
+	if c.Trusted, err = proxy.ParseTrustedProxies(get("PINBOARD_TRUSTED_PROXIES")); err != nil {
+		return nil, &configError{Var: "PINBOARD_TRUSTED_PROXIES", Err: err}
+	}
+	c.BasePath = get("PINBOARD_BASE_PATH")
+	if c.BasePath != "" && (c.BasePath[0] != '/' || strings.ContainsAny(c.BasePath, "?# ")) {
+		return nil, bad("PINBOARD_BASE_PATH", "must be an absolute path like /pinboard, got %q", c.BasePath)
+	}
+	if c.ProbeTimeout, err = durationMs(get, "PINBOARD_PROBE_TIMEOUT_MS", 2000, 10); err != nil {
+		return nil, err
+	}
+	if c.RegWorkers, err = intVar(get, "PINBOARD_REGISTRY_WORKERS", 64, 1); err != nil {
+		return nil, err
+	}
+	if c.RegQueue, err = intVar(get, "PINBOARD_REGISTRY_QUEUE", 4096, 1); err != nil {
+		return nil, err
+	}
+	if c.Upstream.MaxConns, err = intVar(get, "PINBOARD_UPSTREAM_MAX_CONNS", 1024, 1); err != nil {
+		return nil, err
+	}
+	if c.Upstream.IdleTimeout, err = durationMs(get, "PINBOARD_UPSTREAM_IDLE_MS", 2000, 1); err != nil {
+		return nil, err
+	}
+	if c.Upstream.DialTimeout, err = durationMs(get, "PINBOARD_UPSTREAM_DIAL_TIMEOUT_MS", 2000, 1); err != nil {
+		return nil, err
+	}
+	if c.Upstream.ResponseHeaderTimeout, err = durationMs(get, "PINBOARD_UPSTREAM_HEADER_TIMEOUT_MS", 300000, 1); err != nil {
+		return nil, err
+	}
+	if c.Upstream.ConnWait, err = durationMs(get, "PINBOARD_UPSTREAM_CONN_WAIT_MS", 2000, 1); err != nil {
+		return nil, err
+	}
+	if c.ReadTimeout, err = durationMs(get, "PINBOARD_READ_TIMEOUT_MS", 0, 0); err != nil {
+		return nil, err
+	}
+	if c.IdleTimeout, err = durationMs(get, "PINBOARD_IDLE_TIMEOUT_MS", 75000, 1); err != nil {
+		return nil, err
+	}
+	if c.HeaderTimeout, err = durationMs(get, "PINBOARD_HEADER_TIMEOUT_MS", 30000, 1); err != nil {
+		return nil, err
+	}
+	if c.Grace, err = durationMs(get, "PINBOARD_SHUTDOWN_GRACE_MS", 25000, 0); err != nil {
+		return nil, err
+	}
+	c.LogLevel = strings.ToLower(get("PINBOARD_LOG_LEVEL"))
+	switch c.LogLevel {
+	case "":
+		c.LogLevel = "info"
+	case "debug", "info", "warn", "error":
+	default:
+		return nil, bad("PINBOARD_LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	c.LogFormat = strings.ToLower(get("PINBOARD_LOG_FORMAT"))
+	switch c.LogFormat {
+	case "":
+		c.LogFormat = "text"
+	case "text", "json":
+	default:
+		return nil, bad("PINBOARD_LOG_FORMAT", "must be text or json, got %q", c.LogFormat)
+	}
+	c.MetricsAddr = get("PINBOARD_METRICS_ADDR")
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
+		}
+	}
+	return c, nil
+}
+
+// checkStoreURL accepts the store schemes; anything else is a start-up
+// error rather than a surprise at the first request.
+func checkStoreURL(u string) error {
+	if u == "memory:" || u == "memory://" {
+		return nil
+	}
+	scheme, _, ok := strings.Cut(u, "://")
+	if !ok {
+		return fmt.Errorf("unknown scheme in %q: use redis://, rediss://, redis+cluster://, redis+sentinel:// or memory:", u)
+	}
+	switch scheme {
+	case "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
+		return nil
+	}
+	return fmt.Errorf("unknown scheme %q: use redis://, rediss://, redis+cluster://, redis+sentinel:// or memory:", scheme)
+}
+
+func durationMs(get func(string) string, name string, def, min int64) (time.Duration, error) {
+	v := get(name)
+	if v == "" {
+		return time.Duration(def) * time.Millisecond, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < min || n > 30*24*3600*1000 {
+		return 0, bad(name, "must be an integer number of milliseconds >= %d, got %q", min, v)
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+func intVar(get func(string) string, name string, def, min int) (int, error) {
+	v := get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min {
+		return 0, bad(name, "must be an integer >= %d, got %q", min, v)
+	}
+	return n, nil
+}

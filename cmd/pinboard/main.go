@@ -1,0 +1,133 @@
+// Command pinboard is the pinboard control plane and data plane: configure
+// it with the Node pinboard's environment (PORT, PINBOARD_PASSPORT,
+// REDIS_URL, PINBOARD_LEASE_TTL_MS, …) and point workers and clients at it.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/server"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stderr))
+}
+
+// run returns the exit code: 0 after a clean shutdown, 1 on a runtime
+// failure, 2 on bad configuration (one line naming the variable, nothing
+// started).
+func run(args []string, lookup func(string) (string, bool), stderr io.Writer) int {
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (see README.md)\n")
+		return 2
+	}
+	cfg, err := loadConfig(lookup)
+	if err != nil {
+		fmt.Fprintf(stderr, "pinboard: %v\n", err)
+		return 2
+	}
+	log := newLogger(cfg, stderr)
+	for _, w := range cfg.Passport.Warnings() {
+		log.Warn("passport", "warning", w)
+	}
+
+	store, err := openStore(cfg)
+	if err != nil {
+		var ce *configError
+		if errors.As(err, &ce) {
+			fmt.Fprintf(stderr, "pinboard: %v\n", err)
+			return 2
+		}
+		log.Error("cannot open the directory", "err", err)
+		return 1
+	}
+	defer store.Close()
+
+	pb, err := server.New(server.Options{
+		Store:           store,
+		Passport:        cfg.Passport,
+		BasePath:        cfg.BasePath,
+		LeaseTTL:        cfg.LeaseTTL,
+		BalanceFactor:   cfg.BalanceFactor,
+		TrustedProxies:  cfg.Trusted,
+		Upstream:        cfg.Upstream,
+		ProbeTimeout:    cfg.ProbeTimeout,
+		RegistryWorkers: cfg.RegWorkers,
+		RegistryQueue:   cfg.RegQueue,
+		ReadTimeout:     cfg.ReadTimeout,
+		IdleTimeout:     cfg.IdleTimeout,
+		HeaderTimeout:   cfg.HeaderTimeout,
+		Logger:          log,
+	})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return 1
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
+		return 1
+	}
+	log.Info("pinboard listening", "addr", ln.Addr().String(), "store", store.Name(), "leaseTtlMs", cfg.LeaseTTL.Milliseconds(), "basePath", cfg.BasePath)
+
+	ctx, stop := signalContext(log)
+	defer stop()
+	if err := pb.Serve(ctx, ln, cfg.Grace); err != nil {
+		log.Error("stopped with an error", "err", err)
+		return 1
+	}
+	log.Info("pinboard stopped")
+	return 0
+}
+
+// signalContext ends on the first SIGTERM or SIGINT; a second one exits at
+// once.
+func signalContext(log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s, ok := <-sigs
+		if !ok {
+			return
+		}
+		log.Info("shutting down", "signal", s.String())
+		cancel()
+		if s, ok := <-sigs; ok {
+			log.Warn("second signal: exiting now", "signal", s.String())
+			os.Exit(1)
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
+}
+
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// openStore opens the directory REDIS_URL names.
+func openStore(cfg *config) (directory.Store, error) {
+	if cfg.RedisURL == "memory:" || cfg.RedisURL == "memory://" {
+		return directory.NewMemory(cfg.LeaseTTL, time.Now()), nil
+	}
+	return nil, &configError{Var: "REDIS_URL", Err: errors.New("the Redis store is not available in this build yet")}
+}

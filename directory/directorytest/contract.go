@@ -1,0 +1,633 @@
+// Package directorytest is the directory.Store contract suite. Every store
+// (memory:, Redis, Redis Cluster) runs the same tests, so behaviour the
+// registry and proxy rely on cannot drift between them.
+package directorytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// TTL is the lease the suite asks factories for.
+const TTL = 2 * time.Second
+
+// Factory returns a fresh, empty store with the given lease TTL whose
+// epoch counter is seeded at now. The suite closes it.
+type Factory func(t *testing.T, ttl time.Duration, now time.Time) directory.Store
+
+// Run runs the whole contract against stores from f.
+func Run(t *testing.T, f Factory) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, f Factory)
+	}{
+		{"ColdStartQuarantine_RCS1", testColdStart},
+		{"UnknownNamespace_RPL5", testUnknownNamespace},
+		{"ConcurrentClaimsOneOwner_RPL1", testConcurrentClaims},
+		{"StickyUntilLeaseLapses_RPL2_RLS2", testSticky},
+		{"HeadroomDecrement_RPL3", testHeadroomDecrement},
+		{"ZeroHeadroomStaysEligible_RPL3", testZeroHeadroom},
+		{"DrainingAndDegradedNotEligible_RPL1_RLS3", testIneligible},
+		{"HeartbeatRenews_RLS1", testHeartbeatRenews},
+		{"HeartbeatUnknownAndForbidden_RHB", testHeartbeatErrors},
+		{"ReregisterReclaimsAndDuplicates_RREG1", testReregister},
+		{"ReleaseAndDeregister_RREG3", testRelease},
+		{"VoidDropsRecords_RLS3", testVoid},
+		{"EpochsGrowPerID_RPL2", testEpochs},
+		{"WorkersListing_RREG4", testWorkers},
+		{"OperatorDrain_RREG6", testOperatorDrain},
+		{"TimedDrainCapsLeaseAndForcesRelease_RLS5", testTimedDrain},
+		{"ControlMessages_RCM1", testControlMessages},
+		{"ExcludeRefusingWorker_RPL6", testExclude},
+		{"SweepRemovesDeadSessions", testSweep},
+		{"LookupDoesNotAllocate", testLookupAllocs},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })
+	}
+}
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+type fixture struct {
+	t   *testing.T
+	s   directory.Store
+	now time.Time
+	ctx context.Context
+}
+
+func newFixture(t *testing.T, f Factory) *fixture {
+	t.Helper()
+	s := f(t, TTL, t0)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return &fixture{t: t, s: s, now: t0, ctx: ctx}
+}
+
+func (fx *fixture) advance(d time.Duration) { fx.now = fx.now.Add(d) }
+
+func (fx *fixture) register(client string, ns []string, headroom float64) string {
+	fx.t.Helper()
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID:     client,
+		Sub:          "test:worker",
+		Secret:       "secret-" + client,
+		Namespaces:   ns,
+		AdvertiseURL: "http://127.0.0.1:9/" + client,
+		Headroom:     headroom,
+	}, fx.now)
+	if err != nil {
+		fx.t.Fatalf("cannot register %s: %v", client, err)
+	}
+	return res.SessionID
+}
+
+func (fx *fixture) beat(session string, headroom float64, draining, degraded bool, acks ...string) *directory.BeatResult {
+	fx.t.Helper()
+	res, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{
+		SessionID: session, Sub: "test:worker", Headroom: headroom,
+		Draining: draining, Degraded: degraded, Acks: acks,
+	}, fx.now)
+	if err != nil {
+		fx.t.Fatalf("unexpected heartbeat error for %s: %v", session, err)
+	}
+	return res
+}
+
+// warm runs the first placement attempt and waits out the quarantine.
+func (fx *fixture) warm() {
+	fx.t.Helper()
+	_, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: fx.now})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		fx.t.Fatalf("unexpected first placement result; got %v; want a quarantine", err)
+	}
+	fx.advance(q.Remaining)
+}
+
+func (fx *fixture) place(ns, id string) directory.Route {
+	fx.t.Helper()
+	r, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: ns, ID: id, Now: fx.now})
+	if err != nil {
+		fx.t.Fatalf("cannot place %s/%s: %v", ns, id, err)
+	}
+	return r
+}
+
+func (fx *fixture) lookup(ns, id string) (directory.Route, bool) {
+	return fx.s.Lookup([]byte(ns), []byte(id), fx.now)
+}
+
+func testColdStart(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	if q, err := fx.s.Quarantine(fx.ctx, fx.now); err != nil || q != 0 {
+		t.Fatalf("unexpected quarantine before the first attempt; got %v, %v; want 0", q, err)
+	}
+	a := fx.register("a", []string{"/c"}, 10)
+	_, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now})
+	var qe *directory.QuarantineError
+	if !errors.As(err, &qe) || qe.Remaining != TTL {
+		t.Fatalf("unexpected first placement; got %v; want quarantine of %v", err, TTL)
+	}
+	fx.advance(TTL / 2)
+	if q, _ := fx.s.Quarantine(fx.ctx, fx.now); q != TTL/2 {
+		t.Fatalf("unexpected quarantineMs; got %v; want %v", q, TTL/2)
+	}
+	// Unknown namespaces are quarantined too: after a wipe nobody has
+	// re-registered yet, and a 404 would be a lie.
+	_, err = fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/nobody", ID: "x", Now: fx.now})
+	if !errors.As(err, &qe) {
+		t.Fatalf("unexpected placement during quarantine; got %v; want quarantine", err)
+	}
+	fx.beat(a, 10, false, false)
+	fx.advance(TTL / 2)
+	r := fx.place("/c", "x")
+	if !r.Placed {
+		t.Fatalf("unexpected route after quarantine; got %+v; want a new placement", r)
+	}
+	if q, _ := fx.s.Quarantine(fx.ctx, fx.now); q != 0 {
+		t.Fatalf("unexpected quarantine after it passed; got %v", q)
+	}
+}
+
+func testUnknownNamespace(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	fx.register("a", []string{"/c"}, 10)
+	_, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/other", ID: "x", Now: fx.now})
+	if !errors.Is(err, directory.ErrUnknownNamespace) {
+		t.Fatalf("unexpected error; got %v; want ErrUnknownNamespace", err)
+	}
+}
+
+func testConcurrentClaims(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	for i := range 4 {
+		fx.register(fmt.Sprintf("w%d", i), []string{"/c"}, 100)
+	}
+	const n = 64
+	owners := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "hot", Now: fx.now})
+			if err != nil {
+				errs <- err
+				return
+			}
+			owners[i] = r.Owner.SessionID
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("cannot place: %v", err)
+	}
+	for i := 1; i < n; i++ {
+		if owners[i] != owners[0] {
+			t.Fatalf("unexpected second owner; got %s and %s; want one owner", owners[0], owners[i])
+		}
+	}
+	r, ok := fx.lookup("/c", "hot")
+	if !ok || r.Owner.SessionID != owners[0] {
+		t.Fatalf("unexpected lookup; got %+v, %v; want %s", r, ok, owners[0])
+	}
+}
+
+func testSticky(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	first := fx.place("/c", "x")
+	if first.Owner.SessionID != a {
+		t.Fatalf("unexpected owner; got %s; want %s", first.Owner.SessionID, a)
+	}
+	b := fx.register("b", []string{"/c"}, 1000)
+	for range 5 {
+		if r := fx.place("/c", "x"); r.Owner.SessionID != a || r.Placed {
+			t.Fatalf("unexpected re-placement while a is live; got %+v", r)
+		}
+	}
+	// a stops heartbeating; b keeps beating. Past a's lease the id moves.
+	fx.advance(TTL - time.Millisecond)
+	fx.beat(b, 1000, false, false)
+	if _, ok := fx.lookup("/c", "x"); !ok {
+		t.Fatalf("unexpected miss inside the lease")
+	}
+	fx.advance(time.Millisecond)
+	if _, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected lookup hit once the owner's lease lapsed")
+	}
+	r := fx.place("/c", "x")
+	if r.Owner.SessionID != b || !r.Placed {
+		t.Fatalf("unexpected re-placement; got %+v; want new placement on %s", r, b)
+	}
+	if r.Epoch <= first.Epoch {
+		t.Fatalf("unexpected epoch; got %d; want > %d", r.Epoch, first.Epoch)
+	}
+}
+
+func testHeadroomDecrement(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 3)
+	b := fx.register("b", []string{"/c"}, 1)
+	counts := map[string]int{}
+	for i := range 4 {
+		counts[fx.place("/c", fmt.Sprintf("id%d", i)).Owner.SessionID]++
+	}
+	// Power of two choices with 2 workers always compares both: a (3) wins
+	// until it drops to b's 1; ties go to either.
+	if counts[a] < 2 {
+		t.Fatalf("unexpected spread; got %v; want a to take at least 2 of 4", counts)
+	}
+	ws, _ := fx.s.Workers(fx.ctx, fx.now)
+	total := 0.0
+	for _, w := range ws {
+		total += w.Headroom
+	}
+	if total != 0 {
+		t.Fatalf("unexpected headroom after 4 placements from 4; got %v; want 0", total)
+	}
+	fx.beat(a, 50, false, false)
+	fx.beat(b, 1, false, false)
+	ws, _ = fx.s.Workers(fx.ctx, fx.now)
+	for _, w := range ws {
+		if w.SessionID == a && w.Headroom != 50 {
+			t.Fatalf("unexpected headroom after heartbeat; got %v; want 50 (heartbeat replaces)", w.Headroom)
+		}
+	}
+}
+
+func testZeroHeadroom(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 0)
+	for i := range 3 {
+		if r := fx.place("/c", fmt.Sprintf("z%d", i)); r.Owner.SessionID != a {
+			t.Fatalf("unexpected owner; got %s; want %s", r.Owner.SessionID, a)
+		}
+	}
+}
+
+func testIneligible(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	kept := fx.place("/c", "kept")
+	fx.beat(a, 10, true, false)
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "new", Now: fx.now}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement on a draining worker; got %v; want ErrNoEligible", err)
+	}
+	if r, ok := fx.lookup("/c", "kept"); !ok || r.Owner.SessionID != kept.Owner.SessionID {
+		t.Fatalf("unexpected loss of an existing placement while draining")
+	}
+	fx.beat(a, 10, false, true)
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "new", Now: fx.now}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement on a degraded worker; got %v; want ErrNoEligible", err)
+	}
+	if _, ok := fx.lookup("/c", "kept"); !ok {
+		t.Fatalf("unexpected loss of an existing placement while degraded (R-LS-3 keeps routing)")
+	}
+	info, _ := fx.s.Session(fx.ctx, a, fx.now)
+	if !info.Degraded || info.DegradedSince.IsZero() {
+		t.Fatalf("unexpected session state; got %+v; want degraded with degradedSince", info)
+	}
+	fx.beat(a, 10, false, false)
+	if r := fx.place("/c", "new"); r.Owner.SessionID != a {
+		t.Fatalf("unexpected owner after the probe passed again")
+	}
+}
+
+func testHeartbeatRenews(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	a := fx.register("a", []string{"/c"}, 10)
+	for range 5 {
+		fx.advance(TTL - 10*time.Millisecond)
+		res := fx.beat(a, 10, false, false)
+		if want := fx.now.Add(TTL); !res.LeaseUntil.Equal(want) {
+			t.Fatalf("unexpected lease; got %v; want %v", res.LeaseUntil, want)
+		}
+	}
+	if _, err := fx.s.Session(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("unexpected session loss: %v", err)
+	}
+}
+
+func testHeartbeatErrors(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	a := fx.register("a", []string{"/c"}, 10)
+	_, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: "nope", Sub: "test:worker"}, fx.now)
+	if !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected error; got %v; want ErrUnknownSession", err)
+	}
+	_, err = fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:other"}, fx.now)
+	if !errors.Is(err, directory.ErrForbidden) {
+		t.Fatalf("unexpected error; got %v; want ErrForbidden", err)
+	}
+	fx.advance(TTL)
+	_, err = fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker"}, fx.now)
+	if !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected error for a frozen worker past its lease; got %v; want ErrUnknownSession (R-LS-2)", err)
+	}
+}
+
+func testReregister(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	for _, id := range []string{"x", "y", "z"} {
+		fx.place("/c", id)
+	}
+	// a freezes past its lease; b takes y meanwhile.
+	fx.advance(TTL)
+	b := fx.register("b", []string{"/c"}, 100)
+	if r := fx.place("/c", "y"); r.Owner.SessionID != b {
+		t.Fatalf("unexpected owner of y; got %s; want %s", r.Owner.SessionID, b)
+	}
+	// a wakes, gets 409, re-registers listing what it still hosts.
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 100, PrevSessionID: a,
+		Instances: map[string][]string{"/c": {"x", "y", "z"}, "/other": {"q"}},
+	}, fx.now)
+	if err != nil {
+		t.Fatalf("cannot re-register: %v", err)
+	}
+	if res.SessionID == a {
+		t.Fatalf("unexpected reuse of the old session id")
+	}
+	want := map[directory.NSID]bool{{NS: "/c", ID: "y"}: true, {NS: "/other", ID: "q"}: true}
+	if len(res.Duplicates) != len(want) {
+		t.Fatalf("unexpected duplicates; got %v; want %v", res.Duplicates, want)
+	}
+	for _, d := range res.Duplicates {
+		if !want[d] {
+			t.Fatalf("unexpected duplicate %v; want %v", d, want)
+		}
+	}
+	for _, id := range []string{"x", "z"} {
+		r, ok := fx.lookup("/c", id)
+		if !ok || r.Owner.SessionID != res.SessionID {
+			t.Fatalf("unexpected owner of %s after re-registration; got %+v, %v; want %s", id, r, ok, res.SessionID)
+		}
+	}
+	if r, _ := fx.lookup("/c", "y"); r.Owner.SessionID != b {
+		t.Fatalf("unexpected owner of y; got %+v; want %s", r, b)
+	}
+	if _, err := fx.s.Session(fx.ctx, a, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected old session; got %v; want ErrUnknownSession", err)
+	}
+}
+
+func testRelease(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	r := fx.place("/c", "x")
+	fx.place("/c", "y")
+	ok, err := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: "other", NS: "/c", ID: "x"}, fx.now)
+	if err != nil || ok {
+		t.Fatalf("unexpected release by another session; got %v, %v", ok, err)
+	}
+	ok, _ = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch + 1}, fx.now)
+	if ok {
+		t.Fatalf("unexpected release at another epoch")
+	}
+	ok, _ = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch}, fx.now)
+	if !ok {
+		t.Fatalf("unexpected failure to release x")
+	}
+	if _, found := fx.lookup("/c", "x"); found {
+		t.Fatalf("unexpected lookup hit after release")
+	}
+	if err := fx.s.Deregister(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot deregister: %v", err)
+	}
+	if _, found := fx.lookup("/c", "y"); found {
+		t.Fatalf("unexpected lookup hit after deregister")
+	}
+	if err := fx.s.Deregister(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("unexpected error deregistering twice: %v", err)
+	}
+	b := fx.register("b", []string{"/c"}, 1)
+	if r := fx.place("/c", "y"); r.Owner.SessionID != b || !r.Placed {
+		t.Fatalf("unexpected placement after deregister; got %+v", r)
+	}
+}
+
+func testVoid(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	fx.place("/c", "x")
+	if err := fx.s.Void(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot void: %v", err)
+	}
+	if _, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected placement after void")
+	}
+	if _, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker"}, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected heartbeat result after void; got %v", err)
+	}
+}
+
+func testEpochs(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	e1 := fx.place("/c", "x").Epoch
+	if e1 < uint64(t0.UnixMicro()) {
+		t.Fatalf("unexpected epoch %d; want seeded at or above boot time in µs (%d)", e1, t0.UnixMicro())
+	}
+	if ok, _ := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x"}, fx.now); !ok {
+		t.Fatalf("cannot release")
+	}
+	e2 := fx.place("/c", "x").Epoch
+	if e2 <= e1 {
+		t.Fatalf("unexpected epoch after release; got %d; want > %d (workers fence released epochs)", e2, e1)
+	}
+}
+
+func testWorkers(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c", "/t"}, 7)
+	fx.advance(time.Millisecond)
+	fx.register("b", []string{"/c"}, 9)
+	fx.place("/t", "x")
+	ws, err := fx.s.Workers(fx.ctx, fx.now)
+	if err != nil || len(ws) != 2 {
+		t.Fatalf("unexpected workers; got %d, %v; want 2", len(ws), err)
+	}
+	w := ws[0]
+	if w.SessionID != a || w.ClientID != "a" || len(w.Namespaces) != 2 || w.Placements != 1 || w.AdvertiseURL != "http://127.0.0.1:9/a" {
+		t.Fatalf("unexpected first worker; got %+v", w)
+	}
+	fx.advance(TTL)
+	ws, _ = fx.s.Workers(fx.ctx, fx.now)
+	if len(ws) != 0 {
+		t.Fatalf("unexpected expired workers listed; got %d", len(ws))
+	}
+}
+
+func testOperatorDrain(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "kept")
+	found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true}, fx.now)
+	if err != nil || !found {
+		t.Fatalf("cannot drain: %v, %v", found, err)
+	}
+	if found, _ := fx.s.SetDrain(fx.ctx, "nobody", directory.DrainState{Draining: true}, fx.now); found {
+		t.Fatalf("unexpected drain of an unknown client")
+	}
+	res := fx.beat(a, 10, false, false)
+	if !res.Draining || !res.Drain.Draining {
+		t.Fatalf("unexpected ack; got %+v; want draining", res)
+	}
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "new", Now: fx.now}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement on an operator-drained worker; got %v", err)
+	}
+	if _, ok := fx.lookup("/c", "kept"); !ok {
+		t.Fatalf("unexpected loss of an existing placement while drained")
+	}
+	// The drain belongs to the client id: a re-registration keeps it.
+	res2, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/a", PrevSessionID: a}, fx.now)
+	if err != nil || !res2.Drain.Draining {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want the drain kept", res2, err)
+	}
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found {
+		t.Fatalf("cannot undrain")
+	}
+	res = fx.beat(res2.SessionID, 10, false, false)
+	if res.Draining {
+		t.Fatalf("unexpected drain after undrain")
+	}
+	fx.place("/c", "new")
+}
+
+func testTimedDrain(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "x")
+	deadline := fx.now.Add(TTL / 2)
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true, Deadline: deadline}, fx.now); !found {
+		t.Fatalf("cannot drain")
+	}
+	res := fx.beat(a, 10, false, false)
+	if !res.Drain.Deadline.Equal(deadline) {
+		t.Fatalf("unexpected drain deadline; got %v; want %v", res.Drain.Deadline, deadline)
+	}
+	for range 4 {
+		fx.advance(TTL / 2)
+		_ = fx.s.Sweep(fx.ctx, fx.now)
+		res, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker", Headroom: 10}, fx.now)
+		if err != nil {
+			break
+		}
+		if limit := deadline.Add(TTL); res.LeaseUntil.After(limit) {
+			t.Fatalf("unexpected lease past the drain deadline plus one lease; got %v; want <= %v", res.LeaseUntil, limit)
+		}
+	}
+	if _, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected placement kept past the drain deadline (forced release)")
+	}
+}
+
+func testControlMessages(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "x")
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "nothing", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected wind-down of an unplaced id; got %v", err)
+	}
+	deadline := fx.now.Add(30 * time.Second)
+	msgID, sid, err := fx.s.WindDown(fx.ctx, "/c", "x", &deadline, fx.now)
+	if err != nil || sid != a || len(msgID) != 16 {
+		t.Fatalf("cannot wind down: %q %q %v", msgID, sid, err)
+	}
+	revokeID, _, _ := fx.s.WindDown(fx.ctx, "/c", "x", nil, fx.now)
+	for range 2 {
+		res := fx.beat(a, 10, false, false)
+		if len(res.Messages) != 2 || res.Messages[0].MsgID != msgID || res.Messages[1].Deadline != nil {
+			t.Fatalf("unexpected messages; got %+v; want both, redelivered until acked", res.Messages)
+		}
+		if !res.Messages[0].Deadline.Equal(deadline) || res.Messages[0].NS != "/c" || res.Messages[0].ID != "x" || res.Messages[0].Type != "wind_down" {
+			t.Fatalf("unexpected message; got %+v", res.Messages[0])
+		}
+	}
+	res := fx.beat(a, 10, false, false, msgID)
+	if len(res.Messages) != 1 || res.Messages[0].MsgID != revokeID {
+		t.Fatalf("unexpected messages after ack; got %+v", res.Messages)
+	}
+}
+
+func testExclude(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 1000)
+	b := fx.register("b", []string{"/c"}, 1)
+	r := fx.place("/c", "x")
+	if r.Owner.SessionID != a {
+		t.Fatalf("unexpected owner; got %s; want %s", r.Owner.SessionID, a)
+	}
+	if ok, _ := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch}, fx.now); !ok {
+		t.Fatalf("cannot release")
+	}
+	r2, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Exclude: a})
+	if err != nil || r2.Owner.SessionID != b {
+		t.Fatalf("unexpected retry placement; got %+v, %v; want %s", r2, err, b)
+	}
+	fx.beat(b, 1, true, false)
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: fx.now, Exclude: a}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement; got %v; want ErrNoEligible", err)
+	}
+}
+
+func testSweep(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "x")
+	fx.advance(2*TTL + time.Millisecond)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	if _, err := fx.s.Placement(fx.ctx, "/c", "x", fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected dead row after sweep; got %v", err)
+	}
+}
+
+func testLookupAllocs(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "alice")
+	ns, id := []byte("/c"), []byte("alice")
+	if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
+		t.Fatalf("unexpected miss")
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
+			panic("miss")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("unexpected allocations per Lookup; got %v; want 0", allocs)
+	}
+}

@@ -1,0 +1,578 @@
+package directory
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+)
+
+// memoryShards spreads placement rows over independent locks so lookups on
+// many cores do not contend on one RWMutex cache line.
+const memoryShards = 64
+
+// Memory is the in-process store behind REDIS_URL=memory: — one pinboard
+// node, state lost on exit. It is a product feature for development and
+// single-node deployments, and passes the same contract suite as Redis.
+//
+// Locking: mu guards sessions, drains, queues, the cold-start stamp and the
+// epoch counter; every ownership decision holds it exclusively, which makes
+// claims atomic. Placement rows live in shards with their own RWMutex so the
+// hot Lookup takes only a shard read lock. Lock order: mu, then a shard.
+type Memory struct {
+	ttl time.Duration
+
+	mu       sync.Mutex
+	sessions map[string]*memSession
+	byNS     map[string]map[string]*memSession
+	drains   map[string]*memDrain
+	queues   map[string]*memQueue
+	stamp    time.Time
+	epoch    uint64
+
+	shards [memoryShards]memShard
+}
+
+var _ Store = (*Memory)(nil)
+
+type memShard struct {
+	mu   sync.RWMutex
+	rows map[string]*memRow
+	_    [40]byte // keep neighbouring shard locks off one cache line
+}
+
+type memRow struct {
+	owner *Owner
+	sess  *memSession
+	epoch uint64
+}
+
+type memSession struct {
+	owner *Owner
+	info  SessionInfo
+	rows  map[NSID]struct{}
+}
+
+type memDrain struct {
+	state DrainState
+	// released is set once a timed drain's forced release ran.
+	released bool
+	seen     time.Time
+}
+
+type memQueue struct {
+	msgs    []ControlMessage
+	touched time.Time
+}
+
+// NewMemory returns an empty memory store with the given lease TTL. Its
+// epoch counter starts at the boot time in microseconds, so placement
+// epochs keep growing across restarts of a memory: node and workers never
+// see an epoch regress (their fences would answer 503).
+func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
+	m := &Memory{
+		ttl:      leaseTTL,
+		sessions: make(map[string]*memSession),
+		byNS:     make(map[string]map[string]*memSession),
+		drains:   make(map[string]*memDrain),
+		queues:   make(map[string]*memQueue),
+		epoch:    uint64(now.UnixMicro()),
+	}
+	for i := range m.shards {
+		m.shards[i].rows = make(map[string]*memRow)
+	}
+	return m
+}
+
+// Name implements Store.
+func (m *Memory) Name() string { return "memory" }
+
+// Close implements Store.
+func (m *Memory) Close() error { return nil }
+
+func (m *Memory) shard(key []byte) *memShard {
+	h := uint32(2166136261)
+	for _, c := range key {
+		h ^= uint32(c)
+		h *= 16777619
+	}
+	return &m.shards[h%memoryShards]
+}
+
+// Lookup implements Store. Fast path: one shard read lock, no allocation.
+func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
+	var buf [320]byte
+	key := appendKeyBytes(buf[:0], ns, id)
+	sh := m.shard(key)
+	sh.mu.RLock()
+	r := sh.rows[string(key)]
+	sh.mu.RUnlock()
+	if r == nil || !r.owner.Live(now) {
+		return Route{}, false
+	}
+	return Route{Owner: r.owner, Epoch: r.epoch}, true
+}
+
+func (m *Memory) row(ns, id string) (*memShard, []byte, *memRow) {
+	key := appendKey(make([]byte, 0, len(ns)+len(id)+1), ns, id)
+	sh := m.shard(key)
+	sh.mu.RLock()
+	r := sh.rows[string(key)]
+	sh.mu.RUnlock()
+	return sh, key, r
+}
+
+// setRow installs a row; callers hold m.mu.
+func (m *Memory) setRow(sh *memShard, key []byte, ns, id string, s *memSession) *memRow {
+	m.epoch++
+	r := &memRow{owner: s.owner, sess: s, epoch: m.epoch}
+	sh.mu.Lock()
+	old := sh.rows[string(key)]
+	sh.rows[string(key)] = r
+	sh.mu.Unlock()
+	if old != nil && old.sess != s {
+		delete(old.sess.rows, NSID{ns, id})
+	}
+	s.rows[NSID{ns, id}] = struct{}{}
+	return r
+}
+
+// dropRows deletes every row a session holds; callers hold m.mu.
+func (m *Memory) dropRows(s *memSession) {
+	for k := range s.rows {
+		sh, key, r := m.row(k.NS, k.ID)
+		if r != nil && r.sess == s {
+			sh.mu.Lock()
+			if sh.rows[string(key)] == r {
+				delete(sh.rows, string(key))
+			}
+			sh.mu.Unlock()
+		}
+	}
+	clear(s.rows)
+}
+
+// dropSession removes a session and its rows; callers hold m.mu.
+func (m *Memory) dropSession(s *memSession) {
+	s.owner.Revoke()
+	m.dropRows(s)
+	delete(m.sessions, s.info.SessionID)
+	for _, ns := range s.info.Namespaces {
+		if set := m.byNS[ns]; set != nil {
+			delete(set, s.info.SessionID)
+			if len(set) == 0 {
+				delete(m.byNS, ns)
+			}
+		}
+	}
+	delete(m.queues, s.info.SessionID)
+}
+
+// Place implements Store.
+func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
+	now := req.Now
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sh, key, r := m.row(req.NS, req.ID)
+	if r != nil && r.owner.Live(now) && r.owner.SessionID != req.Exclude {
+		return Route{Owner: r.owner, Epoch: r.epoch}, nil
+	}
+	if rem := m.quarantineLocked(now, true); rem > 0 {
+		return Route{}, &QuarantineError{Remaining: rem}
+	}
+	set := m.byNS[req.NS]
+	var cbuf [16]Candidate
+	cands := cbuf[:0]
+	var sessions [16]*memSession
+	sess := sessions[:0]
+	live := false
+	for _, s := range set {
+		if !s.owner.Live(now) {
+			continue
+		}
+		live = true
+		if !m.eligible(s, now) || s.info.SessionID == req.Exclude {
+			continue
+		}
+		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
+		sess = append(sess, s)
+	}
+	if !live {
+		return Route{}, ErrUnknownNamespace
+	}
+	if len(cands) == 0 {
+		return Route{}, ErrNoEligible
+	}
+	policy := req.Policy
+	if policy == nil {
+		policy = DefaultPolicy
+	}
+	var rbuf [4]int
+	ranked := policy.Rank(rbuf[:0], cands, &req.Pick)
+	if len(ranked) == 0 {
+		panic("BUG: policy ranked no candidate")
+	}
+	s := sess[ranked[0]]
+	nr := m.setRow(sh, key, req.NS, req.ID, s)
+	s.info.Headroom--
+	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true}, nil
+}
+
+// eligible: live, not draining by its own flag or an operator drain, and
+// not degraded (R-PL-1, R-LS-3).
+func (m *Memory) eligible(s *memSession, now time.Time) bool {
+	if s.info.Draining || s.info.Degraded {
+		return false
+	}
+	if d := m.drains[s.info.ClientID]; d != nil && d.state.Draining {
+		return false
+	}
+	return true
+}
+
+// quarantineLocked returns the remaining cold-start quarantine; stamp
+// starts it on the first placement attempt (R-CS-1).
+func (m *Memory) quarantineLocked(now time.Time, stamp bool) time.Duration {
+	if m.stamp.IsZero() {
+		if !stamp {
+			return 0
+		}
+		m.stamp = now
+	}
+	rem := m.stamp.Add(m.ttl).Sub(now)
+	if rem < 0 {
+		return 0
+	}
+	return rem
+}
+
+// Quarantine implements Store.
+func (m *Memory) Quarantine(_ context.Context, now time.Time) (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.quarantineLocked(now, false), nil
+}
+
+// Register implements Store.
+func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	id := NewSessionID()
+	lease := now.Add(m.ttl)
+	s := &memSession{
+		owner: NewOwner(id, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
+		info: SessionInfo{
+			SessionID:    id,
+			ClientID:     reg.ClientID,
+			Sub:          reg.Sub,
+			Secret:       reg.Secret,
+			AdvertiseURL: reg.AdvertiseURL,
+			Namespaces:   slices.Clone(reg.Namespaces),
+			Hostname:     reg.Hostname,
+			Env:          reg.Env,
+			Epoch:        reg.Epoch,
+			Headroom:     reg.Headroom,
+			Draining:     reg.Draining,
+			LeaseUntil:   lease,
+			RegisteredAt: now,
+		},
+		rows: make(map[NSID]struct{}),
+	}
+	// Process continuity (R-REG-1): the previous session of the same client
+	// hands its rows over; whatever it held that the worker no longer lists
+	// is freed with it.
+	var prev *memSession
+	if p := m.sessions[reg.PrevSessionID]; p != nil && p.info.ClientID == reg.ClientID && p.info.Sub == reg.Sub {
+		prev = p
+	}
+	m.sessions[id] = s
+	for _, ns := range s.info.Namespaces {
+		set := m.byNS[ns]
+		if set == nil {
+			set = make(map[string]*memSession)
+			m.byNS[ns] = set
+		}
+		set[id] = s
+	}
+	res := &RegisterResult{SessionID: id, LeaseUntil: lease}
+	for _, ns := range sortedKeys(reg.Instances) {
+		serves := slices.Contains(s.info.Namespaces, ns)
+		for _, iid := range reg.Instances[ns] {
+			sh, key, r := m.row(ns, iid)
+			taken := r != nil && r.owner.Live(now) && (prev == nil || r.sess != prev)
+			if !serves || taken {
+				res.Duplicates = append(res.Duplicates, NSID{ns, iid})
+				continue
+			}
+			m.setRow(sh, key, ns, iid, s)
+		}
+	}
+	if prev != nil {
+		m.dropSession(prev)
+	}
+	if d := m.drains[reg.ClientID]; d != nil {
+		res.Drain = d.state
+		d.seen = now
+		res.LeaseUntil = capLease(lease, d.state, m.ttl)
+		s.owner.SetLeaseUntil(res.LeaseUntil)
+		s.info.LeaseUntil = res.LeaseUntil
+	}
+	return res, nil
+}
+
+// capLease applies the timed drain cap: the lease never runs past the drain
+// deadline plus one lease (R-LS-5).
+func capLease(lease time.Time, d DrainState, ttl time.Duration) time.Time {
+	if d.Draining && !d.Deadline.IsZero() {
+		if limit := d.Deadline.Add(ttl); lease.After(limit) {
+			return limit
+		}
+	}
+	return lease
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// liveSession returns a session inside its lease; callers hold m.mu.
+func (m *Memory) liveSession(id string, now time.Time) *memSession {
+	s := m.sessions[id]
+	if s == nil || !s.owner.Live(now) {
+		return nil
+	}
+	return s
+}
+
+// Session implements Store.
+func (m *Memory) Session(_ context.Context, sessionID string, now time.Time) (*SessionInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.liveSession(sessionID, now)
+	if s == nil {
+		return nil, ErrUnknownSession
+	}
+	info := m.infoLocked(s)
+	return &info, nil
+}
+
+func (m *Memory) infoLocked(s *memSession) SessionInfo {
+	info := s.info
+	info.Namespaces = slices.Clone(info.Namespaces)
+	info.LeaseUntil = s.owner.LeaseUntil()
+	info.Placements = len(s.rows)
+	if d := m.drains[s.info.ClientID]; d != nil {
+		info.Drain = d.state
+	}
+	return info
+}
+
+// Heartbeat implements Store.
+func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatResult, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.liveSession(beat.SessionID, now)
+	if s == nil {
+		return nil, ErrUnknownSession
+	}
+	if s.info.Sub != beat.Sub {
+		return nil, ErrForbidden
+	}
+	res := &BeatResult{Draining: beat.Draining}
+	lease := now.Add(m.ttl)
+	if d := m.drains[s.info.ClientID]; d != nil {
+		d.seen = now
+		res.Drain = d.state
+		res.Draining = res.Draining || d.state.Draining
+		lease = capLease(lease, d.state, m.ttl)
+	}
+	s.owner.SetLeaseUntil(lease)
+	s.info.LeaseUntil = lease
+	res.LeaseUntil = lease
+	s.info.Headroom = beat.Headroom
+	s.info.Draining = beat.Draining
+	switch {
+	case beat.Degraded && !s.info.Degraded:
+		s.info.Degraded, s.info.DegradedSince = true, now
+	case !beat.Degraded:
+		s.info.Degraded, s.info.DegradedSince = false, time.Time{}
+	}
+	if q := m.queues[beat.SessionID]; q != nil {
+		if len(beat.Acks) > 0 {
+			q.msgs = slices.DeleteFunc(q.msgs, func(c ControlMessage) bool {
+				return slices.Contains(beat.Acks, c.MsgID)
+			})
+		}
+		q.touched = now
+		res.Messages = slices.Clone(q.msgs)
+	}
+	return res, nil
+}
+
+// Void implements Store.
+func (m *Memory) Void(_ context.Context, sessionID string, _ time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sessions[sessionID]; s != nil {
+		m.dropSession(s)
+	}
+	return nil
+}
+
+// Deregister implements Store.
+func (m *Memory) Deregister(ctx context.Context, sessionID string, now time.Time) error {
+	return m.Void(ctx, sessionID, now)
+}
+
+// Release implements Store.
+func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sh, key, r := m.row(req.NS, req.ID)
+	if r == nil || r.owner.SessionID != req.SessionID || (req.Epoch != 0 && r.epoch != req.Epoch) {
+		return false, nil
+	}
+	sh.mu.Lock()
+	delete(sh.rows, string(key))
+	sh.mu.Unlock()
+	delete(r.sess.rows, NSID{req.NS, req.ID})
+	return true, nil
+}
+
+// Workers implements Store.
+func (m *Memory) Workers(_ context.Context, now time.Time) ([]SessionInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]SessionInfo, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		if s.owner.Live(now) {
+			out = append(out, m.infoLocked(s))
+		}
+	}
+	slices.SortFunc(out, func(a, b SessionInfo) int {
+		if c := a.RegisteredAt.Compare(b.RegisteredAt); c != 0 {
+			return c
+		}
+		return compareStrings(a.SessionID, b.SessionID)
+	})
+	return out, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// SetDrain implements Store.
+func (m *Memory) SetDrain(_ context.Context, clientID string, drain DrainState, now time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	found := false
+	for _, s := range m.sessions {
+		if s.info.ClientID == clientID && s.owner.Live(now) {
+			found = true
+			if drain.Draining {
+				s.owner.SetLeaseUntil(capLease(s.owner.LeaseUntil(), drain, m.ttl))
+			}
+		}
+	}
+	if !found {
+		return false, nil
+	}
+	if !drain.Draining {
+		delete(m.drains, clientID)
+		return true, nil
+	}
+	m.drains[clientID] = &memDrain{state: drain, seen: now}
+	return true, nil
+}
+
+// WindDown implements Store.
+func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, _, r := m.row(ns, id)
+	if r == nil || !r.owner.Live(now) {
+		return "", "", ErrNoPlacement
+	}
+	sid := r.owner.SessionID
+	q := m.queues[sid]
+	if q == nil {
+		q = &memQueue{}
+		m.queues[sid] = q
+	}
+	msg := ControlMessage{MsgID: NewMsgID(), Type: "wind_down", NS: ns, ID: id, Deadline: deadline}
+	q.msgs = append(q.msgs, msg)
+	q.touched = now
+	return msg.MsgID, sid, nil
+}
+
+// Placement implements Store.
+func (m *Memory) Placement(_ context.Context, ns, id string, now time.Time) (*PlacementInfo, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, _, r := m.row(ns, id)
+	if r == nil {
+		return nil, ErrNoPlacement
+	}
+	return &PlacementInfo{
+		NS: ns, ID: id,
+		SessionID: r.owner.SessionID,
+		ClientID:  r.owner.ClientID,
+		Advertise: r.owner.AdvertiseURL,
+		Epoch:     r.epoch,
+		Live:      r.owner.Live(now),
+	}, nil
+}
+
+// Sweep implements Store: sessions one lease past their expiry go with
+// their rows, control queues expire two leases after their last use
+// (R-CM-1), and timed drains past their deadline force-release the
+// client's placements (R-LS-5).
+func (m *Memory) Sweep(_ context.Context, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.sessions {
+		if now.Sub(s.owner.LeaseUntil()) > m.ttl {
+			m.dropSession(s)
+		}
+	}
+	for id, q := range m.queues {
+		if now.Sub(q.touched) > 2*m.ttl {
+			delete(m.queues, id)
+		}
+	}
+	for clientID, d := range m.drains {
+		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {
+			d.released = true
+			for _, s := range m.sessions {
+				if s.info.ClientID == clientID {
+					m.dropRows(s)
+				}
+			}
+		}
+		if now.Sub(d.seen) > 2*m.ttl && !m.clientLive(clientID, now) {
+			delete(m.drains, clientID)
+		}
+	}
+	return nil
+}
+
+func (m *Memory) clientLive(clientID string, now time.Time) bool {
+	for _, s := range m.sessions {
+		if s.info.ClientID == clientID && s.owner.Live(now) {
+			return true
+		}
+	}
+	return false
+}

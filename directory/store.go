@@ -1,0 +1,130 @@
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Store is the directory contract. Both stores pass the same contract suite
+// (package directorytest). All methods are safe for concurrent use.
+//
+// Times are passed in by the caller (from its Clock) so tests can drive
+// leases without sleeping; a Redis store shared by many nodes compares them
+// with the times other nodes wrote, so node clocks must agree to well under
+// one lease.
+type Store interface {
+	// Lookup is the data plane's fast path: the live owner of (ns, id), if
+	// any, without a store round trip for hot ids. It must not allocate.
+	// The returned Route's Placed is always false.
+	Lookup(ns, id []byte, now time.Time) (Route, bool)
+
+	// Place resolves (ns, id) or claims it atomically on an eligible worker
+	// (R-PL-1): an existing live owner wins; otherwise the first candidate
+	// of req.Policy's ranking that is still eligible becomes the owner, its
+	// headroom drops by one (R-PL-3) and a new epoch is minted.
+	//
+	// Errors: ErrUnknownNamespace (no live worker serves ns), ErrNoEligible
+	// (workers serve ns but none can take new placements), *QuarantineError
+	// (cold start, R-CS-1), ErrUnavailable (store down).
+	Place(ctx context.Context, req *PlaceRequest) (Route, error)
+
+	// Register creates a session (R-REG-1) and reclaims the ids listed in
+	// Instances for it; ids another live session owns come back as
+	// duplicates.
+	Register(ctx context.Context, reg *Registration, now time.Time) (*RegisterResult, error)
+
+	// Session returns a session that is still inside its lease, or
+	// ErrUnknownSession.
+	Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error)
+
+	// Heartbeat renews the lease (R-LS-1), replaces headroom and the own
+	// drain flag, records the probe outcome, trims acked control messages
+	// and returns the pending ones (R-CM-1). ErrUnknownSession when the
+	// session is unknown or its lease has lapsed (R-LS-2); ErrForbidden
+	// when another account registered it.
+	Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*BeatResult, error)
+
+	// Void drops a session and its placements at once (probe answered a
+	// different value, R-LS-3).
+	Void(ctx context.Context, sessionID string, now time.Time) error
+
+	// Deregister ends a session on plain shutdown; its placements are freed
+	// (R-REG-3). Unknown sessions are not an error.
+	Deregister(ctx context.Context, sessionID string, now time.Time) error
+
+	// Release frees one placement if the session still holds it (at the
+	// given epoch, when non-zero). It reports whether a row was freed.
+	Release(ctx context.Context, req *ReleaseRequest, now time.Time) (bool, error)
+
+	// Workers lists live sessions (R-REG-4).
+	Workers(ctx context.Context, now time.Time) ([]SessionInfo, error)
+
+	// SetDrain sets or clears the operator drain on every session of a
+	// client id (R-REG-6). It reports whether a live session has that id.
+	SetDrain(ctx context.Context, clientID string, drain DrainState, now time.Time) (bool, error)
+
+	// WindDown queues a wind_down control message for the owner of (ns, id)
+	// (R-CM-1); deadline nil revokes. It returns the message id and the
+	// owning session, or ErrNoPlacement.
+	WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (msgID, sessionID string, err error)
+
+	// Placement reports who owns (ns, id), live or not.
+	Placement(ctx context.Context, ns, id string, now time.Time) (*PlacementInfo, error)
+
+	// Quarantine is the remaining cold-start quarantine (R-CS-1); zero
+	// before the first placement attempt and once it has passed.
+	Quarantine(ctx context.Context, now time.Time) (time.Duration, error)
+
+	// Sweep removes what expired (dead sessions' rows, idle control
+	// queues) and force-releases placements past a timed drain's deadline.
+	// Nodes call it periodically; it is safe to run on many nodes at once.
+	Sweep(ctx context.Context, now time.Time) error
+
+	// Name is the store kind for health output ("memory", "redis").
+	Name() string
+
+	// Close releases the store's resources.
+	Close() error
+}
+
+// PlaceRequest is one placement attempt. The policy runs inside the store's
+// atomic section for the memory store, and before the claim script for
+// Redis, which then claims the first still-eligible ranked candidate.
+type PlaceRequest struct {
+	NS, ID string
+	Now    time.Time
+	// Policy ranks eligible candidates; nil uses DefaultPolicy.
+	Policy Policy
+	// Pick carries the request's affinity inputs to the policy.
+	Pick PickInput
+	// Exclude is a session that must not receive the placement (the worker
+	// that just refused it in-band, R-PL-6).
+	Exclude string
+}
+
+var (
+	// ErrUnknownNamespace: no live worker serves the namespace (R-PL-5).
+	ErrUnknownNamespace = errors.New("unknown namespace")
+	// ErrNoEligible: workers serve the namespace, but all are draining,
+	// degraded or excluded.
+	ErrNoEligible = errors.New("no eligible worker")
+	// ErrUnknownSession: the session is unknown or its lease lapsed.
+	ErrUnknownSession = errors.New("unknown session")
+	// ErrForbidden: the session belongs to another account.
+	ErrForbidden = errors.New("session belongs to another account")
+	// ErrNoPlacement: nothing owns the id.
+	ErrNoPlacement = errors.New("no placement")
+	// ErrUnavailable wraps store transport failures.
+	ErrUnavailable = errors.New("directory unavailable")
+)
+
+// QuarantineError is returned by Place during the cold-start quarantine.
+type QuarantineError struct {
+	Remaining time.Duration
+}
+
+func (e *QuarantineError) Error() string {
+	return fmt.Sprintf("cold start: placements resume in %dms", e.Remaining.Milliseconds())
+}

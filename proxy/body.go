@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+type bodyMode uint8
+
+const (
+	bodyFixed   bodyMode = iota // Content-Length
+	bodyChunked                 // Transfer-Encoding: chunked
+	bodyEOF                     // read until the worker closes
+)
+
+var (
+	errBadChunk    = errors.New("malformed chunked body from worker")
+	errStreamEnded = errors.New("stream ended by shutdown")
+)
+
+// upstreamBody streams one worker response body to the client without
+// buffering it (R-DP-2). The fasthttp server reads it after the handler
+// returned and calls CloseWithError when the response is written (or the
+// client went away); only then does the worker connection go back to its
+// pool. Chunked bodies are decoded here and re-chunked by the server, which
+// flushes after every read: each Server-Sent Event leaves as it arrives.
+//
+// It implements only CloseWithError, not Close: fasthttp calls both when
+// both exist (../shared/notes/FASTHTTP.md).
+type upstreamBody struct {
+	pool      *connPool
+	pc        *pconn
+	up        *upload // the request body still going up, or nil
+	tracker   *streams
+	mode      bodyMode
+	remaining int64 // bodyFixed: bytes left; bodyChunked: bytes left in chunk
+	done      bool  // the whole body was read
+	broken    bool  // the connection cannot be reused
+	keep      bool  // the worker allows reuse (no Connection: close)
+	stopped   atomic.Bool
+}
+
+var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
+
+func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep bool, up *upload) *upstreamBody {
+	b := bodyPool.Get().(*upstreamBody)
+	b.pool, b.pc, b.tracker, b.mode, b.keep, b.up = pool, pc, tr, mode, keep, up
+	b.remaining, b.done, b.broken = 0, false, false
+	b.stopped.Store(false)
+	if mode == bodyFixed {
+		b.remaining = size
+		b.done = size == 0
+	}
+	tr.add(b)
+	return b
+}
+
+// Read implements io.Reader.
+func (b *upstreamBody) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	if b.stopped.Load() {
+		b.broken = true
+		return 0, errStreamEnded
+	}
+	var n int
+	var err error
+	switch b.mode {
+	case bodyFixed:
+		n, err = b.readFixed(p)
+	case bodyChunked:
+		n, err = b.readChunked(p)
+	default:
+		n, err = b.pc.br.Read(p)
+		if err == io.EOF {
+			b.done, b.broken = true, true
+			return n, io.EOF
+		}
+	}
+	if err != nil && err != io.EOF {
+		b.broken = true
+		if b.stopped.Load() {
+			err = errStreamEnded
+		}
+	}
+	return n, err
+}
+
+func (b *upstreamBody) readFixed(p []byte) (int, error) {
+	if int64(len(p)) > b.remaining {
+		p = p[:b.remaining]
+	}
+	n, err := b.pc.br.Read(p)
+	b.remaining -= int64(n)
+	if b.remaining == 0 {
+		b.done = true
+		return n, io.EOF
+	}
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+func (b *upstreamBody) readChunked(p []byte) (int, error) {
+	if b.remaining == 0 {
+		size, err := b.chunkHeader()
+		if err != nil {
+			return 0, err
+		}
+		if size == 0 {
+			if err := b.skipTrailers(); err != nil {
+				return 0, err
+			}
+			b.done = true
+			return 0, io.EOF
+		}
+		b.remaining = size
+	}
+	if int64(len(p)) > b.remaining {
+		p = p[:b.remaining]
+	}
+	n, err := b.pc.br.Read(p)
+	b.remaining -= int64(n)
+	if err == io.EOF {
+		return n, io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return n, err
+	}
+	if b.remaining == 0 {
+		if err := b.crlf(); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// chunkHeader reads "<hex>[;ext]\r\n".
+func (b *upstreamBody) chunkHeader() (int64, error) {
+	line, err := b.pc.br.ReadSlice('\n')
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, err
+	}
+	var size int64
+	digits := 0
+	for _, c := range line {
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'f':
+			v = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			v = c - 'A' + 10
+		default:
+			if digits == 0 || (c != ';' && c != '\r' && c != ' ' && c != '\t') {
+				return 0, errBadChunk
+			}
+			return size, nil
+		}
+		digits++
+		if digits > 15 {
+			return 0, errBadChunk
+		}
+		size = size<<4 | int64(v)
+	}
+	return 0, errBadChunk
+}
+
+func (b *upstreamBody) crlf() error {
+	c1, err := b.pc.br.ReadByte()
+	if err != nil {
+		return err
+	}
+	c2, err := b.pc.br.ReadByte()
+	if err != nil {
+		return err
+	}
+	if c1 != '\r' || c2 != '\n' {
+		return errBadChunk
+	}
+	return nil
+}
+
+// skipTrailers discards trailer fields up to the empty line. Trailers are
+// not forwarded: the server re-chunks the body without them.
+func (b *upstreamBody) skipTrailers() error {
+	for {
+		line, err := b.pc.br.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if len(line) <= 2 {
+			return nil
+		}
+	}
+}
+
+// CloseWithError implements fasthttp.ReadCloserWithError: the server is
+// done with the body. A fully read body on a keep-alive connection returns
+// it to the pool; anything else closes it, interrupting a worker stream the
+// client abandoned.
+func (b *upstreamBody) CloseWithError(err error) error {
+	b.tracker.remove(b)
+	reuse := err == nil && b.done && !b.broken && b.keep
+	if up := b.up; up != nil {
+		// The server recycles the request stream once this returns: the
+		// upload must be over. An unfinished one ends with the connection.
+		if !reuse || !up.finished() {
+			reuse = false
+			b.pool.discard(b.pc)
+			up.wait()
+		} else if !up.wait() {
+			reuse = false
+			b.pool.discard(b.pc)
+		}
+	} else if !reuse {
+		b.pool.discard(b.pc)
+	}
+	if reuse {
+		b.pool.put(b.pc, time.Now())
+	}
+	b.pool, b.pc, b.up, b.tracker = nil, nil, nil, nil
+	bodyPool.Put(b)
+	return nil
+}
+
+// stop ends a stream at shutdown: the blocked read returns at once and the
+// server finishes the response (a chunked stream ends cleanly).
+func (b *upstreamBody) stop(now time.Time) {
+	b.stopped.Store(true)
+	if pc := b.pc; pc != nil {
+		_ = pc.c.SetReadDeadline(now)
+	}
+}
+
+// streams tracks open upstream bodies so shutdown can end them: fasthttp's
+// Shutdown waits for open responses and an idle SSE stream never ends.
+type streams struct {
+	mu sync.Mutex
+	m  map[*upstreamBody]struct{}
+	n  atomic.Int64
+}
+
+func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})} }
+
+func (s *streams) add(b *upstreamBody) {
+	s.mu.Lock()
+	s.m[b] = struct{}{}
+	s.mu.Unlock()
+	s.n.Add(1)
+}
+
+func (s *streams) remove(b *upstreamBody) {
+	s.mu.Lock()
+	delete(s.m, b)
+	s.mu.Unlock()
+	s.n.Add(-1)
+}
+
+// Open returns the number of streaming responses in flight.
+func (s *streams) Open() int64 { return s.n.Load() }
+
+func (s *streams) stopAll(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for b := range s.m {
+		b.stop(now)
+	}
+}

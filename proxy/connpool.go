@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// errPoolExhausted: every connection to the worker is busy and none freed
+// up within ConnWait. The proxy answers 503 with Retry-After.
+var errPoolExhausted = errors.New("worker connection pool exhausted")
+
+// pconn is one pooled keep-alive connection with its own buffers, so a
+// request through a warm connection allocates nothing.
+type pconn struct {
+	c        net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	lastUsed time.Time
+	// reused is true once the connection carried a response; a read error
+	// before any response byte on a reused connection usually means the
+	// worker closed it while idle (retryable when the request can be
+	// replayed).
+	reused bool
+}
+
+// connPool is a LIFO pool of connections to one worker address, bounded by
+// maxConns (idle + in use). fasthttp.HostClient has such a pool, but its
+// connection type is unexported, which rules out the pooled streaming body
+// that owns a connection until the server finishes writing a response.
+//
+// All methods are safe for concurrent use.
+type connPool struct {
+	dial        func(addr string) (net.Conn, error)
+	addr        string
+	bufSize     int
+	idleTimeout time.Duration
+	connWait    time.Duration
+	// headerTimeout bounds the wait for a response header.
+	headerTimeout time.Duration
+
+	tokens chan struct{} // one per open connection
+	// idleReady wakes a waiter after put: the idle connection is taken
+	// through popIdle, so a wake-up that loses the race just waits again.
+	idleReady chan struct{}
+
+	mu      sync.Mutex
+	idle    []*pconn
+	waiters int
+	closed  bool
+}
+
+func newConnPool(addr string, dial func(string) (net.Conn, error), o UpstreamOptions) *connPool {
+	return &connPool{
+		dial:          dial,
+		addr:          addr,
+		bufSize:       o.BufferSize,
+		idleTimeout:   o.IdleTimeout,
+		connWait:      o.ConnWait,
+		headerTimeout: o.ResponseHeaderTimeout,
+		tokens:        make(chan struct{}, o.MaxConns),
+		idleReady:     make(chan struct{}, 1),
+	}
+}
+
+// get returns an idle connection younger than idleTimeout, or dials a new
+// one when the pool has room, or waits up to connWait for either.
+func (p *connPool) get(now time.Time) (*pconn, error) {
+	if pc := p.popIdle(now); pc != nil {
+		return pc, nil
+	}
+	select {
+	case p.tokens <- struct{}{}:
+		return p.dialNew()
+	default:
+	}
+	return p.wait(now)
+}
+
+func (p *connPool) popIdle(now time.Time) *pconn {
+	var stale []*pconn
+	p.mu.Lock()
+	var pc *pconn
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		c := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		if now.Sub(c.lastUsed) < p.idleTimeout {
+			pc = c
+			break
+		}
+		stale = append(stale, c)
+	}
+	p.mu.Unlock()
+	for _, c := range stale {
+		p.discard(c)
+	}
+	return pc
+}
+
+func (p *connPool) wait(now time.Time) (*pconn, error) {
+	p.mu.Lock()
+	p.waiters++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.waiters--
+		p.mu.Unlock()
+	}()
+	t := time.NewTimer(p.connWait)
+	defer t.Stop()
+	for {
+		if pc := p.popIdle(now); pc != nil {
+			return pc, nil
+		}
+		select {
+		case <-p.idleReady:
+		case p.tokens <- struct{}{}:
+			return p.dialNew()
+		case <-t.C:
+			return nil, errPoolExhausted
+		}
+	}
+}
+
+func (p *connPool) dialNew() (*pconn, error) {
+	c, err := p.dial(p.addr)
+	if err != nil {
+		<-p.tokens
+		return nil, err
+	}
+	return &pconn{
+		c:  c,
+		br: bufio.NewReaderSize(c, p.bufSize),
+		bw: bufio.NewWriterSize(c, p.bufSize),
+	}, nil
+}
+
+// put returns a healthy connection whose last response was fully read.
+func (p *connPool) put(pc *pconn, now time.Time) {
+	pc.lastUsed = now
+	pc.reused = true
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		p.discard(pc)
+		return
+	}
+	p.idle = append(p.idle, pc)
+	waiting := p.waiters > 0
+	p.mu.Unlock()
+	if waiting {
+		select {
+		case p.idleReady <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// discard closes a connection that must not be reused.
+func (p *connPool) discard(pc *pconn) {
+	_ = pc.c.Close()
+	<-p.tokens
+}
+
+// open reports the number of open connections (idle and in use).
+func (p *connPool) open() int { return len(p.tokens) }
+
+// closeIdle closes idle connections older than the idle timeout, or all of
+// them when all is set (the pool is going away).
+func (p *connPool) closeIdle(now time.Time, all bool) {
+	p.mu.Lock()
+	if all {
+		p.closed = true
+	}
+	keep := p.idle[:0]
+	var drop []*pconn
+	for _, pc := range p.idle {
+		if all || now.Sub(pc.lastUsed) >= p.idleTimeout {
+			drop = append(drop, pc)
+		} else {
+			keep = append(keep, pc)
+		}
+	}
+	for i := len(keep); i < len(p.idle); i++ {
+		p.idle[i] = nil
+	}
+	p.idle = keep
+	p.mu.Unlock()
+	for _, pc := range drop {
+		p.discard(pc)
+	}
+}

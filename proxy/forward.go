@@ -1,0 +1,570 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// Wire names from the reference worker (pinned.pinboard.wire).
+var (
+	hdrAttestation   = []byte("Pinboard-Attestation")
+	hdrEpoch         = []byte("Pinboard-Epoch")
+	hdrFrom          = []byte("Pinboard-From")
+	hdrSession       = []byte("Pinboard-Session")
+	hdrSessionSecret = []byte("Pinboard-Session-Secret")
+	hdrDepth         = []byte("Pinboard-Subrequest-Depth")
+	hdrRefusal       = []byte("Pinned-Refusal")
+	valLeaseRefusal  = []byte("lease-unhealthy")
+	hdrAuthorization = []byte("Authorization")
+	hdrXFF           = []byte("X-Forwarded-For")
+	hdrXFProto       = []byte("X-Forwarded-Proto")
+	hdrXFHost        = []byte("X-Forwarded-Host")
+)
+
+// maxSubrequestDepth is the reference worker's MAX_DEPTH for cluster calls.
+const maxSubrequestDepth = 50
+
+// placeTimeout bounds one placement against the store.
+const placeTimeout = 5 * time.Second
+
+// request is the pooled per-request state. Slices are scratch buffers
+// reused across requests; ns, id and path are copies because forwarding
+// rewrites the request URI they were parsed from.
+type request struct {
+	ns, id    []byte
+	path      []byte // path and query from the namespace on
+	uri       []byte
+	num       []byte
+	xff       []byte
+	att       []byte
+	body      []byte
+	principal *attest.Principal
+
+	// Attested cluster call (R-TR-6).
+	call          bool
+	caller        []byte
+	depth         int
+	callerSession string
+
+	pick    directory.PickInput
+	pickSet bool
+}
+
+func (rq *request) reset() {
+	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
+	rq.principal = nil
+	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
+	rq.pick, rq.pickSet = directory.PickInput{}, false
+}
+
+// ServeHTTP handles one data-plane request: /{ns}/{id}/{rest...}.
+func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
+	start := p.now()
+	rq := p.reqPool.Get().(*request)
+	p.serve(ctx, rq, start)
+	rq.reset()
+	p.reqPool.Put(rq)
+	p.metrics.Request(ctx.Response.StatusCode(), p.now().Sub(start))
+}
+
+func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	t, err := ParseTarget(ctx.Request.Header.RequestURI(), p.base)
+	if err != nil {
+		if err == errNotInstance || err == errOutsideBase {
+			writeError(ctx, fasthttp.StatusNotFound, "not found", 0)
+			return
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		return
+	}
+	rq.ns = append(rq.ns, t.NS...)
+	rq.id = append(rq.id, t.ID...)
+	rq.path = append(append(rq.path, t.Path...), t.Query...)
+
+	if sess := ctx.Request.Header.PeekBytes(hdrSession); len(sess) > 0 {
+		if !p.clusterCall(ctx, rq, sess, now) {
+			return
+		}
+	} else if !p.admit(ctx, rq) {
+		return
+	}
+
+	route, ok := p.store.Lookup(rq.ns, rq.id, now)
+	p.metrics.Resolve(ok)
+	if !ok {
+		route, err = p.place(ctx, rq, now, "")
+		if err != nil {
+			placeFailed(ctx, err)
+			return
+		}
+	}
+	if isWebSocket(&ctx.Request.Header) {
+		p.serveWebSocket(ctx, rq, route, now)
+		return
+	}
+	p.forward(ctx, rq, route, now)
+}
+
+// admit applies the namespace policy (R-TR-4). A pinboard credential is
+// consumed here: its Authorization header never reaches the worker, the
+// account rides in the attestation instead. A header that is not a
+// pinboard credential passes through untouched to the worker's own auth.
+func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
+	pr, err := p.passport.Authenticate(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	if err != nil {
+		pr = nil
+	}
+	switch p.passport.Admit(rq.ns, pr) {
+	case attest.Allow:
+		rq.principal = pr
+		return true
+	case attest.Unauthorized:
+		writeError(ctx, fasthttp.StatusUnauthorized, "unauthorized", 0)
+	default:
+		writeError(ctx, fasthttp.StatusForbidden, "forbidden", 0)
+	}
+	return false
+}
+
+// clusterCall verifies an instance-to-instance call (R-TR-6): the calling
+// worker names its session and proves it with the session secret it
+// registered; the caller then rides in the attestation and placement
+// prefers the caller's own worker (R-PL-4). Verified calls are admitted
+// whatever the namespace policy: they come from a registered worker.
+func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, now time.Time) bool {
+	h := &ctx.Request.Header
+	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
+	defer cancel()
+	info, err := p.store.Session(c, string(sess), now)
+	if err != nil {
+		if errors.Is(err, directory.ErrUnknownSession) {
+			writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
+		} else {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "directory unavailable", 1)
+		}
+		return false
+	}
+	if subtle.ConstantTimeCompare(h.PeekBytes(hdrSessionSecret), []byte(info.Secret)) != 1 {
+		writeError(ctx, fasthttp.StatusForbidden, "invalid caller session secret", 0)
+		return false
+	}
+	from := h.PeekBytes(hdrFrom)
+	slash := bytes.LastIndexByte(from, '/')
+	if len(from) < 4 || from[0] != '/' || slash <= 1 || slash == len(from)-1 {
+		writeError(ctx, fasthttp.StatusBadRequest, "malformed pinboard-from", 0)
+		return false
+	}
+	depth := 1
+	if d := h.PeekBytes(hdrDepth); len(d) > 0 {
+		n, err := strconv.Atoi(string(d))
+		if err != nil || n < 0 {
+			writeError(ctx, fasthttp.StatusBadRequest, "malformed pinboard-subrequest-depth", 0)
+			return false
+		}
+		if n > maxSubrequestDepth {
+			writeError(ctx, fasthttp.StatusBadRequest, "subrequest depth exceeded", 0)
+			return false
+		}
+		depth = n
+	}
+	rq.call = true
+	rq.caller = append(rq.caller, from...)
+	rq.depth = depth
+	rq.callerSession = info.SessionID
+	return true
+}
+
+// place resolves or claims (ns, id) through the store (R-PL-1). The
+// affinity inputs are computed once per request, before any rewrite, so a
+// retry after a refusal asks the policy the same question (R-PL-4).
+func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, exclude string) (directory.Route, error) {
+	if !rq.pickSet {
+		rq.pickSet = true
+		rq.pick.CallerSession = rq.callerSession
+		if p.affinity != nil {
+			rq.pick.Key, rq.pick.HasKey = p.affinity(ctx)
+		} else {
+			ip := p.trusted.ClientIP(addrOf(ctx.RemoteAddr()), ctx.Request.Header.PeekBytes(hdrXFF))
+			if ip.IsValid() {
+				rq.pick.Key, rq.pick.HasKey = ip.String(), true
+			}
+		}
+	}
+	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
+	defer cancel()
+	r, err := p.store.Place(c, &directory.PlaceRequest{
+		NS: string(rq.ns), ID: string(rq.id), Now: now,
+		Policy: p.policy, Pick: rq.pick, Exclude: exclude,
+	})
+	if err == nil && r.Placed {
+		p.metrics.Placement(exclude != "")
+	}
+	return r, err
+}
+
+// placeFailed maps placement errors to the documented answers (R-DP-4).
+func placeFailed(ctx *fasthttp.RequestCtx, err error) {
+	var q *directory.QuarantineError
+	switch {
+	case errors.As(err, &q):
+		writeError(ctx, fasthttp.StatusServiceUnavailable, q.Error(), retryAfterSeconds(q.Remaining))
+	case errors.Is(err, directory.ErrUnknownNamespace):
+		writeError(ctx, fasthttp.StatusNotFound, "unknown namespace", 0)
+	case errors.Is(err, directory.ErrNoEligible):
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "no worker can take new placements for this namespace", 1)
+	default:
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "directory unavailable", 1)
+	}
+}
+
+func retryAfterSeconds(d time.Duration) int {
+	s := int((d + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+type outcome uint8
+
+const (
+	served  outcome = iota // the worker's response is set on ctx
+	refused                // the worker refused a new activation in-band
+	failed                 // an error response is set on ctx
+)
+
+// forward sends the request to the route's owner and sets up the relay of
+// its response. A worker refusing an activation in-band (R-PL-6) gets its
+// placement released and the id is placed once more, elsewhere.
+func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
+	h := &ctx.Request.Header
+	clientClose := h.ConnectionClose()
+	h.ResetConnectionClose()
+	stripRequestHop(h, false)
+	if rq.principal != nil {
+		h.DelBytes(hdrAuthorization)
+	}
+	p.setForwarded(ctx, rq)
+	h.SetNoDefaultContentType(true)
+	if ctx.Request.IsBodyStream() {
+		if cl := h.ContentLength(); cl >= 0 && cl <= p.smallBody {
+			// Small bodies are read whole: one write to the worker, and the
+			// request stays replayable for a retry (R-PL-6).
+			if !p.bufferBody(ctx, rq, cl) {
+				writeError(ctx, fasthttp.StatusBadRequest, "cannot read the request body", 0)
+				ctx.SetConnectionClose()
+				return
+			}
+		}
+	}
+	replayable := !ctx.Request.IsBodyStream()
+	for attempt := 0; ; attempt++ {
+		st, err := p.state(route.Owner)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			break
+		}
+		p.prepare(ctx, rq, st, route, now)
+		if p.roundTrip(ctx, st, now, replayable) != refused {
+			break
+		}
+		p.release(rq, route, now)
+		if attempt > 0 || !replayable {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+			break
+		}
+		route, err = p.place(ctx, rq, now, route.Owner.SessionID)
+		if err != nil {
+			placeFailed(ctx, err)
+			break
+		}
+	}
+	if clientClose {
+		ctx.SetConnectionClose()
+	}
+}
+
+// bufferBody reads a small streamed body into rq's scratch buffer.
+func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
+	if cap(rq.body) < cl {
+		rq.body = make([]byte, cl)
+	}
+	b := rq.body[:cl]
+	if _, err := io.ReadFull(ctx.RequestBodyStream(), b); err != nil {
+		return false
+	}
+	ctx.Request.SetBodyRaw(b)
+	return true
+}
+
+func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
+	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
+	defer cancel()
+	_, err := p.store.Release(c, &directory.ReleaseRequest{
+		SessionID: route.Owner.SessionID, NS: string(rq.ns), ID: string(rq.id), Epoch: route.Epoch,
+	}, now)
+	if err != nil {
+		p.log.Warn("cannot release a refused placement", "ns", string(rq.ns), "id", string(rq.id), "sessionId", route.Owner.SessionID, "err", err)
+	}
+}
+
+// setForwarded sets X-Forwarded-For/-Proto/-Host. A peer that is not a
+// trusted proxy cannot smuggle in its own values.
+func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
+	h := &ctx.Request.Header
+	peer := addrOf(ctx.RemoteAddr())
+	trusted := p.trusted.Trusted(peer)
+	rq.xff = rq.xff[:0]
+	if prior := h.PeekBytes(hdrXFF); trusted && len(prior) > 0 {
+		rq.xff = append(append(rq.xff, prior...), ", "...)
+	}
+	if peer.IsValid() {
+		rq.xff = peer.AppendTo(rq.xff)
+	}
+	h.SetBytesKV(hdrXFF, rq.xff)
+	if !trusted || len(h.PeekBytes(hdrXFProto)) == 0 {
+		if ctx.IsTLS() {
+			h.SetBytesKV(hdrXFProto, []byte("https"))
+		} else {
+			h.SetBytesKV(hdrXFProto, []byte("http"))
+		}
+	}
+	if !trusted || len(h.PeekBytes(hdrXFHost)) == 0 {
+		if host := h.Host(); len(host) > 0 {
+			h.SetBytesKV(hdrXFHost, host)
+		}
+	}
+}
+
+// prepare points the request at the owner: the advertise URL's path prefix
+// plus the original path, the attestation for this session, the epoch.
+func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, route directory.Route, now time.Time) {
+	h := &ctx.Request.Header
+	rq.uri = append(append(rq.uri[:0], st.up.prefix...), rq.path...)
+	// Request.SetRequestURIBytes, not the header's: it also drops the
+	// server's parsed URI, which Request.Write would otherwise re-render
+	// (normalised) in place of the raw path.
+	ctx.Request.SetRequestURIBytes(rq.uri)
+	if len(h.Host()) == 0 {
+		h.SetHost(st.up.host)
+	}
+	h.SetBytesKV(hdrAttestation, st.att.token(now, route.Owner, rq))
+	rq.num = strconv.AppendUint(rq.num[:0], route.Epoch, 10)
+	h.SetBytesKV(hdrEpoch, rq.num)
+}
+
+// roundTrip writes the request to a pooled connection and reads the
+// response header; the body is relayed by the server afterwards.
+func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time, replayable bool) outcome {
+	pool := st.up.pool
+	st.up.touch(now)
+	for retry := false; ; retry = true {
+		pc, err := pool.get(now)
+		if err != nil {
+			if errors.Is(err, errPoolExhausted) {
+				p.metrics.UpstreamError("pool")
+				writeError(ctx, fasthttp.StatusServiceUnavailable, "owner busy: connection pool exhausted", 1)
+			} else {
+				p.metrics.UpstreamError("dial")
+				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			}
+			return failed
+		}
+		reused := pc.reused
+		up, err := writeRequest(ctx, pc)
+		if err == nil {
+			_ = pc.c.SetReadDeadline(now.Add(pool.headerTimeout))
+			err = readResponseHeader(&ctx.Response.Header, pc.br)
+		}
+		if err != nil {
+			pool.discard(pc)
+			if up != nil {
+				up.wait()
+			}
+			// A reused connection the worker closed while idle fails before
+			// any response byte; the request never ran, so it can go again
+			// on a fresh connection if its body is still in hand.
+			if reused && replayable && !retry && staleConn(err) {
+				continue
+			}
+			ctx.Response.Reset()
+			if isTimeout(err) {
+				p.metrics.UpstreamError("timeout")
+				writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
+			} else {
+				p.metrics.UpstreamError("read")
+				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			}
+			return failed
+		}
+		_ = pc.c.SetReadDeadline(time.Time{})
+		return p.relay(ctx, pool, pc, up)
+	}
+}
+
+// writeRequest sends the request. A buffered body goes with the header; a
+// streamed body goes from its own goroutine (full duplex), returned as the
+// upload the caller must wait for before it lets go of the connection.
+func writeRequest(ctx *fasthttp.RequestCtx, pc *pconn) (*upload, error) {
+	if !ctx.Request.IsBodyStream() {
+		err := ctx.Request.Write(pc.bw)
+		if err == nil {
+			err = pc.bw.Flush()
+		}
+		return nil, err
+	}
+	h := &ctx.Request.Header
+	cl := h.ContentLength()
+	if cl < 0 {
+		cl = -1
+	}
+	// Re-assert the framing: hop-by-hop stripping removed the client's
+	// Transfer-Encoding, and the body is re-chunked here.
+	h.SetContentLength(cl)
+	if err := h.Write(pc.bw); err != nil {
+		return nil, err
+	}
+	if err := pc.bw.Flush(); err != nil {
+		return nil, err
+	}
+	return startUpload(ctx.RequestBodyStream(), pc.bw, cl), nil
+}
+
+// readResponseHeader reads the final response header, skipping 1xx
+// interim responses (100 Continue, 103 Early Hints); 101 is final.
+func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
+	for i := 0; ; i++ {
+		if err := rh.Read(br); err != nil {
+			return err
+		}
+		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
+			return nil
+		}
+		if i == 8 {
+			return errTooManyInterim
+		}
+	}
+}
+
+var errTooManyInterim = errors.New("too many interim responses from worker")
+
+// relay sets up the response body: read whole when small and sized,
+// streamed otherwise. It owns pc from here.
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *upload) outcome {
+	rh := &ctx.Response.Header
+	status := rh.StatusCode()
+	cl := rh.ContentLength()
+	keep := !rh.ConnectionClose()
+	rh.ResetConnectionClose()
+	stripResponseHop(rh)
+	noBody := ctx.Request.Header.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
+	if status == fasthttp.StatusServiceUnavailable && bytes.Equal(rh.PeekBytes(hdrRefusal), valLeaseRefusal) {
+		// The refusal body is small; drain it so the connection stays warm.
+		ok := !noBody && cl >= 0 && cl <= p.smallBody && ctx.Response.ReadBody(pc.br, p.smallBody) == nil
+		p.finish(pool, pc, ok && keep, up)
+		ctx.Response.Reset()
+		return refused
+	}
+	switch {
+	case noBody:
+		if ctx.Request.Header.IsHead() {
+			ctx.Response.SkipBody = true
+			if cl >= 0 {
+				rh.SetContentLength(cl)
+			}
+		}
+		p.finish(pool, pc, keep, up)
+	case cl >= 0 && cl <= p.smallBody:
+		if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
+			p.finish(pool, pc, false, up)
+			ctx.Response.Reset()
+			p.metrics.UpstreamError("read")
+			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			return failed
+		}
+		p.finish(pool, pc, keep, up)
+	default:
+		mode, size := bodyFixed, int64(cl)
+		switch cl {
+		case -1:
+			mode, size = bodyChunked, -1
+		case -2:
+			mode, size, keep = bodyEOF, -1, false
+		}
+		b := acquireBody(pool, pc, p.streams, mode, size, keep, up)
+		ctx.Response.SetBodyStream(b, int(size))
+		if size < 0 {
+			// Unsized bodies are usually streams (SSE): send the header now
+			// rather than with the first event (R-DP-2).
+			ctx.Response.ImmediateHeaderFlush = true
+		}
+	}
+	return served
+}
+
+// finish lets go of a connection after a response read in the handler. A
+// worker that answered while the upload still runs is mid-request: its
+// connection closes, which also ends the upload.
+func (p *Proxy) finish(pool *connPool, pc *pconn, keep bool, up *upload) {
+	if up != nil && !up.finished() {
+		keep = false
+	}
+	if !keep {
+		pool.discard(pc)
+		if up != nil {
+			up.wait()
+		}
+		return
+	}
+	if up != nil && !up.wait() {
+		pool.discard(pc)
+		return
+	}
+	pool.put(pc, p.now())
+}
+
+func staleConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, fasthttp.ErrConnectionClosed)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// writeError sets a JSON error response {"error": msg} (R-DP-4); a
+// positive retryAfter adds Retry-After in seconds.
+func writeError(ctx *fasthttp.RequestCtx, status int, msg string, retryAfter int) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentType("application/json")
+	if retryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	ctx.Response.SetBodyRaw(errorJSON(msg))
+}
+
+// errorJSON returns {"error":"msg"}.
+func errorJSON(msg string) []byte {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	return b
+}

@@ -1,0 +1,144 @@
+package proxy
+
+import "errors"
+
+// maxIDLength matches the reference worker's id limit: longer ids would be
+// rejected by every worker anyway, after a placement was wasted on them.
+const maxIDLength = 256
+
+var (
+	errNotInstance   = errors.New("not an instance path")
+	errBadNamespace  = errors.New("namespace must be a single non-empty path segment")
+	errEmptyID       = errors.New("id must be non-empty")
+	errLongID        = errors.New("id must be at most 256 characters")
+	errIDCharset     = errors.New("id must contain only [A-Za-z0-9._~-]")
+	errDotSegment    = errors.New("path must not contain . or .. segments")
+	errOutsideBase   = errors.New("path is outside the base path")
+	errPathMalformed = errors.New("request target must be an absolute path")
+)
+
+// Target is a parsed data-plane request target. Every slice aliases the
+// request URI and lives only as long as the request (fasthttp reuses it).
+type Target struct {
+	// NS is the namespace with its leading slash: "/counters".
+	NS []byte
+	// ID is the instance id: "alice".
+	ID []byte
+	// Path is everything from the namespace on, without the query:
+	// "/counters/alice/value". It is what the worker sees after its
+	// advertise URL's own path.
+	Path []byte
+	// Query is the raw query including its '?', or empty.
+	Query []byte
+}
+
+// ParseTarget splits a raw request URI ("/counters/alice/value?x=1") under
+// basePath into namespace, id and rest (R-DP-1). It reads raw bytes — no
+// normalisation, no percent-decoding — so routing and forwarding see the
+// same path. It does not allocate.
+//
+// Ids follow the reference worker's rule (pinned.pinboard.wire:
+// invalid_id_reason): 1..256 characters of [A-Za-z0-9._~-]. "." and ".."
+// segments are refused anywhere after the namespace: a worker framework or
+// a hop in between that resolves them would otherwise reach routes outside
+// the instance (the challenge and stats routes, another id).
+func ParseTarget(uri, basePath []byte) (Target, error) {
+	var t Target
+	path := uri
+	for i, c := range uri {
+		if c == '?' {
+			path, t.Query = uri[:i], uri[i:]
+			break
+		}
+	}
+	if len(path) == 0 || path[0] != '/' {
+		return t, errPathMalformed
+	}
+	if len(basePath) > 0 {
+		if len(path) < len(basePath) || string(path[:len(basePath)]) != string(basePath) {
+			return t, errOutsideBase
+		}
+		path = path[len(basePath):]
+		if len(path) == 0 || path[0] != '/' {
+			return t, errOutsideBase
+		}
+	}
+	t.Path = path
+	// namespace: "/seg"
+	nsEnd := 1
+	for nsEnd < len(path) && path[nsEnd] != '/' {
+		nsEnd++
+	}
+	if nsEnd == len(path) {
+		return t, errNotInstance
+	}
+	if nsEnd == 1 {
+		return t, errBadNamespace
+	}
+	for _, c := range path[1:nsEnd] {
+		if c <= ' ' || c == 0x7f {
+			return t, errBadNamespace
+		}
+	}
+	t.NS = path[:nsEnd]
+	idStart := nsEnd + 1
+	idEnd := idStart
+	for idEnd < len(path) && path[idEnd] != '/' {
+		idEnd++
+	}
+	t.ID = path[idStart:idEnd]
+	if err := checkID(t.ID); err != nil {
+		return t, err
+	}
+	if string(t.NS) == "/." || string(t.NS) == "/.." {
+		return t, errDotSegment
+	}
+	// The rest must not climb out of the instance.
+	seg := idEnd
+	for seg < len(path) {
+		next := seg + 1
+		for next < len(path) && path[next] != '/' {
+			next++
+		}
+		s := path[seg+1 : next]
+		if string(s) == "." || string(s) == ".." {
+			return t, errDotSegment
+		}
+		seg = next
+	}
+	return t, nil
+}
+
+func checkID(id []byte) error {
+	if len(id) == 0 {
+		return errEmptyID
+	}
+	if len(id) > maxIDLength {
+		return errLongID
+	}
+	for _, c := range id {
+		if !idChar[c] {
+			return errIDCharset
+		}
+	}
+	if string(id) == "." || string(id) == ".." {
+		return errDotSegment
+	}
+	return nil
+}
+
+var idChar = func() (t [256]bool) {
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "._~-" {
+		t[c] = true
+	}
+	return t
+}()

@@ -1,0 +1,189 @@
+// Package proxy is pinboard's data plane (R-DP): it resolves
+// /{ns}/{id}/{rest} to the owning worker session through the directory and
+// forwards the request there over pooled connections, streaming bodies both
+// ways, relaying Server-Sent Events and WebSockets, and signing every
+// forwarded request with the attestation the worker verifies (R-TR-5).
+//
+// The hot path — parse, resolve a placed id, forward over a warm connection
+// — allocates nothing; BenchmarkHotPath guards it.
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// Options configure a Proxy. Store and Passport are required; nil or zero
+// fields take the documented defaults.
+type Options struct {
+	Store    directory.Store
+	Passport *attest.Passport
+	// Now is the clock; nil uses time.Now.
+	Now func() time.Time
+	// BasePath is the prefix pinboard is mounted under ("" or "/pb").
+	BasePath string
+	// Policy ranks candidates for new placements; nil uses
+	// directory.HeadroomPolicy with DefaultBalanceFactor.
+	Policy directory.Policy
+	// AffinityKey is the programmatic affinity.key (R-PL-4): it returns the
+	// rendezvous key for a new placement, or ok=false for "null" (power of
+	// two choices). It must not consume the body. Nil uses the client IP.
+	AffinityKey func(ctx *fasthttp.RequestCtx) (key string, ok bool)
+	// TrustedProxies are the peers whose X-Forwarded-For is believed.
+	TrustedProxies *TrustedProxies
+	// Upstream tunes the worker connection pools.
+	Upstream UpstreamOptions
+	// SmallBody is the largest response body read whole before it is sent
+	// (fewer writes for small JSON); larger or unsized bodies stream.
+	// Default 64 KiB.
+	SmallBody int
+	// Logger receives one line per noteworthy failure; nil discards.
+	Logger *slog.Logger
+	// Metrics receives counters; nil records nothing.
+	Metrics Metrics
+}
+
+// Metrics is the data plane's view of the metrics registry. Implementations
+// must not allocate: they run on the hot path.
+type Metrics interface {
+	// Request counts a finished request by status.
+	Request(status int, d time.Duration)
+	// UpstreamError counts a failure reaching a worker by kind ("dial",
+	// "write", "read", "timeout", "pool").
+	UpstreamError(kind string)
+	// Resolve counts a directory resolution: hit (cached live placement) or
+	// a placement attempt.
+	Resolve(hit bool)
+	// Placement counts a new placement or re-placement.
+	Placement(replaced bool)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) Request(int, time.Duration) {}
+func (nopMetrics) UpstreamError(string)       {}
+func (nopMetrics) Resolve(bool)               {}
+func (nopMetrics) Placement(bool)             {}
+
+// Proxy is the data plane handler. It is safe for concurrent use.
+type Proxy struct {
+	store     directory.Store
+	passport  *attest.Passport
+	now       func() time.Time
+	base      []byte
+	policy    directory.Policy
+	affinity  func(ctx *fasthttp.RequestCtx) (string, bool)
+	trusted   *TrustedProxies
+	ups       *upstreams
+	smallBody int
+	log       *slog.Logger
+	metrics   Metrics
+
+	streams *streams
+	hijacks *hijacks
+
+	reqPool sync.Pool
+}
+
+// New returns a Proxy.
+func New(o Options) *Proxy {
+	p := &Proxy{
+		store:     o.Store,
+		passport:  o.Passport,
+		now:       o.Now,
+		base:      []byte(trimSlash(o.BasePath)),
+		policy:    o.Policy,
+		affinity:  o.AffinityKey,
+		trusted:   o.TrustedProxies,
+		ups:       newUpstreams(o.Upstream),
+		smallBody: o.SmallBody,
+		log:       o.Logger,
+		metrics:   o.Metrics,
+		streams:   newStreams(),
+		hijacks:   newHijacks(),
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if p.policy == nil {
+		p.policy = &directory.HeadroomPolicy{}
+	}
+	if p.smallBody <= 0 {
+		p.smallBody = 64 << 10
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.metrics == nil {
+		p.metrics = nopMetrics{}
+	}
+	if p.trusted == nil {
+		p.trusted = &TrustedProxies{}
+	}
+	p.reqPool.New = func() any { return new(request) }
+	return p
+}
+
+func trimSlash(s string) string {
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// Run sweeps idle worker connections until ctx ends. Call it once.
+func (p *Proxy) Run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			p.ups.sweep(p.now(), 10*time.Minute)
+		}
+	}
+}
+
+// OpenStreams is the number of streaming responses in flight.
+func (p *Proxy) OpenStreams() int64 { return p.streams.Open() }
+
+// OpenWebSockets is the number of relayed WebSocket connections.
+func (p *Proxy) OpenWebSockets() int64 { return p.hijacks.Open() }
+
+// CloseStreams ends every streaming response and WebSocket relay: the
+// graceful shutdown calls it when the grace period runs out, since
+// fasthttp's Shutdown neither ends idle streams nor sees hijacked
+// connections.
+func (p *Proxy) CloseStreams() {
+	now := p.now()
+	p.streams.stopAll(now)
+	p.hijacks.closeAll()
+	p.ups.closeAll(now)
+}
+
+// ownerState is the data plane's per-session state, kept on the
+// directory.Owner so a hot lookup reaches it without a map.
+type ownerState struct {
+	up  *upstream
+	att attestationCache
+}
+
+func (p *Proxy) state(o *directory.Owner) (*ownerState, error) {
+	if st, ok := o.Ext().(*ownerState); ok {
+		return st, nil
+	}
+	up, err := p.ups.get(o.AdvertiseURL)
+	if err != nil {
+		return nil, err
+	}
+	st := &ownerState{up: up}
+	return o.SetExtIfAbsent(st).(*ownerState), nil
+}

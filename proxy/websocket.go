@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// maxHandshakeHeader caps a worker's handshake response header.
+const maxHandshakeHeader = 16 << 10
+
+// handshakeTimeout bounds the upgrade exchange with the worker.
+const handshakeTimeout = 30 * time.Second
+
+var errHeaderTooLarge = errors.New("worker handshake response header too large")
+
+func isWebSocket(h *fasthttp.RequestHeader) bool {
+	return h.ConnectionUpgrade() && asciiEqualFold(h.Peek(fasthttp.HeaderUpgrade), "websocket")
+}
+
+// serveWebSocket relays a WebSocket upgrade (R-DP-2). The handshake never
+// goes through the connection pool — a 101 connection must not return to
+// it (../shared/notes/FASTHTTP.md) — so it dials the worker itself, sends
+// the rewritten request, and on 101 hijacks the client connection and
+// copies bytes both ways. Any other answer (403 without attestation, a 503
+// refusal) is relayed as a normal response.
+func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
+	st, err := p.state(route.Owner)
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		return
+	}
+	h := &ctx.Request.Header
+	stripRequestHop(h, true)
+	if rq.principal != nil {
+		h.DelBytes(hdrAuthorization)
+	}
+	p.setForwarded(ctx, rq)
+	p.prepare(ctx, rq, st, route, now)
+	h.Set(fasthttp.HeaderConnection, "Upgrade")
+
+	conn, err := st.up.dial(st.up.addr)
+	if err != nil {
+		p.metrics.UpstreamError("dial")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		return
+	}
+	_ = conn.SetDeadline(now.Add(handshakeTimeout))
+	if _, err := conn.Write(h.Header()); err != nil {
+		_ = conn.Close()
+		p.metrics.UpstreamError("write")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		return
+	}
+	br := bufio.NewReaderSize(conn, 4096)
+	raw, err := readRawHeader(br)
+	if err == nil {
+		err = ctx.Response.Header.Read(bufio.NewReader(bytes.NewReader(raw)))
+	}
+	if err != nil {
+		_ = conn.Close()
+		ctx.Response.Reset()
+		p.metrics.UpstreamError("read")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		return
+	}
+	if ctx.Response.StatusCode() != fasthttp.StatusSwitchingProtocols {
+		p.relayRefusedUpgrade(ctx, conn, br)
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	pending := make([]byte, br.Buffered())
+	_, _ = io.ReadFull(br, pending)
+	ctx.Response.Reset()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(client net.Conn) {
+		p.hijacks.relay(client, conn, raw, pending)
+	})
+}
+
+// relayRefusedUpgrade forwards a worker's non-101 answer to an upgrade.
+func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br *bufio.Reader) {
+	defer conn.Close()
+	rh := &ctx.Response.Header
+	rh.ResetConnectionClose()
+	stripResponseHop(rh)
+	if s := rh.StatusCode(); s == fasthttp.StatusNoContent || s == fasthttp.StatusNotModified {
+		return
+	}
+	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
+		ctx.Response.Reset()
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+	}
+}
+
+// readRawHeader reads a response header up to and including its blank
+// line, keeping the exact bytes so a 101 reaches the client as the worker
+// sent it.
+func readRawHeader(br *bufio.Reader) ([]byte, error) {
+	var raw []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+		raw = append(raw, line...)
+		if len(raw) > maxHandshakeHeader {
+			return nil, errHeaderTooLarge
+		}
+		if err == nil && (len(line) == 2 && line[0] == '\r' || len(line) == 1) {
+			return raw, nil
+		}
+	}
+}
+
+// hijacks tracks relayed WebSocket connections: fasthttp's Shutdown
+// neither counts nor closes hijacked connections.
+type hijacks struct {
+	mu sync.Mutex
+	m  map[net.Conn]net.Conn
+	n  atomic.Int64
+	wg sync.WaitGroup
+}
+
+func newHijacks() *hijacks { return &hijacks{m: make(map[net.Conn]net.Conn)} }
+
+// Open returns the number of relayed connections.
+func (hj *hijacks) Open() int64 { return hj.n.Load() }
+
+func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
+	hj.mu.Lock()
+	hj.m[client] = upstream
+	hj.mu.Unlock()
+	hj.n.Add(1)
+	hj.wg.Add(1)
+	defer func() {
+		hj.mu.Lock()
+		delete(hj.m, client)
+		hj.mu.Unlock()
+		hj.n.Add(-1)
+		hj.wg.Done()
+	}()
+	defer upstream.Close()
+	defer client.Close()
+	if _, err := client.Write(handshake); err != nil {
+		return
+	}
+	if len(pending) > 0 {
+		if _, err := client.Write(pending); err != nil {
+			return
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(upstream, client)
+		// The client finished sending: pass the half-close on, and stop
+		// the other direction if the worker does not end it.
+		if tc, ok := upstream.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		} else {
+			_ = upstream.Close()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(client, upstream)
+	_ = client.Close()
+	_ = upstream.Close()
+	<-done
+}
+
+// closeAll closes every relayed connection (end of the shutdown grace).
+func (hj *hijacks) closeAll() {
+	hj.mu.Lock()
+	for c, u := range hj.m {
+		_ = c.Close()
+		_ = u.Close()
+	}
+	hj.mu.Unlock()
+}
+
+// Wait blocks until every relay finished.
+func (hj *hijacks) Wait() { hj.wg.Wait() }

@@ -1,0 +1,66 @@
+package registry
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Error bodies of the heartbeat reference (003_d935a1d8ec89be7a.txt,
+// R-REG-2), byte for byte: workers and operator scripts match on them.
+var (
+	bodyUnauthorized   = []byte(`{"error":"unauthorized"}`)
+	bodyForbidden      = []byte(`{"error":"forbidden"}`)
+	bodyNotServing     = []byte(`{"error":"not the serving fleet"}`)
+	bodyTooLarge       = []byte(`{"error":"body too large"}`)
+	bodyInvalidJSON    = []byte(`{"error":"invalid json"}`)
+	bodyHeartbeatShape = []byte(`{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`)
+	bodyUnknownSession = []byte(`{"error":"unknown session","reregister":true}`)
+	bodyVoided         = []byte(`{"error":"registration voided: challenge value mismatch on the advertise URL","reregister":true}`)
+)
+
+// Bodies for the endpoints the reference leaves to us (docs/PROTOCOL.md).
+var (
+	bodyRegisterShape   = []byte(`{"error":"expected { clientId, secret, namespaces, advertiseUrl, headroom, draining, challenge, challengeValue, hostname?, env?, envs?, takeover?, epoch?, prevSessionId?, instances? }"}`)
+	bodyReleaseShape    = []byte(`{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`)
+	bodyDeregisterShape = []byte(`{"error":"expected { sessionId }"}`)
+	bodyDrainShape      = []byte(`{"error":"expected { clientId, deadline? }"}`)
+	bodyUndrainShape    = []byte(`{"error":"expected { clientId }"}`)
+	bodyWindDownShape   = []byte(`{"error":"expected { namespace, id, deadline }"}`)
+	bodyPlacementShape  = []byte(`{"error":"expected ?namespace=&id="}`)
+	bodyUnavailable     = []byte(`{"error":"directory unavailable"}`)
+	bodyBusy            = []byte(`{"error":"registry busy"}`)
+	bodyNotFound        = []byte(`{"error":"not found"}`)
+	bodyMethod          = []byte(`{"error":"method not allowed"}`)
+	bodyUnknownClient   = []byte(`{"error":"unknown clientId"}`)
+	bodyNoPlacement     = []byte(`{"error":"no placement"}`)
+)
+
+func reply(ctx *fasthttp.RequestCtx, status int, body []byte) {
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(body)
+}
+
+// replyRetry answers 503 with Retry-After (seconds).
+func replyRetry(ctx *fasthttp.RequestCtx, body []byte, seconds int) {
+	ctx.Response.Header.Set("Retry-After", strconv.Itoa(seconds))
+	reply(ctx, fasthttp.StatusServiceUnavailable, body)
+}
+
+func replyJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("BUG: cannot encode registry reply: " + err.Error())
+	}
+	reply(ctx, status, b)
+}
+
+// errorBody builds {"error": msg} for messages with a variable part.
+func errorBody(msg string) []byte {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	return b
+}

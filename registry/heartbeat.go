@@ -1,0 +1,157 @@
+package registry
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// heartbeatBody is POST /registry/heartbeat (003_d935a1d8ec89be7a.txt).
+type heartbeatBody struct {
+	SessionID      *string      `json:"sessionId"`
+	Headroom       *json.Number `json:"headroom"`
+	Draining       *bool        `json:"draining"`
+	Challenge      *string      `json:"challenge"`
+	ChallengeValue *string      `json:"challengeValue"`
+	Acks           *[]string    `json:"acks"`
+}
+
+// heartbeatAck is the 200 response; optional fields appear only when the
+// reference says so.
+type heartbeatAck struct {
+	ExpiresInMs   int64        `json:"expiresInMs"`
+	Draining      bool         `json:"draining"`
+	DrainDeadline *float64     `json:"drainDeadline,omitempty"`
+	Degraded      bool         `json:"degraded,omitempty"`
+	Messages      []ackMessage `json:"messages,omitempty"`
+}
+
+// ackMessage is a control message on the wire (R-CM-1). Deadline is
+// always present: a number of seconds from delivery, or null to revoke.
+type ackMessage struct {
+	MsgID    string   `json:"msgId"`
+	Type     string   `json:"type"`
+	NS       string   `json:"ns"`
+	ID       string   `json:"id"`
+	Deadline *float64 `json:"deadline"`
+}
+
+// heartbeat handles POST /registry/heartbeat (R-REG-2, R-LS-1..3, R-CM-1).
+func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	outcome := r.doHeartbeat(ctx)
+	r.obs.Heartbeat(time.Since(start), outcome)
+}
+
+func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
+	pr := r.principal(ctx, attest.ScopeWorker)
+	if pr == nil {
+		return "auth"
+	}
+	var body heartbeatBody
+	if !readJSON(ctx, &body, bodyHeartbeatShape) {
+		return "bad_request"
+	}
+	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil {
+		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
+		return "bad_request"
+	}
+	headroom, ok := number(*body.Headroom)
+	if !ok {
+		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
+		return "bad_request"
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	info, err := r.store.Session(c, *body.SessionID, r.now())
+	if err != nil {
+		if errors.Is(err, directory.ErrUnknownSession) {
+			reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
+			return "unknown_session"
+		}
+		r.storeFailed(ctx, "heartbeat", err)
+		return "unavailable"
+	}
+	// Same account, and its claims must still cover the registration.
+	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env) != "" {
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return "forbidden"
+	}
+	pstart := time.Now()
+	res, perr := r.prober.Probe(info.AdvertiseURL, info.Secret, *body.Challenge, *body.ChallengeValue)
+	r.obs.Probe(time.Since(pstart), res)
+	if res == ProbeMismatch {
+		// The URL reaches another process: this registration is void.
+		now := r.now()
+		if err := r.store.Void(c, info.SessionID, now); err != nil {
+			r.storeFailed(ctx, "void", err)
+			return "unavailable"
+		}
+		r.log.Warn("voided", "clientId", info.ClientID, "sessionId", info.SessionID, "advertiseUrl", info.AdvertiseURL)
+		reply(ctx, fasthttp.StatusConflict, bodyVoided)
+		return "voided"
+	}
+	degraded := res != ProbeOK
+	if degraded && !info.Degraded {
+		r.log.Warn("degraded", "clientId", info.ClientID, "sessionId", info.SessionID, "advertiseUrl", info.AdvertiseURL, "probe", res.String(), "err", perr)
+	} else if !degraded && info.Degraded {
+		r.log.Info("recovered", "clientId", info.ClientID, "sessionId", info.SessionID)
+	}
+	acks := []string(nil)
+	if body.Acks != nil {
+		acks = *body.Acks
+	}
+	now := r.now()
+	out, err := r.store.Heartbeat(c, &directory.Beat{
+		SessionID: info.SessionID,
+		Sub:       pr.Sub,
+		Headroom:  headroom,
+		Draining:  *body.Draining,
+		Degraded:  degraded,
+		Acks:      acks,
+	}, now)
+	switch {
+	case errors.Is(err, directory.ErrUnknownSession):
+		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
+		return "unknown_session"
+	case errors.Is(err, directory.ErrForbidden):
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return "forbidden"
+	case err != nil:
+		r.storeFailed(ctx, "heartbeat", err)
+		return "unavailable"
+	}
+	if *body.Draining != info.Draining {
+		r.log.Info("drain", "clientId", info.ClientID, "sessionId", info.SessionID, "draining", *body.Draining, "by", "worker")
+	}
+	ack := heartbeatAck{
+		ExpiresInMs: ms(out.LeaseUntil.Sub(now)),
+		Draining:    out.Draining,
+		Degraded:    degraded,
+	}
+	if out.Drain.Draining && !out.Drain.Deadline.IsZero() {
+		d := seconds(out.Drain.Deadline.Sub(now))
+		ack.DrainDeadline = &d
+	}
+	if len(out.Messages) > 0 {
+		ack.Messages = make([]ackMessage, len(out.Messages))
+		for i, m := range out.Messages {
+			am := ackMessage{MsgID: m.MsgID, Type: m.Type, NS: m.NS, ID: m.ID}
+			if m.Deadline != nil {
+				d := seconds(m.Deadline.Sub(now))
+				am.Deadline = &d
+			}
+			ack.Messages[i] = am
+		}
+	}
+	replyJSON(ctx, fasthttp.StatusOK, ack)
+	if degraded {
+		return "degraded"
+	}
+	return "ok"
+}

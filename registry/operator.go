@@ -1,0 +1,328 @@
+package registry
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// workerView is one entry of GET /registry/workers (R-REG-4).
+type workerView struct {
+	ClientID       string   `json:"clientId"`
+	SessionID      string   `json:"sessionId"`
+	AdvertiseURL   string   `json:"advertiseUrl"`
+	Namespaces     []string `json:"namespaces"`
+	Headroom       float64  `json:"headroom"`
+	Draining       bool     `json:"draining"`
+	OperatorDrain  bool     `json:"operatorDrain"`
+	DrainDeadline  *float64 `json:"drainDeadline,omitempty"`
+	Degraded       bool     `json:"degraded"`
+	DegradedSince  *int64   `json:"degradedSince,omitempty"`
+	ExpiresInMs    int64    `json:"expiresInMs"`
+	LeaseExpiresAt int64    `json:"leaseExpiresAt"`
+	RegisteredAt   int64    `json:"registeredAt"`
+	Placements     int      `json:"placements"`
+	Hostname       string   `json:"hostname,omitempty"`
+	Env            string   `json:"env,omitempty"`
+	Epoch          int64    `json:"epoch,omitempty"`
+}
+
+// workers handles GET /registry/workers: live sessions whose namespaces the
+// credential's claims cover, with only the covered namespaces listed
+// (R-TR-3, R-REG-4).
+func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	list, err := r.store.Workers(c, now)
+	if err != nil {
+		r.storeFailed(ctx, "workers", err)
+		return
+	}
+	out := struct {
+		Workers []workerView `json:"workers"`
+	}{Workers: make([]workerView, 0, len(list))}
+	for i := range list {
+		s := &list[i]
+		var covered []string
+		for _, ns := range s.Namespaces {
+			if pr.Claims.CoversNamespace(ns) {
+				covered = append(covered, ns)
+			}
+		}
+		if len(covered) == 0 {
+			continue
+		}
+		w := workerView{
+			ClientID:       s.ClientID,
+			SessionID:      s.SessionID,
+			AdvertiseURL:   s.AdvertiseURL,
+			Namespaces:     covered,
+			Headroom:       s.Headroom,
+			Draining:       s.Draining || s.Drain.Draining,
+			OperatorDrain:  s.Drain.Draining,
+			Degraded:       s.Degraded,
+			ExpiresInMs:    ms(s.LeaseUntil.Sub(now)),
+			LeaseExpiresAt: s.LeaseUntil.UnixMilli(),
+			RegisteredAt:   s.RegisteredAt.UnixMilli(),
+			Placements:     s.Placements,
+			Hostname:       s.Hostname,
+			Env:            s.Env,
+			Epoch:          s.Epoch,
+		}
+		if s.Drain.Draining && !s.Drain.Deadline.IsZero() {
+			d := seconds(s.Drain.Deadline.Sub(now))
+			w.DrainDeadline = &d
+		}
+		if s.Degraded {
+			t := s.DegradedSince.UnixMilli()
+			w.DegradedSince = &t
+		}
+		out.Workers = append(out.Workers, w)
+	}
+	replyJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// health handles GET /registry/health (R-REG-5).
+func (r *Registry) health(ctx *fasthttp.RequestCtx) {
+	if r.principal(ctx, attest.ScopeOperator) == nil {
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	q, err := r.store.Quarantine(c, now)
+	if err != nil {
+		r.storeFailed(ctx, "health", err)
+		return
+	}
+	ws, err := r.store.Workers(c, now)
+	if err != nil {
+		r.storeFailed(ctx, "health", err)
+		return
+	}
+	replyJSON(ctx, fasthttp.StatusOK, struct {
+		OK           bool   `json:"ok"`
+		Store        string `json:"store"`
+		QuarantineMs int64  `json:"quarantineMs"`
+		LeaseTTLMs   int64  `json:"leaseTtlMs"`
+		Workers      int    `json:"workers"`
+	}{true, r.store.Name(), ms(q), r.ttl.Milliseconds(), len(ws)})
+}
+
+// operatorFor checks the credential covers every namespace the client's
+// live sessions serve; it answers 404/403/503 itself and reports success.
+func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string) bool {
+	c, cancel := r.opContext()
+	defer cancel()
+	list, err := r.store.Workers(c, r.now())
+	if err != nil {
+		r.storeFailed(ctx, "drain", err)
+		return false
+	}
+	found := false
+	for i := range list {
+		if list[i].ClientID != clientID {
+			continue
+		}
+		found = true
+		for _, ns := range list[i].Namespaces {
+			if !pr.Claims.CoversNamespace(ns) {
+				reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+				return false
+			}
+		}
+	}
+	if !found {
+		reply(ctx, fasthttp.StatusNotFound, bodyUnknownClient)
+		return false
+	}
+	return true
+}
+
+// drain handles POST /registry/drain {clientId, deadline?} (R-REG-6): no new
+// placements on the client's sessions; with deadline (seconds) a timed
+// drain whose placements are force-released at the deadline, while the
+// lease stops advancing past deadline plus one lease (R-LS-5).
+func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return
+	}
+	var body struct {
+		ClientID *string      `json:"clientId"`
+		Deadline *json.Number `json:"deadline"`
+	}
+	if !readJSON(ctx, &body, bodyDrainShape) {
+		return
+	}
+	if body.ClientID == nil || *body.ClientID == "" {
+		reply(ctx, fasthttp.StatusBadRequest, bodyDrainShape)
+		return
+	}
+	now := r.now()
+	state := directory.DrainState{Draining: true}
+	if body.Deadline != nil {
+		s, ok := number(*body.Deadline)
+		if !ok || s < 0 || s > 7*24*3600 {
+			reply(ctx, fasthttp.StatusBadRequest, bodyDrainShape)
+			return
+		}
+		state.Deadline = now.Add(time.Duration(s * float64(time.Second)))
+	}
+	r.setDrain(ctx, pr, *body.ClientID, state, now)
+}
+
+// undrain handles POST /registry/undrain {clientId} (R-REG-6).
+func (r *Registry) undrain(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return
+	}
+	var body struct {
+		ClientID *string `json:"clientId"`
+	}
+	if !readJSON(ctx, &body, bodyUndrainShape) {
+		return
+	}
+	if body.ClientID == nil || *body.ClientID == "" {
+		reply(ctx, fasthttp.StatusBadRequest, bodyUndrainShape)
+		return
+	}
+	r.setDrain(ctx, pr, *body.ClientID, directory.DrainState{}, r.now())
+}
+
+func (r *Registry) setDrain(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string, state directory.DrainState, now time.Time) {
+	if !r.operatorFor(ctx, pr, clientID) {
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	found, err := r.store.SetDrain(c, clientID, state, now)
+	if err != nil {
+		r.storeFailed(ctx, "drain", err)
+		return
+	}
+	if !found {
+		reply(ctx, fasthttp.StatusNotFound, bodyUnknownClient)
+		return
+	}
+	out := struct {
+		ClientID      string   `json:"clientId"`
+		Draining      bool     `json:"draining"`
+		DrainDeadline *float64 `json:"drainDeadline,omitempty"`
+	}{ClientID: clientID, Draining: state.Draining}
+	if !state.Deadline.IsZero() {
+		d := seconds(state.Deadline.Sub(now))
+		out.DrainDeadline = &d
+	}
+	r.log.Info("drain", "clientId", clientID, "draining", state.Draining, "by", "operator", "deadline", out.DrainDeadline)
+	replyJSON(ctx, fasthttp.StatusOK, out)
+}
+
+// windDown handles POST /registry/wind-down {namespace, id, deadline}
+// (R-CM-1): queue a wind_down for the id's owner; deadline null revokes.
+func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return
+	}
+	var body struct {
+		Namespace *string         `json:"namespace"`
+		ID        *string         `json:"id"`
+		Deadline  json.RawMessage `json:"deadline"`
+	}
+	if !readJSON(ctx, &body, bodyWindDownShape) {
+		return
+	}
+	if body.Namespace == nil || body.ID == nil || len(body.Deadline) == 0 {
+		reply(ctx, fasthttp.StatusBadRequest, bodyWindDownShape)
+		return
+	}
+	if !pr.Claims.CoversNamespace(*body.Namespace) {
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return
+	}
+	now := r.now()
+	var deadline *time.Time
+	if string(body.Deadline) != "null" {
+		var s float64
+		if err := json.Unmarshal(body.Deadline, &s); err != nil || s < 0 || s > 7*24*3600 {
+			reply(ctx, fasthttp.StatusBadRequest, bodyWindDownShape)
+			return
+		}
+		t := now.Add(time.Duration(s * float64(time.Second)))
+		deadline = &t
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	msgID, sid, err := r.store.WindDown(c, *body.Namespace, *body.ID, deadline, now)
+	switch {
+	case errors.Is(err, directory.ErrNoPlacement):
+		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
+		return
+	case err != nil:
+		r.storeFailed(ctx, "wind-down", err)
+		return
+	}
+	r.log.Info("wind-down", "namespace", *body.Namespace, "id", *body.ID, "sessionId", sid, "msgId", msgID, "revoke", deadline == nil)
+	replyJSON(ctx, fasthttp.StatusOK, struct {
+		MsgID     string `json:"msgId"`
+		SessionID string `json:"sessionId"`
+	}{msgID, sid})
+}
+
+// placement handles GET /registry/placement?namespace=&id=: which worker
+// owns an id.
+func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return
+	}
+	args := ctx.QueryArgs()
+	ns, id := string(args.Peek("namespace")), string(args.Peek("id"))
+	if ns == "" || id == "" {
+		reply(ctx, fasthttp.StatusBadRequest, bodyPlacementShape)
+		return
+	}
+	if !pr.Claims.CoversNamespace(ns) {
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	p, err := r.store.Placement(c, ns, id, now)
+	switch {
+	case errors.Is(err, directory.ErrNoPlacement):
+		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
+		return
+	case err != nil:
+		r.storeFailed(ctx, "placement", err)
+		return
+	}
+	replyJSON(ctx, fasthttp.StatusOK, struct {
+		Namespace    string `json:"namespace"`
+		ID           string `json:"id"`
+		SessionID    string `json:"sessionId"`
+		ClientID     string `json:"clientId"`
+		AdvertiseURL string `json:"advertiseUrl"`
+		Epoch        string `json:"epoch"`
+		Live         bool   `json:"live"`
+	}{p.NS, p.ID, p.SessionID, p.ClientID, p.Advertise, formatEpoch(p.Epoch), p.Live})
+}
+
+// formatEpoch renders an epoch as the decimal string the release body and
+// the pinboard-epoch header carry (JavaScript numbers lose precision past
+// 2^53).
+func formatEpoch(e uint64) string { return strconv.FormatUint(e, 10) }

@@ -1,0 +1,219 @@
+package registry
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// registerBody is POST /registry/register as pinned.pinboard.registration
+// (RegistrationClient._register) sends it.
+type registerBody struct {
+	ClientID       *string             `json:"clientId"`
+	Secret         *string             `json:"secret"`
+	Namespaces     *[]string           `json:"namespaces"`
+	AdvertiseURL   *string             `json:"advertiseUrl"`
+	Headroom       *json.Number        `json:"headroom"`
+	Draining       *bool               `json:"draining"`
+	Challenge      *string             `json:"challenge"`
+	ChallengeValue *string             `json:"challengeValue"`
+	Hostname       *string             `json:"hostname"`
+	Env            *string             `json:"env"`
+	Envs           map[string]string   `json:"envs"`
+	Takeover       *string             `json:"takeover"`
+	Epoch          *json.Number        `json:"epoch"`
+	PrevSessionID  *string             `json:"prevSessionId"`
+	Instances      map[string][]string `json:"instances"`
+}
+
+// namespaceRE is the reference host's namespace rule (pinned.hosting.host:
+// "'/' plus a single path segment").
+var namespaceRE = regexp.MustCompile(`^/[^/\s]+$`)
+
+const (
+	maxIDLen       = 256
+	maxTokenLen    = 512
+	maxNamespaces  = 1024
+	maxInstanceIDs = 100_000
+)
+
+// validate returns the registration or nil when the body does not match
+// the schema.
+func (b *registerBody) validate() *directory.Registration {
+	if b.ClientID == nil || b.Secret == nil || b.Namespaces == nil || b.AdvertiseURL == nil ||
+		b.Headroom == nil || b.Draining == nil || b.Challenge == nil || b.ChallengeValue == nil {
+		return nil
+	}
+	if !token(*b.ClientID) || !token(*b.Secret) || !token(*b.Challenge) || !token(*b.ChallengeValue) {
+		return nil
+	}
+	headroom, ok := number(*b.Headroom)
+	if !ok {
+		return nil
+	}
+	if len(*b.Namespaces) == 0 || len(*b.Namespaces) > maxNamespaces {
+		return nil
+	}
+	seen := make(map[string]bool, len(*b.Namespaces))
+	for _, ns := range *b.Namespaces {
+		if !namespaceRE.MatchString(ns) || seen[ns] {
+			return nil
+		}
+		seen[ns] = true
+	}
+	reg := &directory.Registration{
+		ClientID:     *b.ClientID,
+		Secret:       *b.Secret,
+		Namespaces:   *b.Namespaces,
+		AdvertiseURL: *b.AdvertiseURL,
+		Headroom:     headroom,
+		Draining:     *b.Draining,
+		Envs:         b.Envs,
+		Instances:    b.Instances,
+	}
+	if b.Hostname != nil {
+		reg.Hostname = *b.Hostname
+	}
+	if b.Env != nil {
+		reg.Env = *b.Env
+	}
+	if b.Takeover != nil {
+		if *b.Takeover != "wind_down" && *b.Takeover != "deny" {
+			return nil
+		}
+		reg.Takeover = *b.Takeover
+	}
+	if b.Epoch != nil {
+		e, err := b.Epoch.Int64()
+		if err != nil || e < 0 {
+			return nil
+		}
+		reg.Epoch = e
+	}
+	if b.PrevSessionID != nil {
+		reg.PrevSessionID = *b.PrevSessionID
+	}
+	n := 0
+	for ns, ids := range b.Instances {
+		if !namespaceRE.MatchString(ns) {
+			return nil
+		}
+		for _, id := range ids {
+			if len(id) == 0 || len(id) > maxIDLen {
+				return nil
+			}
+		}
+		n += len(ids)
+	}
+	if n > maxInstanceIDs {
+		return nil
+	}
+	return reg
+}
+
+func token(s string) bool { return len(s) > 0 && len(s) <= maxTokenLen }
+
+// registerAck is the register response (pinned.pinboard.registration reads
+// sessionId, expiresInMs, duplicates, draining, drainDeadline).
+type registerAck struct {
+	SessionID     string           `json:"sessionId"`
+	ExpiresInMs   int64            `json:"expiresInMs"`
+	Draining      bool             `json:"draining"`
+	DrainDeadline *float64         `json:"drainDeadline,omitempty"`
+	Duplicates    []directory.NSID `json:"duplicates,omitempty"`
+}
+
+// register handles POST /registry/register (R-REG-1).
+func (r *Registry) register(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeWorker)
+	if pr == nil {
+		return
+	}
+	var body registerBody
+	if !readJSON(ctx, &body, bodyRegisterShape) {
+		return
+	}
+	reg := body.validate()
+	if reg == nil {
+		reply(ctx, fasthttp.StatusBadRequest, bodyRegisterShape)
+		return
+	}
+	reg.Sub = pr.Sub
+	if msg := coverage(pr, reg.Namespaces, reg.Hostname, reg.Env); msg != "" {
+		reply(ctx, fasthttp.StatusForbidden, errorBody("forbidden: "+msg))
+		return
+	}
+	// R-TR-3: no registering a worker at an arbitrary internal host.
+	if err := pr.Claims.CheckBackend(reg.AdvertiseURL); err != nil {
+		reply(ctx, fasthttp.StatusForbidden, errorBody("forbidden: "+err.Error()))
+		return
+	}
+	start := time.Now()
+	res, err := r.prober.Probe(reg.AdvertiseURL, reg.Secret, *body.Challenge, *body.ChallengeValue)
+	r.obs.Probe(time.Since(start), res)
+	switch res {
+	case ProbeOK:
+	case ProbeUnreachable:
+		// Deferral, not rejection: the worker registers from its lifespan,
+		// before uvicorn listens, so the first probe can race the bind.
+		r.log.Info("register deferred: advertise URL unreachable", "clientId", reg.ClientID, "advertiseUrl", reg.AdvertiseURL, "err", err)
+		replyRetry(ctx, errorBody("challenge probe failed: advertise URL unreachable"), 1)
+		return
+	case ProbeRejected:
+		r.log.Warn("register refused: challenge probe rejected", "clientId", reg.ClientID, "advertiseUrl", reg.AdvertiseURL, "err", err)
+		reply(ctx, fasthttp.StatusConflict, errorBody("challenge probe failed: "+err.Error()))
+		return
+	case ProbeMismatch:
+		r.log.Warn("register refused: challenge value mismatch", "clientId", reg.ClientID, "advertiseUrl", reg.AdvertiseURL)
+		reply(ctx, fasthttp.StatusConflict, errorBody("challenge value mismatch on the advertise URL"))
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	out, err := r.store.Register(c, reg, now)
+	if err != nil {
+		r.storeFailed(ctx, "register", err)
+		return
+	}
+	ack := registerAck{
+		SessionID:   out.SessionID,
+		ExpiresInMs: ms(out.LeaseUntil.Sub(now)),
+		Draining:    reg.Draining || out.Drain.Draining,
+		Duplicates:  out.Duplicates,
+	}
+	if out.Drain.Draining && !out.Drain.Deadline.IsZero() {
+		d := seconds(out.Drain.Deadline.Sub(now))
+		ack.DrainDeadline = &d
+	}
+	event := "register"
+	if reg.PrevSessionID != "" {
+		event = "re-register"
+	}
+	r.log.Info(event, "clientId", reg.ClientID, "sessionId", out.SessionID, "advertiseUrl", reg.AdvertiseURL,
+		"namespaces", reg.Namespaces, "prevSessionId", reg.PrevSessionID, "duplicates", len(out.Duplicates))
+	replyJSON(ctx, fasthttp.StatusOK, ack)
+}
+
+// coverage returns why the principal's claims do not cover a registration
+// (R-TR-3), or "".
+func coverage(pr *attest.Principal, namespaces []string, hostname, env string) string {
+	for _, ns := range namespaces {
+		if !pr.Claims.CoversNamespace(ns) {
+			return fmt.Sprintf("namespace %s is not covered by the credential's claims", ns)
+		}
+	}
+	if hostname != "" && !pr.Claims.CoversHostname(hostname) {
+		return fmt.Sprintf("hostname %s is not covered by the credential's claims", hostname)
+	}
+	if env != "" && !pr.Claims.CoversEnv(env) {
+		return fmt.Sprintf("env %s is not covered by the credential's claims", env)
+	}
+	return ""
+}

@@ -1,0 +1,257 @@
+// Package registry is pinboard's control plane API (R-REG, R-LS, R-CM):
+// worker registration with the challenge probe, heartbeats, release and
+// deregister, and the operator API (workers, health, drain, wind-down).
+//
+// Every request runs on a bounded ants pool apart from the data plane, so a
+// heartbeat storm or slow probes queue up here instead of taking CPU and
+// goroutines from proxied traffic; past the queue bound the registry
+// answers 503 with Retry-After.
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/ants/v2"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// Options configure a Registry.
+type Options struct {
+	Store    directory.Store
+	Passport *attest.Passport
+	// LeaseTTL is PINBOARD_LEASE_TTL_MS (R-LS-1).
+	LeaseTTL time.Duration
+	// Now is the clock; nil uses time.Now.
+	Now func() time.Time
+	// Prober probes advertise URLs; nil uses NewProber(ProbeTimeout).
+	Prober *Prober
+	// ProbeTimeout bounds one challenge probe; default 2s.
+	ProbeTimeout time.Duration
+	// Workers is the ants pool size; default 64.
+	Workers int
+	// Queue is how many registry requests may wait for a pool worker
+	// before the registry answers 503; default 4096.
+	Queue int
+	// OpTimeout bounds one registry operation against the store; default 5s.
+	OpTimeout time.Duration
+	// BasePath is the prefix pinboard is mounted under.
+	BasePath string
+	Logger   *slog.Logger
+	// Observer receives registry events for metrics; nil ignores them.
+	Observer Observer
+}
+
+// Observer sees registry outcomes (for metrics). Methods must be cheap.
+type Observer interface {
+	Heartbeat(d time.Duration, outcome string)
+	Probe(d time.Duration, result ProbeResult)
+	QueueDepth(n int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Heartbeat(time.Duration, string)  {}
+func (nopObserver) Probe(time.Duration, ProbeResult) {}
+func (nopObserver) QueueDepth(int)                   {}
+
+// Registry serves /registry/*. It is safe for concurrent use.
+type Registry struct {
+	store    directory.Store
+	passport *attest.Passport
+	ttl      time.Duration
+	now      func() time.Time
+	prober   *Prober
+	pool     *ants.Pool
+	opTime   time.Duration
+	base     string
+	log      *slog.Logger
+	obs      Observer
+	stopping atomic.Bool
+}
+
+// New returns a Registry; Close releases its pool.
+func New(o Options) (*Registry, error) {
+	r := &Registry{
+		store:    o.Store,
+		passport: o.Passport,
+		ttl:      o.LeaseTTL,
+		now:      o.Now,
+		prober:   o.Prober,
+		opTime:   o.OpTimeout,
+		base:     o.BasePath,
+		log:      o.Logger,
+		obs:      o.Observer,
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.prober == nil {
+		t := o.ProbeTimeout
+		if t <= 0 {
+			t = 2 * time.Second
+		}
+		r.prober = NewProber(t)
+	}
+	if r.opTime <= 0 {
+		r.opTime = 5 * time.Second
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.obs == nil {
+		r.obs = nopObserver{}
+	}
+	workers, queue := o.Workers, o.Queue
+	if workers <= 0 {
+		workers = 64
+	}
+	if queue <= 0 {
+		queue = 4096
+	}
+	pool, err := ants.NewPool(workers, ants.WithMaxBlockingTasks(queue), ants.WithExpiryDuration(10*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the registry pool: %w", err)
+	}
+	r.pool = pool
+	return r, nil
+}
+
+// Close stops the pool, waiting up to timeout for running tasks.
+func (r *Registry) Close(timeout time.Duration) error {
+	return r.pool.ReleaseTimeout(timeout)
+}
+
+// Stop makes the registry answer 503 "not the serving fleet" from now on:
+// a node shutting down must not take new sessions it cannot serve.
+func (r *Registry) Stop() { r.stopping.Store(true) }
+
+// QueueDepth is the number of registry requests waiting for the pool.
+func (r *Registry) QueueDepth() int { return r.pool.Waiting() }
+
+// Running is the number of registry requests being handled.
+func (r *Registry) Running() int { return r.pool.Running() }
+
+// ServeHTTP handles /registry/*. path is the request path with the base
+// path removed. The handler waits for the pool task: fasthttp's ctx must
+// not be touched after ServeHTTP returns.
+func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
+	h := r.route(ctx, path)
+	if h == nil {
+		return
+	}
+	if r.stopping.Load() {
+		replyRetry(ctx, bodyNotServing, 1)
+		return
+	}
+	done := make(chan struct{})
+	err := r.pool.Submit(func() {
+		defer close(done)
+		h(ctx)
+	})
+	r.obs.QueueDepth(r.pool.Waiting())
+	if err != nil {
+		if errors.Is(err, ants.ErrPoolOverload) {
+			replyRetry(ctx, bodyBusy, 1)
+		} else {
+			replyRetry(ctx, bodyNotServing, 1)
+		}
+		return
+	}
+	<-done
+}
+
+type handler func(ctx *fasthttp.RequestCtx)
+
+// route picks the handler for path, answering 404/405 itself (nil).
+func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) handler {
+	post := ctx.IsPost()
+	get := ctx.IsGet() || ctx.IsHead()
+	var h handler
+	var wantPost bool
+	switch string(path) {
+	case "/registry/register":
+		h, wantPost = r.register, true
+	case "/registry/heartbeat":
+		h, wantPost = r.heartbeat, true
+	case "/registry/release":
+		h, wantPost = r.release, true
+	case "/registry/deregister":
+		h, wantPost = r.deregister, true
+	case "/registry/drain":
+		h, wantPost = r.drain, true
+	case "/registry/undrain":
+		h, wantPost = r.undrain, true
+	case "/registry/wind-down":
+		h, wantPost = r.windDown, true
+	case "/registry/workers":
+		h = r.workers
+	case "/registry/health":
+		h = r.health
+	case "/registry/placement":
+		h = r.placement
+	default:
+		reply(ctx, fasthttp.StatusNotFound, bodyNotFound)
+		return nil
+	}
+	if (wantPost && !post) || (!wantPost && !get) {
+		if wantPost {
+			ctx.Response.Header.Set(fasthttp.HeaderAllow, fasthttp.MethodPost)
+		} else {
+			ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD")
+		}
+		reply(ctx, fasthttp.StatusMethodNotAllowed, bodyMethod)
+		return nil
+	}
+	return h
+}
+
+// principal authenticates the request and checks scope (R-TR-2): 401
+// without an accepted credential, 403 without the scope.
+func (r *Registry) principal(ctx *fasthttp.RequestCtx, scope string) *attest.Principal {
+	pr, err := r.passport.Authenticate(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+	if err != nil || pr == nil {
+		reply(ctx, fasthttp.StatusUnauthorized, bodyUnauthorized)
+		return nil
+	}
+	if !pr.HasScope(scope) {
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return nil
+	}
+	return pr
+}
+
+func (r *Registry) opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), r.opTime)
+}
+
+// storeFailed answers a store error that is not one of the domain errors.
+func (r *Registry) storeFailed(ctx *fasthttp.RequestCtx, op string, err error) {
+	r.log.Warn("registry operation failed", "op", op, "err", err)
+	replyRetry(ctx, bodyUnavailable, 1)
+}
+
+// ms converts a duration to whole milliseconds, never negative.
+func ms(d time.Duration) int64 {
+	if d < 0 {
+		return 0
+	}
+	return d.Milliseconds()
+}
+
+// seconds converts a duration to seconds with millisecond precision, never
+// negative: control message and drain deadlines are "seconds from now,
+// computed at delivery; 0 once passed" (R-CM-1, R-LS-5).
+func seconds(d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(d.Milliseconds()) / 1000
+}

@@ -1,0 +1,167 @@
+package registry
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// releaseItem is one entry of POST /registry/release. The reference worker
+// (RegistrationClient._post_release) sends a JSON array of these, with the
+// placement epoch as a decimal string.
+type releaseItem struct {
+	SessionID *string `json:"sessionId"`
+	Namespace *string `json:"namespace"`
+	ID        *string `json:"id"`
+	Epoch     *string `json:"epoch"`
+}
+
+const maxReleaseItems = 10_000
+
+// release handles POST /registry/release (R-REG-3): idle eviction frees
+// the placement so the next request re-places it. A body may be an array
+// (what workers send) or a single object.
+func (r *Registry) release(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeWorker)
+	if pr == nil {
+		return
+	}
+	b, err := readBody(ctx)
+	if err != nil {
+		if errors.Is(err, errTooLarge) {
+			reply(ctx, fasthttp.StatusRequestEntityTooLarge, bodyTooLarge)
+		} else {
+			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
+		}
+		return
+	}
+	var items []releaseItem
+	trimmed := bytes.TrimSpace(b)
+	if len(trimmed) > 0 && trimmed[0] == '{' {
+		var one releaseItem
+		err = decode(b, &one)
+		items = []releaseItem{one}
+	} else {
+		err = decode(b, &items)
+	}
+	if err != nil {
+		if errors.Is(err, errInvalidJSON) {
+			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
+		} else {
+			reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
+		}
+		return
+	}
+	if len(items) > maxReleaseItems {
+		reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
+		return
+	}
+	reqs := make([]directory.ReleaseRequest, 0, len(items))
+	for _, it := range items {
+		if it.SessionID == nil || it.Namespace == nil || it.ID == nil {
+			reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
+			return
+		}
+		rr := directory.ReleaseRequest{SessionID: *it.SessionID, NS: *it.Namespace, ID: *it.ID}
+		if it.Epoch != nil {
+			e, err := strconv.ParseUint(*it.Epoch, 10, 64)
+			if err != nil || e == 0 {
+				reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
+				return
+			}
+			rr.Epoch = e
+		}
+		reqs = append(reqs, rr)
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	// Only the account that registered a session may free its rows.
+	owners := map[string]bool{}
+	released := 0
+	for i := range reqs {
+		rr := &reqs[i]
+		ok, seen := owners[rr.SessionID]
+		if !seen {
+			info, err := r.store.Session(c, rr.SessionID, now)
+			switch {
+			case errors.Is(err, directory.ErrUnknownSession):
+				ok = false // lapsed: its rows are re-placeable anyway
+			case err != nil:
+				r.storeFailed(ctx, "release", err)
+				return
+			case info.Sub != pr.Sub:
+				reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+				return
+			default:
+				ok = true
+			}
+			owners[rr.SessionID] = ok
+		}
+		if !ok {
+			continue
+		}
+		freed, err := r.store.Release(c, rr, now)
+		if err != nil {
+			r.storeFailed(ctx, "release", err)
+			return
+		}
+		if freed {
+			released++
+		}
+	}
+	replyJSON(ctx, fasthttp.StatusOK, struct {
+		Released int `json:"released"`
+	}{released})
+}
+
+// deregister handles POST /registry/deregister (R-REG-3): a plain shutdown
+// ends the session and frees its placements. Unknown sessions answer 200:
+// the worker retries deregister and must not loop on a session that is
+// already gone.
+func (r *Registry) deregister(ctx *fasthttp.RequestCtx) {
+	pr := r.principal(ctx, attest.ScopeWorker)
+	if pr == nil {
+		return
+	}
+	var body struct {
+		SessionID *string `json:"sessionId"`
+	}
+	if !readJSON(ctx, &body, bodyDeregisterShape) {
+		return
+	}
+	if body.SessionID == nil {
+		reply(ctx, fasthttp.StatusBadRequest, bodyDeregisterShape)
+		return
+	}
+	c, cancel := r.opContext()
+	defer cancel()
+	now := r.now()
+	info, err := r.store.Session(c, *body.SessionID, now)
+	switch {
+	case errors.Is(err, directory.ErrUnknownSession):
+		replyJSON(ctx, fasthttp.StatusOK, struct {
+			OK bool `json:"ok"`
+		}{true})
+		return
+	case err != nil:
+		r.storeFailed(ctx, "deregister", err)
+		return
+	case info.Sub != pr.Sub:
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return
+	}
+	if err := r.store.Deregister(c, info.SessionID, now); err != nil {
+		r.storeFailed(ctx, "deregister", err)
+		return
+	}
+	r.log.Info("deregister", "clientId", info.ClientID, "sessionId", info.SessionID, "placements", info.Placements)
+	replyJSON(ctx, fasthttp.StatusOK, struct {
+		OK bool `json:"ok"`
+	}{true})
+}
