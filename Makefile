@@ -1,0 +1,65 @@
+# pinboard-go. Two set-up commands on a fresh machine:
+#   make run    pinboard on the embedded memory: store with a dev passport
+#   make test   installs what the tests need, then runs every test
+SHELL := /bin/bash
+GO ?= go
+PYTHON ?= python3
+VENV := .venv
+BIN := bin
+DEV_TOKEN ?= dev-token-change-me
+PORT ?= 8080
+
+DEV_PASSPORT := {"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}
+
+.PHONY: all build run test deps deps-redis deps-python unit e2e lint bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/pinboard ./cmd/pinboard
+
+# pinboard on memory: with a dev passport (anonymous clients, one token for
+# workers and operators). Dev only: see README.md for production.
+run: build
+	@echo "pinboard dev token: $(DEV_TOKEN)"
+	@echo "  workers:   PINBOARD_URL=http://127.0.0.1:$(PORT) PINBOARD_TOKEN=$(DEV_TOKEN)"
+	@echo "  operators: curl -H 'Authorization: Bearer $(DEV_TOKEN)' http://127.0.0.1:$(PORT)/registry/workers"
+	PINBOARD_TOKEN='$(DEV_TOKEN)' PINBOARD_PASSPORT='$(DEV_PASSPORT)' REDIS_URL=memory: PORT=$(PORT) \
+		./$(BIN)/pinboard
+
+# Everything the tests need, then every test.
+test: deps
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	PINBOARD_E2E_PYTHON=$(CURDIR)/$(VENV)/bin/python $(GO) test -race -count=1 -timeout 12m ./...
+
+deps: deps-redis deps-python
+
+# redis-server from Debian's packages (the tests start their own servers).
+deps-redis:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		echo "installing redis-server from Debian's packages"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@redis-server --version
+
+# A Python venv with the reference worker (pinned==0.16.0) for the e2e suite.
+deps-python: $(VENV)/.installed
+
+$(VENV)/.installed: tools/e2e/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r tools/e2e/requirements.txt
+	touch $@
+
+unit:
+	$(GO) test -race -count=1 -short ./...
+
+e2e: deps-python
+	PINBOARD_E2E_PYTHON=$(CURDIR)/$(VENV)/bin/python $(GO) test -count=1 -v ./e2e/
+
+lint:
+	$(GO) vet ./...
+	gofmt -l $$(git ls-files '*.go')
+
+clean:
+	rm -rf $(BIN)
