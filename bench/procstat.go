@@ -1,0 +1,102 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// clockTick is USER_HZ, the unit of utime and stime in /proc/<pid>/stat;
+// 100 on every Linux architecture Go runs on.
+const clockTick = 10 * time.Millisecond
+
+// ProcStat is one reading of a process from /proc.
+type ProcStat struct {
+	PID int
+	// CPU is utime+stime: every thread's CPU time so far, including
+	// threads that already exited (10 ms resolution).
+	CPU time.Duration
+	// RSS is the resident set size in bytes.
+	RSS int64
+	// PPID is the parent process id.
+	PPID int
+}
+
+// ReadProc reads /proc/<pid>/stat.
+func ReadProc(pid int) (ProcStat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ProcStat{}, fmt.Errorf("cannot read the stat of pid %d: %w", pid, err)
+	}
+	return parseProcStat(pid, b)
+}
+
+// parseProcStat parses a /proc/<pid>/stat line. The command name is in
+// parentheses and may itself hold spaces and parentheses, so fields are
+// counted from the last ')'.
+func parseProcStat(pid int, b []byte) (ProcStat, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return ProcStat{}, fmt.Errorf("cannot parse the stat of pid %d: no command name", pid)
+	}
+	// Fields after the name start at field 3 (state).
+	f := bytes.Fields(b[i+1:])
+	const (
+		ppid  = 4 - 3
+		utime = 14 - 3
+		stime = 15 - 3
+		rss   = 24 - 3
+	)
+	if len(f) <= rss {
+		return ProcStat{}, fmt.Errorf("cannot parse the stat of pid %d: %d fields", pid, len(f)+2)
+	}
+	num := func(k int) int64 {
+		n, _ := strconv.ParseInt(string(f[k]), 10, 64)
+		return n
+	}
+	return ProcStat{
+		PID:  pid,
+		PPID: int(num(ppid)),
+		CPU:  time.Duration(num(utime)+num(stime)) * clockTick,
+		RSS:  num(rss) * int64(os.Getpagesize()),
+	}, nil
+}
+
+// ProcTree reads pid and its direct children (nginx: the master and its
+// workers); CPU and RSS are summed.
+func ProcTree(pid int) (ProcStat, error) {
+	root, err := ReadProc(pid)
+	if err != nil {
+		return root, err
+	}
+	for _, c := range Children(pid) {
+		if st, err := ReadProc(c); err == nil {
+			root.CPU += st.CPU
+			root.RSS += st.RSS
+		}
+	}
+	return root, nil
+}
+
+// Children lists the direct children of pid.
+func Children(pid int) []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []int
+	for _, d := range dirs {
+		n, err := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		if err != nil || n == pid {
+			continue
+		}
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue
+		}
+		if st, err := parseProcStat(n, b); err == nil && st.PPID == pid {
+			out = append(out, n)
+		}
+	}
+	return out
+}
