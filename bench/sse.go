@@ -1,0 +1,101 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// SSEStream is one open Server-Sent Events response whose events carry
+// the sender's clock ("data: <unix ns> <seq>", bench/fleet's format).
+// Not safe for concurrent use.
+type SSEStream struct {
+	c    net.Conn
+	resp fasthttp.Response
+	br   *bufio.Reader
+}
+
+var errNotEventStream = errors.New("response is not text/event-stream")
+
+// OpenSSE sends GET path and reads the response header.
+func OpenSSE(addr, path string, headers []string, timeout time.Duration) (*SSEStream, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, &RequestError{"dial", err}
+	}
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	req := AppendGET(nil, addr, []byte(path), append([]string{"Accept: text/event-stream"}, headers...)...)
+	if _, err := c.Write(req); err != nil {
+		c.Close()
+		return nil, &RequestError{"write", err}
+	}
+	s := &SSEStream{c: c}
+	s.resp.StreamBody = true
+	if err := s.resp.Read(bufio.NewReaderSize(c, 4096)); err != nil {
+		c.Close()
+		return nil, &RequestError{"read", err}
+	}
+	if st := s.resp.StatusCode(); st != fasthttp.StatusOK {
+		c.Close()
+		return nil, &RequestError{"http_" + strconv.Itoa(st), errStatus}
+	}
+	if !bytes.HasPrefix(s.resp.Header.ContentType(), []byte("text/event-stream")) {
+		c.Close()
+		return nil, &RequestError{"check", errNotEventStream}
+	}
+	_ = c.SetDeadline(time.Time{})
+	s.br = bufio.NewReaderSize(s.resp.BodyStream(), 512)
+	return s, nil
+}
+
+// SetDeadline bounds the next reads.
+func (s *SSEStream) SetDeadline(t time.Time) { _ = s.c.SetDeadline(t) }
+
+// Next reads the next event and returns its stamp and sequence number.
+// io.EOF means the stream ended cleanly.
+func (s *SSEStream) Next() (stamp int64, seq int, err error) {
+	var data []byte
+	for {
+		line, err := s.br.ReadSlice('\n')
+		if err != nil {
+			if err == io.EOF && len(line) == 0 && data == nil {
+				return 0, 0, io.EOF
+			}
+			return 0, 0, &RequestError{"read", err}
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			if data != nil {
+				break
+			}
+			continue
+		}
+		if rest, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+			data = append(data[:0], rest...)
+		}
+	}
+	a, b, ok := bytes.Cut(data, []byte(" "))
+	if !ok {
+		return 0, 0, &RequestError{"check", fmt.Errorf("malformed event %q", data)}
+	}
+	stamp, err1 := strconv.ParseInt(string(a), 10, 64)
+	seq, err2 := strconv.Atoi(string(b))
+	if err1 != nil || err2 != nil {
+		return 0, 0, &RequestError{"check", fmt.Errorf("malformed event %q", data)}
+	}
+	return stamp, seq, nil
+}
+
+// Close ends the stream.
+func (s *SSEStream) Close() error {
+	err := s.c.Close()
+	_ = s.resp.CloseBodyStream()
+	return err
+}
