@@ -77,9 +77,9 @@ func (s *Stats) Snapshot(reset bool) Snapshot {
 	out := Snapshot{
 		Heartbeats: s.beats, Degraded: s.degraded, AcksSent: s.acksSent,
 		ByStatus: map[string]uint64{}, Registers: map[string]uint64{},
-		Messages:  s.messages.Load(),
-		AckP50us:  us(q[0]), AckP90us: us(q[1]), AckP99us: us(q[2]), AckP999us: us(q[3]),
-		AckMaxUs:  us(s.ack.Max()), AckMeanUs: s.ack.Mean() / 1e3,
+		Messages: s.messages.Load(),
+		AckP50us: us(q[0]), AckP90us: us(q[1]), AckP99us: us(q[2]), AckP999us: us(q[3]),
+		AckMaxUs: us(s.ack.Max()), AckMeanUs: s.ack.Mean() / 1e3,
 	}
 	for k, v := range s.byStatus {
 		out.ByStatus[k] = v
