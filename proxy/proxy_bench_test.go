@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// hotPath is the steady state the data plane is tuned for (issue 5): a
+// placed id, a warm pooled connection to its worker, a small JSON answer.
+type hotPath struct {
+	p   *Proxy
+	req fasthttp.Request
+	ctx fasthttp.RequestCtx
+}
+
+// standInWorker serves a small JSON answer on 127.0.0.1, the way a worker
+// answers /{ns}/{id}/json; it returns the advertise URL.
+func standInWorker(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	body := []byte(`{"ns":"/bench","id":"alice","worker":0}`)
+	srv := &fasthttp.Server{
+		Handler: func(ctx *fasthttp.RequestCtx) {
+			if len(ctx.Request.Header.Peek(attest.HeaderName)) == 0 {
+				ctx.SetStatusCode(fasthttp.StatusForbidden)
+				return
+			}
+			ctx.Response.Header.SetContentType("application/json")
+			ctx.Response.SetBodyRaw(body)
+		},
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	tb.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String() + "/w/0/"
+}
+
+func newHotPath(tb testing.TB) *hotPath {
+	tb.Helper()
+	now := time.Unix(1_800_000_000, 0)
+	store := directory.NewMemory(time.Hour, now)
+	_, err := store.Register(context.Background(), &directory.Registration{
+		ClientID: "c", Sub: "dev", Secret: "4f1c2b9e8d7a6c5b4f1c2b9e8d7a6c5b", Namespaces: []string{"/bench"},
+		AdvertiseURL: standInWorker(tb), Headroom: 100,
+		Instances: map[string][]string{"/bench": {"alice"}},
+	}, now)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev",`+
+		`"token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],`+
+		`"namespaces":{"*":{"allow":"anonymous"}}}`), func(string) (string, bool) { return "dev-token", true })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	h := &hotPath{p: New(Options{Store: store, Passport: pp, Now: func() time.Time { return now }})}
+	h.req.Header.SetMethod(fasthttp.MethodGet)
+	h.req.SetRequestURI("/bench/alice/json")
+	h.req.Header.SetHost("pinboard.test")
+	h.req.Header.Set("Accept", "application/json")
+	h.req.Header.Set("User-Agent", "pinbench")
+	h.ctx.Init(&h.req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}, nil)
+	h.once(tb) // dial the worker, mint the attestation, warm every buffer
+	return h
+}
+
+// once sends the request through the proxy as the server would: a fresh
+// copy of the client's request, the response left on ctx.
+func (h *hotPath) once(tb testing.TB) {
+	h.req.CopyTo(&h.ctx.Request)
+	h.ctx.Response.Reset()
+	h.p.ServeHTTP(&h.ctx)
+	if s := h.ctx.Response.StatusCode(); s != fasthttp.StatusOK {
+		tb.Fatalf("unexpected status through the proxy; got %d; want 200 (%s)", s, h.ctx.Response.Body())
+	}
+}
+
+// BenchmarkHotPath: parse → resolve → attest → forward over a warm pooled
+// connection → read the worker's answer, per request.
+func BenchmarkHotPath(b *testing.B) {
+	h := newHotPath(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.once(b)
+	}
+}
+
+// TestHotPathAllocatesNothing guards the steady state: 0 allocations per
+// proxied request (house style §3).
+func TestHotPathAllocatesNothing(t *testing.T) {
+	h := newHotPath(t)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied request; got %v; want 0", n)
+	}
+}
+
+// BenchmarkHotPathServer measures the whole node's data path: a fasthttp
+// server running the proxy, keep-alive clients, the stand-in worker — all
+// in this process, so ns/op is CPU spent on both sides of the proxy too.
+func BenchmarkHotPathServer(b *testing.B) {
+	h := newHotPath(b)
+	srv := &fasthttp.Server{
+		Handler:               h.p.ServeHTTP,
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		NoDefaultContentType:  true,
+		StreamRequestBody:     true,
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Shutdown()
+	raw := []byte("GET /bench/alice/json HTTP/1.1\r\nHost: pinboard.test\r\nUser-Agent: pinbench\r\n\r\n")
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.RunParallel(func(pb *testing.PB) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		var resp fasthttp.Response
+		for pb.Next() {
+			if _, err := c.Write(raw); err != nil {
+				b.Error(err)
+				return
+			}
+			if err := resp.Read(br); err != nil || resp.StatusCode() != 200 {
+				b.Errorf("unexpected response: %v %d", err, resp.StatusCode())
+				return
+			}
+		}
+	})
+}
