@@ -93,6 +93,7 @@ type WorkerInfo struct {
 //	GET  /stats[?reset=1]  Snapshot
 //	POST /pause, /resume   heartbeats off and on
 //	POST /churn?every=MS&grace=MS, POST /churn/stop → ChurnResult
+//	POST /streams/close    ends every SSE and WebSocket stream → count
 func (f *Fleet) ControlHandler(ctx context.Context) http.Handler {
 	mux := http.NewServeMux()
 	var (
@@ -112,6 +113,7 @@ func (f *Fleet) ControlHandler(ctx context.Context) http.Handler {
 	})
 	mux.HandleFunc("POST /pause", func(w http.ResponseWriter, r *http.Request) { f.Pause(); writeJSON(w, true) })
 	mux.HandleFunc("POST /resume", func(w http.ResponseWriter, r *http.Request) { f.Resume(); writeJSON(w, true) })
+	mux.HandleFunc("POST /streams/close", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, f.CloseStreams()) })
 	mux.HandleFunc("POST /churn", func(w http.ResponseWriter, r *http.Request) {
 		every := msParam(r, "every", 500*time.Millisecond)
 		grace := msParam(r, "grace", 2*time.Second)

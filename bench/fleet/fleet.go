@@ -353,6 +353,18 @@ func (f *Fleet) Leave(ctx context.Context, w *Worker, grace time.Duration) error
 	return err
 }
 
+// CloseStreams ends every open SSE and WebSocket stream and returns how
+// many there were (a proxy holding idle streams then sees them end).
+func (f *Fleet) CloseStreams() int {
+	n := 0
+	f.hijacked.Range(func(k, _ any) bool {
+		_ = k.(net.Conn).Close()
+		n++
+		return true
+	})
+	return n
+}
+
 // Close deregisters every worker (when registered and ctx allows), ends
 // heartbeats, streams and listeners.
 func (f *Fleet) Close(ctx context.Context) error {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttputil"
 
 	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/bench"
 )
 
 // testClock is a settable clock for attestation windows.
@@ -208,5 +210,27 @@ func TestSplitInstance(t *testing.T) {
 		if _, _, _, ok := splitInstance([]byte(p)); ok {
 			t.Fatalf("unexpected split of %q", p)
 		}
+	}
+}
+
+func TestStatsSnapshotKeepsTheDistribution(t *testing.T) {
+	s := newStats()
+	for i := 1; i <= 100; i++ {
+		s.heartbeat(time.Duration(i)*time.Millisecond, 200, nil, i == 50, 0)
+	}
+	s.heartbeat(time.Second, 0, errors.New("boom"), false, 0)
+	snap := s.Snapshot(true)
+	if snap.Heartbeats != 101 || snap.ByStatus["200"] != 100 || snap.ByStatus["transport"] != 1 || snap.Degraded != 1 {
+		t.Fatalf("unexpected counts; got %+v", snap)
+	}
+	if snap.AckP99us < 99_000 || snap.AckP99us > 100_000 {
+		t.Fatalf("unexpected ack p99; got %vµs; want 99ms", snap.AckP99us)
+	}
+	h := bench.HistOf(snap.AckHist)
+	if h.Count() != 100 {
+		t.Fatalf("unexpected stored distribution; got %d values; want 100", h.Count())
+	}
+	if again := s.Snapshot(false); again.Heartbeats != 0 || len(again.AckHist) != 0 {
+		t.Fatalf("unexpected counters after a reset; got %+v", again)
 	}
 }

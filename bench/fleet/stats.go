@@ -67,6 +67,8 @@ type Snapshot struct {
 	AckP999us  float64           `json:"ackP999us"`
 	AckMaxUs   float64           `json:"ackMaxUs"`
 	AckMeanUs  float64           `json:"ackMeanUs"`
+	// AckHist is the whole ack distribution, for merging phases.
+	AckHist []bench.Bucket `json:"ackHist,omitempty"`
 }
 
 // Snapshot returns the counters; reset starts them again from zero.
@@ -80,6 +82,7 @@ func (s *Stats) Snapshot(reset bool) Snapshot {
 		Messages: s.messages.Load(),
 		AckP50us: us(q[0]), AckP90us: us(q[1]), AckP99us: us(q[2]), AckP999us: us(q[3]),
 		AckMaxUs: us(s.ack.Max()), AckMeanUs: s.ack.Mean() / 1e3,
+		AckHist: bench.BucketsOf(s.ack),
 	}
 	for k, v := range s.byStatus {
 		out.ByStatus[k] = v

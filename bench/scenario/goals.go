@@ -1,0 +1,130 @@
+package scenario
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/pinboard-go/pinboard/bench"
+)
+
+// Goal is one of issue 5's targets, evaluated on one run.
+type Goal struct {
+	Name     string
+	Target   string // what it must be
+	Measured string // what it was
+	Met      bool
+	Known    bool // false: the scenario did not run
+}
+
+// Goals evaluates issue 5's goals on res.
+func Goals(res *Results) []Goal {
+	var out []Goal
+	add := func(g Goal) { out = append(out, g) }
+
+	hp, hn := res.agg("hot", "peak", pinboard), res.agg("hot", "peak", nginx)
+	if hp.N > 0 && hn.N > 0 {
+		add(Goal{"Hot ids: peak throughput", "≥ nginx",
+			fmt.Sprintf("%s vs %s req/s (%.2f×)", bench.FmtRate(hp.RPS), bench.FmtRate(hn.RPS), hp.RPS/hn.RPS), hp.RPS >= hn.RPS, true})
+	} else {
+		add(Goal{Name: "Hot ids: peak throughput", Target: "≥ nginx"})
+	}
+	lp, ln := res.agg("hot", "latency", pinboard), res.agg("hot", "latency", nginx)
+	if lp.N > 0 && ln.N > 0 {
+		add(Goal{fmt.Sprintf("Hot ids: p99 at %s req/s", bench.FmtRate(lp.Rate)), "≤ nginx",
+			fmt.Sprintf("%s vs %s", bench.FmtUs(lp.Latency.P99), bench.FmtUs(ln.Latency.P99)), lp.Latency.P99 <= ln.Latency.P99, true})
+		add(Goal{"Hot ids: proxy CPU per request", "≤ nginx",
+			fmt.Sprintf("%.1f vs %.1f µs at peak; %.1f vs %.1f µs at %s req/s", hp.ProxyCPUus, hn.ProxyCPUus, lp.ProxyCPUus, ln.ProxyCPUus, bench.FmtRate(lp.Rate)),
+			hp.ProxyCPUus <= hn.ProxyCPUus && lp.ProxyCPUus <= ln.ProxyCPUus, true})
+	} else {
+		add(Goal{Name: "Hot ids: p99", Target: "≤ nginx"})
+		add(Goal{Name: "Hot ids: proxy CPU per request", Target: "≤ nginx"})
+	}
+
+	if st := stormSummary(res); st.phasesOn > 0 {
+		add(Goal{fmt.Sprintf("Heartbeat storm (%s workers): ack p99", bench.FmtRate(float64(st.workers))), "< 50 ms",
+			fmt.Sprintf("%s (%s heartbeats, %d not 200, %d degraded)", bench.FmtUs(st.ack.P99), bench.FmtRate(float64(st.beats)), st.non200, st.degraded),
+			st.ack.P99 < 50_000 && st.workers >= 10000, true})
+		add(Goal{"Heartbeat storm: data-plane p99 impact", "≤ +10%",
+			fmt.Sprintf("%s on vs %s off (%+.0f%%)", bench.FmtUs(st.on.P99), bench.FmtUs(st.off.P99), st.impact*100), st.impact <= 0.10, true})
+	} else {
+		add(Goal{Name: "Heartbeat storm: ack p99", Target: "< 50 ms"})
+		add(Goal{Name: "Heartbeat storm: data-plane p99 impact", Target: "≤ +10%"})
+	}
+
+	sp, sd := res.agg("sse", "delay", pinboard), res.agg("sse", "delay", direct)
+	if sp.N > 0 && sd.N > 0 {
+		added := sp.Latency.P99 - sd.Latency.P99
+		add(Goal{"SSE: added delay per event, p99", "< 1 ms",
+			fmt.Sprintf("%s (p99 %s through pinboard, %s direct)", bench.FmtUs(added), bench.FmtUs(sp.Latency.P99), bench.FmtUs(sd.Latency.P99)), added < 1000, true})
+	} else {
+		add(Goal{Name: "SSE: added delay per event, p99", Target: "< 1 ms"})
+	}
+	if n := res.factF("sse.idle.streams"); n > 0 {
+		growth := res.factF("sse.idle.pinboard.rssGrowthMiB")
+		per := res.factF("sse.idle.pinboard.kibPerStream")
+		at10k := per * 10000 / 1024
+		m := fmt.Sprintf("+%.0f MiB for %s streams", growth, bench.FmtRate(n))
+		if n < 10000 {
+			m += fmt.Sprintf(" (open-files limit); %.1f KiB per stream → %.0f MiB at 10,000", per, at10k)
+		}
+		add(Goal{"SSE: 10,000 idle streams, pinboard RSS growth", "≤ 200 MiB", m, at10k <= 200 && growth <= 200, true})
+	} else {
+		add(Goal{Name: "SSE: 10,000 idle streams, pinboard RSS growth", Target: "≤ 200 MiB"})
+	}
+
+	worst, size := -1.0, int64(0)
+	for _, l := range res.Large {
+		if l.Target == pinboard {
+			worst = math.Max(worst, l.RSSGrowthMiB)
+			size = max(size, l.Bytes)
+		}
+	}
+	if worst >= 0 {
+		add(Goal{fmt.Sprintf("Large bodies (%s MiB up and down): pinboard RSS growth", bench.FmtRate(float64(size>>20))), "< 32 MiB",
+			fmt.Sprintf("+%.1f MiB at most", worst), worst < 32, true})
+	} else {
+		add(Goal{Name: "Large bodies: pinboard RSS growth", Target: "< 32 MiB"})
+	}
+	return out
+}
+
+type stormStats struct {
+	workers, phasesOn int
+	beats, non200     uint64
+	degraded          uint64
+	ack               bench.Percentiles
+	on, off           bench.Percentiles
+	impact            float64
+	coresOn, coresOff float64
+}
+
+func stormSummary(res *Results) stormStats {
+	var st stormStats
+	ack := bench.NewHist()
+	var coresOn, coresOff []float64
+	for _, p := range res.Storm {
+		st.workers = p.Workers
+		if !p.On {
+			coresOff = append(coresOff, p.ProxyCores)
+			continue
+		}
+		st.phasesOn++
+		coresOn = append(coresOn, p.ProxyCores)
+		ack.Merge(bench.HistOf(p.Acks.AckHist))
+		st.beats += p.Acks.Heartbeats
+		st.degraded += p.Acks.Degraded
+		for k, v := range p.Acks.ByStatus {
+			if k != "200" {
+				st.non200 += v
+			}
+		}
+	}
+	st.ack = bench.PercentilesOf(ack)
+	on, off := res.agg("storm", "storm-on", pinboard), res.agg("storm", "storm-off", pinboard)
+	st.on, st.off = on.Latency, off.Latency
+	if off.Latency.P99 > 0 {
+		st.impact = on.Latency.P99/off.Latency.P99 - 1
+	}
+	st.coresOn, st.coresOff = median(coresOn), median(coresOff)
+	return st
+}

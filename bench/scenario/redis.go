@@ -1,0 +1,110 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pinboard-go/pinboard/bench"
+)
+
+// redis repeats the hot-ids scenario on a second pinboard node whose
+// directory is Redis (REDIS_URL=redis://…), against nginx in the same
+// rounds. RedisURL "auto" starts a private redis-server on a free port.
+// When this build of pinboard has no Redis store the scenario is skipped.
+func (r *runner) redis(ctx context.Context) error {
+	url := r.cfg.RedisURL
+	if url == "" {
+		return &skipError{"no Redis URL given (make bench BENCH_REDIS=auto)"}
+	}
+	if url == "auto" {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		if _, err := exec.LookPath("redis-server"); err != nil {
+			return &skipError{"redis-server is not installed"}
+		}
+		rp, err := r.ps.start("redis", r.cfg.FleetCPU, baseEnv(), []string{"redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--save", "", "--appendonly", "no", "--protected-mode", "no"}, nil)
+		if err != nil {
+			return err
+		}
+		defer rp.stop(5 * time.Second)
+		url = "redis://127.0.0.1:" + strconv.Itoa(port)
+		deadline := time.Now().Add(10 * time.Second)
+		for redisCommands(url) < 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	node, err := r.ps.startPinboard(r.cfg.PinboardBin, url, r.cfg.PinboardEnv)
+	if err != nil {
+		return &skipError{fmt.Sprintf("pinboard did not start on %s: %v", url, err)}
+	}
+	defer node.stop(10 * time.Second)
+	rf, err := r.ps.startFleet("fleet-redis", r.cfg.PinbenchBin, node.url, r.sz.fleetWorkers, 4, "/bench", 2*time.Minute)
+	if err != nil {
+		return err
+	}
+	defer rf.stop(30 * time.Second)
+	if err := waitPlacements(ctx, node, "/bench/"+hotID(0)+"/json", 90*time.Second); err != nil {
+		return err
+	}
+	t := &target{name: "pinboard-redis", addrs: []string{node.addr}, pid: node.pid()}
+	rt := newRoute(t, nil)
+	reqs := rt.hotRequests("/bench", r.sz.hotIDs, "json")
+	d, _ := rt.fixedDoers(reqs)(0)
+	for i := range reqs {
+		_ = d.Do(uint64(i))
+	}
+	d.Close()
+	ws, err := r.fl.workers()
+	if err != nil {
+		return err
+	}
+	if r.rate == 0 {
+		r.rate = 2000
+	}
+	for round := 1; round <= r.cfg.Rounds; round++ {
+		for _, name := range orderFor([]string{nginx, "pinboard-redis"}, round) {
+			tt := t
+			if name == nginx {
+				tt = r.tgt[nginx]
+			}
+			rt := newRoute(tt, ws)
+			doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
+			if _, err := r.measure("redis", "peak", round, tt, &bench.Loop{Duration: r.sz.peak, Workers: r.sz.conns}, doers); err != nil {
+				return err
+			}
+			c0 := redisCommands(url)
+			rec, err := r.measure("redis", "latency", round, tt, &bench.Loop{Rate: r.rate, Duration: r.sz.latency, Workers: r.sz.openConns}, doers)
+			if err != nil {
+				return err
+			}
+			if c1 := redisCommands(url); name != nginx && c0 >= 0 && c1 >= 0 && rec.Summary.OK > 0 {
+				r.res.fact("redis.commandsPerRequest", float64(c1-c0)/float64(rec.Summary.OK))
+			}
+		}
+	}
+	return nil
+}
+
+// redisCommands is INFO stats' total_commands_processed, or -1.
+func redisCommands(url string) int64 {
+	out, err := exec.Command("redis-cli", "-u", url, "info", "stats").Output()
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}

@@ -1,0 +1,407 @@
+// Package scenario runs pinboard's benchmark scenarios against the real
+// binary and two baselines in one go (issue 5, BENCHMARKS.md):
+//
+//   - direct: the load generator talks to the simulated fleet itself;
+//   - nginx: Debian's nginx-light in front of the same fleet;
+//   - pinboard: cmd/pinboard (REDIS_URL=memory:) in front of the fleet,
+//     resolving every request's owner and attesting it.
+//
+// Every process runs on 127.0.0.1, each in its own process group, killed
+// when the run ends. Rounds alternate the order of the targets
+// (A/B/C, B/C/A, C/A/B) so slow drift of a noisy machine cancels out.
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pinboard-go/pinboard/bench"
+)
+
+// Config is one benchmark run. Zero values take the defaults.
+type Config struct {
+	// Quick shortens everything (make bench BENCH_QUICK=1).
+	Quick bool
+	// Rounds per scenario; default 3 (1 when Quick).
+	Rounds int
+	// Scenarios to run, by name; empty runs all (see Scenarios).
+	Scenarios []string
+	// PinboardBin and PinbenchBin are the built binaries; NginxBin is
+	// nginx (default "nginx" on PATH).
+	PinboardBin, PinbenchBin, NginxBin string
+	// OutDir receives results.json, plots and process logs.
+	OutDir string
+	// Markdown, when set, is the BENCHMARKS.md to rewrite.
+	Markdown string
+	// PlotDir, when set, receives copies of the plots BENCHMARKS.md shows.
+	PlotDir string
+	// ProxyCPU, FleetCPU and GenCPU are taskset CPU lists ("1", "0-1")
+	// for the proxies (pinboard, nginx), the fleets and the load
+	// generator (this process). Empty: every CPU.
+	ProxyCPU, FleetCPU, GenCPU string
+	// PinboardEnv is extra KEY=VALUE environment for pinboard nodes
+	// (GOMAXPROCS=1, GOGC=…), noted in the results.
+	PinboardEnv []string
+	// NginxWorkers is nginx's worker_processes; default runtime.NumCPU().
+	NginxWorkers int
+	// RedisURL, when set (redis://…), adds the hot-ids scenario on a
+	// pinboard node using the Redis store.
+	RedisURL string
+	// Log receives progress lines; default os.Stderr.
+	Log io.Writer
+	// Plot draws the PNG plots; nil skips them (see bench/plot).
+	Plot func(res *Results, dir string) ([]string, error)
+}
+
+// Scenarios are the scenario names in the order they run.
+var Scenarios = []string{"hot", "ws", "sse", "large", "cold", "churn", "storm", "redis"}
+
+// sizes are the knobs Quick shrinks.
+type sizes struct {
+	warmup, peak, latency    time.Duration
+	hotIDs, conns, openConns int
+	fleetWorkers             int
+	wsConns, wsSize          int
+	sseStreams, sseEvents    int
+	sseIdle                  int
+	large                    int64
+	coldPeak, coldLatency    time.Duration
+	churnEvery, churnPhase   time.Duration
+	stormWorkers             int
+	stormPhase               time.Duration
+}
+
+func sizesFor(quick bool) sizes {
+	if quick {
+		return sizes{
+			warmup: time.Second, peak: 3 * time.Second, latency: 3 * time.Second,
+			hotIDs: 1000, conns: 64, openConns: 128, fleetWorkers: 16,
+			wsConns: 64, wsSize: 128,
+			sseStreams: 300, sseEvents: 4, sseIdle: 2000,
+			large:    256 << 20,
+			coldPeak: 3 * time.Second, coldLatency: 3 * time.Second,
+			churnEvery: 250 * time.Millisecond, churnPhase: 4 * time.Second,
+			stormWorkers: 2000, stormPhase: 4 * time.Second,
+		}
+	}
+	return sizes{
+		warmup: 2 * time.Second, peak: 8 * time.Second, latency: 10 * time.Second,
+		hotIDs: 1000, conns: 64, openConns: 128, fleetWorkers: 16,
+		wsConns: 64, wsSize: 128,
+		sseStreams: 2000, sseEvents: 10, sseIdle: 10000,
+		large:    1 << 30,
+		coldPeak: 6 * time.Second, coldLatency: 8 * time.Second,
+		churnEvery: 250 * time.Millisecond, churnPhase: 10 * time.Second,
+		stormWorkers: 10000, stormPhase: 6 * time.Second,
+	}
+}
+
+type runner struct {
+	cfg  Config
+	sz   sizes
+	ps   *procs
+	res  *Results
+	log  io.Writer
+	tty  bool
+	self int
+
+	pb  *pinboardNode
+	ng  *nginxProc
+	fl  *fleetProc
+	tgt map[string]*target
+	// rate is the hot open-loop rate, fixed after the first round.
+	rate float64
+}
+
+// Run runs the configured scenarios and writes results.json, the plots
+// and (when configured) BENCHMARKS.md.
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	if cfg.Log == nil {
+		cfg.Log = os.Stderr
+	}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = 3
+		if cfg.Quick {
+			cfg.Rounds = 1
+		}
+	}
+	if cfg.NginxWorkers <= 0 {
+		cfg.NginxWorkers = runtime.NumCPU()
+	}
+	if cfg.NginxBin == "" {
+		cfg.NginxBin = "nginx"
+	}
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return nil, fmt.Errorf("cannot create %s: %w", cfg.OutDir, err)
+	}
+	r := &runner{
+		cfg: cfg, sz: sizesFor(cfg.Quick), log: cfg.Log,
+		ps:   &procs{dir: cfg.OutDir, proxyCPU: cfg.ProxyCPU, fleetCPU: cfg.FleetCPU},
+		res:  &Results{Quick: cfg.Quick, Rounds: cfg.Rounds, Started: time.Now(), Facts: map[string]any{}},
+		self: os.Getpid(),
+	}
+	if f, ok := cfg.Log.(*os.File); ok {
+		r.tty = bench.IsTerminal(f)
+	}
+	r.res.Machine = machine(cfg.NginxBin)
+	r.res.Pinning = pinning(cfg)
+	r.res.PinboardEnv = cfg.PinboardEnv
+	if cfg.GenCPU != "" {
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", cfg.GenCPU, strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("cannot pin the generator to CPU %s: %v: %s", cfg.GenCPU, err, out)
+		}
+	}
+	defer r.ps.stopAll()
+	err := r.run(ctx)
+	r.res.Finished = time.Now()
+	if werr := r.res.write(filepath.Join(cfg.OutDir, "results.json")); werr != nil && err == nil {
+		err = werr
+	}
+	if err != nil {
+		return r.res, err
+	}
+	var plots []string
+	if cfg.Plot != nil {
+		if plots, err = cfg.Plot(r.res, cfg.OutDir); err != nil {
+			return r.res, fmt.Errorf("cannot draw the plots: %w", err)
+		}
+		if cfg.PlotDir != "" {
+			if err := copyFiles(plots, cfg.PlotDir); err != nil {
+				return r.res, err
+			}
+		}
+	}
+	if cfg.Markdown != "" {
+		if err := WriteMarkdown(cfg.Markdown, r.res, cfg.PlotDir, plots); err != nil {
+			return r.res, err
+		}
+	}
+	fmt.Fprint(r.log, "\n"+Summary(r.res))
+	return r.res, nil
+}
+
+func (r *runner) want(name string) bool {
+	if len(r.cfg.Scenarios) == 0 {
+		return name != "redis" || r.cfg.RedisURL != ""
+	}
+	for _, s := range r.cfg.Scenarios {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *runner) logf(format string, args ...any) {
+	fmt.Fprintf(r.log, format+"\n", args...)
+}
+
+func (r *runner) run(ctx context.Context) error {
+	raiseFDLimit()
+	r.logf("pinbench: %d CPU(s), %s, results in %s", r.res.Machine.NProc, r.res.Machine.CPU, r.cfg.OutDir)
+	var err error
+	if r.pb, err = r.ps.startPinboard(r.cfg.PinboardBin, "memory:", r.cfg.PinboardEnv); err != nil {
+		return err
+	}
+	if r.fl, err = r.ps.startFleet("fleet", r.cfg.PinbenchBin, r.pb.url, r.sz.fleetWorkers, 4, "/bench", 2*time.Minute); err != nil {
+		return err
+	}
+	if r.ng, err = r.ps.startNginx(r.cfg.NginxBin, r.cfg.NginxWorkers, r.fl.ports); err != nil {
+		return err
+	}
+	var fleetAddrs []string
+	for _, p := range r.fl.ports {
+		fleetAddrs = append(fleetAddrs, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	r.tgt = map[string]*target{
+		direct:   {name: direct, addrs: fleetAddrs, viaWorker: true},
+		nginx:    {name: nginx, addrs: []string{r.ng.addr}, pid: r.ng.pid(), tree: true, viaWorker: true},
+		pinboard: {name: pinboard, addrs: []string{r.pb.addr}, pid: r.pb.pid()},
+	}
+	r.logf("pinboard %s, nginx %s (%d workers), fleet of %d workers on ports %v",
+		r.pb.addr, r.ng.addr, r.cfg.NginxWorkers, r.sz.fleetWorkers, r.fl.ports)
+	r.logf("waiting out the cold-start quarantine (one lease, R-CS-1)…")
+	if err := waitPlacements(ctx, r.pb, "/bench/"+hotID(0)+"/json", 60*time.Second); err != nil {
+		return err
+	}
+	if err := r.placeHot(); err != nil {
+		return err
+	}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"hot", r.hot}, {"ws", r.ws}, {"sse", r.sse}, {"large", r.large},
+		{"cold", r.cold}, {"churn", r.churn}, {"storm", r.storm}, {"redis", r.redis},
+	}
+	for _, s := range steps {
+		if !r.want(s.name) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r.logf("\n== %s", s.name)
+		if err := s.fn(ctx); err != nil {
+			var skip *skipError
+			if errors.As(err, &skip) {
+				r.logf("skipped %s: %s", s.name, skip.why)
+				r.res.Skipped = append(r.res.Skipped, s.name+": "+skip.why)
+				continue
+			}
+			return fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// skipError is a scenario that cannot run here; the report says why.
+type skipError struct{ why string }
+
+func (e *skipError) Error() string { return e.why }
+
+// placeHot requests every hot id once through pinboard, so the measured
+// phases see only placed ids (cold placements are their own scenario).
+func (r *runner) placeHot() error {
+	rt := newRoute(r.tgt[pinboard], nil)
+	reqs := rt.hotRequests("/bench", r.sz.hotIDs, "json")
+	d, _ := rt.fixedDoers(reqs)(0)
+	defer d.Close()
+	for i := range reqs {
+		if err := d.Do(uint64(i)); err != nil {
+			return fmt.Errorf("cannot place hot id %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// orderFor rotates the target order per round (A/B/C, B/C/A, C/A/B, …;
+// A/B, B/A for two) so each target runs first, middle and last equally
+// often.
+func orderFor(names []string, round int) []string {
+	n := len(names)
+	out := make([]string, n)
+	for i := range names {
+		out[i] = names[(i+round-1)%n]
+	}
+	return out
+}
+
+// measure runs one load phase against t and records it.
+func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop, doers func(int) (bench.Doer, error)) (*Record, error) {
+	label := fmt.Sprintf("%s/%s %s r%d", scn, t.name, phase, round)
+	pb0, _ := r.proxyCPU(t)
+	fl0, _ := bench.ReadProc(r.fl.pid())
+	g0, _ := bench.ReadProc(r.self)
+	live := &bench.Live{}
+	l.Live = live
+	total := l.Duration
+	p := bench.StartProgress(r.log, r.tty, label, total, live)
+	start := time.Now()
+	res, err := l.Run(doers)
+	wall := time.Since(start)
+	p.Stop()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", label, err)
+	}
+	pb1, _ := r.proxyCPU(t)
+	fl1, _ := bench.ReadProc(r.fl.pid())
+	g1, _ := bench.ReadProc(r.self)
+	s := bench.Summarize(res)
+	run := &Record{Scenario: scn, Target: t.name, Phase: phase, Round: round, Summary: s}
+	if ok := float64(s.OK); ok > 0 {
+		run.ProxyCPUus = float64(pb1.CPU-pb0.CPU) / 1e3 / ok
+		run.FleetCPUus = float64(fl1.CPU-fl0.CPU) / 1e3 / ok
+		run.GenCPUus = float64(g1.CPU-g0.CPU) / 1e3 / ok
+	}
+	run.ProxyCores = float64(pb1.CPU-pb0.CPU) / float64(wall)
+	r.res.add(run)
+	line := fmt.Sprintf("    %-8s %-8s %9s req/s  p50 %7s  p99 %7s  p99.9 %7s", t.name, phase, bench.FmtRate(s.RPS),
+		bench.FmtUs(s.Latency.P50), bench.FmtUs(s.Latency.P99), bench.FmtUs(s.Latency.P999))
+	if t.pid != 0 {
+		line += fmt.Sprintf("  proxy %.1f µs/req", run.ProxyCPUus)
+	}
+	if n := s.ErrorCount() + s.Dropped; n > 0 {
+		line += fmt.Sprintf("  errors %d %v", n, s.Errors)
+	}
+	r.logf("%s", line)
+	return run, nil
+}
+
+func (r *runner) proxyCPU(t *target) (bench.ProcStat, error) {
+	if t.pid == 0 {
+		return bench.ProcStat{}, nil
+	}
+	return cpuOf(t.pid, t.tree)
+}
+
+func pinning(cfg Config) string {
+	if cfg.ProxyCPU == "" && cfg.FleetCPU == "" && cfg.GenCPU == "" {
+		return "none (every process may run on every CPU)"
+	}
+	or := func(s string) string {
+		if s == "" {
+			return "all"
+		}
+		return s
+	}
+	return fmt.Sprintf("taskset: proxy (pinboard, nginx) on CPU %s, fleets on CPU %s, generator on CPU %s", or(cfg.ProxyCPU), or(cfg.FleetCPU), or(cfg.GenCPU))
+}
+
+// machine describes the box for BENCHMARKS.md.
+func machine(nginxBin string) Machine {
+	m := Machine{NProc: runtime.NumCPU(), Go: runtime.Version(), Date: time.Now().UTC().Format("2006-01-02 15:04 UTC")}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	m.Nginx = nginxVersion(nginxBin)
+	var rl syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil {
+		m.FDLimit = rl.Max
+	}
+	return m
+}
+
+// raiseFDLimit lifts the soft open-files limit to the hard one for the
+// harness and its children (thousands of streams).
+func raiseFDLimit() {
+	var rl syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil && rl.Cur < rl.Max {
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+}
+
+func copyFiles(files []string, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("cannot create %s: %w", dir, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package scenario
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/bench"
+	"github.com/pinboard-go/pinboard/bench/fleet"
+)
+
+func TestOrderForRotates(t *testing.T) {
+	first := map[string]int{}
+	for round := 1; round <= 3; round++ {
+		o := orderFor(allTargets, round)
+		if len(o) != 3 {
+			t.Fatalf("unexpected order length; got %v", o)
+		}
+		first[o[0]]++
+	}
+	for _, name := range allTargets {
+		if first[name] != 1 {
+			t.Fatalf("unexpected rotation: each target should run first once in three rounds; got %v", first)
+		}
+	}
+}
+
+func TestOpenRate(t *testing.T) {
+	for _, c := range []struct {
+		peaks []float64
+		want  float64
+	}{
+		{[]float64{12000, 9000}, 3000},
+		{[]float64{12000, 10400}, 3000},
+		{[]float64{0, 0}, 1000},
+		{[]float64{900}, 500},
+	} {
+		if got := openRate(c.peaks...); got != c.want {
+			t.Fatalf("unexpected openRate(%v); got %v; want %v", c.peaks, got, c.want)
+		}
+	}
+}
+
+// TestBaselineRequestsCarryValidAttestations: what the generator sends
+// to the fleet directly (and through nginx) names the worker in the path
+// and carries an attestation the worker accepts — the same backend work
+// pinboard's requests cause.
+func TestBaselineRequestsCarryValidAttestations(t *testing.T) {
+	ws := []fleet.WorkerInfo{
+		{Index: 3, SessionID: "sess-3", Secret: strings.Repeat("a", 64)},
+		{Index: 7, SessionID: "sess-7", Secret: strings.Repeat("b", 64)},
+	}
+	rt := newRoute(&target{name: direct, addrs: []string{"127.0.0.1:1"}, viaWorker: true}, ws)
+	reqs := rt.hotRequests("/bench", 4, "json")
+	if got := string(reqs[1]); !strings.HasPrefix(got, "GET /w/7/bench/h1/json HTTP/1.1\r\n") {
+		t.Fatalf("unexpected request; got %q", got)
+	}
+	for i, raw := range reqs {
+		w := ws[i%2]
+		line := ""
+		for _, l := range strings.Split(string(raw), "\r\n") {
+			if v, ok := strings.CutPrefix(l, attest.HeaderName+": "); ok {
+				line = v
+			}
+		}
+		if _, err := attest.VerifyAttestation(line, []byte(w.Secret), []string{w.SessionID}, time.Now()); err != nil {
+			t.Fatalf("unexpected attestation on request %d: %v", i, err)
+		}
+	}
+	pb := newRoute(&target{name: pinboard, addrs: []string{"127.0.0.1:2"}}, nil)
+	if got := string(pb.hotRequests("/bench", 1, "json")[0]); got != "GET /bench/h0/json HTTP/1.1\r\nHost: bench.local\r\n\r\n" {
+		t.Fatalf("unexpected pinboard request; got %q", got)
+	}
+}
+
+func TestMarkdownKeepsBlocksVerbatim(t *testing.T) {
+	old := "# Benchmarks\nold tables\n<!-- redis:begin -->\n## Redis\n| a | b |\nkeep *exactly* this\n<!-- redis:end -->\n" +
+		"trailing text\n<!-- analysis:begin -->\nmy notes\n<!-- analysis:end -->\n<!-- bad:begin -->unterminated"
+	blocks := preservedBlocks(old)
+	if len(blocks) != 2 {
+		t.Fatalf("unexpected blocks; got %q", blocks)
+	}
+	res := &Results{Rounds: 3, Machine: Machine{NProc: 2, CPU: "test CPU"}}
+	res.add(&Record{Scenario: "hot", Target: pinboard, Phase: "peak", Round: 1, Summary: bench.Summary{RPS: 10000, OK: 1}, ProxyCPUus: 40})
+	res.add(&Record{Scenario: "hot", Target: nginx, Phase: "peak", Round: 1, Summary: bench.Summary{RPS: 9000, OK: 1}, ProxyCPUus: 41})
+	res.add(&Record{Scenario: "hot", Target: direct, Phase: "peak", Round: 1, Summary: bench.Summary{RPS: 20000, OK: 1}})
+	doc := Markdown(res, nil, blocks)
+	for _, want := range []string{
+		"<!-- redis:begin -->\n## Redis\n| a | b |\nkeep *exactly* this\n<!-- redis:end -->",
+		"<!-- analysis:begin -->\nmy notes\n<!-- analysis:end -->",
+		"| pinboard | 10,000 | 10,000–10,000 | 0.50× | 1.11× | 40.0 |",
+		"| Hot ids: peak throughput | ≥ nginx | 10,000 vs 9,000 req/s (1.11×) | **yes** |",
+		"test CPU",
+	} {
+		if !strings.Contains(doc, want) {
+			t.Fatalf("unexpected markdown: missing %q in\n%s", want, doc)
+		}
+	}
+	if strings.Contains(doc, "old tables") || strings.Contains(doc, "trailing text") {
+		t.Fatal("unexpected stale text outside the kept blocks")
+	}
+	// A document without an analysis block gets an empty one to fill in.
+	if doc := Markdown(res, nil, nil); !strings.Contains(doc, "<!-- analysis:begin -->") {
+		t.Fatal("unexpected markdown without an analysis block")
+	}
+}
+
+func TestAggregateMedianAndMergedLatency(t *testing.T) {
+	res := &Results{}
+	for i, rps := range []float64{100, 300, 200} {
+		h := bench.NewHist()
+		h.RecordN(int64((i+1)*1000_000), 10)
+		res.add(&Record{Scenario: "hot", Target: pinboard, Phase: "peak", Round: i + 1,
+			Summary: bench.Summary{RPS: rps, OK: 10, LatHist: bench.BucketsOf(h), Errors: map[string]uint64{"http_503": 1}}})
+	}
+	a := res.Aggregate("hot", "peak", pinboard)
+	if a.N != 3 || a.RPS != 200 || a.RPSMin != 100 || a.RPSMax != 300 || a.Errors != 3 || a.OK != 30 {
+		t.Fatalf("unexpected aggregate; got %+v", a)
+	}
+	if a.Hist.Count() != 30 || a.Latency.Max < 2990 {
+		t.Fatalf("unexpected merged latency; got %d values, max %vµs", a.Hist.Count(), a.Latency.Max)
+	}
+	if res.Aggregate("hot", "latency", pinboard).N != 0 {
+		t.Fatal("unexpected aggregate of a phase that never ran")
+	}
+}

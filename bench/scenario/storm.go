@@ -1,0 +1,85 @@
+package scenario
+
+import (
+	"context"
+	"time"
+
+	"github.com/pinboard-go/pinboard/bench"
+)
+
+// storm registers 10,000 virtual workers (2,000 in quick mode) on the one
+// pinboard node, heartbeating every 3 s: 3,333 heartbeats a second, each
+// with its challenge probe back to the worker. Data-plane windows at the
+// hot rate alternate between storm on and storm paused (heartbeats held
+// for a window well inside the 15 s lease), measuring heartbeat ack
+// latency and what the storm does to data-plane latency.
+func (r *runner) storm(ctx context.Context) error {
+	if r.rate == 0 {
+		r.rate = 2000
+	}
+	n := r.sz.stormWorkers
+	r.logf("    registering %d workers…", n)
+	start := time.Now()
+	sf, err := r.ps.startFleet("fleet-storm", r.cfg.PinbenchBin, r.pb.url, n, 64, "/storm", 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	defer sf.stop(60 * time.Second)
+	r.res.fact("storm.workers", n)
+	r.res.fact("storm.registerS", time.Since(start).Seconds())
+	r.logf("    %d workers registered in %.1fs", n, time.Since(start).Seconds())
+	sleepCtx(ctx, 3500*time.Millisecond) // one interval: every worker is heartbeating
+	t := r.tgt[pinboard]
+	rt := newRoute(t, nil)
+	doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
+	rounds := r.cfg.Rounds + 1
+	for round := 1; round <= rounds; round++ {
+		phases := []bool{true, false}
+		if round%2 == 0 {
+			phases = []bool{false, true}
+		}
+		for _, on := range phases {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			phase := "storm-on"
+			if !on {
+				phase = "storm-off"
+				if err := sf.call("POST", "/pause", nil); err != nil {
+					return err
+				}
+				sleepCtx(ctx, 300*time.Millisecond) // heartbeats in flight finish
+			}
+			if _, err := sf.stats(true); err != nil {
+				return err
+			}
+			l := &bench.Loop{Rate: r.rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
+			rec, err := r.measure("storm", phase, round, t, l, doers)
+			if err != nil {
+				return err
+			}
+			st, serr := sf.stats(true)
+			if !on {
+				if err := sf.call("POST", "/resume", nil); err != nil {
+					return err
+				}
+			}
+			if serr != nil {
+				return serr
+			}
+			r.res.mu.Lock()
+			r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Workers: n, Acks: st, ProxyCores: rec.ProxyCores})
+			r.res.mu.Unlock()
+			if on {
+				r.logf("    storm: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
+					st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
+			}
+			if !on {
+				// Resumed heartbeats arrive within one interval; let the
+				// next "on" window start with the storm at full rate.
+				sleepCtx(ctx, 3*time.Second)
+			}
+		}
+	}
+	return nil
+}

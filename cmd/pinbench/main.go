@@ -1,0 +1,37 @@
+// Command pinbench is pinboard's benchmark harness (BENCHMARKS.md):
+//
+//	pinbench run [flags]     the scenarios and baselines; rewrites BENCHMARKS.md
+//	pinbench fleet [flags]   a simulated worker fleet in its own process
+//	pinbench load [flags]    one open- or closed-loop run against a URL
+//
+// `make bench` builds and runs `pinbench run`; `make bench BENCH_QUICK=1`
+// runs a short version.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func dispatch(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: pinbench run|fleet|load [flags]")
+		return 2
+	}
+	switch args[0] {
+	case "fleet":
+		return runFleet(args[1:], stdout, stderr)
+	case "load":
+		return runLoad(args[1:], stdout, stderr)
+	case "run":
+		return runBench(args[1:], stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "pinbench: unknown command %q (want run, fleet or load)\n", args[0])
+		return 2
+	}
+}
