@@ -19,11 +19,36 @@ type pconn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	lastUsed time.Time
+	// deadline is the read deadline last set on c (zero: none).
+	deadline time.Time
 	// reused is true once the connection carried a response; a read error
 	// before any response byte on a reused connection usually means the
 	// worker closed it while idle (retryable when the request can be
 	// replayed).
 	reused bool
+}
+
+// armHeaderDeadline makes sure a read on pc gives up no later than d
+// after now (and no earlier than d minus a small slack): the wait for a
+// worker's response header is bounded. The deadline is renewed only when
+// it has drifted by more than the slack — about once a second on a busy
+// connection instead of twice per request (setting a deadline is a timer
+// operation in the runtime's poller).
+func (pc *pconn) armHeaderDeadline(now time.Time, d time.Duration) {
+	slack := min(time.Second, d/10)
+	if want := now.Add(d); pc.deadline.Before(want.Add(-slack)) {
+		pc.deadline = want
+		_ = pc.c.SetReadDeadline(want)
+	}
+}
+
+// clearDeadline removes the read deadline before a streamed body, which
+// may idle far longer than a header may take (SSE).
+func (pc *pconn) clearDeadline() {
+	if !pc.deadline.IsZero() {
+		pc.deadline = time.Time{}
+		_ = pc.c.SetReadDeadline(time.Time{})
+	}
 }
 
 // connPool is a LIFO pool of connections to one worker address, bounded by

@@ -20,7 +20,10 @@ import (
 	"github.com/pinboard-go/pinboard/directory"
 )
 
-// Wire names from the reference worker (pinned.pinboard.wire).
+// Wire names from the reference worker (pinned.pinboard.wire), in
+// fasthttp's canonical form: the hot path sets and peeks them with
+// SetCanonical and PeekCanonical, skipping a key copy and normalization
+// per call (the server normalizes incoming names the same way).
 var (
 	hdrAttestation   = []byte("Pinboard-Attestation")
 	hdrEpoch         = []byte("Pinboard-Epoch")
@@ -34,6 +37,8 @@ var (
 	hdrXFF           = []byte("X-Forwarded-For")
 	hdrXFProto       = []byte("X-Forwarded-Proto")
 	hdrXFHost        = []byte("X-Forwarded-Host")
+	valHTTP          = []byte("http")
+	valHTTPS         = []byte("https")
 )
 
 // maxSubrequestDepth is the reference worker's MAX_DEPTH for cluster calls.
@@ -96,7 +101,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
 
-	if sess := ctx.Request.Header.PeekBytes(hdrSession); len(sess) > 0 {
+	if sess := ctx.Request.Header.PeekCanonical(hdrSession); len(sess) > 0 {
 		if !p.clusterCall(ctx, rq, sess, now) {
 			return
 		}
@@ -125,7 +130,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 // account rides in the attestation instead. A header that is not a
 // pinboard credential passes through untouched to the worker's own auth.
 func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
-	pr, err := p.passport.Authenticate(ctx.Request.Header.PeekBytes(hdrAuthorization))
+	pr, err := p.passport.Authenticate(ctx.Request.Header.PeekCanonical(hdrAuthorization))
 	if err != nil {
 		pr = nil
 	}
@@ -330,23 +335,25 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	peer := addrOf(ctx.RemoteAddr())
 	trusted := p.trusted.Trusted(peer)
 	rq.xff = rq.xff[:0]
-	if prior := h.PeekBytes(hdrXFF); trusted && len(prior) > 0 {
-		rq.xff = append(append(rq.xff, prior...), ", "...)
+	if trusted {
+		if prior := h.PeekCanonical(hdrXFF); len(prior) > 0 {
+			rq.xff = append(append(rq.xff, prior...), ", "...)
+		}
 	}
 	if peer.IsValid() {
 		rq.xff = peer.AppendTo(rq.xff)
 	}
-	h.SetBytesKV(hdrXFF, rq.xff)
-	if !trusted || len(h.PeekBytes(hdrXFProto)) == 0 {
+	h.SetCanonical(hdrXFF, rq.xff)
+	if !trusted || len(h.PeekCanonical(hdrXFProto)) == 0 {
 		if ctx.IsTLS() {
-			h.SetBytesKV(hdrXFProto, []byte("https"))
+			h.SetCanonical(hdrXFProto, valHTTPS)
 		} else {
-			h.SetBytesKV(hdrXFProto, []byte("http"))
+			h.SetCanonical(hdrXFProto, valHTTP)
 		}
 	}
-	if !trusted || len(h.PeekBytes(hdrXFHost)) == 0 {
+	if !trusted || len(h.PeekCanonical(hdrXFHost)) == 0 {
 		if host := h.Host(); len(host) > 0 {
-			h.SetBytesKV(hdrXFHost, host)
+			h.SetCanonical(hdrXFHost, host)
 		}
 	}
 }
@@ -363,9 +370,9 @@ func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, r
 	if len(h.Host()) == 0 {
 		h.SetHost(st.up.host)
 	}
-	h.SetBytesKV(hdrAttestation, st.att.token(now, route.Owner, rq))
+	h.SetCanonical(hdrAttestation, st.att.token(now, route.Owner, rq))
 	rq.num = strconv.AppendUint(rq.num[:0], route.Epoch, 10)
-	h.SetBytesKV(hdrEpoch, rq.num)
+	h.SetCanonical(hdrEpoch, rq.num)
 }
 
 // roundTrip writes the request to a pooled connection and reads the
@@ -388,7 +395,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		reused := pc.reused
 		up, err := writeRequest(ctx, pc)
 		if err == nil {
-			_ = pc.c.SetReadDeadline(now.Add(pool.headerTimeout))
+			pc.armHeaderDeadline(now, pool.headerTimeout)
 			err = readResponseHeader(&ctx.Response.Header, pc.br)
 		}
 		if err != nil {
@@ -412,7 +419,6 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			}
 			return failed
 		}
-		_ = pc.c.SetReadDeadline(time.Time{})
 		return p.relay(ctx, pool, pc, up)
 	}
 }
@@ -463,8 +469,9 @@ func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 
 var errTooManyInterim = errors.New("too many interim responses from worker")
 
-// relay sets up the response body: read whole when small and sized,
-// streamed otherwise. It owns pc from here.
+// relay sets up the response body: read whole when small and sized (still
+// under the header deadline), streamed otherwise (no deadline: streams
+// may idle for hours). It owns pc from here.
 func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *upload) outcome {
 	rh := &ctx.Response.Header
 	status := rh.StatusCode()
@@ -506,6 +513,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		case -2:
 			mode, size, keep = bodyEOF, -1, false
 		}
+		pc.clearDeadline()
 		b := acquireBody(pool, pc, p.streams, mode, size, keep, up)
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {

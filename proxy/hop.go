@@ -7,42 +7,128 @@ import (
 )
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are
-// never forwarded. fasthttp already owns Transfer-Encoding and
-// Content-Length framing; Connection: close is a flag it keeps apart.
-var hopHeaders = [...]string{
-	"Keep-Alive",
-	"Proxy-Connection",
-	"Proxy-Authenticate",
-	"Proxy-Authorization",
-	"Te",
-	"Trailer",
-	"Transfer-Encoding",
-	"Upgrade",
-}
+// never forwarded: Connection and the headers it names, Keep-Alive,
+// Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
+// Transfer-Encoding and Upgrade. fasthttp already owns Transfer-Encoding
+// and Content-Length framing; Connection: close is a flag it keeps apart.
 
 // reservedPrefix marks pinboard's own wire headers (pinned.pinboard.wire):
 // attestation, proxy secret, epoch and the cluster-call identity. A client
 // must never be able to send them to a worker (R-TR-5).
 var reservedPrefix = []byte("pinboard-")
 
+// Bits of hopBit: which hop-by-hop (or reserved) headers a message has.
+const (
+	hopKeepAlive uint16 = 1 << iota
+	hopProxyConnection
+	hopProxyAuthenticate
+	hopProxyAuthorization
+	hopTE
+	hopTrailer
+	hopTransferEncoding
+	hopUpgrade
+	hopExpect
+	hopConnection
+	hopReserved
+)
+
+// hopBitNames are the names of the bits above, in bit order (up to
+// hopExpect; Connection and reserved headers take their own path).
+var hopBitNames = [...]string{
+	"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", fasthttp.HeaderExpect,
+}
+
+// hopBit classifies one header name.
+func hopBit(k []byte) uint16 {
+	switch len(k) {
+	case 2:
+		if asciiEqualFold(k, "Te") {
+			return hopTE
+		}
+	case 6:
+		if asciiEqualFold(k, "Expect") {
+			return hopExpect
+		}
+	case 7:
+		if asciiEqualFold(k, "Trailer") {
+			return hopTrailer
+		}
+		if asciiEqualFold(k, "Upgrade") {
+			return hopUpgrade
+		}
+	case 10:
+		if asciiEqualFold(k, "Connection") {
+			return hopConnection
+		}
+		if asciiEqualFold(k, "Keep-Alive") {
+			return hopKeepAlive
+		}
+	case 16:
+		if asciiEqualFold(k, "Proxy-Connection") {
+			return hopProxyConnection
+		}
+	case 17:
+		if asciiEqualFold(k, "Transfer-Encoding") {
+			return hopTransferEncoding
+		}
+	case 18:
+		if asciiEqualFold(k, "Proxy-Authenticate") {
+			return hopProxyAuthenticate
+		}
+	case 19:
+		if asciiEqualFold(k, "Proxy-Authorization") {
+			return hopProxyAuthorization
+		}
+	}
+	if hasReservedPrefix(k) {
+		return hopReserved
+	}
+	return 0
+}
+
+// stripHop is the slow path of header stripping: found (from one pass of
+// hopBit over the header) holds something to remove. It deletes the
+// headers the Connection header names, Connection itself, and every found
+// hop-by-hop header not in keep.
+func stripHop(found, keep uint16, peek func(string) []byte, del func(string)) {
+	if found&hopConnection != 0 {
+		stripConnectionNamed(peek(fasthttp.HeaderConnection), del)
+		del(fasthttp.HeaderConnection)
+	}
+	for i, name := range hopBitNames {
+		if bit := uint16(1) << i; found&bit != 0 && keep&bit == 0 {
+			del(name)
+		}
+	}
+}
+
 // stripRequestHop removes hop-by-hop headers, the headers the Connection
 // header names, and every client-supplied pinboard-* header. keepUpgrade
 // keeps Upgrade (and the caller re-adds Connection: Upgrade) for WebSocket
-// handshakes. It allocates nothing unless the request actually carries
-// Connection-named or reserved headers.
+// handshakes. Expect goes too: fasthttp answers Expect: 100-continue
+// itself, and forwarding it would make the worker answer a second 100 the
+// client never asked for. It allocates nothing unless the request actually
+// carries Connection-named or reserved headers.
 func stripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
-	stripConnectionNamed(h.Peek(fasthttp.HeaderConnection), h.Del)
-	h.Del(fasthttp.HeaderConnection)
-	for _, name := range hopHeaders {
-		if keepUpgrade && name == "Upgrade" {
-			continue
-		}
-		h.Del(name)
+	// Fast path: one pass finds what is there; a request carrying none of
+	// it (the common case) costs no deletion, each of which would rescan
+	// the header.
+	var found uint16
+	for k := range h.All() {
+		found |= hopBit(k)
 	}
-	// fasthttp answers Expect: 100-continue itself; forwarding it would make
-	// the worker answer a second 100 the client never asked for.
-	h.Del(fasthttp.HeaderExpect)
-	stripReserved(h)
+	if found == 0 {
+		return
+	}
+	var keep uint16
+	if keepUpgrade {
+		keep = hopUpgrade
+	}
+	stripHop(found, keep, h.Peek, h.Del)
+	if found&hopReserved != 0 {
+		stripReserved(h)
+	}
 }
 
 // stripConnectionNamed deletes each header listed in a Connection value
@@ -90,11 +176,14 @@ func hasReservedPrefix(k []byte) bool {
 }
 
 // stripResponseHop removes hop-by-hop headers from a worker's response.
+// Expect and pinboard-* names have no meaning in a response and stay.
 func stripResponseHop(h *fasthttp.ResponseHeader) {
-	stripConnectionNamed(h.Peek(fasthttp.HeaderConnection), h.Del)
-	h.Del(fasthttp.HeaderConnection)
-	for _, name := range hopHeaders {
-		h.Del(name)
+	var found uint16
+	for k := range h.All() {
+		found |= hopBit(k)
+	}
+	if found&^(hopExpect|hopReserved) != 0 {
+		stripHop(found, hopExpect, h.Peek, h.Del)
 	}
 }
 
