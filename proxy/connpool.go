@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -12,12 +13,15 @@ import (
 // up within ConnWait. The proxy answers 503 with Retry-After.
 var errPoolExhausted = errors.New("worker connection pool exhausted")
 
-// pconn is one pooled keep-alive connection with its own buffers, so a
-// request through a warm connection allocates nothing.
+// pconn is one pooled keep-alive connection with its own read buffer, so
+// a request through a warm connection allocates nothing. Write buffers are
+// pooled per connPool and held only while a request goes out (see
+// connPool.writer): a connection relaying a long stream (SSE) or idle in
+// the pool does not pin one.
 type pconn struct {
 	c        net.Conn
 	br       *bufio.Reader
-	bw       *bufio.Writer
+	w        io.Writer // c, or a raw writer on it (rawconn.go)
 	lastUsed time.Time
 	// deadline is the read deadline last set on c (zero: none).
 	deadline time.Time
@@ -67,6 +71,8 @@ type connPool struct {
 	headerTimeout time.Duration
 
 	tokens chan struct{} // one per open connection
+	// writers holds *bufio.Writer of bufSize for requests going out.
+	writers sync.Pool
 	// idleReady wakes a waiter after put: the idle connection is taken
 	// through popIdle, so a wake-up that loses the race just waits again.
 	idleReady chan struct{}
@@ -156,11 +162,27 @@ func (p *connPool) dialNew() (*pconn, error) {
 		<-p.tokens
 		return nil, err
 	}
+	r, w := newRawConn(c)
 	return &pconn{
 		c:  c,
-		br: bufio.NewReaderSize(c, p.bufSize),
-		bw: bufio.NewWriterSize(c, p.bufSize),
+		br: bufio.NewReaderSize(r, p.bufSize),
+		w:  w,
 	}, nil
+}
+
+// writer returns a pooled write buffer onto pc; give it back with
+// putWriter once the request (and any streamed body) is out.
+func (p *connPool) writer(pc *pconn) *bufio.Writer {
+	if bw, ok := p.writers.Get().(*bufio.Writer); ok {
+		bw.Reset(pc.w)
+		return bw
+	}
+	return bufio.NewWriterSize(pc.w, p.bufSize)
+}
+
+func (p *connPool) putWriter(bw *bufio.Writer) {
+	bw.Reset(nil)
+	p.writers.Put(bw)
 }
 
 // put returns a healthy connection whose last response was fully read.

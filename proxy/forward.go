@@ -393,7 +393,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			return failed
 		}
 		reused := pc.reused
-		up, err := writeRequest(ctx, pc)
+		up, err := writeRequest(ctx, pool, pc)
 		if err == nil {
 			pc.armHeaderDeadline(now, pool.headerTimeout)
 			err = readResponseHeader(&ctx.Response.Header, pc.br)
@@ -426,12 +426,14 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 // writeRequest sends the request. A buffered body goes with the header; a
 // streamed body goes from its own goroutine (full duplex), returned as the
 // upload the caller must wait for before it lets go of the connection.
-func writeRequest(ctx *fasthttp.RequestCtx, pc *pconn) (*upload, error) {
+func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
+	bw := pool.writer(pc)
 	if !ctx.Request.IsBodyStream() {
-		err := ctx.Request.Write(pc.bw)
+		err := ctx.Request.Write(bw)
 		if err == nil {
-			err = pc.bw.Flush()
+			err = bw.Flush()
 		}
+		pool.putWriter(bw)
 		return nil, err
 	}
 	h := &ctx.Request.Header
@@ -442,13 +444,15 @@ func writeRequest(ctx *fasthttp.RequestCtx, pc *pconn) (*upload, error) {
 	// Re-assert the framing: hop-by-hop stripping removed the client's
 	// Transfer-Encoding, and the body is re-chunked here.
 	h.SetContentLength(cl)
-	if err := h.Write(pc.bw); err != nil {
+	err := h.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		pool.putWriter(bw)
 		return nil, err
 	}
-	if err := pc.bw.Flush(); err != nil {
-		return nil, err
-	}
-	return startUpload(ctx.RequestBodyStream(), pc.bw, cl), nil
+	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter), nil
 }
 
 // readResponseHeader reads the final response header, skipping 1xx

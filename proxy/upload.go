@@ -28,11 +28,13 @@ var errUploadShort = errors.New("client request body ended early")
 var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // startUpload writes body to bw in its own goroutine: cl bytes as they
-// are, or chunked when cl < 0. The caller already wrote the header.
-func startUpload(body io.Reader, bw *bufio.Writer, cl int) *upload {
+// are, or chunked when cl < 0. The caller already wrote the header. bw
+// goes to release when the upload ends.
+func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer)) *upload {
 	u := &upload{done: make(chan struct{})}
 	go func() {
 		defer close(u.done)
+		defer release(bw)
 		bp := uploadBufPool.Get().(*[]byte)
 		defer uploadBufPool.Put(bp)
 		if cl >= 0 {

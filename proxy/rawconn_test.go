@@ -1,0 +1,103 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+func tcpPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-accepted
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
+}
+
+// TestRawWriterFullBuffer: a write larger than the socket buffers waits
+// for the reader (EAGAIN → poller) and delivers every byte in order.
+func TestRawWriterFullBuffer(t *testing.T) {
+	client, server := tcpPair(t)
+	_, w := newRawConn(client)
+	if _, ok := w.(rawWriter); !ok {
+		t.Fatalf("unexpected writer for a TCP connection; got %T", w)
+	}
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i * 31)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		var buf bytes.Buffer
+		time.Sleep(50 * time.Millisecond) // let the send buffer fill
+		_, _ = io.CopyN(&buf, server, int64(len(data)))
+		got <- buf.Bytes()
+	}()
+	n, err := w.Write(data)
+	if err != nil || n != len(data) {
+		t.Fatalf("unexpected write; got %d, %v", n, err)
+	}
+	if !bytes.Equal(<-got, data) {
+		t.Fatal("unexpected bytes on the other side")
+	}
+}
+
+func TestRawWriterClosedPeer(t *testing.T) {
+	client, server := tcpPair(t)
+	server.Close()
+	_, w := newRawConn(client)
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = w.Write(make([]byte, 64<<10))
+		time.Sleep(time.Millisecond)
+	}
+	if err == nil {
+		t.Fatal("unexpected success writing to a closed peer")
+	}
+	if _, ok := err.(*net.OpError); !ok {
+		t.Fatalf("unexpected error type; got %T (%v)", err, err)
+	}
+}
+
+// TestRawReader: reads wait for data, return what arrived, report EOF at
+// the peer's close and a timeout at the read deadline.
+func TestRawReader(t *testing.T) {
+	client, server := tcpPair(t)
+	r, _ := newRawConn(client)
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		server.Write([]byte("hello"))
+	}()
+	buf := make([]byte, 64)
+	n, err := r.Read(buf)
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("unexpected read; got %q, %v", buf[:n], err)
+	}
+	if n, err := r.Read(nil); n != 0 || err != nil {
+		t.Fatalf("unexpected empty read; got %d, %v", n, err)
+	}
+	client.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if _, err := r.Read(buf); !isTimeout(err) {
+		t.Fatalf("unexpected error at the deadline; got %v", err)
+	}
+	client.SetReadDeadline(time.Time{})
+	server.Close()
+	if _, err := r.Read(buf); err != io.EOF {
+		t.Fatalf("unexpected error after the peer closed; got %v; want EOF", err)
+	}
+}
