@@ -63,6 +63,10 @@ type request struct {
 
 	pick    directory.PickInput
 	pickSet bool
+
+	// routed is set once the request resolved to a worker: its namespace
+	// is then a registered one, safe as a metrics label.
+	routed bool
 }
 
 func (rq *request) reset() {
@@ -70,6 +74,7 @@ func (rq *request) reset() {
 	rq.principal = nil
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
+	rq.routed = false
 }
 
 // ServeHTTP handles one data-plane request: /{ns}/{id}/{rest...}.
@@ -77,9 +82,13 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	start := p.now()
 	rq := p.reqPool.Get().(*request)
 	p.serve(ctx, rq, start)
+	var ns []byte
+	if rq.routed {
+		ns = rq.ns
+	}
+	p.metrics.Request(ns, ctx.Response.StatusCode(), p.now().Sub(start))
 	rq.reset()
 	p.reqPool.Put(rq)
-	p.metrics.Request(ctx.Response.StatusCode(), p.now().Sub(start))
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
@@ -113,6 +122,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 			return
 		}
 	}
+	rq.routed = true
 	if isWebSocket(&ctx.Request.Header) {
 		p.serveWebSocket(ctx, rq, route, now)
 		return

@@ -53,8 +53,12 @@ type Options struct {
 // Metrics is the data plane's view of the metrics registry. Implementations
 // must not allocate: they run on the hot path.
 type Metrics interface {
-	// Request counts a finished request by status.
-	Request(status int, d time.Duration)
+	// Request counts a finished request by status, with the time until its
+	// response header was ready. ns is the namespace when the request was
+	// resolved to a worker — bounded by what workers registered — and nil
+	// when it never was (bad path, refused credential, unknown namespace,
+	// placement refused); it is only valid during the call.
+	Request(ns []byte, status int, d time.Duration)
 	// UpstreamError counts a failure reaching a worker by kind ("dial",
 	// "write", "read", "timeout", "pool").
 	UpstreamError(kind string)
@@ -67,10 +71,10 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) Request(int, time.Duration) {}
-func (nopMetrics) UpstreamError(string)       {}
-func (nopMetrics) Resolve(bool)               {}
-func (nopMetrics) Placement(bool)             {}
+func (nopMetrics) Request([]byte, int, time.Duration) {}
+func (nopMetrics) UpstreamError(string)               {}
+func (nopMetrics) Resolve(bool)                       {}
+func (nopMetrics) Placement(bool)                     {}
 
 // Proxy is the data plane handler. It is safe for concurrent use.
 type Proxy struct {
