@@ -516,7 +516,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		case -2:
 			mode, size, keep = bodyEOF, -1, false
 		}
-		b := acquireBody(pool, pc, p.streams, mode, size, keep, up)
+		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
+		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up)
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {
 			// Unsized bodies are usually streams (SSE): send the header now

@@ -162,14 +162,37 @@ func (p *Proxy) OpenStreams() int64 { return p.streams.Open() }
 // OpenWebSockets is the number of relayed WebSocket connections.
 func (p *Proxy) OpenWebSockets() int64 { return p.hijacks.Open() }
 
-// CloseStreams ends every streaming response and WebSocket relay: the
-// graceful shutdown calls it when the grace period runs out, since
+// OpenEventStreams is the number of Server-Sent Event streams among
+// OpenStreams: responses that never end by themselves.
+func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
+
+// DefaultCloseWait bounds CloseStreams when ctx has no deadline.
+const DefaultCloseWait = 2 * time.Second
+
+// CloseStreams ends every streaming response and WebSocket relay; the
+// graceful shutdown calls it at the end of its grace period, since
 // fasthttp's Shutdown neither ends idle streams nor sees hijacked
-// connections.
-func (p *Proxy) CloseStreams() {
+// connections. Event streams between two events end cleanly (a proper end
+// of the chunked body; the client reconnects elsewhere), other streams are
+// cut. Each WebSocket gets a Close frame 1001 "going away" toward both the
+// client and the worker, at a frame boundary, and then has until ctx's
+// deadline (DefaultCloseWait without one) for the closing handshake before
+// its connections are closed. It returns once every relay finished, or at
+// that deadline, and then closes idle worker connections.
+func (p *Proxy) CloseStreams(ctx context.Context) {
 	now := p.now()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultCloseWait)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	p.streams.stopAll(now)
-	p.hijacks.closeAll()
+	p.hijacks.shutdown(deadline)
+	if !p.hijacks.wait(ctx) {
+		p.hijacks.closeAll()
+	}
 	p.ups.closeAll(now)
 }
 

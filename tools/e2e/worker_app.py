@@ -23,7 +23,8 @@ Environment:
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
                         back), GET whoami, GET headers, POST sha256 (consumes
-                        the body, returns its digest), GET blob?size=N
+                        the body, returns its digest), GET blob?size=N,
+                        GET slow?seconds=S (answers after S seconds)
     /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
 """
 
@@ -102,6 +103,13 @@ class Counter(PinnedAPI):
     async def increment(self) -> dict[str, Any]:
         self.count += 1
         return {"id": self.id, "count": self.count, "worker": WORKER_NAME}
+
+    @route.get("/slow")
+    async def slow(self, seconds: float = 1.0) -> dict[str, Any]:
+        # An in-flight request that outlives a pinboard SIGTERM (graceful
+        # shutdown tests).
+        await asyncio.sleep(seconds)
+        return {"id": self.id, "worker": WORKER_NAME, "slept": seconds}
 
     @route.get("/whoami")
     async def whoami(self) -> dict[str, Any]:
