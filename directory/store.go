@@ -126,5 +126,6 @@ type QuarantineError struct {
 }
 
 func (e *QuarantineError) Error() string {
-	return fmt.Sprintf("cold start: placements resume in %dms", e.Remaining.Milliseconds())
+	ms := (e.Remaining + time.Millisecond - 1) / time.Millisecond
+	return fmt.Sprintf("cold start: placements resume in %dms", ms)
 }

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -13,12 +12,12 @@ import (
 
 // heartbeatBody is POST /registry/heartbeat (003_d935a1d8ec89be7a.txt).
 type heartbeatBody struct {
-	SessionID      *string      `json:"sessionId"`
-	Headroom       *json.Number `json:"headroom"`
-	Draining       *bool        `json:"draining"`
-	Challenge      *string      `json:"challenge"`
-	ChallengeValue *string      `json:"challengeValue"`
-	Acks           *[]string    `json:"acks"`
+	SessionID      *string   `json:"sessionId"`
+	Headroom       *float64  `json:"headroom"`
+	Draining       *bool     `json:"draining"`
+	Challenge      *string   `json:"challenge"`
+	ChallengeValue *string   `json:"challengeValue"`
+	Acks           *[]string `json:"acks"`
 }
 
 // heartbeatAck is the 200 response; optional fields appear only when the
@@ -61,11 +60,7 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return "bad_request"
 	}
-	headroom, ok := number(*body.Headroom)
-	if !ok {
-		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
-		return "bad_request"
-	}
+	headroom := *body.Headroom
 	c, cancel := r.opContext()
 	defer cancel()
 	info, err := r.store.Session(c, *body.SessionID, r.now())
