@@ -166,10 +166,14 @@ func (p *Proxy) OpenWebSockets() int64 { return p.hijacks.Open() }
 // OpenStreams: responses that never end by themselves.
 func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
 
-// DefaultCloseWait bounds CloseStreams when ctx has no deadline.
+// DefaultCloseWait bounds CloseStreams, and CloseStreamsContext when ctx
+// has no deadline.
 const DefaultCloseWait = 2 * time.Second
 
-// CloseStreams ends every streaming response and WebSocket relay; the
+// CloseStreams is CloseStreamsContext with DefaultCloseWait.
+func (p *Proxy) CloseStreams() { p.CloseStreamsContext(context.Background()) }
+
+// CloseStreamsContext ends every streaming response and WebSocket relay; the
 // graceful shutdown calls it at the end of its grace period, since
 // fasthttp's Shutdown neither ends idle streams nor sees hijacked
 // connections. Event streams between two events end cleanly (a proper end
@@ -179,7 +183,7 @@ const DefaultCloseWait = 2 * time.Second
 // deadline (DefaultCloseWait without one) for the closing handshake before
 // its connections are closed. It returns once every relay finished, or at
 // that deadline, and then closes idle worker connections.
-func (p *Proxy) CloseStreams(ctx context.Context) {
+func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	now := p.now()
 	deadline, ok := ctx.Deadline()
 	if !ok {

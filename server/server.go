@@ -358,7 +358,7 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
 		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
 	cctx, ccancel := context.WithTimeout(context.Background(), closeWait)
-	pb.proxy.CloseStreams(cctx)
+	pb.proxy.CloseStreamsContext(cctx)
 	if !finished {
 		select {
 		case err = <-done:
