@@ -10,9 +10,12 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pinboard-go/pinboard/metrics"
+	"github.com/pinboard-go/pinboard/proxy"
 )
 
 var pathMetrics = []byte("/metrics")
+
+var _ proxy.Metrics = (*metrics.Metrics)(nil)
 
 // ServeAdmin serves the admin endpoints on ln until Shutdown finishes:
 //
