@@ -45,6 +45,11 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"bad port", map[string]string{"PORT": "http"}, nil, "PORT: must be a port number"},
 		{"bad base path", map[string]string{"PINBOARD_BASE_PATH": "pb"}, nil, "PINBOARD_BASE_PATH:"},
 		{"bad log level", map[string]string{"PINBOARD_LOG_LEVEL": "loud"}, nil, "PINBOARD_LOG_LEVEL:"},
+		{"bad log format", map[string]string{"PINBOARD_LOG_FORMAT": "xml"}, nil, "PINBOARD_LOG_FORMAT: must be text or json"},
+		{"bad metrics addr", map[string]string{"PINBOARD_METRICS_ADDR": "9090"}, nil, "PINBOARD_METRICS_ADDR: must be host:port"},
+		{"bad grace", map[string]string{"PINBOARD_SHUTDOWN_GRACE_MS": "-1"}, nil, "PINBOARD_SHUTDOWN_GRACE_MS:"},
+		{"access sample above 1", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "1.5"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE: must be a number from 0 to 1"},
+		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,6 +80,9 @@ func TestConfigDefaults_RSRV3(t *testing.T) {
 	}
 	if c.Addr != ":8080" || c.LeaseTTL != 15*time.Second || c.BalanceFactor != 0 || !c.Trusted.Empty() || c.Grace != 25*time.Second {
 		t.Fatalf("unexpected defaults: %+v", c)
+	}
+	if c.MetricsAddr != "" || c.AccessSample != 0 || c.LogFormat != "text" || c.LogLevel != "info" {
+		t.Fatalf("unexpected operations defaults: %+v", c)
 	}
 	kv := base()
 	kv["PORT"], kv["HOST"], kv["PINBOARD_LEASE_TTL_MS"] = "9000", "127.0.0.1", "3000"
