@@ -15,6 +15,9 @@ Environment:
     HEARTBEAT_INTERVAL  seconds between heartbeats (default 3.0)
     HEADROOM            constant headroom (int) instead of the memory probe, so
                         tests control placement (R-PL-1, R-PL-3)
+    BIND_HOSTNAME, BIND_ENV, BIND_EPOCH, BIND_TAKEOVER
+                        hostname-aware binding (R-LS-4): PinnedWorker(hostname=,
+                        env=, epoch=, takeover=)
     LEASE_BUFFER        seconds before expires_at at which the lease turns
                         unhealthy (pinned's default is 5.0). Must be well below
                         PINBOARD_LEASE_TTL_MS, or every new activation answers
@@ -81,6 +84,14 @@ def _make_worker() -> PinnedWorker:
     headroom = _headroom()
     if headroom is not None:
         kwargs["headroom"] = headroom
+    # Hostname-aware binding (R-LS-4): PinnedWorker(hostname=, env=, epoch=,
+    # takeover=).
+    if os.environ.get("BIND_HOSTNAME"):
+        kwargs["hostname"] = os.environ["BIND_HOSTNAME"]
+        kwargs["env"] = os.environ.get("BIND_ENV") or None
+        kwargs["epoch"] = int(os.environ.get("BIND_EPOCH", "0"))
+        if os.environ.get("BIND_TAKEOVER"):
+            kwargs["takeover"] = os.environ["BIND_TAKEOVER"]
     # Passed explicitly (PinnedWorker would read the same variables when they
     # are omitted) so a half-set environment fails loudly here.
     pinboard_url = os.environ.get("PINBOARD_URL")
@@ -205,4 +216,4 @@ app.include_router(tickers)
 @app.get("/healthz")
 async def healthz() -> dict[str, Any]:
     """Process liveness and pinned readiness (registered and inside the lease)."""
-    return {"worker": WORKER_NAME, "ready": worker.ready}
+    return {"worker": WORKER_NAME, "ready": worker.ready, "superseded": worker.superseded}
