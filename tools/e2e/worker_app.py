@@ -28,6 +28,9 @@ Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
                         back), GET whoami, GET headers, POST sha256 (consumes
                         the body, returns its digest), GET blob?size=N
     /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
+    /retained  Counter  with release_placement_on_idle=False: instances evict
+                        after IDLE_TIMEOUT seconds (default 1) but keep their
+                        placement
 """
 
 import asyncio
@@ -206,11 +209,23 @@ class Ticker(PinnedAPI):
 worker = _make_worker()
 counters = PinnedHost(Counter, worker=worker, namespace="/counters")
 tickers = PinnedHost(Ticker, worker=worker, namespace="/tickers")
+# Retained idle placements: instances evict after IDLE_TIMEOUT seconds but
+# keep their placement until released or the session ends (guide: "Host(Api,
+# release_placement_on_idle=False)").
+retained = PinnedHost(
+    Counter,
+    worker=worker,
+    namespace="/retained",
+    release_placement_on_idle=False,
+    idle_timeout=float(os.environ.get("IDLE_TIMEOUT", "1.0")),
+    sweep_interval=0.25,
+)
 
 app = FastAPI()
 app.include_router(worker)
 app.include_router(counters)
 app.include_router(tickers)
+app.include_router(retained)
 
 
 @app.get("/healthz")
