@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -220,11 +221,21 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 	r, err := p.store.Place(c, &directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
 		Policy: p.policy, Pick: rq.pick, Exclude: exclude,
+		Host: hostOnly(ctx.Request.Header.Host()),
 	})
 	if err == nil && r.Placed {
 		p.metrics.Placement(exclude != "")
 	}
 	return r, err
+}
+
+// hostOnly strips the port from a Host header value ("[::1]:80" -> "::1").
+func hostOnly(h []byte) string {
+	host := string(h)
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.HasSuffix(host, "]") {
+		host = host[:i]
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 }
 
 // placeFailed maps placement errors to the documented answers (R-DP-4).

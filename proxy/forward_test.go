@@ -549,3 +549,65 @@ func TestFullDuplexEcho_RDP2(t *testing.T) {
 		t.Fatalf("unexpected echo; got %d bytes, %v; want %d", n, err, size)
 	}
 }
+
+// The programmatic affinity key (R-PL-4): a string is a rendezvous key, so
+// independent ids with one key share a preferred worker; null spreads them
+// by power of two choices.
+func TestAffinityKeyOption_RPL4(t *testing.T) {
+	rg := newRig(t, func(o *Options) {
+		o.AffinityKey = func(ctx *fasthttp.RequestCtx) (string, bool) {
+			k := ctx.Request.Header.Peek("X-Thread")
+			return string(k), len(k) > 0
+		}
+	})
+	rg.warm()
+	ws := []*standin{newStandin(t, "a"), newStandin(t, "b"), newStandin(t, "c"), newStandin(t, "d")}
+	for _, w := range ws {
+		rg.add(w, 1000, "/t")
+	}
+	owner := func(id string, hdr map[string]string) string {
+		_, body := rg.get("/t/"+id+"/x", hdr)
+		return decodeSeen(t, body).Worker
+	}
+	first := owner("k0", map[string]string{"X-Thread": "thread-7"})
+	for i := 1; i < 20; i++ {
+		if got := owner(fmt.Sprintf("k%d", i), map[string]string{"X-Thread": "thread-7"}); got != first {
+			t.Fatalf("unexpected owner for key thread-7; got %s; want %s", got, first)
+		}
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 40; i++ {
+		seen[owner(fmt.Sprintf("n%d", i), nil)] = true
+	}
+	if len(seen) < 3 {
+		t.Fatalf("unexpected spread for null keys; got %v", seen)
+	}
+}
+
+// The client IP comes through PINBOARD_TRUSTED_PROXIES only: an untrusted
+// X-Forwarded-For cannot pick a worker (R-PL-4).
+func TestClientIPThroughTrustedProxiesOnly_RPL4(t *testing.T) {
+	owners := func(trusted string) map[string]bool {
+		tp, err := ParseTrustedProxies(trusted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := newRig(t, func(o *Options) { o.TrustedProxies = tp })
+		rg.warm()
+		for _, n := range []string{"a", "b", "c", "d"} {
+			rg.add(newStandin(t, n), 1000, "/t")
+		}
+		seen := map[string]bool{}
+		for i := 0; i < 32; i++ {
+			_, body := rg.get(fmt.Sprintf("/t/ip%d/x", i), map[string]string{"X-Forwarded-For": fmt.Sprintf("198.51.100.%d", i)})
+			seen[decodeSeen(t, body).Worker] = true
+		}
+		return seen
+	}
+	if got := owners(""); len(got) != 1 {
+		t.Fatalf("unexpected spread with untrusted X-Forwarded-For; got %v; want one worker (the peer's affinity)", got)
+	}
+	if got := owners("127.0.0.1"); len(got) < 3 {
+		t.Fatalf("unexpected spread with a trusted proxy; got %v; want the client IPs to spread", got)
+	}
+}

@@ -65,6 +65,12 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 	defer cancel()
 	info, err := r.store.Session(c, *body.SessionID, r.now())
 	if err != nil {
+		var se *directory.SupersededError
+		if errors.As(err, &se) {
+			r.log.Warn("superseded", "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+			return "superseded"
+		}
 		if errors.Is(err, directory.ErrUnknownSession) {
 			reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
 			return "unknown_session"
@@ -110,7 +116,12 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		Degraded:  degraded,
 		Acks:      acks,
 	}, now)
+	var se *directory.SupersededError
 	switch {
+	case errors.As(err, &se):
+		r.log.Warn("superseded", "clientId", info.ClientID, "sessionId", info.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+		return "superseded"
 	case errors.Is(err, directory.ErrUnknownSession):
 		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
 		return "unknown_session"

@@ -222,3 +222,30 @@ func TestHeartbeatProbeCarriesSecret_RREG1(t *testing.T) {
 		t.Fatalf("unexpected degraded ack: the probe did not carry pinboard-proxy-secret")
 	}
 }
+
+// The superseded row (R-LS-4): a higher-epoch registration takes
+// {hostname}{ns}; the older session's heartbeat gets the documented 409 and
+// its records are gone. A stale registration is refused with the same body.
+func TestHeartbeatSuperseded_RLS4(t *testing.T) {
+	h := newHarness(t)
+	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
+		"instances": map[string][]string{"/counters": {"alice"}}})
+	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
+	res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
+	want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
+	if res.status != 409 || res.body != want {
+		t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+	}
+	if _, err := h.store.Placement(t.Context(), "/counters", "alice", h.clock()); err == nil {
+		t.Fatalf("unexpected placement left by a superseded session")
+	}
+	c, v := h.fw.pair("stale")
+	res = h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+		"clientId": "stale", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		"hostname": "app.example", "env": "blue", "epoch": 1,
+	}))
+	if res.status != 409 || res.body != want {
+		t.Fatalf("unexpected reply to a stale registration; got %d %s; want 409 %s", res.status, res.body, want)
+	}
+}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -176,6 +177,14 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) {
 	now := r.now()
 	out, err := r.store.Register(c, reg, now)
 	if err != nil {
+		var se *directory.SupersededError
+		if errors.As(err, &se) {
+			// A stale or denied registration: the binding belongs to a
+			// higher epoch (R-LS-4). The worker keeps retrying with backoff.
+			r.log.Warn("register refused: superseded", "clientId", reg.ClientID, "hostname", reg.Hostname, "epoch", reg.Epoch, "err", se.Error())
+			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+			return
+		}
 		r.storeFailed(ctx, "register", err)
 		return
 	}
