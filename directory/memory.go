@@ -678,7 +678,7 @@ func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, now time.Time
 				continue
 			}
 			m.tombs[o.info.SessionID] = memTomb{
-				err:   &SupersededError{Hostname: p.hostname, NS: p.ns, Env: p.env, Epoch: s.info.Epoch},
+				err:   &SupersededError{Hostname: p.hostname, NS: p.ns, Env: p.env, Epoch: s.info.Epoch, ClientID: o.info.ClientID},
 				until: now.Add(2 * m.ttl),
 			}
 			m.dropSession(o)

@@ -131,6 +131,9 @@ var (
 type SupersededError struct {
 	Hostname, NS, Env string
 	Epoch             int64
+	// ClientID is the displaced session's client, for logs (not on the
+	// wire).
+	ClientID string
 }
 
 func (e *SupersededError) Error() string {

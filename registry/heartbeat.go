@@ -67,7 +67,7 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 	if err != nil {
 		var se *directory.SupersededError
 		if errors.As(err, &se) {
-			r.log.Warn("superseded", "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
 			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
 			return "superseded"
 		}
