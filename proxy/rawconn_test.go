@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-func tcpPair(t *testing.T) (client, server net.Conn) {
+func rawTCPPair(t *testing.T) (client, server net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,7 +32,7 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 // TestRawWriterFullBuffer: a write larger than the socket buffers waits
 // for the reader (EAGAIN → poller) and delivers every byte in order.
 func TestRawWriterFullBuffer(t *testing.T) {
-	client, server := tcpPair(t)
+	client, server := rawTCPPair(t)
 	_, w := newRawConn(client)
 	if _, ok := w.(rawWriter); !ok {
 		t.Fatalf("unexpected writer for a TCP connection; got %T", w)
@@ -58,7 +58,7 @@ func TestRawWriterFullBuffer(t *testing.T) {
 }
 
 func TestRawWriterClosedPeer(t *testing.T) {
-	client, server := tcpPair(t)
+	client, server := rawTCPPair(t)
 	server.Close()
 	_, w := newRawConn(client)
 	var err error
@@ -77,7 +77,7 @@ func TestRawWriterClosedPeer(t *testing.T) {
 // TestRawReader: reads wait for data, return what arrived, report EOF at
 // the peer's close and a timeout at the read deadline.
 func TestRawReader(t *testing.T) {
-	client, server := tcpPair(t)
+	client, server := rawTCPPair(t)
 	r, _ := newRawConn(client)
 	go func() {
 		time.Sleep(20 * time.Millisecond)
