@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -99,5 +100,52 @@ func TestRawReader(t *testing.T) {
 	server.Close()
 	if _, err := r.Read(buf); err != io.EOF {
 		t.Fatalf("unexpected error after the peer closed; got %v; want EOF", err)
+	}
+}
+
+// TestRawListener: accepted connections echo through raw Read and Write
+// and keep *net.TCPConn's other methods (CloseWrite: a half-close reaches
+// the peer as EOF).
+func TestRawListener(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := RawListener(inner)
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		if _, ok := c.(*rawNetConn); !ok {
+			done <- fmt.Errorf("unexpected accepted conn %T", c)
+			return
+		}
+		_, err = io.Copy(c, c) // echo until the client half-closes
+		if err == nil {
+			err = c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		done <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := bytes.Repeat([]byte("pinboard "), 100_000)
+	go func() {
+		c.Write(msg)
+		c.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("unexpected echo; got %d bytes, %v; want %d", len(got), err, len(msg))
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -55,6 +55,9 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 		return
 	}
+	// Raw reads and writes toward the worker, as on pooled connections
+	// (rawconn.go): every relayed message is one of each.
+	conn = wrapRaw(conn)
 	_ = conn.SetDeadline(now.Add(handshakeTimeout))
 	if _, err := conn.Write(h.Header()); err != nil {
 		_ = conn.Close()
@@ -167,7 +170,7 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 		_ = r.up.copy()
 		// The client finished sending: pass the half-close on, and stop
 		// the other direction if the worker does not end it.
-		if tc, ok := upstream.(*net.TCPConn); ok {
+		if tc := tcpConn(upstream); tc != nil {
 			_ = tc.CloseWrite()
 		} else {
 			_ = upstream.Close()
