@@ -11,7 +11,7 @@ PORT ?= 8080
 
 DEV_PASSPORT := {"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}
 
-.PHONY: all build run test deps deps-redis deps-python unit e2e lint bench clean
+.PHONY: all build run test deps deps-redis deps-python unit e2e lint bench bench-deps clean
 
 all: build
 
@@ -57,6 +57,29 @@ unit:
 
 e2e: deps-python
 	PINBOARD_E2E_PYTHON=$(CURDIR)/$(VENV)/bin/python $(GO) test -count=1 -v ./e2e/
+
+# Benchmarks: every scenario against the fleet directly, through nginx and
+# through pinboard, in rotating rounds; rewrites BENCHMARKS.md and the
+# plots in docs/bench, raw results in bench/results/<time>/ (about 15
+# minutes; BENCH_QUICK=1 for a 3-minute indicative run).
+#   BENCH_QUICK=1            short phases, one round
+#   BENCH_REDIS=auto         add hot ids on a Redis-backed node (private redis-server)
+#   BENCH_ARGS='-scenarios hot,sse -proxy-cpu 1 -fleet-cpu 0 -gen-cpu 0'
+BENCH_QUICK ?=
+BENCH_REDIS ?=
+BENCH_ARGS ?=
+
+bench: build bench-deps
+	$(GO) build -o $(BIN)/pinbench ./cmd/pinbench
+	./$(BIN)/pinbench run -pinboard $(BIN)/pinboard $(if $(BENCH_QUICK),-quick) $(if $(BENCH_REDIS),-redis $(BENCH_REDIS)) $(BENCH_ARGS)
+
+# nginx (the baseline, Debian's nginx-light) and taskset for the benchmarks.
+bench-deps:
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
+		echo "installing nginx-light from Debian's packages"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+	@command -v taskset >/dev/null || { echo "taskset (util-linux) is required"; exit 1; }
 
 lint:
 	$(GO) vet ./...

@@ -100,3 +100,30 @@ func Children(pid int) []int {
 	}
 	return out
 }
+
+// BusyCPU is the machine's busy CPU time so far (/proc/stat: user, nice,
+// system, irq, softirq and steal over every CPU; not idle or iowait).
+func BusyCPU() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read /proc/stat: %w", err)
+	}
+	return parseBusy(b)
+}
+
+func parseBusy(b []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := bytes.Fields(line)
+	if len(f) < 9 || string(f[0]) != "cpu" {
+		return 0, fmt.Errorf("cannot parse /proc/stat: %q", line)
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
+		n, err := strconv.ParseInt(string(f[i]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("cannot parse /proc/stat: %w", err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, nil
+}

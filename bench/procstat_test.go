@@ -36,3 +36,18 @@ func TestReadProcSelf(t *testing.T) {
 		t.Fatalf("unexpected reading of this process; got %+v", st)
 	}
 }
+
+func TestParseBusy(t *testing.T) {
+	stat := []byte("cpu  100 5 50 9000 40 3 2 1 0 0\ncpu0 50 2 25 4500 20 1 1 0 0 0\n")
+	got, err := parseBusy(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// user 100 + nice 5 + system 50 + irq 3 + softirq 2 + steal 1 = 161 ticks.
+	if got != 1610*time.Millisecond {
+		t.Fatalf("unexpected busy time; got %v; want 1.61s", got)
+	}
+	if _, err := BusyCPU(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -89,6 +89,14 @@ func Markdown(res *Results, links []string, blocks []string) string {
 	fmt.Fprintf(&b, "**Machine:** %d CPUs (`nproc`), %s, Linux %s, %s, nginx %s, open-files limit %d. **Date:** %s. **Run:** %s; "+
 		"pinning: %s. Raw figures: `bench/results/<run>/results.json`.\n\n",
 		m.NProc, m.CPU, m.Kernel, m.Go, m.Nginx, m.FDLimit, m.Date, mode, res.Pinning)
+	if len(res.PinboardEnv) > 0 {
+		fmt.Fprintf(&b, "pinboard ran with `%s`.\n\n", strings.Join(res.PinboardEnv, " "))
+	}
+	if mean, peak := res.Foreign(); len(res.Runs) > 0 {
+		fmt.Fprintf(&b, "**Other load on the machine** (CPU used by processes outside this run — other sessions share the box): "+
+			"%.2f CPUs on average over the measured phases, %.2f at most in one phase. Figures from phases with other load "+
+			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it.\n\n", mean, peak)
+	}
 	b.WriteString(`All processes share this one machine on 127.0.0.1: the load generator (` + "`pinbench`" + `), the proxy under test, and
 the simulated worker fleet (` + "`pinbench fleet`" + `: a fasthttp server verifying every request's attestation like the
 reference worker). Every figure is from this one run; targets run in a rotating order each round (A/B/C, B/C/A, C/A/B)
@@ -159,28 +167,28 @@ as the previous one is answered).
 // peakTable renders closed-loop peaks with ratios to direct and nginx.
 func peakTable(res *Results, scn string, targets []string, unit string) string {
 	d, n := res.agg(scn, "peak", direct), res.agg(scn, "peak", nginx)
-	t := bench.Table{Header: []string{"target", unit + "/s (median)", "range", "× direct", "× nginx", "proxy CPU µs/" + unit, "p50", "p99", "errors"}}
+	t := bench.Table{Header: []string{"target", unit + "/s (median)", "range", "× direct", "× nginx", "proxy CPU µs/" + unit, "p50", "p99", "errors", "other load"}}
 	for _, name := range targets {
 		a := res.agg(scn, "peak", name)
 		if a.N == 0 {
 			continue
 		}
 		t.Add(name, bench.FmtRate(a.RPS), bench.FmtRate(a.RPSMin)+"–"+bench.FmtRate(a.RPSMax), ratio(a.RPS, d.RPS), ratio(a.RPS, n.RPS),
-			cpuCell(a.ProxyCPUus), bench.FmtUs(a.Latency.P50), bench.FmtUs(a.Latency.P99), fmt.Sprint(a.Errors))
+			cpuCell(a.ProxyCPUus), bench.FmtUs(a.Latency.P50), bench.FmtUs(a.Latency.P99), fmt.Sprint(a.Errors), fmt.Sprintf("%.2f", a.Foreign))
 	}
 	return t.Markdown()
 }
 
 // latencyTable renders open-loop latency runs.
 func latencyTable(res *Results, scn, phase string, targets []string, unit string) string {
-	t := bench.Table{Header: []string{"target", "p50", "p90", "p99", "p99.9", "max", "proxy CPU µs/" + unit, "errors"}}
+	t := bench.Table{Header: []string{"target", "p50", "p90", "p99", "p99.9", "max", "proxy CPU µs/" + unit, "errors", "other load"}}
 	for _, name := range targets {
 		a := res.agg(scn, phase, name)
 		if a.N == 0 {
 			continue
 		}
 		t.Add(name, bench.FmtUs(a.Latency.P50), bench.FmtUs(a.Latency.P90), bench.FmtUs(a.Latency.P99), bench.FmtUs(a.Latency.P999),
-			bench.FmtUs(a.Latency.Max), cpuCell(a.ProxyCPUus), fmt.Sprint(a.Errors))
+			bench.FmtUs(a.Latency.Max), cpuCell(a.ProxyCPUus), fmt.Sprint(a.Errors), fmt.Sprintf("%.2f", a.Foreign))
 	}
 	return t.Markdown()
 }

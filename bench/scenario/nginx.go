@@ -72,6 +72,8 @@ http {
       proxy_buffering off;
       proxy_request_buffering off;
       proxy_buffer_size 64k;
+      proxy_buffers 4 64k;
+      proxy_busy_buffers_size 128k;
       client_body_buffer_size 64k;
       proxy_read_timeout 1h;
       proxy_send_timeout 1h;

@@ -116,6 +116,25 @@ func (ps *procs) stopAll() {
 	}
 }
 
+// cpu is the CPU time of this process and of every child still running
+// (with their own children: nginx workers).
+func (ps *procs) cpu() time.Duration {
+	self, _ := bench.ReadProc(os.Getpid())
+	total := self.CPU
+	ps.mu.Lock()
+	all := append([]*proc(nil), ps.all...)
+	ps.mu.Unlock()
+	for _, p := range all {
+		if p.exited() {
+			continue
+		}
+		if st, err := bench.ProcTree(p.pid()); err == nil {
+			total += st.CPU
+		}
+	}
+	return total
+}
+
 // freePort asks the kernel for a free 127.0.0.1 port.
 func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -36,6 +36,10 @@ type Record struct {
 	ProxyCores float64 `json:"proxyCores,omitempty"`
 	FleetCPUus float64 `json:"fleetCpuUsPerReq,omitempty"`
 	GenCPUus   float64 `json:"generatorCpuUsPerReq,omitempty"`
+	// ForeignCores is CPU the machine spent outside this run's processes
+	// during the phase (/proc/stat busy time minus ours, over wall time):
+	// other tenants of a shared machine.
+	ForeignCores float64 `json:"foreignCores"`
 }
 
 // Results is everything one `pinbench run` measured (results.json).
@@ -147,7 +151,10 @@ type Agg struct {
 	ProxyCPUus float64 // median
 	ProxyCores float64 // median
 	FleetCPUus float64
-	Latency    bench.Percentiles
+	// Foreign is the mean CPU (cores) used by other processes on the
+	// machine during these phases.
+	Foreign float64
+	Latency bench.Percentiles
 	// SlackP99 is the worst round's generator timer slack p99 (µs).
 	SlackP99   float64
 	Hist       *bench.Hist
@@ -161,6 +168,7 @@ func (r *Results) agg(scenario, phase, target string) Agg {
 	defer r.mu.Unlock()
 	a := Agg{Hist: bench.NewHist(), ErrorKinds: map[string]uint64{}}
 	var rps, cpu, cores, fleetCPU []float64
+	var foreign float64
 	for _, run := range r.Runs {
 		if run.Scenario != scenario || run.Target != target || run.Phase != phase {
 			continue
@@ -171,6 +179,7 @@ func (r *Results) agg(scenario, phase, target string) Agg {
 		cpu = append(cpu, run.ProxyCPUus)
 		cores = append(cores, run.ProxyCores)
 		fleetCPU = append(fleetCPU, run.FleetCPUus)
+		foreign += run.ForeignCores
 		a.Hist.Merge(bench.HistOf(s.LatHist))
 		a.OK += s.OK
 		for k, v := range s.Errors {
@@ -190,7 +199,23 @@ func (r *Results) agg(scenario, phase, target string) Agg {
 	a.RPS, a.RPSMin, a.RPSMax = median(rps), slices.Min(rps), slices.Max(rps)
 	a.ProxyCPUus, a.ProxyCores, a.FleetCPUus = median(cpu), median(cores), median(fleetCPU)
 	a.Latency = bench.PercentilesOf(a.Hist)
+	a.Foreign = foreign / float64(a.N)
 	return a
+}
+
+// Foreign is the mean CPU other processes used during the measured
+// phases, and the highest of one phase.
+func (r *Results) Foreign() (mean, peak float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, run := range r.Runs {
+		mean += run.ForeignCores
+		peak = max(peak, run.ForeignCores)
+	}
+	if len(r.Runs) > 0 {
+		mean /= float64(len(r.Runs))
+	}
+	return mean, peak
 }
 
 func median(v []float64) float64 {

@@ -141,6 +141,14 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.NginxBin == "" {
 		cfg.NginxBin = "nginx"
 	}
+	if _, err := exec.LookPath(cfg.NginxBin); err != nil && cfg.NginxBin == "nginx" {
+		cfg.NginxBin = "/usr/sbin/nginx" // Debian's, when /usr/sbin is not on PATH
+	}
+	for _, p := range []*string{&cfg.OutDir, &cfg.PinboardBin, &cfg.PinbenchBin} {
+		if abs, err := filepath.Abs(*p); err == nil {
+			*p = abs
+		}
+	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create %s: %w", cfg.OutDir, err)
 	}
@@ -303,6 +311,8 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 	pb0, _ := r.proxyCPU(t)
 	fl0, _ := bench.ReadProc(r.fl.pid())
 	g0, _ := bench.ReadProc(r.self)
+	busy0, _ := bench.BusyCPU()
+	ours0 := r.ps.cpu()
 	live := &bench.Live{}
 	l.Live = live
 	total := l.Duration
@@ -317,6 +327,8 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 	pb1, _ := r.proxyCPU(t)
 	fl1, _ := bench.ReadProc(r.fl.pid())
 	g1, _ := bench.ReadProc(r.self)
+	busy1, _ := bench.BusyCPU()
+	ours1 := r.ps.cpu()
 	s := bench.Summarize(res)
 	run := &Record{Scenario: scn, Target: t.name, Phase: phase, Round: round, Summary: s}
 	if ok := float64(s.OK); ok > 0 {
@@ -325,6 +337,7 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 		run.GenCPUus = float64(g1.CPU-g0.CPU) / 1e3 / ok
 	}
 	run.ProxyCores = float64(pb1.CPU-pb0.CPU) / float64(wall)
+	run.ForeignCores = max(0, float64((busy1-busy0)-(ours1-ours0))/float64(wall))
 	r.res.add(run)
 	line := fmt.Sprintf("    %-8s %-8s %9s req/s  p50 %7s  p99 %7s  p99.9 %7s", t.name, phase, bench.FmtRate(s.RPS),
 		bench.FmtUs(s.Latency.P50), bench.FmtUs(s.Latency.P99), bench.FmtUs(s.Latency.P999))
@@ -333,6 +346,9 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 	}
 	if n := s.ErrorCount() + s.Dropped; n > 0 {
 		line += fmt.Sprintf("  errors %d %v", n, s.Errors)
+	}
+	if run.ForeignCores >= 0.2 {
+		line += fmt.Sprintf("  [other load %.1f CPUs]", run.ForeignCores)
 	}
 	r.logf("%s", line)
 	return run, nil

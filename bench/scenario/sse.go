@@ -33,7 +33,12 @@ func (r *runner) sse(ctx context.Context) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if err := r.sseDelay(ctx, round, r.tgt[name], ws); err != nil {
+			// Warm-up: the same number of streams, one event each, not
+			// recorded (pools, goroutine stacks and heap grown first).
+			if err := r.sseDelay(ctx, round, r.tgt[name], ws, 1, false); err != nil {
+				return err
+			}
+			if err := r.sseDelay(ctx, round, r.tgt[name], ws, r.sz.sseEvents, true); err != nil {
 				return err
 			}
 		}
@@ -77,17 +82,21 @@ func openStreams(rt *route, n int, query string) ([]*bench.SSEStream, int) {
 	return streams, int(failed.Load())
 }
 
-func (r *runner) sseDelay(ctx context.Context, round int, t *target, ws []fleet.WorkerInfo) error {
+func (r *runner) sseDelay(ctx context.Context, round int, t *target, ws []fleet.WorkerInfo, events int, record bool) error {
 	rt := newRoute(t, ws)
-	events := r.sz.sseEvents
 	label := fmt.Sprintf("sse/%s delay r%d", t.name, round)
+	every := "1000"
+	if !record {
+		label = fmt.Sprintf("sse/%s warm-up r%d", t.name, round)
+		every = "10"
+	}
 	pb0, _ := r.proxyCPU(t)
 	start := time.Now()
 	live := &bench.Live{}
 	p := bench.StartProgress(r.log, r.tty, label, time.Duration(events+1)*time.Second, live)
 	res := &bench.LoopResult{Mode: "stream", Workers: r.sz.sseStreams, Latency: bench.NewHist(), Service: bench.NewHist(),
 		Slack: bench.NewHist(), Errors: map[string]uint64{}}
-	query := "?n=" + strconv.Itoa(events) + "&every=1000"
+	query := "?n=" + strconv.Itoa(events) + "&every=" + every
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 200)
@@ -138,6 +147,9 @@ func (r *runner) sseDelay(ctx context.Context, round int, t *target, ws []fleet.
 	p.Stop()
 	res.Elapsed = time.Since(start)
 	res.Sent = uint64(r.sz.sseStreams * events)
+	if !record {
+		return nil
+	}
 	res.Service.Merge(res.Latency)
 	pb1, _ := r.proxyCPU(t)
 	s := bench.Summarize(res)
