@@ -3,7 +3,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -45,7 +44,9 @@ var (
 // maxSubrequestDepth is the reference worker's MAX_DEPTH for cluster calls.
 const maxSubrequestDepth = 50
 
-// placeTimeout bounds one placement against the store.
+// placeTimeout bounds one placement (or session check, or release)
+// against the store: at least this long, at most a second more
+// (opContexts).
 const placeTimeout = 5 * time.Second
 
 // request is the pooled per-request state. Slices are scratch buffers
@@ -164,8 +165,7 @@ func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
 // whatever the namespace policy: they come from a registered worker.
 func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, now time.Time) bool {
 	h := &ctx.Request.Header
-	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
-	defer cancel()
+	c := p.opCtx.get()
 	info, err := p.store.Session(c, string(sess), now)
 	if err != nil {
 		if errors.Is(err, directory.ErrUnknownSession) {
@@ -221,8 +221,7 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 			}
 		}
 	}
-	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
-	defer cancel()
+	c := p.opCtx.get()
 	r, err := p.store.Place(c, &directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
 		Policy: p.policy, Pick: rq.pick, Exclude: exclude,
@@ -339,8 +338,7 @@ func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 }
 
 func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
-	c, cancel := context.WithTimeout(context.Background(), placeTimeout)
-	defer cancel()
+	c := p.opCtx.get()
 	_, err := p.store.Release(c, &directory.ReleaseRequest{
 		SessionID: route.Owner.SessionID, NS: string(rq.ns), ID: string(rq.id), Epoch: route.Epoch,
 	}, now)

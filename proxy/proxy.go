@@ -94,6 +94,7 @@ type Proxy struct {
 	hijacks *hijacks
 
 	reqPool sync.Pool
+	opCtx   opContexts
 }
 
 // New returns a Proxy.
@@ -132,6 +133,7 @@ func New(o Options) *Proxy {
 		p.trusted = &TrustedProxies{}
 	}
 	p.reqPool.New = func() any { return new(request) }
+	p.opCtx.d = placeTimeout
 	return p
 }
 

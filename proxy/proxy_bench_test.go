@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
@@ -16,9 +17,12 @@ import (
 // hotPath is the steady state the data plane is tuned for (issue 5): a
 // placed id, a warm pooled connection to its worker, a small JSON answer.
 type hotPath struct {
-	p   *Proxy
-	req fasthttp.Request
-	ctx fasthttp.RequestCtx
+	p     *Proxy
+	store *directory.Memory
+	sess  string
+	now   time.Time
+	req   fasthttp.Request
+	ctx   fasthttp.RequestCtx
 }
 
 // standInWorker serves a small JSON answer on 127.0.0.1, the way a worker
@@ -51,7 +55,7 @@ func newHotPath(tb testing.TB) *hotPath {
 	tb.Helper()
 	now := time.Unix(1_800_000_000, 0)
 	store := directory.NewMemory(time.Hour, now)
-	_, err := store.Register(context.Background(), &directory.Registration{
+	reg, err := store.Register(context.Background(), &directory.Registration{
 		ClientID: "c", Sub: "dev", Secret: "4f1c2b9e8d7a6c5b4f1c2b9e8d7a6c5b", Namespaces: []string{"/bench"},
 		AdvertiseURL: standInWorker(tb), Headroom: 100,
 		Instances: map[string][]string{"/bench": {"alice"}},
@@ -65,7 +69,8 @@ func newHotPath(tb testing.TB) *hotPath {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h := &hotPath{p: New(Options{Store: store, Passport: pp, Now: func() time.Time { return now }})}
+	h := &hotPath{store: store, sess: reg.SessionID, now: now}
+	h.p = New(Options{Store: store, Passport: pp, Now: func() time.Time { return h.now }})
 	h.req.Header.SetMethod(fasthttp.MethodGet)
 	h.req.SetRequestURI("/bench/alice/json")
 	h.req.Header.SetHost("pinboard.test")
@@ -150,4 +155,29 @@ func BenchmarkHotPathServer(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkColdPath: every request is a new id, placed on the worker
+// before it is forwarded (R-PL-1).
+func BenchmarkColdPath(b *testing.B) {
+	h := newHotPath(b)
+	// The first placement attempt starts the cold-start quarantine
+	// (R-CS-1): let it pass, renewing the worker's lease.
+	ctx := context.Background()
+	_, _ = h.store.Place(ctx, &directory.PlaceRequest{NS: "/bench", ID: "first", Now: h.now})
+	h.now = h.now.Add(time.Hour / 2)
+	if _, err := h.store.Heartbeat(ctx, &directory.Beat{SessionID: h.sess, Sub: "dev", Headroom: 100}, h.now); err != nil {
+		b.Fatal(err)
+	}
+	h.now = h.now.Add(time.Hour / 2)
+	var uri []byte
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		uri = append(append(uri[:0], "/bench/c"...), strconv.Itoa(i)...)
+		uri = append(uri, "/json"...)
+		h.req.SetRequestURIBytes(uri)
+		h.once(b)
+	}
 }
