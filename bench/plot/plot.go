@@ -121,7 +121,32 @@ func Bars(path, title, ylabel string, categories []string, series []string, valu
 		p.Legend.Add(name, b)
 	}
 	p.NominalX(categories...)
+	p.Y.Min = 0
+	top := 0.0
+	for _, vs := range values {
+		for _, v := range vs {
+			top = math.Max(top, v)
+		}
+	}
+	p.Y.Max = top * 1.3 // room for the legend above the bars
+	p.Y.Tick.Marker = countTicks{}
+	p.Legend.Left = false
+	p.Legend.XOffs = -vg.Points(4)
+	p.X.Padding = vg.Points(40)
 	return p.Save(8*vg.Inch, 4*vg.Inch, path)
+}
+
+// countTicks labels a count axis without decimals: "25,000".
+type countTicks struct{}
+
+func (countTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = bench.FmtRate(ts[i].Value)
+		}
+	}
+	return ts
 }
 
 // Path joins dir and name (for callers building file lists).
