@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // HTTPTarget is where a load run sends HTTP/1.1 requests and what they
@@ -80,6 +82,7 @@ func (d *httpDoer) Do(seq uint64) error {
 		if err != nil {
 			return &RequestError{"dial", err}
 		}
+		c = rawio.Wrap(c) // the generator's CPU is CPU the proxy does not get
 		d.c = c
 		if d.br == nil {
 			d.br = bufio.NewReaderSize(c, 16<<10)
@@ -169,6 +172,7 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 	if err != nil {
 		return 0, fmt.Errorf("cannot dial %s: %w", addr, err)
 	}
+	c = rawio.Wrap(c)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	bw := bufio.NewWriterSize(c, 64<<10)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // SSEStream is one open Server-Sent Events response whose events carry
@@ -30,6 +32,7 @@ func OpenSSE(addr, path string, headers []string, timeout time.Duration) (*SSESt
 	if err != nil {
 		return nil, &RequestError{"dial", err}
 	}
+	c = rawio.Wrap(c)
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	req := AppendGET(nil, addr, []byte(path), append([]string{"Accept: text/event-stream"}, headers...)...)
 	if _, err := c.Write(req); err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // A minimal RFC 6455 codec: enough for an echo server and a load client
@@ -155,6 +157,7 @@ func WSDial(addr, path string, headers []string, timeout time.Duration) (net.Con
 	if err != nil {
 		return nil, nil, &RequestError{"dial", err}
 	}
+	c = rawio.Wrap(c)
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	req := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n", path, addr)
 	for _, h := range headers {

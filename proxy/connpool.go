@@ -7,6 +7,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // errPoolExhausted: every connection to the worker is busy and none freed
@@ -21,7 +23,7 @@ var errPoolExhausted = errors.New("worker connection pool exhausted")
 type pconn struct {
 	c        net.Conn
 	br       *bufio.Reader
-	w        io.Writer // c, or a raw writer on it (rawconn.go)
+	w        io.Writer // where pooled write buffers flush to: c
 	lastUsed time.Time
 	// deadline is the read deadline last set on c (zero: none).
 	deadline time.Time
@@ -162,11 +164,13 @@ func (p *connPool) dialNew() (*pconn, error) {
 		<-p.tokens
 		return nil, err
 	}
-	r, w := newRawConn(c)
+	// Raw read(2)/write(2) toward the worker: the goroutine keeps its P
+	// through the calls (package rawio says why).
+	c = rawio.Wrap(c)
 	return &pconn{
 		c:  c,
-		br: bufio.NewReaderSize(r, p.bufSize),
-		w:  w,
+		br: bufio.NewReaderSize(c, p.bufSize),
+		w:  c,
 	}, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // maxHandshakeHeader caps a worker's handshake response header.
@@ -55,9 +56,9 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 		return
 	}
-	// Raw reads and writes toward the worker, as on pooled connections
-	// (rawconn.go): every relayed message is one of each.
-	conn = wrapRaw(conn)
+	// Raw reads and writes toward the worker, as on pooled connections:
+	// every relayed message is one of each.
+	conn = rawio.Wrap(conn)
 	_ = conn.SetDeadline(now.Add(handshakeTimeout))
 	if _, err := conn.Write(h.Header()); err != nil {
 		_ = conn.Close()
@@ -170,7 +171,7 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 		_ = r.up.copy()
 		// The client finished sending: pass the half-close on, and stop
 		// the other direction if the worker does not end it.
-		if tc := tcpConn(upstream); tc != nil {
+		if tc := rawio.TCP(upstream); tc != nil {
 			_ = tc.CloseWrite()
 		} else {
 			_ = upstream.Close()

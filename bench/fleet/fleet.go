@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Options configure a Fleet. Zero values take the documented defaults.
@@ -173,6 +175,13 @@ func New(o Options) (*Fleet, error) {
 			ReadTimeout:              10 * time.Second,
 			WriteTimeout:             10 * time.Second,
 			MaxIdleConnDuration:      30 * time.Second,
+			Dial: func(addr string) (net.Conn, error) {
+				c, err := fasthttp.Dial(addr)
+				if err != nil {
+					return nil, err
+				}
+				return rawio.Wrap(c), nil
+			},
 		}
 		f.auth = "Bearer " + o.Token
 	}
@@ -190,6 +199,9 @@ func (f *Fleet) Listen() error {
 		if err != nil {
 			return fmt.Errorf("cannot listen on %s: %w", f.o.Host, err)
 		}
+		// Raw reads and writes: the fleet shares the machine with the
+		// proxy it measures, so every microsecond it saves is the proxy's.
+		ln = rawio.Listener(ln)
 		f.lns = append(f.lns, ln)
 		f.ports = append(f.ports, ln.Addr().(*net.TCPAddr).Port)
 		go func() { _ = f.srv.Serve(ln) }()

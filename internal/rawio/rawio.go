@@ -1,4 +1,7 @@
-package proxy
+// Package rawio gives TCP connections raw read(2) and write(2): the
+// calling goroutine keeps its P instead of entering the scheduler's
+// syscall state. See Conn.
+package rawio
 
 import (
 	"io"
@@ -7,8 +10,8 @@ import (
 	"unsafe"
 )
 
-// rawConn reads and writes a worker connection with read(2) and write(2)
-// as raw system calls: the goroutine keeps its P for the call instead of
+// rawConn reads and writes a connection with read(2) and write(2) as raw
+// system calls: the goroutine keeps its P for the call instead of
 // entering the scheduler's syscall state. The socket is non-blocking, so a
 // call never waits: a read with nothing to read or a write with a full
 // send buffer returns EAGAIN at once, and the runtime's poller parks the
@@ -20,8 +23,9 @@ import (
 // sysmon takes the P of a goroutine in a system call, hands it to another
 // thread and wakes that thread; sysmon then stays at its fastest tick. On
 // a busy node that costs context switches on every request: measured on
-// the bench machine, futex and nanosleep calls per request fell by half
-// and context switches by a fifth with raw calls (BENCHMARKS.md).
+// the bench machine with pinboard's worker connections, futex and
+// nanosleep calls per request fell by half and context switches by a
+// fifth with raw calls (BENCHMARKS.md).
 //
 // Reads and writes may run concurrently (a streamed upload writes while
 // the response is read); each direction is used by one goroutine at a time.
@@ -47,16 +51,12 @@ type (
 	rawWriter struct{ *rawConn }
 )
 
-// newRawConn returns a raw reader and writer for a TCP connection, and c
-// itself for both otherwise (TLS).
-func newRawConn(c net.Conn) (io.Reader, io.Writer) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		return c, c
-	}
+// newRawConn returns a raw reader and writer for tc, or tc itself for
+// both when it has no raw access.
+func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
-		return c, c
+		return tc, tc
 	}
 	x := &rawConn{rc: rc}
 	x.r.fn = x.read
@@ -142,61 +142,57 @@ func (x *rawConn) write(fd uintptr) bool {
 	return true
 }
 
-// RawListener wraps a TCP listener so that the connections it accepts read
-// and write with raw system calls, like the proxy's worker connections
-// (rawConn). The proxy cannot reach the client side itself: the server
-// owns those connections. Measured on the bench machine at a constant
-// 4,000 req/s through pinboard, wrapping the data-plane listener took
-// sysmon's nanosleep calls from 0.8 to 0.04 per request, context switches
-// from about 2.8 to 1.5 and pinboard's CPU per request down about 20%
-// (BENCHMARKS.md, "Analysis").
-//
-// Accepted connections keep every other method of *net.TCPConn (deadlines,
-// CloseWrite, addresses); only Read and Write change. Non-TCP connections
-// pass through unchanged.
-func RawListener(ln net.Listener) net.Listener { return rawListener{ln} }
+// Listener wraps a TCP listener so that the connections it accepts are
+// raw (Wrap). Measured on the bench machine at a constant 4,000 req/s
+// through pinboard, wrapping the data-plane listener took sysmon's
+// nanosleep calls from 0.8 to 0.04 per request, context switches from
+// about 2.8 to 1.5 and pinboard's CPU per request down about 20%.
+func Listener(ln net.Listener) net.Listener { return listener{ln} }
 
-type rawListener struct{ net.Listener }
+type listener struct{ net.Listener }
 
 // Accept implements net.Listener.
-func (l rawListener) Accept() (net.Conn, error) {
+func (l listener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return c, err
 	}
-	return wrapRaw(c), nil
+	return Wrap(c), nil
 }
 
-// rawNetConn is a *net.TCPConn whose Read and Write are raw.
-type rawNetConn struct {
+// Conn is a *net.TCPConn whose Read and Write are raw system calls. Every
+// other method (deadlines, CloseWrite, addresses) is the TCPConn's.
+// Deadlines apply to raw reads and writes as to the originals.
+type Conn struct {
 	*net.TCPConn
 	r io.Reader
 	w io.Writer
 }
 
-// wrapRaw returns c with raw Read and Write when it is a TCP connection.
-func wrapRaw(c net.Conn) net.Conn {
+// Wrap returns c as a *Conn when it is a *net.TCPConn, and c otherwise
+// (TLS, pipes).
+func Wrap(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
 		return c
 	}
 	r, w := newRawConn(tc)
-	return &rawNetConn{TCPConn: tc, r: r, w: w}
+	return &Conn{TCPConn: tc, r: r, w: w}
 }
 
-// tcpConn returns the *net.TCPConn of c, also behind wrapRaw, or nil.
-func tcpConn(c net.Conn) *net.TCPConn {
+// TCP returns the *net.TCPConn of c, also behind Wrap, or nil.
+func TCP(c net.Conn) *net.TCPConn {
 	switch c := c.(type) {
 	case *net.TCPConn:
 		return c
-	case *rawNetConn:
+	case *Conn:
 		return c.TCPConn
 	}
 	return nil
 }
 
 // Read implements net.Conn.
-func (c *rawNetConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // Write implements net.Conn.
-func (c *rawNetConn) Write(p []byte) (int, error) { return c.w.Write(p) }
+func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }

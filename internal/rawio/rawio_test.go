@@ -1,10 +1,12 @@
-package proxy
+package rawio
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 )
@@ -34,9 +36,9 @@ func rawTCPPair(t *testing.T) (client, server net.Conn) {
 // for the reader (EAGAIN → poller) and delivers every byte in order.
 func TestRawWriterFullBuffer(t *testing.T) {
 	client, server := rawTCPPair(t)
-	_, w := newRawConn(client)
-	if _, ok := w.(rawWriter); !ok {
-		t.Fatalf("unexpected writer for a TCP connection; got %T", w)
+	w := Wrap(client)
+	if _, ok := w.(*Conn); !ok {
+		t.Fatalf("unexpected conn for a TCP connection; got %T", w)
 	}
 	data := make([]byte, 16<<20)
 	for i := range data {
@@ -61,7 +63,7 @@ func TestRawWriterFullBuffer(t *testing.T) {
 func TestRawWriterClosedPeer(t *testing.T) {
 	client, server := rawTCPPair(t)
 	server.Close()
-	_, w := newRawConn(client)
+	w := Wrap(client)
 	var err error
 	for i := 0; i < 100 && err == nil; i++ {
 		_, err = w.Write(make([]byte, 64<<10))
@@ -79,7 +81,7 @@ func TestRawWriterClosedPeer(t *testing.T) {
 // the peer's close and a timeout at the read deadline.
 func TestRawReader(t *testing.T) {
 	client, server := rawTCPPair(t)
-	r, _ := newRawConn(client)
+	r := Wrap(client)
 	go func() {
 		time.Sleep(20 * time.Millisecond)
 		server.Write([]byte("hello"))
@@ -93,7 +95,7 @@ func TestRawReader(t *testing.T) {
 		t.Fatalf("unexpected empty read; got %d, %v", n, err)
 	}
 	client.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
-	if _, err := r.Read(buf); !isTimeout(err) {
+	if _, err := r.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("unexpected error at the deadline; got %v", err)
 	}
 	client.SetReadDeadline(time.Time{})
@@ -111,7 +113,7 @@ func TestRawListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := RawListener(inner)
+	ln := Listener(inner)
 	defer ln.Close()
 	done := make(chan error, 1)
 	go func() {
@@ -121,7 +123,7 @@ func TestRawListener(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		if _, ok := c.(*rawNetConn); !ok {
+		if _, ok := c.(*Conn); !ok || TCP(c) == nil {
 			done <- fmt.Errorf("unexpected accepted conn %T", c)
 			return
 		}
