@@ -95,7 +95,8 @@ func Markdown(res *Results, links []string, blocks []string) string {
 	if mean, peak := res.Foreign(); len(res.Runs) > 0 {
 		fmt.Fprintf(&b, "**Other load on the machine** (CPU used by processes outside this run — other sessions share the box): "+
 			"%.2f CPUs on average over the measured phases, %.2f at most in one phase. Figures from phases with other load "+
-			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it.\n\n", mean, peak)
+			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it. Before each phase the run "+
+			"waited up to 15 s for such load to drop below %.1f CPUs (%.0f s in all, within a budget).\n\n", mean, peak, quietLoad, res.QuietWait)
 	}
 	b.WriteString(`All processes share this one machine on 127.0.0.1: the load generator (` + "`pinbench`" + `), the proxy under test, and
 the simulated worker fleet (` + "`pinbench fleet`" + `: a fasthttp server verifying every request's attestation like the

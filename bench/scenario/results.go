@@ -58,6 +58,9 @@ type Results struct {
 	Storm       []StormPhase   `json:"storm,omitempty"`
 	Churn       []ChurnPhase   `json:"churn,omitempty"`
 	Skipped     []string       `json:"skipped,omitempty"`
+	// QuietWait is how long the run waited for other processes' load to
+	// settle before phases, in seconds.
+	QuietWait float64 `json:"quietWaitS"`
 
 	mu sync.Mutex
 }

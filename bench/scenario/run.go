@@ -121,6 +121,12 @@ type runner struct {
 	tgt map[string]*target
 	// rate is the hot open-loop rate, fixed after the first round.
 	rate float64
+	// quietBudget is what is left of the time the run may spend waiting
+	// for other processes' load to settle before phases.
+	quietBudget time.Duration
+	// noQuietWait: the caller already waited (the storm must not hold its
+	// heartbeats past a lease while waiting).
+	noQuietWait bool
 }
 
 // Run runs the configured scenarios and writes results.json, the plots
@@ -160,6 +166,10 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	if f, ok := cfg.Log.(*os.File); ok {
 		r.tty = bench.IsTerminal(f)
+	}
+	r.quietBudget = 4 * time.Minute
+	if cfg.Quick {
+		r.quietBudget = 30 * time.Second
 	}
 	r.res.Machine = machine(cfg.NginxBin)
 	r.res.Pinning = pinning(cfg)
@@ -305,9 +315,50 @@ func orderFor(names []string, round int) []string {
 	return out
 }
 
+// quietLoad is the other processes' CPU below which a phase starts at
+// once; above it the run waits (within quietBudget) for it to settle.
+const quietLoad = 0.3
+
+// waitQuiet waits, at most 15 s and within the run's budget, until
+// processes outside this run use less than quietLoad CPUs: the machine is
+// shared, and a phase measured while another session's test suite runs
+// measures that suite. It returns the load it last saw.
+func (r *runner) waitQuiet(ctx context.Context) float64 {
+	began := time.Now()
+	limit := min(15*time.Second, r.quietBudget)
+	announced := false
+	var load float64
+	for {
+		busy0, _ := bench.BusyCPU()
+		ours0 := r.ps.cpu()
+		start := time.Now()
+		sleepCtx(ctx, 500*time.Millisecond)
+		busy1, _ := bench.BusyCPU()
+		ours1 := r.ps.cpu()
+		load = max(0, float64((busy1-busy0)-(ours1-ours0))/float64(time.Since(start)))
+		if load < quietLoad || ctx.Err() != nil || time.Since(began) >= limit {
+			break
+		}
+		if !announced {
+			r.logf("    (other processes use %.1f CPUs: waiting up to %s for them to settle)", load, (limit - time.Since(began)).Round(time.Second))
+			announced = true
+		}
+	}
+	if announced {
+		r.quietBudget = max(0, r.quietBudget-time.Since(began))
+		r.res.mu.Lock()
+		r.res.QuietWait += time.Since(began).Seconds()
+		r.res.mu.Unlock()
+	}
+	return load
+}
+
 // measure runs one load phase against t and records it.
 func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop, doers func(int) (bench.Doer, error)) (*Record, error) {
 	label := fmt.Sprintf("%s/%s %s r%d", scn, t.name, phase, round)
+	if !r.noQuietWait {
+		r.waitQuiet(context.Background())
+	}
 	pb0, _ := r.proxyCPU(t)
 	fl0, _ := bench.ReadProc(r.fl.pid())
 	g0, _ := bench.ReadProc(r.self)

@@ -38,6 +38,7 @@ func (r *runner) sse(ctx context.Context) error {
 			if err := r.sseDelay(ctx, round, r.tgt[name], ws, 1, false); err != nil {
 				return err
 			}
+			r.waitQuiet(ctx)
 			if err := r.sseDelay(ctx, round, r.tgt[name], ws, r.sz.sseEvents, true); err != nil {
 				return err
 			}

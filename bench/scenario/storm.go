@@ -43,6 +43,7 @@ func (r *runner) storm(ctx context.Context) error {
 				return err
 			}
 			phase := "storm-on"
+			r.waitQuiet(ctx)
 			if !on {
 				phase = "storm-off"
 				if err := sf.call("POST", "/pause", nil); err != nil {
@@ -54,7 +55,9 @@ func (r *runner) storm(ctx context.Context) error {
 				return err
 			}
 			l := &bench.Loop{Rate: r.rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
+			r.noQuietWait = true
 			rec, err := r.measure("storm", phase, round, t, l, doers)
+			r.noQuietWait = false
 			if err != nil {
 				return err
 			}
