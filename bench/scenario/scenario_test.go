@@ -1,6 +1,9 @@
 package scenario
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +126,35 @@ func TestAggregateMedianAndMergedLatency(t *testing.T) {
 	}
 	if res.Aggregate("hot", "latency", pinboard).N != 0 {
 		t.Fatal("unexpected aggregate of a phase that never ran")
+	}
+}
+
+// TestResultsRoundTrip: results.json holds what the report needs, so
+// `pinbench report` renders the same document from it.
+func TestResultsRoundTrip(t *testing.T) {
+	res := &Results{Rounds: 1, Machine: Machine{NProc: 2}}
+	h := bench.NewHist()
+	h.RecordN(250_000, 100)
+	res.add(&Record{Scenario: "hot", Target: pinboard, Phase: "latency", Round: 1, ForeignCores: 0.5,
+		Summary: bench.Summary{Rate: 3000, RPS: 2999, OK: 100, LatHist: bench.BucketsOf(h)}})
+	res.Large = append(res.Large, LargeRun{Target: pinboard, Direction: "upload", Bytes: 1 << 30, RSSGrowthMiB: 1.5})
+	path := filepath.Join(t.TempDir(), "results.json")
+	if err := res.write(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	a, want := back.Aggregate("hot", "latency", pinboard), res.Aggregate("hot", "latency", pinboard)
+	if a.N != 1 || a.Latency.P99 != want.Latency.P99 || a.Foreign != 0.5 || len(back.Large) != 1 {
+		t.Fatalf("unexpected round trip; got %+v", a)
+	}
+	if Markdown(&back, nil, nil) != Markdown(res, nil, nil) {
+		t.Fatal("unexpected difference between the documents before and after the round trip")
 	}
 }

@@ -3,6 +3,7 @@
 //	pinbench run [flags]     the scenarios and baselines; rewrites BENCHMARKS.md
 //	pinbench fleet [flags]   a simulated worker fleet in its own process
 //	pinbench load [flags]    one open- or closed-loop run against a URL
+//	pinbench report [flags]  BENCHMARKS.md again from a saved results.json
 //
 // `make bench` builds and runs `pinbench run`; `make bench BENCH_QUICK=1`
 // runs a short version.
@@ -20,7 +21,7 @@ func main() {
 
 func dispatch(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: pinbench run|fleet|load [flags]")
+		fmt.Fprintln(stderr, "usage: pinbench run|fleet|load|report [flags]")
 		return 2
 	}
 	switch args[0] {
@@ -30,8 +31,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return runLoad(args[1:], stdout, stderr)
 	case "run":
 		return runBench(args[1:], stdout, stderr)
+	case "report":
+		return runReport(args[1:], stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "pinbench: unknown command %q (want run, fleet or load)\n", args[0])
+		fmt.Fprintf(stderr, "pinbench: unknown command %q (want run, fleet, load or report)\n", args[0])
 		return 2
 	}
 }
