@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"sync"
@@ -214,14 +215,20 @@ func (b *upstreamBody) crlf() error {
 // skipTrailers discards trailer fields up to the empty line. Trailers are
 // not forwarded: the server re-chunks the body without them.
 func (b *upstreamBody) skipTrailers() error {
+	long := false // inside a line longer than the buffer
 	for {
 		line, err := b.pc.br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			long = true
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		if len(line) <= 2 {
+		if len(line) <= 2 && !long {
 			return nil
 		}
+		long = false
 	}
 }
 
@@ -247,7 +254,11 @@ func (b *upstreamBody) CloseWithError(err error) error {
 		b.pool.discard(b.pc)
 	}
 	if reuse {
-		b.pool.put(b.pc, time.Now())
+		if b.pool.endStream(b.pc) {
+			b.pool.put(b.pc, time.Now())
+		} else {
+			b.pool.discard(b.pc)
+		}
 	}
 	b.pool, b.pc, b.up, b.tracker = nil, nil, nil, nil
 	bodyPool.Put(b)

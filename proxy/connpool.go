@@ -23,6 +23,7 @@ var errPoolExhausted = errors.New("worker connection pool exhausted")
 type pconn struct {
 	c        net.Conn
 	br       *bufio.Reader
+	src      *carryReader // set while br is a small stream buffer
 	w        io.Writer // where pooled write buffers flush to: c
 	lastUsed time.Time
 	// deadline is the read deadline last set on c (zero: none).
@@ -75,6 +76,9 @@ type connPool struct {
 	tokens chan struct{} // one per open connection
 	// writers holds *bufio.Writer of bufSize for requests going out.
 	writers sync.Pool
+	// readers holds the header-size *bufio.Reader a streaming connection
+	// gave back (see streamReader).
+	readers sync.Pool
 	// idleReady wakes a waiter after put: the idle connection is taken
 	// through popIdle, so a wake-up that loses the race just waits again.
 	idleReady chan struct{}
@@ -167,11 +171,69 @@ func (p *connPool) dialNew() (*pconn, error) {
 	// Raw read(2)/write(2) toward the worker: the goroutine keeps its P
 	// through the calls (package rawio says why).
 	c = rawio.Wrap(c)
-	return &pconn{
-		c:  c,
-		br: bufio.NewReaderSize(c, p.bufSize),
-		w:  c,
-	}, nil
+	return &pconn{c: c, br: p.headerReader(c), w: c}, nil
+}
+
+// streamBufSize is the read buffer of a connection relaying a streamed
+// body: chunk-size lines and event data pass through it, never a header.
+const streamBufSize = 4 << 10
+
+// headerReader returns a read buffer big enough for a worker's response
+// header (bufSize), recycled from streams that gave theirs back.
+func (p *connPool) headerReader(c net.Conn) *bufio.Reader {
+	if br, ok := p.readers.Get().(*bufio.Reader); ok {
+		br.Reset(c)
+		return br
+	}
+	return bufio.NewReaderSize(c, p.bufSize)
+}
+
+// streamReader swaps pc's header-size read buffer for a small one while
+// it relays a streamed body: an idle stream (SSE) then pins 4 KiB instead
+// of bufSize (16 KiB by default, all of it resident once the allocator
+// reuses memory). Bytes already buffered carry over. endStream undoes it.
+func (p *connPool) streamReader(pc *pconn) {
+	big := pc.br
+	src := &carryReader{c: pc.c}
+	if n := big.Buffered(); n > 0 {
+		b, _ := big.Peek(n)
+		src.pending = append(make([]byte, 0, n), b...)
+	}
+	big.Reset(nil)
+	p.readers.Put(big)
+	pc.br = bufio.NewReaderSize(src, streamBufSize)
+	pc.src = src
+}
+
+// endStream gives a connection whose stream ended cleanly its header-size
+// buffer back. It reports false when bytes beyond the body arrived (the
+// connection must not be reused).
+func (p *connPool) endStream(pc *pconn) bool {
+	if pc.src == nil {
+		return true
+	}
+	if pc.br.Buffered() > 0 || len(pc.src.pending) > 0 {
+		return false
+	}
+	pc.src = nil
+	pc.br = p.headerReader(pc.c)
+	return true
+}
+
+// carryReader reads pending (bytes a header buffer had already read past
+// the header) and then the connection.
+type carryReader struct {
+	c       net.Conn
+	pending []byte
+}
+
+func (r *carryReader) Read(p []byte) (int, error) {
+	if len(r.pending) > 0 {
+		n := copy(p, r.pending)
+		r.pending = r.pending[n:]
+		return n, nil
+	}
+	return r.c.Read(p)
 }
 
 // writer returns a pooled write buffer onto pc; give it back with

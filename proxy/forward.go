@@ -537,6 +537,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			mode, size, keep = bodyEOF, -1, false
 		}
 		pc.clearDeadline()
+		pool.streamReader(pc)
 		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
 		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up)
 		ctx.Response.SetBodyStream(b, int(size))
