@@ -57,3 +57,16 @@ func TestWSFrameTooLarge(t *testing.T) {
 		t.Fatalf("unexpected error for a 2 GiB frame; got %v", err)
 	}
 }
+
+func TestSSEParseUint(t *testing.T) {
+	for in, want := range map[string]uint64{"0": 0, "1700000000123456789": 1700000000123456789, "42": 42} {
+		if got, ok := parseUint([]byte(in)); !ok || got != want {
+			t.Fatalf("unexpected parseUint(%q); got %d, %v", in, got, ok)
+		}
+	}
+	for _, in := range []string{"", "-1", "1a", "12345678901234567890"} {
+		if _, ok := parseUint([]byte(in)); ok {
+			t.Fatalf("unexpected success parsing %q", in)
+		}
+	}
+}
