@@ -24,7 +24,7 @@ type pconn struct {
 	c        net.Conn
 	br       *bufio.Reader
 	src      *carryReader // set while br is a small stream buffer
-	w        io.Writer // where pooled write buffers flush to: c
+	w        io.Writer    // where pooled write buffers flush to: c
 	lastUsed time.Time
 	// deadline is the read deadline last set on c (zero: none).
 	deadline time.Time
