@@ -220,7 +220,7 @@ func (r *Redis) Close() error {
 
 // Keys. Row names are "ns\x00id": NUL cannot occur in a namespace or an id.
 func (r *Redis) rowKey(ns, id string) string { return r.prefix + "p:" + ns + "\x00" + id }
-func rowName(ns, id string) string          { return ns + "\x00" + id }
+func rowName(ns, id string) string           { return ns + "\x00" + id }
 func (r *Redis) key(kind, name string) string {
 	return r.prefix + kind + ":" + name
 }
