@@ -74,7 +74,7 @@ type Redis struct {
 	connGen atomic.Uint64
 	eraMu   sync.Mutex
 	era     string // wipe detector: the value of the era key we last saw
-	connID  int64  // CLIENT ID of the connection tracking the directory
+	connID  string // identity of the connection tracking the directory
 
 	reval   chan struct{} // wakes the revalidator after a flush or disconnect
 	refresh chan struct{} // wakes the lease refresher early
@@ -190,6 +190,16 @@ func (r *Redis) configure(o *rueidis.ClientOption, opts RedisOptions) {
 	o.ConnWriteTimeout = r.budget * 3 / 4
 	if o.Dialer.Timeout <= 0 {
 		o.Dialer.Timeout = r.budget
+	}
+	// Fail fast: a read retries twice (a reconnect after a killed
+	// connection), then the caller gets ErrUnavailable and answers 503
+	// with Retry-After instead of holding the request for its whole
+	// timeout while Redis is down (R-DP-4).
+	o.RetryDelay = func(attempts int, _ rueidis.Completed, _ error) time.Duration {
+		if attempts >= 2 {
+			return -1
+		}
+		return time.Duration(attempts+1) * 5 * time.Millisecond
 	}
 	o.ClusterOption.ShardsRefreshInterval = 10 * time.Second
 	if o.Sentinel.MasterSet != "" {

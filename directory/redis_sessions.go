@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -189,9 +190,10 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 	return len(due), nil
 }
 
-// The era key detects wipes, the connection id lost tracking. A node
-// remembers the era and the CLIENT ID of the connection that tracks its
-// keys; a flush push, a closed connection or a periodic check makes it look
+// The era key detects wipes, the connection identity lost tracking. A
+// node remembers the era and the identity of the connection that tracks
+// its keys (CLIENT INFO's id and addr: ids restart at 1 with the server,
+// the client's ephemeral port does not repeat so soon); a flush push, a closed connection or a periodic check makes it look
 // again, on that same connection (a keyed read pins the slot's node):
 //
 //   - same era, same connection: nothing was lost (with a cluster, the
@@ -214,26 +216,47 @@ func (r *Redis) openEra(ctx context.Context) error {
 	return nil
 }
 
-// ensureEra creates the era key when missing and returns it with the id
-// of the connection serving the directory's slot.
-func (r *Redis) ensureEra(ctx context.Context) (string, int64, error) {
+// ensureEra creates the era key when missing and returns it with the
+// identity of the connection serving the directory's slot.
+func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 	k := r.prefix + "era"
 	res := r.c.DoMulti(ctx,
 		r.c.B().Set().Key(k).Value(randomHex(16)).Nx().Build(),
 		r.c.B().Get().Key(k).Build(),
-		r.c.B().ClientId().Build())
+		r.c.B().ClientInfo().Build())
 	if err := res[0].Error(); err != nil && !rueidis.IsRedisNil(err) {
-		return "", 0, unavailable("read", k, err)
+		return "", "", unavailable("read", k, err)
 	}
 	era, err := res[1].ToString()
 	if err != nil {
-		return "", 0, unavailable("read", k, err)
+		return "", "", unavailable("read", k, err)
 	}
-	id, err := res[2].AsInt64()
+	id, err := connIdentity(res[2])
 	if err != nil {
-		return "", 0, unavailable("read", "client id", err)
+		return "", "", unavailable("read", "client info", err)
 	}
 	return era, id, nil
+}
+
+// connIdentity extracts "id=… addr=…" from a CLIENT INFO reply.
+func connIdentity(res rueidis.RedisResult) (string, error) {
+	info, err := res.ToString()
+	if err != nil {
+		return "", err
+	}
+	var id, addr string
+	// RESP3 sends CLIENT INFO as a verbatim string: "txt:id=…".
+	for _, f := range strings.Fields(strings.TrimPrefix(info, "txt:")) {
+		if v, ok := strings.CutPrefix(f, "id="); ok {
+			id = v
+		} else if v, ok := strings.CutPrefix(f, "addr="); ok {
+			addr = v
+		}
+	}
+	if id == "" || addr == "" {
+		return "", fmt.Errorf("unexpected CLIENT INFO reply %q", info)
+	}
+	return id + " " + addr, nil
 }
 
 // revalidateLoop settles flushes once Redis answers, and checks the
@@ -270,17 +293,17 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 	}
 }
 
-// revalidateEvery is the period of the connection check (3 commands).
+// revalidateEvery is the period of the connection check (2 commands).
 const revalidateEvery = 10 * time.Second
 
 func (r *Redis) revalidate(ctx context.Context) error {
 	k := r.prefix + "era"
-	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientId().Build())
+	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build())
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return err
 	}
-	id, err2 := res[1].AsInt64()
+	id, err2 := connIdentity(res[1])
 	if err2 != nil {
 		return err2
 	}

@@ -41,7 +41,7 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Warn("passport", "warning", w)
 	}
 
-	store, err := openStore(cfg)
+	store, err := openStore(cfg, log)
 	if err != nil {
 		var ce *configError
 		if errors.As(err, &ce) {
@@ -124,10 +124,17 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// openStore opens the directory REDIS_URL names.
-func openStore(cfg *config) (directory.Store, error) {
+// openStore opens the directory REDIS_URL names (checkStoreURL already
+// refused malformed URLs). An unreachable Redis is a runtime failure
+// (exit 1: the orchestrator retries).
+func openStore(cfg *config, log *slog.Logger) (directory.Store, error) {
 	if cfg.RedisURL == "memory:" || cfg.RedisURL == "memory://" {
 		return directory.NewMemory(cfg.LeaseTTL, time.Now()), nil
 	}
-	return nil, &configError{Var: "REDIS_URL", Err: errors.New("the Redis store is not available in this build yet")}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return directory.OpenRedis(ctx, cfg.RedisURL, directory.RedisOptions{
+		LeaseTTL: cfg.LeaseTTL,
+		Logger:   log.With("component", "directory"),
+	})
 }
