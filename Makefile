@@ -17,6 +17,7 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/pinboard ./cmd/pinboard
+	$(GO) build -o $(BIN)/pinboardctl ./cmd/pinboardctl
 
 # pinboard on memory: with a dev passport (anonymous clients, one token for
 # workers and operators). Dev only: see README.md for production.

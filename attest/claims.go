@@ -8,9 +8,12 @@ import (
 )
 
 // Claims is the compiled claims.pinboard object of a passport key: what a
-// principal may touch (R-TR-3). Each list is optional; a missing list covers
-// nothing, so a key without claims can authenticate but reaches no
-// namespace, registers no worker and sees no worker in GET /registry/workers.
+// principal may touch (R-TR-3). A missing namespaces or allowedBackendHosts
+// list covers nothing, so a key without claims can authenticate but reaches
+// no namespace, registers no worker and sees no worker in GET
+// /registry/workers. hostnames and envs narrow a key only when present: the
+// guide's deployment passport has neither, and a Node passport that works
+// with hostname-aware workers must keep working here (docs/PROTOCOL.md).
 //
 // The zero Claims covers nothing. Claims is immutable once parsed and safe
 // for concurrent use.
@@ -19,6 +22,8 @@ type Claims struct {
 	backends   []hostPattern // allowedBackendHosts
 	hostnames  []string      // lower-case globs
 	envs       []string      // globs
+	// hasHostnames/hasEnvs: the list was given (possibly empty).
+	hasHostnames, hasEnvs bool
 }
 
 // parseClaims compiles the pinboard part of a key's claims object. path names
@@ -53,6 +58,7 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 		}
 	}
 	if raw, ok := obj["hostnames"]; ok {
+		c.hasHostnames = true
 		pats, err := decodeStrings(raw, "hostnames")
 		if err != nil {
 			return Claims{}, err
@@ -65,6 +71,7 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 		}
 	}
 	if raw, ok := obj["envs"]; ok {
+		c.hasEnvs = true
 		pats, err := decodeStrings(raw, "envs")
 		if err != nil {
 			return Claims{}, err
@@ -99,8 +106,12 @@ func coversNamespace[T ~string | ~[]byte](c *Claims, ns T) bool {
 }
 
 // CoversHostname reports whether the claims reach a worker's hostname binding
-// (the register body's "hostname"), compared case-insensitively.
+// (the register body's "hostname"), compared case-insensitively. Claims
+// without a hostnames list do not restrict hostnames.
 func (c *Claims) CoversHostname(hostname string) bool {
+	if !c.hasHostnames {
+		return true
+	}
 	for _, p := range c.hostnames {
 		if globMatch(p, hostname, true) {
 			return true
@@ -110,8 +121,12 @@ func (c *Claims) CoversHostname(hostname string) bool {
 }
 
 // CoversEnv reports whether the claims reach a worker env (the register
-// body's "env" or one of its "envs").
+// body's "env" or one of its "envs"). Claims without an envs list do not
+// restrict envs.
 func (c *Claims) CoversEnv(env string) bool {
+	if !c.hasEnvs {
+		return true
+	}
 	for _, p := range c.envs {
 		if globMatch(p, env, false) {
 			return true

@@ -30,8 +30,16 @@ func TestClaims_CoversNamespace_RTR3(t *testing.T) {
 		}
 	}
 	var none Claims
-	if none.CoversNamespace("/counters") || none.CoversHostname("a") || none.CoversEnv("prod") || none.CheckBackend("http://a") == nil {
-		t.Fatalf("the zero Claims must cover nothing")
+	if none.CoversNamespace("/counters") || none.CheckBackend("http://a") == nil {
+		t.Fatalf("the zero Claims must cover no namespace and no backend")
+	}
+	// hostnames and envs narrow a key only when listed.
+	if !none.CoversHostname("a") || !none.CoversEnv("prod") {
+		t.Fatalf("claims without hostnames/envs lists must not restrict them")
+	}
+	empty := claimsOf(t, `{"hostnames":[],"envs":[]}`)
+	if empty.CoversHostname("a") || empty.CoversEnv("prod") {
+		t.Fatalf("empty hostnames/envs lists must cover nothing")
 	}
 }
 

@@ -27,6 +27,8 @@ type Memory struct {
 	byNS     map[string]map[string]*memSession
 	drains   map[string]*memDrain
 	queues   map[string]*memQueue
+	bindings map[string]*memBinding
+	tombs    map[string]memTomb
 	stamp    time.Time
 	epoch    uint64
 
@@ -60,6 +62,19 @@ type memDrain struct {
 	seen     time.Time
 }
 
+// memBinding is a {hostname}{ns} binding (R-LS-4).
+type memBinding struct {
+	hostname, ns, env string
+	epoch             int64
+}
+
+// memTomb remembers a superseded session so its next heartbeat gets the
+// superseded answer rather than "unknown session".
+type memTomb struct {
+	err   *SupersededError
+	until time.Time
+}
+
 type memQueue struct {
 	msgs    []ControlMessage
 	touched time.Time
@@ -76,6 +91,8 @@ func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 		byNS:     make(map[string]map[string]*memSession),
 		drains:   make(map[string]*memDrain),
 		queues:   make(map[string]*memQueue),
+		bindings: make(map[string]*memBinding),
+		tombs:    make(map[string]memTomb),
 		epoch:    uint64(now.UnixMicro()),
 	}
 	for i := range m.shards {
@@ -181,6 +198,15 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 		return Route{}, &QuarantineError{Remaining: rem}
 	}
 	set := m.byNS[req.NS]
+	hostBound := false
+	if req.Host != "" {
+		for _, s := range set {
+			if s.owner.Live(now) && sameHost(s.info.Hostname, req.Host) {
+				hostBound = true
+				break
+			}
+		}
+	}
 	var cbuf [16]Candidate
 	cands := cbuf[:0]
 	var sessions [16]*memSession
@@ -191,7 +217,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 			continue
 		}
 		live = true
-		if !m.eligible(s, now) || s.info.SessionID == req.Exclude {
+		if !m.eligible(s, now) || s.info.SessionID == req.Exclude || (hostBound && !sameHost(s.info.Hostname, req.Host)) {
 			continue
 		}
 		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
@@ -257,6 +283,10 @@ func (m *Memory) Quarantine(_ context.Context, now time.Time) (time.Duration, er
 func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	plans, err := m.planBindings(reg, now)
+	if err != nil {
+		return nil, err
+	}
 	id := NewSessionID()
 	lease := now.Add(m.ttl)
 	s := &memSession{
@@ -270,6 +300,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 			Namespaces:   slices.Clone(reg.Namespaces),
 			Hostname:     reg.Hostname,
 			Env:          reg.Env,
+			Envs:         reg.Envs,
 			Epoch:        reg.Epoch,
 			Headroom:     reg.Headroom,
 			Draining:     reg.Draining,
@@ -310,6 +341,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 	if prev != nil {
 		m.dropSession(prev)
 	}
+	m.applyBindings(s, plans, now)
 	if d := m.drains[reg.ClientID]; d != nil {
 		res.Drain = d.state
 		d.seen = now
@@ -355,7 +387,7 @@ func (m *Memory) Session(_ context.Context, sessionID string, now time.Time) (*S
 	defer m.mu.Unlock()
 	s := m.liveSession(sessionID, now)
 	if s == nil {
-		return nil, ErrUnknownSession
+		return nil, m.goneErr(sessionID, now)
 	}
 	info := m.infoLocked(s)
 	return &info, nil
@@ -378,7 +410,7 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 	defer m.mu.Unlock()
 	s := m.liveSession(beat.SessionID, now)
 	if s == nil {
-		return nil, ErrUnknownSession
+		return nil, m.goneErr(beat.SessionID, now)
 	}
 	if s.info.Sub != beat.Sub {
 		return nil, ErrForbidden
@@ -552,6 +584,16 @@ func (m *Memory) Sweep(_ context.Context, now time.Time) error {
 			delete(m.queues, id)
 		}
 	}
+	for id, t := range m.tombs {
+		if now.After(t.until) {
+			delete(m.tombs, id)
+		}
+	}
+	for key, b := range m.bindings {
+		if !m.bindingState(b, now).Live {
+			delete(m.bindings, key)
+		}
+	}
 	for clientID, d := range m.drains {
 		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {
 			d.released = true
@@ -575,4 +617,83 @@ func (m *Memory) clientLive(clientID string, now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// goneErr explains a missing session: superseded (R-LS-4) or unknown.
+func (m *Memory) goneErr(id string, now time.Time) error {
+	if t, ok := m.tombs[id]; ok && !now.After(t.until) {
+		e := *t.err
+		return &e
+	}
+	return ErrUnknownSession
+}
+
+type bindingPlan struct {
+	hostname, ns, env string
+	verdict           BindingVerdict
+}
+
+// planBindings decides every binding of a registration before anything
+// changes, so a refused registration leaves no trace (R-LS-4).
+func (m *Memory) planBindings(reg *Registration, now time.Time) ([]bindingPlan, error) {
+	if reg.Hostname == "" {
+		return nil, nil
+	}
+	plans := make([]bindingPlan, 0, len(reg.Namespaces))
+	for _, ns := range reg.Namespaces {
+		env := EnvOf(reg.Env, reg.Envs, ns)
+		cur := BindingState{}
+		if b := m.bindings[bindingKey(reg.Hostname, ns)]; b != nil {
+			cur = m.bindingState(b, now)
+		}
+		v := DecideBinding(cur, env, reg.Epoch, reg.Takeover)
+		if v == BindRefuse {
+			return nil, &SupersededError{Hostname: reg.Hostname, NS: ns, Env: cur.Env, Epoch: cur.Epoch}
+		}
+		plans = append(plans, bindingPlan{reg.Hostname, ns, env, v})
+	}
+	return plans, nil
+}
+
+// applyBindings records the new session's bindings and supersedes the
+// sessions it displaces: their records go at once.
+func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, now time.Time) {
+	for _, p := range plans {
+		m.bindings[bindingKey(p.hostname, p.ns)] = &memBinding{hostname: p.hostname, ns: p.ns, env: p.env, epoch: s.info.Epoch}
+		if p.verdict != BindSupersede {
+			continue
+		}
+		for _, o := range m.sessions {
+			if o == s || !o.owner.Live(now) || !sameHost(o.info.Hostname, p.hostname) {
+				continue
+			}
+			if holdsBinding(&o.info, p.hostname, p.ns, p.env, s.info.Epoch) {
+				continue
+			}
+			serves := false
+			for _, n := range o.info.Namespaces {
+				serves = serves || n == p.ns
+			}
+			if !serves {
+				continue
+			}
+			m.tombs[o.info.SessionID] = memTomb{
+				err:   &SupersededError{Hostname: p.hostname, NS: p.ns, Env: p.env, Epoch: s.info.Epoch, ClientID: o.info.ClientID},
+				until: now.Add(2 * m.ttl),
+			}
+			m.dropSession(o)
+		}
+	}
+}
+
+// bindingState reports whether a live session still holds b.
+func (m *Memory) bindingState(b *memBinding, now time.Time) BindingState {
+	st := BindingState{Env: b.env, Epoch: b.epoch}
+	for _, o := range m.sessions {
+		if o.owner.Live(now) && holdsBinding(&o.info, b.hostname, b.ns, b.env, b.epoch) {
+			st.Live = true
+			break
+		}
+	}
+	return st
 }

@@ -102,6 +102,10 @@ type PlaceRequest struct {
 	// Exclude is a session that must not receive the placement (the worker
 	// that just refused it in-band, R-PL-6).
 	Exclude string
+	// Host is the request's host name without port. When workers bound to
+	// that hostname serve the namespace, only they are candidates
+	// (hostname-aware bindings, R-LS-4); otherwise it does not matter.
+	Host string
 }
 
 var (
@@ -120,11 +124,28 @@ var (
 	ErrUnavailable = errors.New("directory unavailable")
 )
 
+// SupersededError: a hostname-aware binding {hostname}{ns} belongs to a
+// registration at a higher epoch (R-LS-4). Register returns it for a stale
+// registration; Session and Heartbeat return it for a session displaced by
+// a newer one, whose records were dropped.
+type SupersededError struct {
+	Hostname, NS, Env string
+	Epoch             int64
+	// ClientID is the displaced session's client, for logs (not on the
+	// wire).
+	ClientID string
+}
+
+func (e *SupersededError) Error() string {
+	return fmt.Sprintf("registration superseded: %s%s now bound to env %s at epoch %d", e.Hostname, e.NS, e.Env, e.Epoch)
+}
+
 // QuarantineError is returned by Place during the cold-start quarantine.
 type QuarantineError struct {
 	Remaining time.Duration
 }
 
 func (e *QuarantineError) Error() string {
-	return fmt.Sprintf("cold start: placements resume in %dms", e.Remaining.Milliseconds())
+	ms := (e.Remaining + time.Millisecond - 1) / time.Millisecond
+	return fmt.Sprintf("cold start: placements resume in %dms", ms)
 }

@@ -168,6 +168,7 @@ type SessionInfo struct {
 	Namespaces    []string
 	Hostname      string
 	Env           string
+	Envs          map[string]string
 	Epoch         int64
 	Headroom      float64
 	Draining      bool

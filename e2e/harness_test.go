@@ -649,6 +649,7 @@ type FleetOptions struct {
 	Headroom          int
 	HeartbeatInterval time.Duration
 	LeaseBuffer       time.Duration
+	PinboardEnv       []string // extra KEY=VALUE entries for pinboard
 }
 
 // Fleet is a running pinboard with registered workers.
@@ -662,7 +663,7 @@ func startFleet(ctx context.Context, opts FleetOptions) (*Fleet, error) {
 	if _, err := pythonPath(); err != nil {
 		return nil, err // once, not per worker
 	}
-	pb, err := startPinboard(PinboardOptions{LeaseTTL: opts.LeaseTTL})
+	pb, err := startPinboard(PinboardOptions{LeaseTTL: opts.LeaseTTL, Env: opts.PinboardEnv})
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,7 @@ func testMultiNode(t *testing.T, redisURL string) {
 		Headroom: 20, LeaseTTL: ttl,
 		// pinned sweeps every live instance after each request: evicting
 		// idle ones keeps a request O(recent ids), not O(10,000).
-		WorkerEnv: []string{"IDLE_TIMEOUT=3", "UVICORN_ACCESS_LOG=false"},
+		WorkerEnv: []string{"COUNTERS_IDLE_TIMEOUT=3", "UVICORN_ACCESS_LOG=false"},
 	})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)

@@ -40,14 +40,15 @@ type upstreamBody struct {
 	done      bool  // the whole body was read
 	broken    bool  // the connection cannot be reused
 	keep      bool  // the worker allows reuse (no Connection: close)
+	sse       bool  // text/event-stream: shutdown may end it cleanly
 	stopped   atomic.Bool
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
 
-func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep bool, up *upload) *upstreamBody {
+func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload) *upstreamBody {
 	b := bodyPool.Get().(*upstreamBody)
-	b.pool, b.pc, b.tracker, b.mode, b.keep, b.up = pool, pc, tr, mode, keep, up
+	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.remaining, b.done, b.broken = 0, false, false
 	b.stopped.Store(false)
 	if mode == bodyFixed {
@@ -64,8 +65,7 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	if b.stopped.Load() {
-		b.broken = true
-		return 0, errStreamEnded
+		return 0, b.stopErr()
 	}
 	var n int
 	var err error
@@ -84,10 +84,31 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF {
 		b.broken = true
 		if b.stopped.Load() {
-			err = errStreamEnded
+			if n > 0 && b.cleanStop() {
+				return n, nil // the next Read ends the stream
+			}
+			err = b.stopErr()
 		}
 	}
 	return n, err
+}
+
+// cleanStop reports whether a stream stopped by shutdown can end as if the
+// worker had ended it: only an event stream, and only between chunks, so
+// the client sees whole events and a proper end (it reconnects through
+// another node). Any other body stopped early must look truncated — a
+// clean end would pass a partial download off as complete.
+func (b *upstreamBody) cleanStop() bool {
+	return b.sse && (b.mode == bodyEOF || (b.mode == bodyChunked && b.remaining == 0))
+}
+
+func (b *upstreamBody) stopErr() error {
+	b.broken = true
+	if b.cleanStop() {
+		b.done = true
+		return io.EOF
+	}
+	return errStreamEnded
 }
 
 func (b *upstreamBody) readFixed(p []byte) (int, error) {
@@ -233,8 +254,8 @@ func (b *upstreamBody) CloseWithError(err error) error {
 	return nil
 }
 
-// stop ends a stream at shutdown: the blocked read returns at once and the
-// server finishes the response (a chunked stream ends cleanly).
+// stop ends a stream at shutdown: the blocked read returns at once; an
+// event stream between events ends cleanly, anything else is cut.
 func (b *upstreamBody) stop(now time.Time) {
 	b.stopped.Store(true)
 	if pc := b.pc; pc != nil {
@@ -245,9 +266,10 @@ func (b *upstreamBody) stop(now time.Time) {
 // streams tracks open upstream bodies so shutdown can end them: fasthttp's
 // Shutdown waits for open responses and an idle SSE stream never ends.
 type streams struct {
-	mu sync.Mutex
-	m  map[*upstreamBody]struct{}
-	n  atomic.Int64
+	mu  sync.Mutex
+	m   map[*upstreamBody]struct{}
+	n   atomic.Int64
+	sse atomic.Int64
 }
 
 func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})} }
@@ -257,6 +279,9 @@ func (s *streams) add(b *upstreamBody) {
 	s.m[b] = struct{}{}
 	s.mu.Unlock()
 	s.n.Add(1)
+	if b.sse {
+		s.sse.Add(1)
+	}
 }
 
 func (s *streams) remove(b *upstreamBody) {
@@ -264,10 +289,17 @@ func (s *streams) remove(b *upstreamBody) {
 	delete(s.m, b)
 	s.mu.Unlock()
 	s.n.Add(-1)
+	if b.sse {
+		s.sse.Add(-1)
+	}
 }
 
 // Open returns the number of streaming responses in flight.
 func (s *streams) Open() int64 { return s.n.Load() }
+
+// OpenEvents returns the number of event streams (text/event-stream) among
+// them.
+func (s *streams) OpenEvents() int64 { return s.sse.Load() }
 
 func (s *streams) stopAll(now time.Time) {
 	s.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -63,6 +64,10 @@ type request struct {
 
 	pick    directory.PickInput
 	pickSet bool
+
+	// routed is set once the request resolved to a worker: its namespace
+	// is then a registered one, safe as a metrics label.
+	routed bool
 }
 
 func (rq *request) reset() {
@@ -70,6 +75,7 @@ func (rq *request) reset() {
 	rq.principal = nil
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
+	rq.routed = false
 }
 
 // ServeHTTP handles one data-plane request: /{ns}/{id}/{rest...}.
@@ -77,9 +83,13 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	start := p.now()
 	rq := p.reqPool.Get().(*request)
 	p.serve(ctx, rq, start)
+	var ns []byte
+	if rq.routed {
+		ns = rq.ns
+	}
+	p.metrics.Request(ns, ctx.Response.StatusCode(), p.now().Sub(start))
 	rq.reset()
 	p.reqPool.Put(rq)
-	p.metrics.Request(ctx.Response.StatusCode(), p.now().Sub(start))
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
@@ -113,6 +123,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 			return
 		}
 	}
+	rq.routed = true
 	if isWebSocket(&ctx.Request.Header) {
 		p.serveWebSocket(ctx, rq, route, now)
 		return
@@ -210,11 +221,21 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 	r, err := p.store.Place(c, &directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
 		Policy: p.policy, Pick: rq.pick, Exclude: exclude,
+		Host: hostOnly(ctx.Request.Header.Host()),
 	})
 	if err == nil && r.Placed {
 		p.metrics.Placement(exclude != "")
 	}
 	return r, err
+}
+
+// hostOnly strips the port from a Host header value ("[::1]:80" -> "::1").
+func hostOnly(h []byte) string {
+	host := string(h)
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.HasSuffix(host, "]") {
+		host = host[:i]
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
 }
 
 // placeFailed maps placement errors to the documented answers (R-DP-4).
@@ -506,7 +527,8 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		case -2:
 			mode, size, keep = bodyEOF, -1, false
 		}
-		b := acquireBody(pool, pc, p.streams, mode, size, keep, up)
+		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
+		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up)
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {
 			// Unsized bodies are usually streams (SSE): send the header now

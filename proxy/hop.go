@@ -115,3 +115,9 @@ func asciiEqualFold(b []byte, s string) bool {
 	}
 	return true
 }
+
+// hasPrefixFold reports whether b starts with the lowercase ASCII prefix,
+// ignoring case.
+func hasPrefixFold(b []byte, prefix string) bool {
+	return len(b) >= len(prefix) && asciiEqualFold(b[:len(prefix)], prefix)
+}

@@ -53,8 +53,12 @@ type Options struct {
 // Metrics is the data plane's view of the metrics registry. Implementations
 // must not allocate: they run on the hot path.
 type Metrics interface {
-	// Request counts a finished request by status.
-	Request(status int, d time.Duration)
+	// Request counts a finished request by status, with the time until its
+	// response header was ready. ns is the namespace when the request was
+	// resolved to a worker — bounded by what workers registered — and nil
+	// when it never was (bad path, refused credential, unknown namespace,
+	// placement refused); it is only valid during the call.
+	Request(ns []byte, status int, d time.Duration)
 	// UpstreamError counts a failure reaching a worker by kind ("dial",
 	// "write", "read", "timeout", "pool").
 	UpstreamError(kind string)
@@ -67,10 +71,10 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) Request(int, time.Duration) {}
-func (nopMetrics) UpstreamError(string)       {}
-func (nopMetrics) Resolve(bool)               {}
-func (nopMetrics) Placement(bool)             {}
+func (nopMetrics) Request([]byte, int, time.Duration) {}
+func (nopMetrics) UpstreamError(string)               {}
+func (nopMetrics) Resolve(bool)                       {}
+func (nopMetrics) Placement(bool)                     {}
 
 // Proxy is the data plane handler. It is safe for concurrent use.
 type Proxy struct {
@@ -158,14 +162,41 @@ func (p *Proxy) OpenStreams() int64 { return p.streams.Open() }
 // OpenWebSockets is the number of relayed WebSocket connections.
 func (p *Proxy) OpenWebSockets() int64 { return p.hijacks.Open() }
 
-// CloseStreams ends every streaming response and WebSocket relay: the
-// graceful shutdown calls it when the grace period runs out, since
+// OpenEventStreams is the number of Server-Sent Event streams among
+// OpenStreams: responses that never end by themselves.
+func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
+
+// DefaultCloseWait bounds CloseStreams, and CloseStreamsContext when ctx
+// has no deadline.
+const DefaultCloseWait = 2 * time.Second
+
+// CloseStreams is CloseStreamsContext with DefaultCloseWait.
+func (p *Proxy) CloseStreams() { p.CloseStreamsContext(context.Background()) }
+
+// CloseStreamsContext ends every streaming response and WebSocket relay; the
+// graceful shutdown calls it at the end of its grace period, since
 // fasthttp's Shutdown neither ends idle streams nor sees hijacked
-// connections.
-func (p *Proxy) CloseStreams() {
+// connections. Event streams between two events end cleanly (a proper end
+// of the chunked body; the client reconnects elsewhere), other streams are
+// cut. Each WebSocket gets a Close frame 1001 "going away" toward both the
+// client and the worker, at a frame boundary, and then has until ctx's
+// deadline (DefaultCloseWait without one) for the closing handshake before
+// its connections are closed. It returns once every relay finished, or at
+// that deadline, and then closes idle worker connections.
+func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	now := p.now()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultCloseWait)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	p.streams.stopAll(now)
-	p.hijacks.closeAll()
+	p.hijacks.shutdown(deadline)
+	if !p.hijacks.wait(ctx) {
+		p.hijacks.closeAll()
+	}
 	p.ups.closeAll(now)
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -126,25 +127,26 @@ func readRawHeader(br *bufio.Reader) ([]byte, error) {
 // neither counts nor closes hijacked connections.
 type hijacks struct {
 	mu sync.Mutex
-	m  map[net.Conn]net.Conn
+	m  map[*wsRelay]struct{}
 	n  atomic.Int64
 	wg sync.WaitGroup
 }
 
-func newHijacks() *hijacks { return &hijacks{m: make(map[net.Conn]net.Conn)} }
+func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
 
 // Open returns the number of relayed connections.
 func (hj *hijacks) Open() int64 { return hj.n.Load() }
 
 func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
+	r := newWSRelay(client, upstream)
 	hj.mu.Lock()
-	hj.m[client] = upstream
+	hj.m[r] = struct{}{}
 	hj.mu.Unlock()
 	hj.n.Add(1)
 	hj.wg.Add(1)
 	defer func() {
 		hj.mu.Lock()
-		delete(hj.m, client)
+		delete(hj.m, r)
 		hj.mu.Unlock()
 		hj.n.Add(-1)
 		hj.wg.Done()
@@ -154,14 +156,15 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	if _, err := client.Write(handshake); err != nil {
 		return
 	}
+	// Frames the worker sent right behind its 101 go through the tracker.
 	if len(pending) > 0 {
-		if _, err := client.Write(pending); err != nil {
+		if err := r.down.forward(pending); err != nil {
 			return
 		}
 	}
 	done := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(upstream, client)
+		_ = r.up.copy()
 		// The client finished sending: pass the half-close on, and stop
 		// the other direction if the worker does not end it.
 		if tc, ok := upstream.(*net.TCPConn); ok {
@@ -171,21 +174,47 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 		}
 		close(done)
 	}()
-	_, _ = io.Copy(client, upstream)
+	_ = r.down.copy()
 	_ = client.Close()
 	_ = upstream.Close()
 	<-done
 }
 
-// closeAll closes every relayed connection (end of the shutdown grace).
+// shutdown sends Close 1001 both ways on every relay (see wsrelay.go) and
+// lets them finish until deadline.
+func (hj *hijacks) shutdown(deadline time.Time) {
+	hj.mu.Lock()
+	relays := make([]*wsRelay, 0, len(hj.m))
+	for r := range hj.m {
+		relays = append(relays, r)
+	}
+	hj.mu.Unlock()
+	for _, r := range relays {
+		r.shutdown(deadline)
+	}
+}
+
+// closeAll closes every relayed connection.
 func (hj *hijacks) closeAll() {
 	hj.mu.Lock()
-	for c, u := range hj.m {
-		_ = c.Close()
-		_ = u.Close()
+	for r := range hj.m {
+		_ = r.client.Close()
+		_ = r.upstream.Close()
 	}
 	hj.mu.Unlock()
 }
 
-// Wait blocks until every relay finished.
-func (hj *hijacks) Wait() { hj.wg.Wait() }
+// wait blocks until every relay finished or ctx ends.
+func (hj *hijacks) wait(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() {
+		hj.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

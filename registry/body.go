@@ -79,9 +79,3 @@ func readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) bool {
 	}
 	return true
 }
-
-// number reads a JSON number field.
-func number(n json.Number) (float64, bool) {
-	f, err := n.Float64()
-	return f, err == nil
-}

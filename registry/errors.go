@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 // Error bodies of the heartbeat reference (003_d935a1d8ec89be7a.txt,
@@ -62,5 +64,15 @@ func errorBody(msg string) []byte {
 	b, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})
+	return b
+}
+
+// supersededBody is the heartbeat reference's superseded row (R-LS-4):
+// {"error":"registration superseded: {hostname}{ns} now bound to env {env} at epoch {n}","superseded":true}
+func supersededBody(e *directory.SupersededError) []byte {
+	b, _ := json.Marshal(struct {
+		Error      string `json:"error"`
+		Superseded bool   `json:"superseded"`
+	}{e.Error(), true})
 	return b
 }

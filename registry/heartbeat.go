@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -13,12 +12,12 @@ import (
 
 // heartbeatBody is POST /registry/heartbeat (003_d935a1d8ec89be7a.txt).
 type heartbeatBody struct {
-	SessionID      *string      `json:"sessionId"`
-	Headroom       *json.Number `json:"headroom"`
-	Draining       *bool        `json:"draining"`
-	Challenge      *string      `json:"challenge"`
-	ChallengeValue *string      `json:"challengeValue"`
-	Acks           *[]string    `json:"acks"`
+	SessionID      *string   `json:"sessionId"`
+	Headroom       *float64  `json:"headroom"`
+	Draining       *bool     `json:"draining"`
+	Challenge      *string   `json:"challenge"`
+	ChallengeValue *string   `json:"challengeValue"`
+	Acks           *[]string `json:"acks"`
 }
 
 // heartbeatAck is the 200 response; optional fields appear only when the
@@ -61,15 +60,17 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return "bad_request"
 	}
-	headroom, ok := number(*body.Headroom)
-	if !ok {
-		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
-		return "bad_request"
-	}
+	headroom := *body.Headroom
 	c, cancel := r.opContext()
 	defer cancel()
 	info, err := r.store.Session(c, *body.SessionID, r.now())
 	if err != nil {
+		var se *directory.SupersededError
+		if errors.As(err, &se) {
+			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+			return "superseded"
+		}
 		if errors.Is(err, directory.ErrUnknownSession) {
 			reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
 			return "unknown_session"
@@ -115,7 +116,12 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		Degraded:  degraded,
 		Acks:      acks,
 	}, now)
+	var se *directory.SupersededError
 	switch {
+	case errors.As(err, &se):
+		r.log.Warn("superseded", "clientId", info.ClientID, "sessionId", info.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+		return "superseded"
 	case errors.Is(err, directory.ErrUnknownSession):
 		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
 		return "unknown_session"

@@ -160,8 +160,8 @@ func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	var body struct {
-		ClientID *string      `json:"clientId"`
-		Deadline *json.Number `json:"deadline"`
+		ClientID *string  `json:"clientId"`
+		Deadline *float64 `json:"deadline"`
 	}
 	if !readJSON(ctx, &body, bodyDrainShape) {
 		return
@@ -173,8 +173,8 @@ func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
 	now := r.now()
 	state := directory.DrainState{Draining: true}
 	if body.Deadline != nil {
-		s, ok := number(*body.Deadline)
-		if !ok || s < 0 || s > 7*24*3600 {
+		s := *body.Deadline
+		if s < 0 || s > 7*24*3600 {
 			reply(ctx, fasthttp.StatusBadRequest, bodyDrainShape)
 			return
 		}

@@ -1,8 +1,9 @@
 package registry
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"time"
 
@@ -19,7 +20,7 @@ type registerBody struct {
 	Secret         *string             `json:"secret"`
 	Namespaces     *[]string           `json:"namespaces"`
 	AdvertiseURL   *string             `json:"advertiseUrl"`
-	Headroom       *json.Number        `json:"headroom"`
+	Headroom       *float64            `json:"headroom"`
 	Draining       *bool               `json:"draining"`
 	Challenge      *string             `json:"challenge"`
 	ChallengeValue *string             `json:"challengeValue"`
@@ -27,7 +28,7 @@ type registerBody struct {
 	Env            *string             `json:"env"`
 	Envs           map[string]string   `json:"envs"`
 	Takeover       *string             `json:"takeover"`
-	Epoch          *json.Number        `json:"epoch"`
+	Epoch          *float64            `json:"epoch"`
 	PrevSessionID  *string             `json:"prevSessionId"`
 	Instances      map[string][]string `json:"instances"`
 }
@@ -53,10 +54,7 @@ func (b *registerBody) validate() *directory.Registration {
 	if !token(*b.ClientID) || !token(*b.Secret) || !token(*b.Challenge) || !token(*b.ChallengeValue) {
 		return nil
 	}
-	headroom, ok := number(*b.Headroom)
-	if !ok {
-		return nil
-	}
+	headroom := *b.Headroom
 	if len(*b.Namespaces) == 0 || len(*b.Namespaces) > maxNamespaces {
 		return nil
 	}
@@ -90,11 +88,11 @@ func (b *registerBody) validate() *directory.Registration {
 		reg.Takeover = *b.Takeover
 	}
 	if b.Epoch != nil {
-		e, err := b.Epoch.Int64()
-		if err != nil || e < 0 {
+		e := *b.Epoch
+		if e < 0 || e != math.Trunc(e) || e > 1<<53 {
 			return nil
 		}
-		reg.Epoch = e
+		reg.Epoch = int64(e)
 	}
 	if b.PrevSessionID != nil {
 		reg.PrevSessionID = *b.PrevSessionID
@@ -179,6 +177,14 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) {
 	now := r.now()
 	out, err := r.store.Register(c, reg, now)
 	if err != nil {
+		var se *directory.SupersededError
+		if errors.As(err, &se) {
+			// A stale or denied registration: the binding belongs to a
+			// higher epoch (R-LS-4). The worker keeps retrying with backoff.
+			r.log.Warn("register refused: superseded", "clientId", reg.ClientID, "hostname", reg.Hostname, "epoch", reg.Epoch, "err", se.Error())
+			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+			return
+		}
 		r.storeFailed(ctx, "register", err)
 		return
 	}

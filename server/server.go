@@ -12,12 +12,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/proxy"
 	"github.com/pinboard-go/pinboard/registry"
 )
@@ -60,9 +63,18 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock; nil uses time.Now.
 	Now func() time.Time
-	// ProxyMetrics and RegistryObserver receive metrics; nil records none.
+	// Metrics, when set, records the node's metrics and serves them on the
+	// admin listener (ServeAdmin); it is also the default for ProxyMetrics
+	// and RegistryObserver. Nil records nothing and costs nothing.
+	Metrics *metrics.Metrics
+	// ProxyMetrics and RegistryObserver receive metrics; nil uses Metrics,
+	// or records none.
 	ProxyMetrics     proxy.Metrics
 	RegistryObserver registry.Observer
+	// AccessLogSample is the fraction of requests (0..1) logged at info
+	// level with method, path, status and duration; 0, the default, logs
+	// none and adds no work per request.
+	AccessLogSample float64
 }
 
 // Pinboard is one pinboard node.
@@ -75,7 +87,14 @@ type Pinboard struct {
 	log      *slog.Logger
 	now      func() time.Time
 	srv      *fasthttp.Server
-	ready    func() bool
+	metrics  *metrics.Metrics
+	access   accessLog
+	stopping atomic.Bool
+
+	adminMu     sync.Mutex
+	admin       *fasthttp.Server
+	adminLn     net.Listener
+	adminClosed bool
 }
 
 // New builds a Pinboard from o.
@@ -104,6 +123,17 @@ func New(o Options) (*Pinboard, error) {
 	if o.MaxHeaderBytes <= 0 {
 		o.MaxHeaderBytes = 16 << 10
 	}
+	if o.Metrics != nil {
+		if o.ProxyMetrics == nil {
+			o.ProxyMetrics = o.Metrics
+		}
+		if o.RegistryObserver == nil {
+			o.RegistryObserver = o.Metrics
+		}
+	}
+	if o.AccessLogSample < 0 || o.AccessLogSample > 1 {
+		return nil, fmt.Errorf("cannot build pinboard: access log sample %v must be within 0..1", o.AccessLogSample)
+	}
 	base := trimSlash(o.BasePath)
 	if base != "" && base[0] != '/' {
 		return nil, fmt.Errorf("cannot build pinboard: base path %q must start with /", o.BasePath)
@@ -130,6 +160,8 @@ func New(o Options) (*Pinboard, error) {
 		base:     []byte(base),
 		log:      o.Logger,
 		now:      o.Now,
+		metrics:  o.Metrics,
+		access:   newAccessLog(o.AccessLogSample, o.Logger),
 	}
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,
@@ -143,8 +175,14 @@ func New(o Options) (*Pinboard, error) {
 		Logger:         o.Logger,
 		Metrics:        o.ProxyMetrics,
 	})
+	handler := pb.Handle
+	if pb.access.on() {
+		// Sampling wraps the handler only when asked for: off, requests
+		// take the plain handler and pay nothing for it.
+		handler = pb.handleLogged
+	}
 	pb.srv = &fasthttp.Server{
-		Handler: pb.Handle,
+		Handler: handler,
 		// A proxy adds nothing of its own to what workers answer.
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
@@ -168,6 +206,16 @@ func New(o Options) (*Pinboard, error) {
 		KeepHijackedConns: true,
 		CloseOnShutdown:   true,
 		Logger:            fasthttpLogger{o.Logger},
+	}
+	if o.Metrics != nil {
+		o.Metrics.Attach(metrics.Sources{
+			Store:           o.Store,
+			OpenStreams:     pb.proxy.OpenStreams,
+			OpenWebSockets:  pb.proxy.OpenWebSockets,
+			OpenConnections: func() int64 { return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) },
+			RegistryQueue:   reg.QueueDepth,
+			RegistryRunning: reg.Running,
+		})
 	}
 	return pb, nil
 }
@@ -218,18 +266,26 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// livez answers 200 while the process serves: liveness for orchestrators
+// (restart the process when it fails).
 func (pb *Pinboard) livez(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
 	ctx.SetBodyString(`{"ok":true}`)
 }
 
 // readyz answers 200 when the store answers and the cold-start quarantine
-// is over; 503 otherwise. Orchestrators route traffic by it.
+// is over; 503 otherwise, and from the moment a graceful shutdown begins.
+// Orchestrators route traffic by it.
 func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if pb.stopping.Load() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"ok":false,"shuttingDown":true}`)
+		return
+	}
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	q, err := pb.store.Quarantine(c, pb.now())
-	ctx.SetContentType("application/json")
 	switch {
 	case err != nil:
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
@@ -248,10 +304,9 @@ func (pb *Pinboard) Proxy() *proxy.Proxy { return pb.proxy }
 // Registry returns the control plane (for metrics and tests).
 func (pb *Pinboard) Registry() *registry.Registry { return pb.registry }
 
-// Serve serves ln until ctx ends, then shuts down gracefully: stop
-// accepting, let in-flight requests finish within grace, then end streams
-// and WebSocket relays and return. Background loops (directory sweeps,
-// pool sweeps) run while it serves.
+// Serve serves ln until ctx ends, then shuts down gracefully (see
+// Shutdown). Background loops (directory sweeps, pool sweeps) run while it
+// serves.
 func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
@@ -262,24 +317,58 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	go func() { errc <- pb.srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		pb.closeAdmin()
 		return fmt.Errorf("cannot serve: %w", err)
 	case <-ctx.Done():
 	}
 	return pb.Shutdown(grace, errc)
 }
 
-// Shutdown stops the node: the registry answers 503 "not the serving
-// fleet", the listener closes, in-flight requests get grace to finish, then
-// streams and relays are ended.
+// closeWait bounds the end of a shutdown: the WebSocket closing handshakes
+// and the last bytes of ended streams.
+const closeWait = 2 * time.Second
+
+// Shutdown stops the node in three steps:
+//
+//  1. Readiness turns 503, the registry answers 503 "not the serving
+//     fleet" (Retry-After: workers go to another node), the listener
+//     closes, idle keep-alive connections close.
+//  2. In-flight requests — including uploads, downloads and WebSocket
+//     handshakes — get up to grace to finish. The step ends early once
+//     nothing but event streams and WebSockets is left: those never end
+//     by themselves.
+//  3. Event streams end (cleanly between events), other streams still
+//     running are cut, each WebSocket gets a Close frame 1001 "going away"
+//     toward the client and the worker; up to 2s more for the closing
+//     handshakes, then whatever is left is closed.
+//
+// Then the registry pool and the admin listener stop. errc, if not nil,
+// is the public listener's Serve result, awaited briefly.
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
+	pb.stopping.Store(true)
 	pb.registry.Stop()
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	start := time.Now()
+	sctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// Returns once every connection closed, or at the end of grace with
-	// streams (SSE, WebSockets) still open: those never end by themselves.
-	err := pb.srv.ShutdownWithContext(sctx)
-	pb.proxy.CloseStreams()
-	if errors.Is(err, context.DeadlineExceeded) {
+	done := make(chan error, 1)
+	go func() { done <- pb.srv.ShutdownWithContext(sctx) }()
+
+	var err error
+	finished := pb.drain(grace, done, &err)
+	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
+		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
+	cctx, ccancel := context.WithTimeout(context.Background(), closeWait)
+	pb.proxy.CloseStreamsContext(cctx)
+	if !finished {
+		select {
+		case err = <-done:
+		case <-cctx.Done():
+			cancel()
+			err = <-done
+		}
+	}
+	ccancel()
+	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	if errc != nil {
@@ -291,7 +380,32 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	if cerr := pb.registry.Close(5 * time.Second); cerr != nil && err == nil {
 		err = fmt.Errorf("cannot stop the registry pool: %w", cerr)
 	}
+	pb.closeAdmin()
 	return err
+}
+
+// drain is step 2 of Shutdown: it returns when the server finished (true,
+// its result in *err), when grace ran out, or when only event streams are
+// left on open connections.
+func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bool {
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case *err = <-done:
+			return true
+		case <-timer.C:
+			return false
+		case <-tick.C:
+			// Each event stream holds one connection; a connection doing
+			// anything else is an in-flight request.
+			if int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams() {
+				return false
+			}
+		}
+	}
 }
 
 // sweep runs the store's housekeeping a few times per lease.

@@ -34,6 +34,7 @@ type config struct {
 	LogLevel      string
 	LogFormat     string
 	MetricsAddr   string
+	AccessSample  float64
 }
 
 // configError names the variable at fault; main prints it on one line and
@@ -161,6 +162,13 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
 			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
 		}
+	}
+	if v := get("PINBOARD_ACCESS_LOG_SAMPLE"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 || math.IsNaN(f) {
+			return nil, bad("PINBOARD_ACCESS_LOG_SAMPLE", "must be a number from 0 to 1, got %q", v)
+		}
+		c.AccessSample = f
 	}
 	return c, nil
 }

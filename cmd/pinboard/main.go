@@ -12,10 +12,12 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/server"
 )
 
@@ -53,6 +55,10 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	}
 	defer store.Close()
 
+	var m *metrics.Metrics
+	if cfg.MetricsAddr != "" {
+		m = metrics.New(metrics.Options{Version: version()})
+	}
 	pb, err := server.New(server.Options{
 		Store:           store,
 		Passport:        cfg.Passport,
@@ -68,6 +74,8 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		IdleTimeout:     cfg.IdleTimeout,
 		HeaderTimeout:   cfg.HeaderTimeout,
 		Logger:          log,
+		Metrics:         m,
+		AccessLogSample: cfg.AccessSample,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -78,7 +86,22 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
 		return 1
 	}
-	log.Info("pinboard listening", "addr", ln.Addr().String(), "store", store.Name(), "leaseTtlMs", cfg.LeaseTTL.Milliseconds(), "basePath", cfg.BasePath)
+	if cfg.MetricsAddr != "" {
+		aln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			ln.Close()
+			log.Error("cannot listen", "addr", cfg.MetricsAddr, "var", "PINBOARD_METRICS_ADDR", "err", err)
+			return 1
+		}
+		log.Info("admin listening", "addr", aln.Addr().String(), "paths", "/metrics /livez /readyz")
+		go func() {
+			if err := pb.ServeAdmin(aln); err != nil {
+				log.Error("admin listener failed", "err", err)
+			}
+		}()
+	}
+	log.Info("pinboard listening", "addr", ln.Addr().String(), "store", store.Name(), "leaseTtlMs", cfg.LeaseTTL.Milliseconds(),
+		"basePath", cfg.BasePath, "shutdownGraceMs", cfg.Grace.Milliseconds(), "version", version())
 
 	ctx, stop := signalContext(log)
 	defer stop()
@@ -90,8 +113,9 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	return 0
 }
 
-// signalContext ends on the first SIGTERM or SIGINT; a second one exits at
-// once.
+// signalContext ends on the first SIGTERM or SIGINT, which starts the
+// graceful shutdown; a second one exits at once with status 1, cutting
+// whatever is still open.
 func signalContext(log *slog.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
@@ -137,4 +161,13 @@ func openStore(cfg *config, log *slog.Logger) (directory.Store, error) {
 		LeaseTTL: cfg.LeaseTTL,
 		Logger:   log.With("component", "directory"),
 	})
+}
+
+// version is the module version the binary was built from ("(devel)" for
+// a source tree build).
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }

@@ -15,21 +15,30 @@ Environment:
     HEARTBEAT_INTERVAL  seconds between heartbeats (default 3.0)
     HEADROOM            constant headroom (int) instead of the memory probe, so
                         tests control placement (R-PL-1, R-PL-3)
+    BIND_HOSTNAME, BIND_ENV, BIND_EPOCH, BIND_TAKEOVER
+                        hostname-aware binding (R-LS-4): PinnedWorker(hostname=,
+                        env=, epoch=, takeover=)
     LEASE_BUFFER        seconds before expires_at at which the lease turns
                         unhealthy (pinned's default is 5.0). Must be well below
                         PINBOARD_LEASE_TTL_MS, or every new activation answers
                         503 "lease unhealthy" with the in-band refusal marker.
-    IDLE_TIMEOUT        seconds after which an idle instance is evicted and its
-                        placement released (pinned's default is 300). pinned
-                        sweeps every live instance after each request, so a
-                        test placing thousands of ids keeps this short to keep
-                        requests O(recent ids) instead of O(all ids).
+    COUNTERS_IDLE_TIMEOUT
+                        seconds after which an idle /counters or /tickers
+                        instance is evicted and its placement released
+                        (pinned's default is 300). pinned sweeps every live
+                        instance after each request, so a test placing
+                        thousands of ids keeps this short to keep requests
+                        O(recent ids) instead of O(all ids).
 
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
                         back), GET whoami, GET headers, POST sha256 (consumes
-                        the body, returns its digest), GET blob?size=N
+                        the body, returns its digest), GET blob?size=N,
+                        GET slow?seconds=S (answers after S seconds)
     /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
+    /retained  Counter  with release_placement_on_idle=False: instances evict
+                        after IDLE_TIMEOUT seconds (default 1) but keep their
+                        placement
 """
 
 import asyncio
@@ -86,6 +95,14 @@ def _make_worker() -> PinnedWorker:
     headroom = _headroom()
     if headroom is not None:
         kwargs["headroom"] = headroom
+    # Hostname-aware binding (R-LS-4): PinnedWorker(hostname=, env=, epoch=,
+    # takeover=).
+    if os.environ.get("BIND_HOSTNAME"):
+        kwargs["hostname"] = os.environ["BIND_HOSTNAME"]
+        kwargs["env"] = os.environ.get("BIND_ENV") or None
+        kwargs["epoch"] = int(os.environ.get("BIND_EPOCH", "0"))
+        if os.environ.get("BIND_TAKEOVER"):
+            kwargs["takeover"] = os.environ["BIND_TAKEOVER"]
     # Passed explicitly (PinnedWorker would read the same variables when they
     # are omitted) so a half-set environment fails loudly here.
     pinboard_url = os.environ.get("PINBOARD_URL")
@@ -107,6 +124,13 @@ class Counter(PinnedAPI):
     async def increment(self) -> dict[str, Any]:
         self.count += 1
         return {"id": self.id, "count": self.count, "worker": WORKER_NAME}
+
+    @route.get("/slow")
+    async def slow(self, seconds: float = 1.0) -> dict[str, Any]:
+        # An in-flight request that outlives a pinboard SIGTERM (graceful
+        # shutdown tests).
+        await asyncio.sleep(seconds)
+        return {"id": self.id, "worker": WORKER_NAME, "slept": seconds}
 
     @route.get("/whoami")
     async def whoami(self) -> dict[str, Any]:
@@ -198,21 +222,33 @@ class Ticker(PinnedAPI):
 
 
 def _host_kwargs() -> dict[str, Any]:
-    raw = os.environ.get("IDLE_TIMEOUT")
+    raw = os.environ.get("COUNTERS_IDLE_TIMEOUT")
     return {"idle_timeout": float(raw)} if raw else {}
 
 
 worker = _make_worker()
 counters = PinnedHost(Counter, worker=worker, namespace="/counters", **_host_kwargs())
 tickers = PinnedHost(Ticker, worker=worker, namespace="/tickers", **_host_kwargs())
+# Retained idle placements: instances evict after IDLE_TIMEOUT seconds but
+# keep their placement until released or the session ends (guide: "Host(Api,
+# release_placement_on_idle=False)").
+retained = PinnedHost(
+    Counter,
+    worker=worker,
+    namespace="/retained",
+    release_placement_on_idle=False,
+    idle_timeout=float(os.environ.get("IDLE_TIMEOUT", "1.0")),
+    sweep_interval=0.25,
+)
 
 app = FastAPI()
 app.include_router(worker)
 app.include_router(counters)
 app.include_router(tickers)
+app.include_router(retained)
 
 
 @app.get("/healthz")
 async def healthz() -> dict[str, Any]:
     """Process liveness and pinned readiness (registered and inside the lease)."""
-    return {"worker": WORKER_NAME, "ready": worker.ready}
+    return {"worker": WORKER_NAME, "ready": worker.ready, "superseded": worker.superseded}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+const goodPassport = `{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"deployment","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`
+
+func env(kv map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+}
+
+func base() map[string]string {
+	return map[string]string{
+		"PINBOARD_PASSPORT": goodPassport,
+		"PINBOARD_TOKEN":    "t0ken",
+		"REDIS_URL":         "memory:",
+	}
+}
+
+// Bad configuration: one line naming the variable, exit code 2, nothing
+// started (R-SRV-2, R-SRV-3).
+func TestConfigErrors_RSRV2(t *testing.T) {
+	cases := []struct {
+		name string
+		set  map[string]string
+		del  []string
+		want string
+	}{
+		{"missing passport", nil, []string{"PINBOARD_PASSPORT"}, "PINBOARD_PASSPORT: is required"},
+		{"empty passport", map[string]string{"PINBOARD_PASSPORT": "  "}, nil, "PINBOARD_PASSPORT: is required"},
+		{"malformed passport", map[string]string{"PINBOARD_PASSPORT": "{nope"}, nil, "PINBOARD_PASSPORT:"},
+		{"unset token.env", nil, []string{"PINBOARD_TOKEN"}, "PINBOARD_TOKEN, which is not set"},
+		{"unknown provider", map[string]string{"PINBOARD_PASSPORT": `{"providers":[{"type":"jwks","id":"x","keys":[]}]}`}, nil, "PINBOARD_PASSPORT:"},
+		{"missing REDIS_URL", nil, []string{"REDIS_URL"}, "REDIS_URL: is required"},
+		{"unknown scheme", map[string]string{"REDIS_URL": "postgres://db"}, nil, `REDIS_URL: unknown scheme "postgres"`},
+		{"no scheme", map[string]string{"REDIS_URL": "localhost:6379"}, nil, "REDIS_URL: unknown scheme"},
+		{"bad lease", map[string]string{"PINBOARD_LEASE_TTL_MS": "15s"}, nil, "PINBOARD_LEASE_TTL_MS: must be an integer"},
+		{"tiny lease", map[string]string{"PINBOARD_LEASE_TTL_MS": "5"}, nil, "PINBOARD_LEASE_TTL_MS:"},
+		{"bad balance factor", map[string]string{"PINBOARD_AFFINITY_BALANCE_FACTOR": "0.5"}, nil, "PINBOARD_AFFINITY_BALANCE_FACTOR: must be a number >= 1"},
+		{"bad trusted proxies", map[string]string{"PINBOARD_TRUSTED_PROXIES": "10.0.0.0/33"}, nil, "PINBOARD_TRUSTED_PROXIES:"},
+		{"bad port", map[string]string{"PORT": "http"}, nil, "PORT: must be a port number"},
+		{"bad base path", map[string]string{"PINBOARD_BASE_PATH": "pb"}, nil, "PINBOARD_BASE_PATH:"},
+		{"bad log level", map[string]string{"PINBOARD_LOG_LEVEL": "loud"}, nil, "PINBOARD_LOG_LEVEL:"},
+		{"bad log format", map[string]string{"PINBOARD_LOG_FORMAT": "xml"}, nil, "PINBOARD_LOG_FORMAT: must be text or json"},
+		{"bad metrics addr", map[string]string{"PINBOARD_METRICS_ADDR": "9090"}, nil, "PINBOARD_METRICS_ADDR: must be host:port"},
+		{"bad grace", map[string]string{"PINBOARD_SHUTDOWN_GRACE_MS": "-1"}, nil, "PINBOARD_SHUTDOWN_GRACE_MS:"},
+		{"access sample above 1", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "1.5"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE: must be a number from 0 to 1"},
+		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := base()
+			for k, v := range tc.set {
+				kv[k] = v
+			}
+			for _, k := range tc.del {
+				delete(kv, k)
+			}
+			var stderr bytes.Buffer
+			code := run(nil, env(kv), &stderr)
+			out := stderr.String()
+			if code != 2 {
+				t.Fatalf("unexpected exit code; got %d; want 2 (stderr %q)", code, out)
+			}
+			if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "pinboard: ") || !strings.Contains(out, tc.want) {
+				t.Fatalf("unexpected message; got %q; want one line containing %q", out, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfigDefaults_RSRV3(t *testing.T) {
+	c, err := loadConfig(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != ":8080" || c.LeaseTTL != 15*time.Second || c.BalanceFactor != 0 || !c.Trusted.Empty() || c.Grace != 25*time.Second {
+		t.Fatalf("unexpected defaults: %+v", c)
+	}
+	if c.MetricsAddr != "" || c.AccessSample != 0 || c.LogFormat != "text" || c.LogLevel != "info" {
+		t.Fatalf("unexpected operations defaults: %+v", c)
+	}
+	kv := base()
+	kv["PORT"], kv["HOST"], kv["PINBOARD_LEASE_TTL_MS"] = "9000", "127.0.0.1", "3000"
+	kv["PINBOARD_TRUSTED_PROXIES"] = "10.0.0.0/8, 127.0.0.1"
+	kv["PINBOARD_AFFINITY_BALANCE_FACTOR"] = "1.5"
+	c, err = loadConfig(env(kv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Addr != "127.0.0.1:9000" || c.LeaseTTL != 3*time.Second || c.BalanceFactor != 1.5 || c.Trusted.Empty() {
+		t.Fatalf("unexpected config: %+v", c)
+	}
+}
+
+func TestRunRejectsArguments(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := run([]string{"--port", "1"}, env(base()), &stderr); code != 2 {
+		t.Fatalf("unexpected exit code %d", code)
+	}
+}

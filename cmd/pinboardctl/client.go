@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Exit codes, for scripts.
+const (
+	exitOK          = 0
+	exitAPI         = 1 // pinboard answered with an error (404 unknown clientId, 503, …)
+	exitUsage       = 2 // bad command line or environment
+	exitUnreachable = 3 // no answer from pinboard (refused, timeout, DNS, TLS)
+	exitAuth        = 4 // 401 or 403: the token is wrong or lacks pinboard:operator
+)
+
+// client calls the operator API at base with a bearer token.
+type client struct {
+	base  string // PINBOARD_URL without a trailing slash
+	token string
+	http  *http.Client
+}
+
+// apiError is a non-2xx answer.
+type apiError struct {
+	Method, Path string
+	Status       int
+	Message      string // the body's "error", or the raw body
+	RetryAfter   string
+}
+
+func (e *apiError) Error() string {
+	msg := e.Message
+	if msg == "" {
+		msg = http.StatusText(e.Status)
+	}
+	s := fmt.Sprintf("%s %s: %d %s", e.Method, e.Path, e.Status, msg)
+	switch e.Status {
+	case http.StatusUnauthorized:
+		s += " (PINBOARD_TOKEN was not accepted: check it is the deployment's operator token)"
+	case http.StatusForbidden:
+		s += " (the token lacks the pinboard:operator scope, or its claims do not cover that namespace or worker)"
+	case http.StatusServiceUnavailable:
+		if e.RetryAfter != "" {
+			s += " (retry after " + e.RetryAfter + "s)"
+		}
+	}
+	return s
+}
+
+// unreachableError: no HTTP answer at all.
+type unreachableError struct {
+	URL string
+	Err error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("cannot reach pinboard at %s: %v (check PINBOARD_URL and that pinboard is running)", e.URL, e.Err)
+}
+
+func (e *unreachableError) Unwrap() error { return e.Err }
+
+// exitCode maps an error to the process exit status.
+func exitCode(err error) int {
+	var ae *apiError
+	var ue *unreachableError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ae):
+		if ae.Status == http.StatusUnauthorized || ae.Status == http.StatusForbidden {
+			return exitAuth
+		}
+		return exitAPI
+	case errors.As(err, &ue):
+		return exitUnreachable
+	}
+	return exitAPI
+}
+
+// do sends one request and decodes a 2xx JSON answer into out.
+func (c *client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	u := c.base + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("cannot encode request body: %w", err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return fmt.Errorf("cannot build request %s %s: %w", method, u, err)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := c.http.Do(req)
+	if err != nil {
+		return &unreachableError{URL: c.base, Err: unwrapURLError(err)}
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
+	if err != nil {
+		return &unreachableError{URL: c.base, Err: fmt.Errorf("cannot read the answer to %s %s: %w", method, path, err)}
+	}
+	if res.StatusCode < 200 || res.StatusCode > 299 {
+		ae := &apiError{Method: method, Path: path, Status: res.StatusCode, RetryAfter: res.Header.Get("Retry-After")}
+		var eb struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
+			ae.Message = eb.Error
+		} else {
+			ae.Message = strings.TrimSpace(string(b))
+			if len(ae.Message) > 200 {
+				ae.Message = ae.Message[:200] + "…"
+			}
+		}
+		return ae
+	}
+	if out == nil {
+		return nil
+	}
+	if raw, ok := out.(*json.RawMessage); ok {
+		*raw = append((*raw)[:0], b...)
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("cannot decode the answer to %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// unwrapURLError drops net/url's "Get "…": " prefix; the message names the
+// URL already.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("timed out: %w", err)
+	}
+	return err
+}
+
+func newHTTPClient(timeout time.Duration) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DisableCompression = true
+	return &http.Client{Transport: tr, Timeout: timeout}
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+type command func(ctx context.Context, c *client, o *options, args []string, w io.Writer) error
+
+var commands = map[string]command{
+	"workers":   cmdWorkers,
+	"health":    cmdHealth,
+	"drain":     cmdDrain,
+	"undrain":   cmdUndrain,
+	"wind-down": cmdWindDown,
+	"where":     cmdWhere,
+}
+
+// worker is one entry of GET /registry/workers.
+type worker struct {
+	ClientID      string   `json:"clientId"`
+	SessionID     string   `json:"sessionId"`
+	AdvertiseURL  string   `json:"advertiseUrl"`
+	Namespaces    []string `json:"namespaces"`
+	Headroom      float64  `json:"headroom"`
+	Draining      bool     `json:"draining"`
+	OperatorDrain bool     `json:"operatorDrain"`
+	DrainDeadline *float64 `json:"drainDeadline"`
+	Degraded      bool     `json:"degraded"`
+	ExpiresInMs   int64    `json:"expiresInMs"`
+	Placements    int      `json:"placements"`
+	Hostname      string   `json:"hostname"`
+	Env           string   `json:"env"`
+}
+
+func (wk *worker) state() string {
+	switch {
+	case wk.ExpiresInMs <= 0:
+		return "expired"
+	case wk.OperatorDrain:
+		return "draining (operator)"
+	case wk.Draining:
+		return "draining"
+	case wk.Degraded:
+		return "degraded"
+	}
+	return "healthy"
+}
+
+func wantArgs(args []string, n int, names string) error {
+	if len(args) != n {
+		return badUsage("expected %s, got %d argument(s)", names, len(args))
+	}
+	return nil
+}
+
+func printJSON(w io.Writer, raw json.RawMessage) error {
+	_, err := fmt.Fprintln(w, strings.TrimSpace(string(raw)))
+	return err
+}
+
+func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 0, "no arguments"); err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/registry/workers", nil, nil, &raw); err != nil {
+		return err
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	var body struct {
+		Workers []worker `json:"workers"`
+	}
+	if err := json.Unmarshal(raw, &body); err != nil {
+		return fmt.Errorf("cannot decode GET /registry/workers: %w", err)
+	}
+	if len(body.Workers) == 0 {
+		_, err := fmt.Fprintln(w, "no live workers visible to this token")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLIENT ID\tSTATE\tADVERTISE URL\tNAMESPACES\tHEADROOM\tPLACEMENTS\tLEASE\tDRAIN DEADLINE")
+	for i := range body.Workers {
+		wk := &body.Workers[i]
+		deadline := "-"
+		if wk.DrainDeadline != nil {
+			deadline = seconds(*wk.DrainDeadline)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
+			wk.ClientID, wk.state(), wk.AdvertiseURL, strings.Join(wk.Namespaces, ","),
+			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), wk.Placements,
+			(time.Duration(wk.ExpiresInMs) * time.Millisecond).String(), deadline)
+	}
+	return tw.Flush()
+}
+
+func cmdHealth(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 0, "no arguments"); err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/registry/health", nil, nil, &raw); err != nil {
+		return err
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	var h struct {
+		OK           bool   `json:"ok"`
+		Store        string `json:"store"`
+		QuarantineMs int64  `json:"quarantineMs"`
+		LeaseTTLMs   int64  `json:"leaseTtlMs"`
+		Workers      int    `json:"workers"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return fmt.Errorf("cannot decode GET /registry/health: %w", err)
+	}
+	status := "ok"
+	if !h.OK {
+		status = "not ok"
+	}
+	_, err := fmt.Fprintf(w, "%s: store=%s workers=%d leaseTtl=%s quarantine=%s\n", status, h.Store, h.Workers,
+		time.Duration(h.LeaseTTLMs)*time.Millisecond, time.Duration(h.QuarantineMs)*time.Millisecond)
+	if err == nil && h.QuarantineMs > 0 {
+		_, err = fmt.Fprintln(w, "cold start: new placements answer 503 until the quarantine ends")
+	}
+	return err
+}
+
+func cmdDrain(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 1, "CLIENT_ID"); err != nil {
+		return err
+	}
+	if o.revoke {
+		return badUsage("drain takes --deadline, not --revoke (use undrain)")
+	}
+	body := map[string]any{"clientId": args[0]}
+	if o.deadline != "" {
+		s, err := parseDeadline(o.deadline)
+		if err != nil {
+			return err
+		}
+		body["deadline"] = s
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodPost, "/registry/drain", nil, body, &raw); err != nil {
+		return withClientHint(err, args[0])
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	var out struct {
+		DrainDeadline *float64 `json:"drainDeadline"`
+	}
+	_ = json.Unmarshal(raw, &out)
+	msg := fmt.Sprintf("draining %s: no new placements", args[0])
+	if out.DrainDeadline != nil {
+		msg += "; its ids are released in " + seconds(*out.DrainDeadline)
+	}
+	_, err := fmt.Fprintln(w, msg)
+	return err
+}
+
+func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 1, "CLIENT_ID"); err != nil {
+		return err
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodPost, "/registry/undrain", nil, map[string]any{"clientId": args[0]}, &raw); err != nil {
+		return withClientHint(err, args[0])
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	_, err := fmt.Fprintf(w, "undrained %s: it takes new placements again\n", args[0])
+	return err
+}
+
+// withClientHint explains a 404 on drain and undrain.
+func withClientHint(err error, clientID string) error {
+	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound {
+		return fmt.Errorf("%w: no live worker has clientId %q (list them with 'pinboardctl workers'; a restarted worker has a new one)", err, clientID)
+	}
+	return err
+}
+
+func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 2, "NAMESPACE ID"); err != nil {
+		return err
+	}
+	if (o.deadline == "") == !o.revoke {
+		return badUsage("wind-down needs exactly one of --deadline D or --revoke")
+	}
+	body := map[string]any{"namespace": namespace(args[0]), "id": args[1], "deadline": nil}
+	if !o.revoke {
+		s, err := parseDeadline(o.deadline)
+		if err != nil {
+			return err
+		}
+		body["deadline"] = s
+	}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodPost, "/registry/wind-down", nil, body, &raw); err != nil {
+		return withPlacementHint(err, args[0], args[1])
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	var out struct {
+		MsgID     string `json:"msgId"`
+		SessionID string `json:"sessionId"`
+	}
+	_ = json.Unmarshal(raw, &out)
+	what := "wind-down within " + o.deadline
+	if o.revoke {
+		what = "wind-down revoked"
+	}
+	_, err := fmt.Fprintf(w, "%s/%s: %s (msgId %s, session %s; delivered with its next heartbeat)\n",
+		namespace(args[0]), args[1], what, out.MsgID, out.SessionID)
+	return err
+}
+
+func withPlacementHint(err error, ns, id string) error {
+	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound {
+		return fmt.Errorf("%w: nothing owns %s/%s", err, namespace(ns), id)
+	}
+	return err
+}
+
+func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
+	if err := wantArgs(args, 2, "NAMESPACE ID"); err != nil {
+		return err
+	}
+	q := url.Values{"namespace": {namespace(args[0])}, "id": {args[1]}}
+	var raw json.RawMessage
+	if err := c.do(ctx, http.MethodGet, "/registry/placement", q, nil, &raw); err != nil {
+		return withPlacementHint(err, args[0], args[1])
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
+	var p struct {
+		Namespace    string `json:"namespace"`
+		ID           string `json:"id"`
+		SessionID    string `json:"sessionId"`
+		ClientID     string `json:"clientId"`
+		AdvertiseURL string `json:"advertiseUrl"`
+		Epoch        string `json:"epoch"`
+		Live         bool   `json:"live"`
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return fmt.Errorf("cannot decode GET /registry/placement: %w", err)
+	}
+	live := "live"
+	if !p.Live {
+		live = "owner's lease lapsed: re-places on the next request"
+	}
+	_, err := fmt.Fprintf(w, "%s/%s -> %s at %s (session %s, epoch %s, %s)\n",
+		p.Namespace, p.ID, p.ClientID, p.AdvertiseURL, p.SessionID, p.Epoch, live)
+	return err
+}
+
+// namespace accepts "counters" or "/counters".
+func namespace(s string) string {
+	if strings.HasPrefix(s, "/") {
+		return s
+	}
+	return "/" + s
+}
+
+// parseDeadline reads a Go duration (5m, 90s, 1h30m) or a number of
+// seconds, and returns seconds.
+func parseDeadline(s string) (float64, error) {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f < 0 {
+			return 0, badUsage("--deadline must not be negative, got %q", s)
+		}
+		return f, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, badUsage("--deadline must be a duration like 30s or 5m, or seconds, got %q", s)
+	}
+	return d.Seconds(), nil
+}
+
+// seconds renders a seconds count as a duration ("4m59.5s").
+func seconds(s float64) string {
+	return time.Duration(s * float64(time.Second)).Round(100 * time.Millisecond).String()
+}

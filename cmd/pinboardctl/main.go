@@ -1,0 +1,151 @@
+// Command pinboardctl is the operator CLI for pinboard: it lists workers,
+// drains and undrains them, winds instances down and tells who owns an id,
+// over pinboard's operator API (/registry/*).
+//
+// It reads PINBOARD_URL and PINBOARD_TOKEN like the fleet guide's curl
+// examples; the token needs the pinboard:operator scope.
+//
+//	pinboardctl workers [--json]
+//	pinboardctl health [--json]
+//	pinboardctl drain CLIENT_ID [--deadline 5m]
+//	pinboardctl undrain CLIENT_ID
+//	pinboardctl wind-down NAMESPACE ID (--deadline 30s | --revoke)
+//	pinboardctl where NAMESPACE ID [--json]
+//
+// Exit status: 0 done, 1 pinboard answered an error, 2 usage, 3 pinboard
+// unreachable, 4 unauthorized or forbidden (401/403).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+const usage = `pinboardctl: operate a pinboard fleet over its operator API.
+
+Usage:
+  pinboardctl [global flags] COMMAND [ARGS] [FLAGS]
+
+Commands:
+  workers                          list live workers (table; --json for the raw answer)
+  health                           registry health: store, workers, cold-start quarantine
+  drain CLIENT_ID [--deadline D]   stop new placements on a worker; with a deadline
+                                   (5m, 90s or seconds), force-release its ids then
+  undrain CLIENT_ID                take new placements again
+  wind-down NS ID --deadline D     ask the owner of NS/ID to wind it down within D
+  wind-down NS ID --revoke         revoke an earlier wind-down
+  where NS ID                      which worker owns NS/ID
+
+Global flags (before or after the command):
+  --url URL        pinboard base URL (default $PINBOARD_URL)
+  --token TOKEN    operator token (default $PINBOARD_TOKEN; prefer the variable:
+                   flags show up in process listings)
+  --timeout D      per-request timeout (default 10s)
+  --json           print pinboard's JSON answer instead of a summary
+
+Environment:
+  PINBOARD_URL     e.g. http://pinboard.internal:8080 (with the base path, if any)
+  PINBOARD_TOKEN   a passport key with the pinboard:operator scope
+
+Exit status: 0 done, 1 pinboard answered an error, 2 usage,
+3 pinboard unreachable, 4 unauthorized or forbidden (401/403).
+`
+
+// options are the flags every command accepts.
+type options struct {
+	url, token string
+	timeout    time.Duration
+	json       bool
+	deadline   string
+	revoke     bool
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o := options{url: getenv("PINBOARD_URL"), token: getenv("PINBOARD_TOKEN"), timeout: 10 * time.Second}
+	fs := flag.NewFlagSet("pinboardctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.url, "url", o.url, "")
+	fs.StringVar(&o.token, "token", o.token, "")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
+	fs.BoolVar(&o.json, "json", false, "")
+	fs.StringVar(&o.deadline, "deadline", "", "")
+	fs.BoolVar(&o.revoke, "revoke", false, "")
+	pos, err := parseInterspersed(fs, args)
+	switch {
+	case err == flag.ErrHelp || (err == nil && len(pos) > 0 && pos[0] == "help"):
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case err == nil && len(pos) == 0:
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	if err != nil {
+		return usageError(stderr, "%v", err)
+	}
+	cmd, rest := pos[0], pos[1:]
+	cmdFn, ok := commands[cmd]
+	if !ok {
+		return usageError(stderr, "unknown command %q", cmd)
+	}
+	if o.url == "" {
+		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")
+	}
+	if !strings.HasPrefix(o.url, "http://") && !strings.HasPrefix(o.url, "https://") {
+		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", o.url)
+	}
+	if o.token == "" {
+		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
+	}
+	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout)}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	if err := cmdFn(ctx, c, &o, rest, stdout); err != nil {
+		if ue, ok := err.(*usageErr); ok {
+			return usageError(stderr, "%s", ue.msg)
+		}
+		fmt.Fprintf(stderr, "pinboardctl %s: %v\n", cmd, err)
+		return exitCode(err)
+	}
+	return exitOK
+}
+
+type usageErr struct{ msg string }
+
+func (e *usageErr) Error() string { return e.msg }
+
+func badUsage(format string, args ...any) error { return &usageErr{fmt.Sprintf(format, args...)} }
+
+func usageError(stderr io.Writer, format string, args ...any) int {
+	fmt.Fprintf(stderr, "pinboardctl: "+format+"\n", args...)
+	fmt.Fprintf(stderr, "run 'pinboardctl help' for usage\n")
+	return exitUsage
+}
+
+// parseInterspersed parses flags before, between and after positional
+// arguments (the standard flag package stops at the first positional one).
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}

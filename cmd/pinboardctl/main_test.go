@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// fake is an operator API stand-in that records the last request.
+type fake struct {
+	method, path, query, auth string
+	body                      map[string]any
+}
+
+func (f *fake) server(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.method, f.path, f.query, f.auth = r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Authorization")
+		f.body = nil
+		if b, _ := io.ReadAll(r.Body); len(b) > 0 {
+			_ = json.Unmarshal(b, &f.body)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case f.auth != "Bearer good":
+			w.WriteHeader(401)
+			io.WriteString(w, `{"error":"unauthorized"}`)
+		case r.URL.Path == "/pb/registry/workers":
+			io.WriteString(w, `{"workers":[{"clientId":"c1","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/counters","/tickers"],"headroom":96,"draining":true,"operatorDrain":true,"drainDeadline":299.5,"degraded":false,"expiresInMs":15000,"placements":3}]}`)
+		case r.URL.Path == "/pb/registry/drain" && f.body["clientId"] == "nope":
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":"unknown clientId"}`)
+		case r.URL.Path == "/pb/registry/drain":
+			io.WriteString(w, `{"clientId":"c1","draining":true,"drainDeadline":300}`)
+		case r.URL.Path == "/pb/registry/wind-down":
+			io.WriteString(w, `{"msgId":"0123456789abcdef","sessionId":"s1"}`)
+		default:
+			w.WriteHeader(503)
+			w.Header().Set("Retry-After", "1")
+			io.WriteString(w, `{"error":"not the serving fleet"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func runCtl(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, func(k string) string { return env[k] }, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestWorkersTable(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb/", "PINBOARD_TOKEN": "good"}
+	code, out, errs := runCtl(t, env, "workers")
+	if code != 0 {
+		t.Fatalf("unexpected exit %d; stderr %s", code, errs)
+	}
+	for _, want := range []string{"CLIENT ID", "c1", "draining (operator)", "/counters,/tickers", "15s", "4m59.5s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("unexpected table without %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = runCtl(t, env, "workers", "--json")
+	if code != 0 || !json.Valid([]byte(out)) || !strings.Contains(out, `"clientId":"c1"`) {
+		t.Fatalf("unexpected --json output (exit %d): %s", code, out)
+	}
+}
+
+func TestFlagsAfterArguments(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	code, out, errs := runCtl(t, env, "drain", "c1", "--deadline", "5m")
+	if code != 0 {
+		t.Fatalf("unexpected exit %d; stderr %s", code, errs)
+	}
+	if f.method != "POST" || f.path != "/pb/registry/drain" || f.body["clientId"] != "c1" || f.body["deadline"] != 300.0 {
+		t.Fatalf("unexpected request %s %s %v", f.method, f.path, f.body)
+	}
+	if !strings.Contains(out, "released in 5m0s") {
+		t.Errorf("unexpected output %q", out)
+	}
+	code, _, _ = runCtl(t, env, "wind-down", "counters", "alice", "--revoke")
+	if code != 0 || f.body["namespace"] != "/counters" || f.body["id"] != "alice" || f.body["deadline"] != nil {
+		t.Fatalf("unexpected wind-down request (exit %d): %v", code, f.body)
+	}
+	if _, ok := f.body["deadline"]; !ok {
+		t.Fatalf("unexpected wind-down body without deadline: %v", f.body)
+	}
+	code, _, _ = runCtl(t, env, "--json", "wind-down", "/counters", "alice", "--deadline", "30")
+	if code != 0 || f.body["deadline"] != 30.0 {
+		t.Fatalf("unexpected wind-down request (exit %d): %v", code, f.body)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	f := &fake{}
+	url := f.server(t).URL + "/pb"
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		code int
+		err  string
+	}{
+		{"no command", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, nil, exitUsage, "Usage"},
+		{"unknown command", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"frobnicate"}, exitUsage, "unknown command"},
+		{"no url", map[string]string{"PINBOARD_TOKEN": "good"}, []string{"workers"}, exitUsage, "PINBOARD_URL is not set"},
+		{"no token", map[string]string{"PINBOARD_URL": url}, []string{"workers"}, exitUsage, "PINBOARD_TOKEN is not set"},
+		{"wind-down without deadline", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"wind-down", "ns", "id"}, exitUsage, "exactly one of"},
+		{"bad deadline", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"drain", "c1", "--deadline", "soon"}, exitUsage, "--deadline"},
+		{"401", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "bad"}, []string{"workers"}, exitAuth, "401 unauthorized"},
+		{"unknown client", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"drain", "nope"}, exitAPI, `no live worker has clientId "nope"`},
+		{"503", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"health"}, exitAPI, "503 not the serving fleet"},
+		{"unreachable", map[string]string{"PINBOARD_URL": "http://127.0.0.1:1", "PINBOARD_TOKEN": "good"}, []string{"health"}, exitUnreachable, "cannot reach pinboard"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errs := runCtl(t, tc.env, tc.args...)
+			if code != tc.code || !strings.Contains(errs, tc.err) {
+				t.Fatalf("unexpected result; got exit %d, stderr %q; want exit %d with %q", code, errs, tc.code, tc.err)
+			}
+		})
+	}
+}
+
+func TestParseDeadline(t *testing.T) {
+	for in, want := range map[string]float64{"5m": 300, "90s": 90, "1h30m": 5400, "300": 300, "0.5": 0.5, "0": 0} {
+		got, err := parseDeadline(in)
+		if err != nil || got != want {
+			t.Errorf("unexpected parseDeadline(%q); got %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"-1", "-5m", "soon", ""} {
+		if _, err := parseDeadline(in); err == nil {
+			t.Errorf("unexpected parseDeadline(%q) without error", in)
+		}
+	}
+}

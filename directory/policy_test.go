@@ -1,0 +1,165 @@
+package directory_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+type fleet struct {
+	t   *testing.T
+	s   *directory.Memory
+	now time.Time
+	ids map[string]string // session -> name
+}
+
+func newFleet(t *testing.T, headroom float64, names ...string) *fleet {
+	t.Helper()
+	f := &fleet{t: t, now: time.Unix(1_800_000_000, 0), ids: map[string]string{}}
+	f.s = directory.NewMemory(time.Hour, f.now)
+	ctx := context.Background()
+	_, _ = f.s.Place(ctx, &directory.PlaceRequest{NS: "/x", ID: "warm", Now: f.now})
+	f.now = f.now.Add(time.Hour - time.Second)
+	for _, n := range names {
+		res, err := f.s.Register(ctx, &directory.Registration{ClientID: n, Sub: "s", Secret: "k", Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:1/" + n, Headroom: headroom}, f.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.ids[res.SessionID] = n
+	}
+	f.now = f.now.Add(time.Second)
+	return f
+}
+
+func (f *fleet) place(id string, pick directory.PickInput, policy directory.Policy) string {
+	f.t.Helper()
+	r, err := f.s.Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: id, Now: f.now, Pick: pick, Policy: policy})
+	if err != nil {
+		f.t.Fatalf("cannot place %s: %v", id, err)
+	}
+	return f.ids[r.Owner.SessionID]
+}
+
+// 10,000 new ids over 4 workers with equal headroom and no affinity key
+// land within ±10% of even (R-PL-3, R-PL-4: null key → power of two
+// choices).
+func TestDistributionWithoutAffinity_RPL3_RPL4(t *testing.T) {
+	f := newFleet(t, 1024, "a", "b", "c", "d")
+	counts := map[string]int{}
+	for i := range 10_000 {
+		counts[f.place(fmt.Sprintf("id-%d", i), directory.PickInput{}, nil)]++
+	}
+	for name, n := range counts {
+		if math.Abs(float64(n)-2500) > 250 {
+			t.Fatalf("unexpected spread; got %v; want every worker within 2500±250 (%s has %d)", counts, name, n)
+		}
+	}
+	if len(counts) != 4 {
+		t.Fatalf("unexpected spread; got %v; want all 4 workers", counts)
+	}
+}
+
+// Ids from one client IP stay on one worker until the balance-factor
+// guard moves them, and the headroom spread stays within the factor
+// (R-PL-4).
+func TestClientIPAffinityBoundedByBalanceFactor_RPL4(t *testing.T) {
+	for _, factor := range []float64{1.5, 2, 4} {
+		t.Run(fmt.Sprint(factor), func(t *testing.T) {
+			const headroom = 400
+			f := newFleet(t, headroom, "a", "b", "c", "d")
+			policy := &directory.HeadroomPolicy{BalanceFactor: factor}
+			pick := directory.PickInput{Key: "203.0.113.7", HasKey: true}
+			first := f.place("id-0", pick, policy)
+			// The preferred worker keeps new ids until its headroom falls
+			// below the best one's divided by the factor.
+			sticky := 1
+			for i := 1; ; i++ {
+				if f.place(fmt.Sprintf("id-%d", i), pick, policy) != first {
+					break
+				}
+				sticky++
+			}
+			want := int(math.Ceil(headroom - headroom/factor))
+			if sticky < want-1 || sticky > want+1 {
+				t.Fatalf("unexpected affinity run; got %d ids on %s; want about %d (headroom %d, factor %v)", sticky, first, want, headroom, factor)
+			}
+			// Under sustained load the guard keeps every worker's headroom
+			// within the factor of the best.
+			for i := 0; i < 2000; i++ {
+				f.place(fmt.Sprintf("more-%d", i), pick, policy)
+				ws, _ := f.s.Workers(context.Background(), f.now)
+				maxH, minH := math.Inf(-1), math.Inf(1)
+				for _, w := range ws {
+					maxH, minH = math.Max(maxH, w.Headroom), math.Min(minH, w.Headroom)
+				}
+				if maxH > 0 && minH < maxH/factor-1 {
+					t.Fatalf("unexpected spread after %d placements: min %v, max %v, factor %v", i, minH, maxH, factor)
+				}
+			}
+		})
+	}
+}
+
+// Different client IPs prefer different workers (rendezvous), and the same
+// IP prefers the same worker on every node (the score is deterministic).
+func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
+	f1 := newFleet(t, 1000, "a", "b", "c", "d")
+	f2 := newFleet(t, 1000, "a", "b", "c", "d")
+	policy := &directory.HeadroomPolicy{}
+	seen := map[string]bool{}
+	for i := range 64 {
+		pick := directory.PickInput{Key: fmt.Sprintf("10.0.0.%d", i), HasKey: true}
+		a := f1.place(fmt.Sprintf("x%d", i), pick, policy)
+		b := f2.place(fmt.Sprintf("x%d", i), pick, policy)
+		if a != b {
+			t.Fatalf("unexpected preference for %s: node 1 chose %s, node 2 chose %s", pick.Key, a, b)
+		}
+		seen[a] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("unexpected rendezvous spread over 64 IPs; got %v", seen)
+	}
+}
+
+// Attested cluster calls prefer the caller's own worker even against
+// headroom (R-PL-4).
+func TestCallerPreference_RPL4(t *testing.T) {
+	f := newFleet(t, 10, "a", "b")
+	var caller string
+	for sid, n := range f.ids {
+		if n == "b" {
+			caller = sid
+		}
+	}
+	for i := range 20 {
+		if got := f.place(fmt.Sprintf("c%d", i), directory.PickInput{CallerSession: caller, Key: "1.2.3.4", HasKey: true}, nil); got != "b" {
+			t.Fatalf("unexpected owner for a cluster call; got %s; want the caller's worker b", got)
+		}
+	}
+}
+
+// Existing ids keep their owners whatever the request's affinity
+// (R-PL-2, R-PL-4).
+func TestExistingIDsKeepOwners_RPL2(t *testing.T) {
+	f := newFleet(t, 100, "a", "b", "c")
+	owner := f.place("keep", directory.PickInput{Key: "1.1.1.1", HasKey: true}, nil)
+	for i := range 50 {
+		if got := f.place("keep", directory.PickInput{Key: fmt.Sprintf("9.9.9.%d", i), HasKey: true}, nil); got != owner {
+			t.Fatalf("unexpected move of an existing id; got %s; want %s", got, owner)
+		}
+	}
+}
+
+func TestPolicyRankAllocs(t *testing.T) {
+	cands := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 5}, {SessionID: "b", ClientID: "b", Headroom: 9}, {SessionID: "c", ClientID: "c", Headroom: 7}}
+	p := &directory.HeadroomPolicy{}
+	dst := make([]int, 0, 4)
+	in := &directory.PickInput{Key: "10.1.2.3", HasKey: true}
+	if n := testing.AllocsPerRun(1000, func() { dst = p.Rank(dst[:0], cands, in) }); n != 0 {
+		t.Fatalf("unexpected allocations in Rank; got %v", n)
+	}
+}

@@ -1,0 +1,362 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Operating pinboard (issue 6): metrics on the admin listener, health
+// endpoints, W3C trace context pass-through, graceful shutdown.
+
+// adminEnv returns a free 127.0.0.1 address for PINBOARD_METRICS_ADDR and
+// the environment entry naming it.
+func adminEnv(t *testing.T) (string, string) {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	return "http://" + addr, "PINBOARD_METRICS_ADDR=" + addr
+}
+
+// scrapeMetrics reads the admin listener's /metrics into "name{labels}" →
+// value.
+func scrapeMetrics(ctx context.Context, t *testing.T, admin string) map[string]float64 {
+	t.Helper()
+	r, err := do(ctx, http.MethodGet, admin+"/metrics", nil, nil)
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot scrape: %s %v", r, err)
+	}
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("unexpected metrics Content-Type; got %q", ct)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(r.Body), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("unexpected metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// TestMetricsScrape scripts traffic and checks what the scrape counts: the
+// counters move by exactly what the script did.
+func TestMetricsScrape(t *testing.T) {
+	requireSuite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	admin, env := adminEnv(t)
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+
+	// The public port does not serve metrics.
+	if r, err := do(ctx, http.MethodGet, pb.URL+"/metrics", nil, nil); err != nil || r.Status != http.StatusNotFound {
+		t.Errorf("unexpected public /metrics; got %s %v; want 404", r, err)
+	}
+	for _, p := range []string{"/livez", "/readyz"} {
+		for _, base := range []string{admin, pb.URL} {
+			if r, err := do(ctx, http.MethodGet, base+p, nil, nil); err != nil || r.Status != http.StatusOK {
+				t.Errorf("unexpected %s; got %s %v; want 200", base+p, r, err)
+			}
+		}
+	}
+
+	before := scrapeMetrics(ctx, t, admin)
+	get := func(path string, status int) {
+		t.Helper()
+		r, err := do(ctx, http.MethodGet, pb.URL+path, nil, nil)
+		if err != nil || r.Status != status {
+			t.Fatalf("unexpected answer; got %s %v; want %d", r, err, status)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		get("/counters/m1/value", http.StatusOK) // 1 placement, then 4 cache hits
+	}
+	if r, err := do(ctx, http.MethodPost, pb.URL+"/counters/m1/increment", nil, nil); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("unexpected answer; got %s %v", r, err)
+	}
+	get("/nosuch/x/value", http.StatusNotFound)       // unknown namespace: a miss, never routed
+	get("/nosuch/y/value", http.StatusNotFound)       // same
+	get("/counters/b@d/value", http.StatusBadRequest) // bad id: never resolved
+	after := scrapeMetrics(ctx, t, admin)
+
+	delta := func(series string) float64 { return after[series] - before[series] }
+	for series, want := range map[string]float64{
+		`pinboard_proxy_requests_total{namespace="/counters",code="2xx"}`: 6,
+		`pinboard_proxy_requests_total{namespace="none",code="4xx"}`:      3,
+		`pinboard_proxy_requests_total{namespace="/counters",code="5xx"}`: 0,
+		`pinboard_proxy_request_duration_seconds_count`:                   9,
+		`pinboard_directory_lookups_total{result="hit"}`:                  5,
+		`pinboard_directory_lookups_total{result="miss"}`:                 3,
+		`pinboard_placements_total{kind="new"}`:                           1,
+		`pinboard_placements_total{kind="replaced"}`:                      0,
+		`pinboard_proxy_upstream_errors_total{kind="dial"}`:               0,
+	} {
+		if got := delta(series); got != want {
+			t.Errorf("unexpected change of %s; got %v; want %v", series, got, want)
+		}
+	}
+	for series, want := range map[string]float64{
+		`pinboard_workers{state="healthy"}`:      1,
+		`pinboard_workers{state="degraded"}`:     0,
+		`pinboard_workers{state="draining"}`:     0,
+		`pinboard_workers{state="expired"}`:      0,
+		`pinboard_directory_up`:                  1,
+		`pinboard_cold_start_quarantine_seconds`: 0,
+		`pinboard_proxy_open_streams`:            0,
+		`pinboard_proxy_open_websockets`:         0,
+		`pinboard_registry_queue_depth`:          0,
+	} {
+		if got, ok := after[series]; !ok || got != want {
+			t.Errorf("unexpected %s; got %v (present %v); want %v", series, got, ok, want)
+		}
+	}
+	for _, series := range []string{
+		`pinboard_registry_heartbeats_total{outcome="ok"}`,
+		`pinboard_registry_probes_total{result="ok"}`,
+		`pinboard_registry_heartbeat_duration_seconds_count`,
+		`pinboard_registry_probe_duration_seconds_count`,
+	} {
+		if after[series] < 1 {
+			t.Errorf("unexpected %s; got %v; want at least 1", series, after[series])
+		}
+	}
+	// Ids never become labels.
+	r, _ := do(ctx, http.MethodGet, admin+"/metrics", nil, nil)
+	for _, id := range []string{"m1", "b@d", "/nosuch"} {
+		if strings.Contains(string(r.Body), id) {
+			t.Errorf("unexpected %q in the exposition", id)
+		}
+	}
+}
+
+// TestTraceContextForwarded: W3C traceparent and tracestate reach the
+// worker untouched (pinboard does not take part in the trace).
+func TestTraceContextForwarded(t *testing.T) {
+	f := sharedFleet(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const ts = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+	seen, r, err := headersSeen(ctx, f.Pinboard, "trace1", http.Header{"Traceparent": {tp}, "Tracestate": {ts}})
+	if err != nil {
+		t.Fatalf("%v (%s)", err, r)
+	}
+	if got := seen["traceparent"]; len(got) != 1 || got[0] != tp {
+		t.Errorf("unexpected traceparent at the worker; got %q; want %q", got, tp)
+	}
+	if got := seen["tracestate"]; len(got) != 1 || got[0] != ts {
+		t.Errorf("unexpected tracestate at the worker; got %q; want %q", got, ts)
+	}
+}
+
+// openEvents opens an SSE stream through pinboard and reads its first
+// event.
+func openEvents(ctx context.Context, t *testing.T, url string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := httpClient.Do(req)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("cannot open %s: %v %v", url, res, err)
+	}
+	br := bufio.NewReader(res.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("unexpected first event line %q: %v", line, err)
+	}
+	return res, br
+}
+
+// TestGracefulShutdown: with an SSE stream and a WebSocket open and a slow
+// request in flight, SIGTERM lets the slow request finish, then ends the
+// stream cleanly and says "going away" on the WebSocket, and pinboard
+// exits 0 inside the grace period. Readiness fails from the signal on.
+func TestGracefulShutdown(t *testing.T) {
+	requireSuite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const grace = 15 * time.Second
+	const slow = 2 * time.Second
+	admin, env := adminEnv(t)
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
+		PinboardEnv: []string{env, "PINBOARD_SHUTDOWN_GRACE_MS=" + strconv.FormatInt(grace.Milliseconds(), 10)}})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+	base := pb.URL
+	// Place the ids first, so the slow request goes straight to the worker.
+	for _, p := range []string{"/counters/slow1/value", "/tickers/sse1/events?count=1", "/tickers/ws1/events?count=1"} {
+		if r, err := getWithRetry(ctx, base+p); err != nil || r.Status != http.StatusOK {
+			t.Fatalf("cannot place %s: %s %v", p, r, err)
+		}
+	}
+
+	res, events := openEvents(ctx, t, base+"/tickers/sse1/events?count=100000&interval=0.2")
+	defer res.Body.Close()
+	ws, err := wsDial(ctx, "ws://"+strings.TrimPrefix(base, "http://")+"/tickers/ws1/ws", nil)
+	if err != nil {
+		t.Fatalf("cannot open the WebSocket: %v", err)
+	}
+	defer ws.conn.Close()
+	if err := ws.WriteMessage(wsOpText, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if op, msg, err := ws.ReadMessage(); err != nil || op != wsOpText || string(msg) != "hello" {
+		t.Fatalf("unexpected echo; got %x %q %v", op, msg, err)
+	}
+
+	slowDone := make(chan reply, 1)
+	go func() {
+		r, err := do(ctx, http.MethodGet, fmt.Sprintf("%s/counters/slow1/slow?seconds=%v", base, slow.Seconds()), nil, nil)
+		if err != nil {
+			r.Body = []byte(err.Error())
+		}
+		slowDone <- r
+	}()
+	time.Sleep(500 * time.Millisecond) // the slow request is at the worker
+
+	sigterm := time.Now()
+	pb.proc.signal(syscall.SIGTERM)
+
+	// Readiness fails at once on the admin listener, which stays up.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		r, err := do(ctx, http.MethodGet, admin+"/readyz", nil, nil)
+		if err == nil && r.Status == http.StatusServiceUnavailable && strings.Contains(string(r.Body), "shuttingDown") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected readiness after SIGTERM; got %s %v; want 503 shuttingDown", r, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// New connections are refused.
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Errorf("unexpected accepted connection after SIGTERM")
+	}
+
+	// The slow request finishes.
+	r := <-slowDone
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"slept"`) {
+		t.Fatalf("unexpected slow request; got %s; want 200 from the worker", r)
+	}
+	finished := time.Since(sigterm)
+
+	// The event stream ends cleanly, with whole events only.
+	readErr := make(chan error, 1)
+	go func() {
+		for {
+			line, err := events.ReadString('\n')
+			if err != nil {
+				if line != "" {
+					err = fmt.Errorf("partial line %q: %w", line, err)
+				}
+				readErr <- err
+				return
+			}
+			if line != "\n" && !strings.HasPrefix(line, "data: {") {
+				readErr <- fmt.Errorf("unexpected event line %q", line)
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-readErr:
+		if !errors.Is(err, io.EOF) {
+			t.Errorf("unexpected end of the event stream; got %v; want a clean EOF", err)
+		}
+	case <-time.After(grace):
+		t.Fatalf("unexpected event stream still open %v after SIGTERM", time.Since(sigterm))
+	}
+
+	// The WebSocket gets Close 1001 going away; we answer it.
+	ws.conn.SetDeadline(time.Now().Add(5 * time.Second))
+	for {
+		op, msg, err := ws.ReadMessage()
+		if err != nil {
+			t.Fatalf("unexpected WebSocket end without a close frame: %v", err)
+		}
+		if op != wsOpClose {
+			continue // a late echo
+		}
+		if len(msg) < 2 || binary.BigEndian.Uint16(msg) != 1001 || string(msg[2:]) != "going away" {
+			t.Fatalf("unexpected close frame; got %q; want 1001 going away", msg)
+		}
+		break
+	}
+	ws.WriteMessage(wsOpClose, binary.BigEndian.AppendUint16(nil, 1001))
+
+	// Pinboard exits 0 inside the grace period.
+	if !pb.proc.wait(grace) {
+		t.Fatalf("unexpected pinboard still running %v after SIGTERM", time.Since(sigterm))
+	}
+	exited := time.Since(sigterm)
+	if code := pb.proc.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("unexpected exit code; got %d; want 0\n%s", code, pb.Output())
+	}
+	if exited >= grace {
+		t.Errorf("unexpected exit %v after SIGTERM; want within the grace period %v", exited, grace)
+	}
+	if !strings.Contains(pb.Output(), "shutdown: closing streams") {
+		t.Errorf("unexpected log without the shutdown line:\n%s", pb.Output())
+	}
+	t.Logf("slow request done %v after SIGTERM, exit after %v (grace %v)", finished, exited, grace)
+}
+
+// TestSecondSignalExitsAtOnce: a second SIGTERM or SIGINT during the grace
+// period exits at once, status 1.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	requireSuite(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
+		PinboardEnv: []string{"PINBOARD_SHUTDOWN_GRACE_MS=60000"}})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+	if r, err := getWithRetry(ctx, pb.URL+"/counters/slow2/value"); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot place: %s %v", r, err)
+	}
+	go do(ctx, http.MethodGet, pb.URL+"/counters/slow2/slow?seconds=30", nil, nil)
+	time.Sleep(500 * time.Millisecond)
+	pb.proc.signal(syscall.SIGTERM)
+	if pb.proc.wait(500 * time.Millisecond) {
+		t.Fatalf("unexpected exit while a request is in flight (grace 60s)")
+	}
+	second := time.Now()
+	pb.proc.signal(syscall.SIGINT)
+	if !pb.proc.wait(5 * time.Second) {
+		t.Fatalf("unexpected pinboard still running after the second signal")
+	}
+	if code := pb.proc.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("unexpected exit code; got %d; want 1", code)
+	}
+	t.Logf("exited %v after the second signal", time.Since(second))
+}

@@ -1,0 +1,613 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// A rig is a proxy on 127.0.0.1 in front of Go stand-in workers that verify
+// attestations exactly as the reference worker does (attest.VerifyAttestation
+// mirrors pinned.pinboard.attestation.verify_attestation).
+
+const clientToken = "client-token"
+
+func rigPassport(t *testing.T) *attest.Passport {
+	t.Helper()
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"client","token":{"env":"C"},"scopes":["app:read"],"claims":{"pinboard":{"namespaces":["/secure"]},"team":"blue"}}
+	]}],"namespaces":{"*":{"allow":"anonymous"},"/secure":{"allow":"authenticated","scopes":["app:read"]}}}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return clientToken, k == "C" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pp
+}
+
+type seen struct {
+	Worker  string              `json:"worker"`
+	Method  string              `json:"method"`
+	URI     string              `json:"uri"`
+	Header  map[string][]string `json:"header"`
+	BodyLen int                 `json:"bodyLen"`
+	Claims  *attest.AttestationClaims
+}
+
+type standin struct {
+	name    string
+	srv     *httptest.Server
+	secret  string
+	session atomic.Value
+	// handle overrides the default echo for a path suffix.
+	mu     sync.Mutex
+	routes map[string]http.HandlerFunc
+	hits   atomic.Int64
+}
+
+func newStandin(t *testing.T, name string) *standin {
+	t.Helper()
+	s := &standin{name: name, secret: "secret-" + name, routes: map[string]http.HandlerFunc{}}
+	s.session.Store("")
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *standin) serve(w http.ResponseWriter, r *http.Request) {
+	s.hits.Add(1)
+	claims, err := attest.VerifyAttestation(r.Header.Get("pinboard-attestation"), []byte(s.secret), []string{s.session.Load().(string)}, time.Now())
+	if err != nil {
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"detail":"invalid attestation"}`))
+		return
+	}
+	s.mu.Lock()
+	var h http.HandlerFunc
+	for suffix, fn := range s.routes {
+		if strings.HasSuffix(r.URL.Path, suffix) {
+			h = fn
+		}
+	}
+	s.mu.Unlock()
+	if h != nil {
+		h(w, r)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(seen{Worker: s.name, Method: r.Method, URI: r.RequestURI, Header: r.Header, BodyLen: len(body), Claims: claims})
+}
+
+func (s *standin) route(suffix string, fn http.HandlerFunc) {
+	s.mu.Lock()
+	s.routes[suffix] = fn
+	s.mu.Unlock()
+}
+
+type rig struct {
+	t     *testing.T
+	store *directory.Memory
+	p     *Proxy
+	url   string
+	clock atomic.Pointer[time.Time]
+}
+
+func newRig(t *testing.T, opts func(*Options)) *rig {
+	t.Helper()
+	rg := &rig{t: t}
+	now := time.Now()
+	rg.clock.Store(&now)
+	rg.store = directory.NewMemory(10*time.Second, now)
+	o := Options{Store: rg.store, Passport: rigPassport(t), Now: rg.now}
+	if opts != nil {
+		opts(&o)
+	}
+	rg.p = New(o)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{
+		Handler: rg.p.ServeHTTP, StreamRequestBody: true, DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
+		MaxRequestBodySize: 1 << 40, KeepHijackedConns: true,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { rg.p.CloseStreams(); _ = srv.Shutdown() })
+	rg.url = "http://" + ln.Addr().String()
+	return rg
+}
+
+func (rg *rig) now() time.Time { return *rg.clock.Load() }
+
+func (rg *rig) advance(d time.Duration) {
+	n := rg.now().Add(d)
+	rg.clock.Store(&n)
+}
+
+// add registers a stand-in for namespaces and returns it.
+func (rg *rig) add(s *standin, headroom float64, ns ...string) {
+	rg.t.Helper()
+	res, err := rg.store.Register(rg.t.Context(), &directory.Registration{
+		ClientID: "client-" + s.name, Sub: "p:worker", Secret: s.secret, Namespaces: ns,
+		AdvertiseURL: s.srv.URL, Headroom: headroom,
+	}, rg.now())
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	s.session.Store(res.SessionID)
+}
+
+// warm passes the cold-start quarantine.
+func (rg *rig) warm() {
+	_, err := rg.store.Place(rg.t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: rg.now()})
+	var q *directory.QuarantineError
+	if errors.As(err, &q) {
+		rg.advance(q.Remaining)
+	}
+}
+
+func (rg *rig) do(req *http.Request) (*http.Response, string) {
+	rg.t.Helper()
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		rg.t.Fatalf("cannot %s %s: %v", req.Method, req.URL, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}
+
+func (rg *rig) get(path string, hdr map[string]string) (*http.Response, string) {
+	req, _ := http.NewRequest("GET", rg.url+path, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return rg.do(req)
+}
+
+func decodeSeen(t *testing.T, body string) seen {
+	t.Helper()
+	var s seen
+	if err := json.Unmarshal([]byte(body), &s); err != nil {
+		t.Fatalf("cannot decode the worker's echo %q: %v", body, err)
+	}
+	return s
+}
+
+func TestForward_RDP1_RTR5(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w1")
+	rg.add(w, 10, "/counters")
+	req, _ := http.NewRequest("POST", rg.url+"/counters/alice/inc/x?by=2&z=%2F", strings.NewReader(`{"n":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Pinboard-Attestation", "forged")
+	req.Header.Set("Pinboard-Session-Secret", "x")
+	req.Header.Set("Connection", "keep-alive, X-Hop")
+	req.Header.Set("X-Hop", "1")
+	req.Header.Set("X-Forwarded-For", "6.6.6.6")
+	req.Header.Set("Traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	res, body := rg.do(req)
+	if res.StatusCode != 200 {
+		t.Fatalf("unexpected status %d %s", res.StatusCode, body)
+	}
+	s := decodeSeen(t, body)
+	if s.Method != "POST" || s.URI != "/counters/alice/inc/x?by=2&z=%2F" || s.BodyLen != 7 {
+		t.Fatalf("unexpected forward; got %+v", s)
+	}
+	if s.Claims.Aud != w.session.Load().(string) || s.Claims.HasCaller || s.Claims.Acct != nil || s.Claims.Expires != s.Claims.IssuedAt+30 {
+		t.Fatalf("unexpected attestation claims %+v", s.Claims)
+	}
+	hdr := http.Header(s.Header)
+	if hdr.Get("X-Hop") != "" || hdr.Get("Pinboard-Session-Secret") != "" {
+		t.Fatalf("unexpected hop-by-hop or reserved header forwarded: %v", hdr)
+	}
+	if hdr.Get("X-Forwarded-For") != "127.0.0.1" || hdr.Get("X-Forwarded-Proto") != "http" {
+		t.Fatalf("unexpected forwarding headers (untrusted XFF must be replaced): %v", hdr)
+	}
+	if hdr.Get("Traceparent") != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
+		t.Fatalf("unexpected traceparent: %q", hdr.Get("Traceparent"))
+	}
+	if hdr.Get("Content-Type") != "application/json" || hdr.Get("User-Agent") != "Go-http-client/1.1" {
+		t.Fatalf("unexpected end-to-end headers: %v", hdr)
+	}
+	p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if hdr.Get("Pinboard-Epoch") != formatUint(p.Epoch) {
+		t.Fatalf("unexpected epoch header %q; want %d", hdr.Get("Pinboard-Epoch"), p.Epoch)
+	}
+}
+
+func formatUint(n uint64) string { return fmt.Sprint(n) }
+
+func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
+	rg := newRig(t, nil)
+	// Cold start: the first placement attempt stamps the quarantine.
+	res, body := rg.get("/counters/alice/value", nil)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "10" || !strings.HasPrefix(body, `{"error":"cold start`) {
+		t.Fatalf("unexpected cold start reply; got %d %q %s", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+	rg.advance(10 * time.Second)
+	cases := []struct {
+		path   string
+		status int
+		body   string
+	}{
+		{"/counters/alice/value", 404, `{"error":"unknown namespace"}`},
+		{"/counters", 404, `{"error":"not found"}`},
+		{"/counters/al%20ice/value", 400, `{"error":"id must contain only [A-Za-z0-9._~-]"}`},
+		{"/counters/alice/../../x", 400, `{"error":"path must not contain . or .. segments"}`},
+	}
+	for _, tc := range cases {
+		res, body := rg.get(tc.path, nil)
+		if res.StatusCode != tc.status || body != tc.body || res.Header.Get("Content-Type") != "application/json" {
+			t.Fatalf("unexpected reply for %s; got %d %s; want %d %s", tc.path, res.StatusCode, body, tc.status, tc.body)
+		}
+	}
+	// A registered but dead owner: connection refused fails fast with 502.
+	w := newStandin(t, "dead")
+	rg.add(w, 1, "/counters")
+	w.srv.Close()
+	start := time.Now()
+	res, body = rg.get("/counters/alice/value", nil)
+	if res.StatusCode != 502 || body != `{"error":"owner unreachable"}` || time.Since(start) > time.Second {
+		t.Fatalf("unexpected reply for a dead owner; got %d %s after %v", res.StatusCode, body, time.Since(start))
+	}
+	// Draining workers only: 503 with Retry-After.
+	_, _ = rg.store.SetDrain(t.Context(), "client-dead", directory.DrainState{Draining: true}, rg.now())
+	res, body = rg.get("/counters/bob/value", nil)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.HasPrefix(body, `{"error":"no worker`) {
+		t.Fatalf("unexpected reply with only drained workers; got %d %s", res.StatusCode, body)
+	}
+}
+
+// A worker refusing a new activation in-band is released and the id
+// placed once more elsewhere; a second refusal answers 503 (R-PL-6).
+func TestInBandRefusal_RPL6(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	refuse := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Pinned-Refusal", "lease-unhealthy")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(503)
+		_, _ = w.Write([]byte(`{"detail":"lease unhealthy; refusing new activations"}`))
+	}
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	a.route("/value", refuse)
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	res, body := rg.get("/counters/alice/value", nil)
+	if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+		t.Fatalf("unexpected reply after one refusal; got %d %s; want b's answer", res.StatusCode, body)
+	}
+	p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if p.SessionID != b.session.Load().(string) {
+		t.Fatalf("unexpected owner after the retry; got %s", p.SessionID)
+	}
+	// Both refuse: one retry, then 503 + Retry-After, and no row left on
+	// the refusing worker.
+	b.route("/value", refuse)
+	res, body = rg.get("/counters/carol/value", nil)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.Contains(body, "refused") {
+		t.Fatalf("unexpected reply after two refusals; got %d %s", res.StatusCode, body)
+	}
+	if res.Header.Get("Pinned-Refusal") != "" {
+		t.Fatalf("unexpected refusal marker relayed to the client")
+	}
+	if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected placement left after refusals: %v", err)
+	}
+	// A plain 503 without the marker is relayed as is.
+	a.route("/busy", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503); _, _ = w.Write([]byte("busy")) })
+	b.route("/busy", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503); _, _ = w.Write([]byte("busy")) })
+	if res, body := rg.get("/counters/alice/busy", nil); res.StatusCode != 503 || body != "busy" {
+		t.Fatalf("unexpected reply for a plain 503; got %d %s", res.StatusCode, body)
+	}
+}
+
+// Namespace policies (R-TR-4): an authenticated namespace needs a passport
+// credential, which is consumed; the account rides in the attestation.
+func TestNamespacePolicy_RTR4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/secure", "/open")
+	if res, body := rg.get("/secure/x/value", nil); res.StatusCode != 401 || body != `{"error":"unauthorized"}` {
+		t.Fatalf("unexpected anonymous reply; got %d %s", res.StatusCode, body)
+	}
+	if res, body := rg.get("/secure/x/value", map[string]string{"Authorization": "Bearer wrong"}); res.StatusCode != 401 {
+		t.Fatalf("unexpected reply for a wrong token; got %d %s", res.StatusCode, body)
+	}
+	res, body := rg.get("/secure/x/value", map[string]string{"Authorization": "Bearer " + clientToken})
+	if res.StatusCode != 200 {
+		t.Fatalf("unexpected reply; got %d %s", res.StatusCode, body)
+	}
+	s := decodeSeen(t, body)
+	if http.Header(s.Header).Get("Authorization") != "" {
+		t.Fatalf("unexpected pinboard credential forwarded to the worker")
+	}
+	if s.Claims.Acct == nil || s.Claims.Acct.Sub != "p:client" || len(s.Claims.Acct.Scopes) != 1 || !strings.Contains(string(s.Claims.Acct.Claims), `"team":"blue"`) {
+		t.Fatalf("unexpected acct in the attestation: %+v", s.Claims.Acct)
+	}
+	// An anonymous namespace passes a non-passport Authorization through.
+	_, body = rg.get("/open/x/value", map[string]string{"Authorization": "Bearer app-jwt"})
+	if got := http.Header(decodeSeen(t, body).Header).Get("Authorization"); got != "Bearer app-jwt" {
+		t.Fatalf("unexpected Authorization at the worker; got %q", got)
+	}
+}
+
+// Attested cluster calls (R-TR-6): the caller's session secret is checked,
+// the attestation names the caller and depth, and a new id prefers the
+// caller's own worker (R-PL-4).
+func TestClusterCall_RTR6_RPL4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	rg.add(a, 1, "/counters")
+	rg.add(b, 1000, "/counters")
+	call := map[string]string{
+		"Pinboard-Session":          a.session.Load().(string),
+		"Pinboard-Session-Secret":   a.secret,
+		"Pinboard-From":             "/counters/alice",
+		"Pinboard-Subrequest-Depth": "3",
+	}
+	res, body := rg.get("/counters/bob/value", call)
+	if res.StatusCode != 200 {
+		t.Fatalf("unexpected reply; got %d %s", res.StatusCode, body)
+	}
+	s := decodeSeen(t, body)
+	if s.Worker != "a" {
+		t.Fatalf("unexpected owner for a cluster call's new id; got %s; want the caller's worker a", s.Worker)
+	}
+	if ns, id, ok := s.Claims.CallerInstance(); !ok || ns != "/counters" || id != "alice" || s.Claims.Depth != 3 {
+		t.Fatalf("unexpected caller claims %+v", s.Claims)
+	}
+	for k := range call {
+		if http.Header(s.Header).Get(k) != "" {
+			t.Fatalf("unexpected %s forwarded to the worker", k)
+		}
+	}
+	bad := map[string]string{}
+	for k, v := range call {
+		bad[k] = v
+	}
+	bad["Pinboard-Session-Secret"] = "guess"
+	if res, body := rg.get("/counters/bob/value", bad); res.StatusCode != 403 || !strings.Contains(body, "secret") {
+		t.Fatalf("unexpected reply for a wrong session secret; got %d %s", res.StatusCode, body)
+	}
+	bad["Pinboard-Session"] = "nope"
+	if res, _ := rg.get("/counters/bob/value", bad); res.StatusCode != 403 {
+		t.Fatalf("unexpected reply for an unknown session; got %d", res.StatusCode)
+	}
+	call["Pinboard-Subrequest-Depth"] = "51"
+	if res, _ := rg.get("/counters/bob/value", call); res.StatusCode != 400 {
+		t.Fatalf("unexpected reply past the depth limit; got %d", res.StatusCode)
+	}
+}
+
+// Server-Sent Events leave as they are produced (R-DP-2).
+func TestSSEFlushedPerEvent_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	release := make(chan struct{})
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(200)
+		for i := 0; i < 3; i++ {
+			fmt.Fprintf(rw, "data: %d\n\n", i)
+			rw.(http.Flusher).Flush()
+			<-release
+		}
+	})
+	rg.add(w, 1, "/t")
+	res, err := http.Get(rg.url + "/t/x/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("unexpected content type %q", res.Header.Get("Content-Type"))
+	}
+	br := bufio.NewReader(res.Body)
+	for i := 0; i < 3; i++ {
+		line, err := readLineWithin(br, 5*time.Second)
+		if err != nil || line != fmt.Sprintf("data: %d\n", i) {
+			t.Fatalf("unexpected event %d before the next was produced; got %q, %v", i, line, err)
+		}
+		_, _ = br.ReadString('\n')
+		release <- struct{}{}
+	}
+	if rg.p.OpenStreams() > 1 {
+		t.Fatalf("unexpected open streams %d", rg.p.OpenStreams())
+	}
+}
+
+func readLineWithin(br *bufio.Reader, d time.Duration) (string, error) {
+	type result struct {
+		s   string
+		err error
+	}
+	c := make(chan result, 1)
+	go func() { s, err := br.ReadString('\n'); c <- result{s, err} }()
+	select {
+	case r := <-c:
+		return r.s, r.err
+	case <-time.After(d):
+		return "", errors.New("timed out: the event was buffered")
+	}
+}
+
+// A worker that closes its connections must not close the client's.
+func TestUpstreamConnectionCloseStaysHopByHop_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	w.route("/close", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Connection", "close")
+		_, _ = rw.Write([]byte("ok"))
+	})
+	rg.add(w, 1, "/c")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for i := 0; i < 3; i++ {
+		fmt.Fprintf(conn, "GET /c/x/close HTTP/1.1\r\nHost: pb\r\n\r\n")
+		var res fasthttp.Response
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := res.Read(br); err != nil {
+			t.Fatalf("cannot read response %d on a kept-alive client connection: %v", i, err)
+		}
+		if string(res.Body()) != "ok" || res.ConnectionClose() {
+			t.Fatalf("unexpected response %d: %q close=%v", i, res.Body(), res.ConnectionClose())
+		}
+	}
+}
+
+func TestHeadKeepsContentLength(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	w.route("/blob", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Length", "12345")
+		if r.Method != "HEAD" {
+			_, _ = rw.Write(make([]byte, 12345))
+		}
+	})
+	rg.add(w, 1, "/c")
+	req, _ := http.NewRequest("HEAD", rg.url+"/c/x/blob", nil)
+	res, _ := rg.do(req)
+	if res.StatusCode != 200 || res.ContentLength != 12345 {
+		t.Fatalf("unexpected HEAD reply; got %d length %d", res.StatusCode, res.ContentLength)
+	}
+}
+
+// Large bodies stream both ways at once (R-DP-2): an echo that writes
+// while it reads must not deadlock against the proxy.
+func TestFullDuplexEcho_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	w.route("/echo", func(rw http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(rw)
+		_ = rc.EnableFullDuplex()
+		rw.WriteHeader(200)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				_, _ = rw.Write(buf[:n])
+				_ = rc.Flush()
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	rg.add(w, 1, "/c")
+	const size = 32 << 20
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := make([]byte, 64<<10)
+		for i := range chunk {
+			chunk[i] = byte(i)
+		}
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := pw.Write(chunk); err != nil {
+				return
+			}
+		}
+		_ = pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", rg.url+"/c/x/echo", pr)
+	req.ContentLength = size
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	n, err := io.Copy(io.Discard, res.Body)
+	if err != nil || n != size {
+		t.Fatalf("unexpected echo; got %d bytes, %v; want %d", n, err, size)
+	}
+}
+
+// The programmatic affinity key (R-PL-4): a string is a rendezvous key, so
+// independent ids with one key share a preferred worker; null spreads them
+// by power of two choices.
+func TestAffinityKeyOption_RPL4(t *testing.T) {
+	rg := newRig(t, func(o *Options) {
+		o.AffinityKey = func(ctx *fasthttp.RequestCtx) (string, bool) {
+			k := ctx.Request.Header.Peek("X-Thread")
+			return string(k), len(k) > 0
+		}
+	})
+	rg.warm()
+	ws := []*standin{newStandin(t, "a"), newStandin(t, "b"), newStandin(t, "c"), newStandin(t, "d")}
+	for _, w := range ws {
+		rg.add(w, 1000, "/t")
+	}
+	owner := func(id string, hdr map[string]string) string {
+		_, body := rg.get("/t/"+id+"/x", hdr)
+		return decodeSeen(t, body).Worker
+	}
+	first := owner("k0", map[string]string{"X-Thread": "thread-7"})
+	for i := 1; i < 20; i++ {
+		if got := owner(fmt.Sprintf("k%d", i), map[string]string{"X-Thread": "thread-7"}); got != first {
+			t.Fatalf("unexpected owner for key thread-7; got %s; want %s", got, first)
+		}
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 40; i++ {
+		seen[owner(fmt.Sprintf("n%d", i), nil)] = true
+	}
+	if len(seen) < 3 {
+		t.Fatalf("unexpected spread for null keys; got %v", seen)
+	}
+}
+
+// The client IP comes through PINBOARD_TRUSTED_PROXIES only: an untrusted
+// X-Forwarded-For cannot pick a worker (R-PL-4).
+func TestClientIPThroughTrustedProxiesOnly_RPL4(t *testing.T) {
+	owners := func(trusted string) map[string]bool {
+		tp, err := ParseTrustedProxies(trusted)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rg := newRig(t, func(o *Options) { o.TrustedProxies = tp })
+		rg.warm()
+		for _, n := range []string{"a", "b", "c", "d"} {
+			rg.add(newStandin(t, n), 1000, "/t")
+		}
+		seen := map[string]bool{}
+		for i := 0; i < 32; i++ {
+			_, body := rg.get(fmt.Sprintf("/t/ip%d/x", i), map[string]string{"X-Forwarded-For": fmt.Sprintf("198.51.100.%d", i)})
+			seen[decodeSeen(t, body).Worker] = true
+		}
+		return seen
+	}
+	if got := owners(""); len(got) != 1 {
+		t.Fatalf("unexpected spread with untrusted X-Forwarded-For; got %v; want one worker (the peer's affinity)", got)
+	}
+	if got := owners("127.0.0.1"); len(got) < 3 {
+		t.Fatalf("unexpected spread with a trusted proxy; got %v; want the client IPs to spread", got)
+	}
+}

@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+func TestParseTarget_RDP1(t *testing.T) {
+	cases := []struct {
+		uri, base           string
+		ns, id, path, query string
+		err                 error
+	}{
+		{uri: "/counters/alice/value", ns: "/counters", id: "alice", path: "/counters/alice/value"},
+		{uri: "/counters/alice", ns: "/counters", id: "alice", path: "/counters/alice"},
+		{uri: "/counters/alice/", ns: "/counters", id: "alice", path: "/counters/alice/"},
+		{uri: "/counters/alice/a/b?x=1&y=%2F", ns: "/counters", id: "alice", path: "/counters/alice/a/b", query: "?x=1&y=%2F"},
+		{uri: "/counters/a.b~c-d_e/x", ns: "/counters", id: "a.b~c-d_e", path: "/counters/a.b~c-d_e/x"},
+		{uri: "/pb/counters/alice/value", base: "/pb", ns: "/counters", id: "alice", path: "/counters/alice/value"},
+		{uri: "/pbx/counters/alice", base: "/pb", err: errOutsideBase},
+		{uri: "/counters/alice", base: "/pb", err: errOutsideBase},
+		{uri: "/", err: errNotInstance},
+		{uri: "/counters", err: errNotInstance},
+		{uri: "//alice/x", err: errBadNamespace},
+		{uri: "/counters//x", err: errEmptyID},
+		{uri: "/counters/al%20ice/x", err: errIDCharset},
+		{uri: "/counters/al ice", err: errIDCharset},
+		{uri: "/counters/" + strings.Repeat("a", 257), err: errLongID},
+		{uri: "/counters/" + strings.Repeat("a", 256), ns: "/counters", id: strings.Repeat("a", 256), path: "/counters/" + strings.Repeat("a", 256)},
+		{uri: "/counters/../registry/x", err: errDotSegment},
+		{uri: "/counters/./x", err: errDotSegment},
+		{uri: "/counters/alice/../../_pinned/stats", err: errDotSegment},
+		{uri: "/counters/alice/./x", err: errDotSegment},
+		{uri: "/../x/y", err: errDotSegment},
+		{uri: "/counters/alice/..x", ns: "/counters", id: "alice", path: "/counters/alice/..x"},
+		{uri: "http://host/counters/a", err: errPathMalformed},
+		{uri: "*", err: errPathMalformed},
+	}
+	for _, tc := range cases {
+		tg, err := ParseTarget([]byte(tc.uri), []byte(tc.base))
+		if err != tc.err {
+			t.Fatalf("unexpected error for %q; got %v; want %v", tc.uri, err, tc.err)
+		}
+		if err != nil {
+			continue
+		}
+		if string(tg.NS) != tc.ns || string(tg.ID) != tc.id || string(tg.Path) != tc.path || string(tg.Query) != tc.query {
+			t.Fatalf("unexpected target for %q; got ns=%q id=%q path=%q query=%q", tc.uri, tg.NS, tg.ID, tg.Path, tg.Query)
+		}
+	}
+}
+
+func TestParseTargetAllocs(t *testing.T) {
+	uri := []byte("/counters/alice/value?x=1")
+	if n := testing.AllocsPerRun(1000, func() { _, _ = ParseTarget(uri, nil) }); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}
+
+func FuzzParseTarget(f *testing.F) {
+	for _, s := range []string{"/counters/alice/value", "/a/b/../c", "/x//y", "/%2e%2e/a"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, uri string) {
+		tg, err := ParseTarget([]byte(uri), nil)
+		if err != nil {
+			return
+		}
+		if checkID(tg.ID) != nil || len(tg.NS) < 2 || tg.NS[0] != '/' {
+			t.Fatalf("accepted an invalid target %q: %+v", uri, tg)
+		}
+		for _, seg := range strings.Split(string(tg.Path), "/") {
+			if seg == "." || seg == ".." {
+				t.Fatalf("accepted a dot segment in %q", uri)
+			}
+		}
+	})
+}
+
+func TestStripRequestHop_RDP1(t *testing.T) {
+	var h fasthttp.RequestHeader
+	h.SetMethod("GET")
+	h.SetRequestURI("/c/a")
+	for k, v := range map[string]string{
+		"Connection":            "keep-alive, X-Secret-Hop",
+		"X-Secret-Hop":          "1",
+		"Keep-Alive":            "timeout=5",
+		"Proxy-Connection":      "keep-alive",
+		"Proxy-Authorization":   "Basic x",
+		"Te":                    "trailers",
+		"Trailer":               "X",
+		"Upgrade":               "h2c",
+		"Expect":                "100-continue",
+		"Pinboard-Attestation":  "forged",
+		"pinboard-epoch":        "1",
+		"Pinboard-Proxy-Secret": "stolen",
+		"Pinboard-Anything":     "x",
+		"X-Keep":                "yes",
+		"Traceparent":           "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+	} {
+		h.Set(k, v)
+	}
+	stripRequestHop(&h, false)
+	for _, gone := range []string{"Connection", "X-Secret-Hop", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Te", "Trailer", "Upgrade", "Expect", "Pinboard-Attestation", "Pinboard-Epoch", "Pinboard-Proxy-Secret", "Pinboard-Anything"} {
+		if v := h.Peek(gone); len(v) != 0 {
+			t.Fatalf("unexpected %s: %q survived stripping", gone, v)
+		}
+	}
+	for _, kept := range []string{"X-Keep", "Traceparent"} {
+		if len(h.Peek(kept)) == 0 {
+			t.Fatalf("unexpected loss of %s", kept)
+		}
+	}
+}
+
+func TestStripRequestHopKeepsUpgradeForWebSockets(t *testing.T) {
+	var h fasthttp.RequestHeader
+	h.Set("Connection", "Upgrade")
+	h.Set("Upgrade", "websocket")
+	stripRequestHop(&h, true)
+	if string(h.Peek("Upgrade")) != "websocket" {
+		t.Fatalf("unexpected loss of Upgrade")
+	}
+}
+
+func TestStripRequestHopAllocs(t *testing.T) {
+	var h fasthttp.RequestHeader
+	h.SetMethod("GET")
+	h.SetRequestURI("/c/a")
+	h.Set("Accept", "*/*")
+	h.Set("User-Agent", "bench")
+	if n := testing.AllocsPerRun(1000, func() { stripRequestHop(&h, false) }); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}
+
+func TestClientIP_RPL4(t *testing.T) {
+	tp, err := ParseTrustedProxies("10.0.0.0/8, 127.0.0.1 ::1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddr
+	cases := []struct {
+		peer, xff, want string
+	}{
+		{"203.0.113.9", "1.2.3.4", "203.0.113.9"},     // untrusted peer: XFF ignored
+		{"127.0.0.1", "1.2.3.4", "1.2.3.4"},           // trusted peer
+		{"127.0.0.1", "1.2.3.4, 10.1.1.1", "1.2.3.4"}, // skip trusted hops right to left
+		{"127.0.0.1", "9.9.9.9, 1.2.3.4, 10.1.1.1", "1.2.3.4"},
+		{"127.0.0.1", "garbage, 10.1.1.1", "10.1.1.1"}, // stop at malformed entries
+		{"127.0.0.1", "", "127.0.0.1"},
+		{"::1", "[2001:db8::1]:443", "2001:db8::1"},
+		{"::ffff:127.0.0.1", "5.6.7.8:1234", "5.6.7.8"},
+	}
+	for _, tc := range cases {
+		if got := tp.ClientIP(a(tc.peer), []byte(tc.xff)); got != a(tc.want) {
+			t.Fatalf("unexpected client IP for peer %s xff %q; got %v; want %s", tc.peer, tc.xff, got, tc.want)
+		}
+	}
+	var none *TrustedProxies
+	if got := none.ClientIP(a("127.0.0.1"), []byte("1.2.3.4")); got != a("127.0.0.1") {
+		t.Fatalf("unexpected client IP without trusted proxies: %v", got)
+	}
+	if _, err := ParseTrustedProxies("10.0.0.0/33"); err == nil {
+		t.Fatalf("unexpected acceptance of a bad CIDR")
+	}
+	if _, err := ParseTrustedProxies("localhost"); err == nil {
+		t.Fatalf("unexpected acceptance of a hostname")
+	}
+}

@@ -1,0 +1,210 @@
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A relayed WebSocket is copied byte for byte, but the copier follows the
+// frame boundaries (RFC 6455 §5.2) so that shutdown can say goodbye
+// properly: a Close frame with status 1001 "going away" (§7.4.1) to the
+// client and to the worker, each sent only between two frames, never inside
+// one. Control frames may sit between the fragments of a message (§5.4),
+// so a frame boundary is always a safe place. A direction that is inside a
+// frame when shutdown comes gets its Close frame as soon as that frame
+// ends; one still inside a frame at the deadline is cut by closing TCP.
+
+// goingAway is the Close payload: status 1001 and its reason.
+var goingAway = append(binary.BigEndian.AppendUint16(nil, 1001), "going away"...)
+
+// frameTracker follows frame boundaries in a byte stream without decoding
+// payloads. The zero value is at a boundary.
+type frameTracker struct {
+	hdr  [14]byte
+	hn   int    // header bytes seen of the current frame
+	need int    // header length, known once two bytes are in
+	left uint64 // payload bytes left in the current frame
+	lost bool   // an impossible length: never at a boundary again
+}
+
+// boundary reports whether the bytes so far end exactly between frames.
+func (f *frameTracker) boundary() bool { return !f.lost && f.hn == 0 && f.left == 0 }
+
+// span consumes bytes of p up to the end of the current frame and returns
+// how many: all of p when the frame goes on past it.
+func (f *frameTracker) span(p []byte) int {
+	if f.lost {
+		return len(p)
+	}
+	i := 0
+	for i < len(p) {
+		if f.left > 0 {
+			n := uint64(len(p) - i)
+			if n > f.left {
+				n = f.left
+			}
+			i += int(n)
+			f.left -= n
+			if f.left == 0 {
+				return i
+			}
+			continue
+		}
+		f.hdr[f.hn] = p[i]
+		f.hn++
+		i++
+		if f.hn == 2 {
+			f.need = 2
+			switch f.hdr[1] & 0x7f {
+			case 126:
+				f.need += 2
+			case 127:
+				f.need += 8
+			}
+			if f.hdr[1]&0x80 != 0 {
+				f.need += 4 // masking key
+			}
+		}
+		if f.hn < 2 || f.hn < f.need {
+			continue
+		}
+		var n uint64
+		switch l := f.hdr[1] & 0x7f; l {
+		case 126:
+			n = uint64(binary.BigEndian.Uint16(f.hdr[2:4]))
+		case 127:
+			n = binary.BigEndian.Uint64(f.hdr[2:10])
+			if n>>63 != 0 { // §5.2: the most significant bit must be 0
+				f.lost = true
+				return len(p)
+			}
+		default:
+			n = uint64(l)
+		}
+		f.hn, f.need, f.left = 0, 0, n
+		if n == 0 {
+			return i
+		}
+	}
+	return i
+}
+
+// wsDir is one direction of a relay.
+type wsDir struct {
+	src, dst net.Conn
+	// mask: frames this relay writes to dst must be masked (toward the
+	// worker, where pinboard is the client, §5.3).
+	mask  bool
+	going *atomic.Bool
+
+	mu     sync.Mutex
+	fr     frameTracker
+	closed bool // our Close frame went out: nothing more is forwarded
+}
+
+// copy forwards src to dst until either fails.
+func (d *wsDir) copy() error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := d.src.Read(buf)
+		if n > 0 {
+			if werr := d.forward(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// forward writes p frame piece by frame piece, sending the Close frame at
+// the first boundary once shutdown began. After it, bytes are dropped: an
+// endpoint that sent Close sends no more data (§5.5.1).
+func (d *wsDir) forward(p []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for len(p) > 0 && !d.closed {
+		n := d.fr.span(p)
+		if _, err := d.dst.Write(p[:n]); err != nil {
+			return err
+		}
+		p = p[n:]
+		if d.going.Load() && d.fr.boundary() {
+			d.sendClose()
+		}
+	}
+	return nil
+}
+
+// tryClose sends the Close frame now if dst is between frames; otherwise
+// forward sends it when the current frame ends. A forward blocked writing
+// holds mu: tryClose does not wait for it (the forward checks going once
+// its write returns), it only retries briefly in case the forward was just
+// finishing.
+func (d *wsDir) tryClose() {
+	for i := 0; ; i++ {
+		if d.mu.TryLock() {
+			break
+		}
+		if i == 20 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	defer d.mu.Unlock()
+	if !d.closed && d.fr.boundary() {
+		d.sendClose()
+	}
+}
+
+// sendClose writes Close 1001 to dst. Called with mu held.
+func (d *wsDir) sendClose() {
+	d.closed = true
+	frame := make([]byte, 0, 6+len(goingAway))
+	frame = append(frame, 0x88) // FIN, opcode 8 (Close)
+	if !d.mask {
+		frame = append(frame, byte(len(goingAway)))
+		frame = append(frame, goingAway...)
+	} else {
+		var key [4]byte
+		_, _ = rand.Read(key[:])
+		frame = append(frame, 0x80|byte(len(goingAway)))
+		frame = append(frame, key[:]...)
+		for i, c := range goingAway {
+			frame = append(frame, c^key[i%4])
+		}
+	}
+	_, _ = d.dst.Write(frame)
+}
+
+// wsRelay is one relayed WebSocket: client and worker connections and the
+// two directions between them.
+type wsRelay struct {
+	client, upstream net.Conn
+	going            atomic.Bool
+	up, down         wsDir // client→worker, worker→client
+}
+
+func newWSRelay(client, upstream net.Conn) *wsRelay {
+	r := &wsRelay{client: client, upstream: upstream}
+	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going}
+	r.down = wsDir{src: upstream, dst: client, going: &r.going}
+	return r
+}
+
+// shutdown starts the closing handshake in both directions and bounds what
+// is left of the relay by deadline: the peers answer Close and the worker
+// closes its connection, which ends the relay; a peer that does not, or a
+// direction stuck inside a frame, is cut at the deadline.
+func (r *wsRelay) shutdown(deadline time.Time) {
+	r.going.Store(true)
+	_ = r.client.SetDeadline(deadline)
+	_ = r.upstream.SetDeadline(deadline)
+	r.down.tryClose()
+	r.up.tryClose()
+}

@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// frame builds one WebSocket frame; masked frames use a fixed key.
+func frame(op byte, payload []byte, masked bool) []byte {
+	b := []byte{0x80 | op}
+	var m byte
+	if masked {
+		m = 0x80
+	}
+	switch n := len(payload); {
+	case n < 126:
+		b = append(b, m|byte(n))
+	case n <= 0xffff:
+		b = append(b, m|126)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+	default:
+		b = append(b, m|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	if !masked {
+		return append(b, payload...)
+	}
+	key := [4]byte{1, 2, 3, 4}
+	b = append(b, key[:]...)
+	for i, c := range payload {
+		b = append(b, c^key[i%4])
+	}
+	return b
+}
+
+func TestFrameTrackerBoundaries(t *testing.T) {
+	var stream []byte
+	var ends []int // offsets where a frame ends
+	for _, f := range [][]byte{
+		frame(0x1, []byte("hi"), false),
+		frame(0x9, nil, true),
+		frame(0x2, bytes.Repeat([]byte{7}, 125), true),
+		frame(0x2, bytes.Repeat([]byte{7}, 126), false),
+		frame(0x2, bytes.Repeat([]byte{7}, 70000), true),
+		frame(0x8, goingAway, false),
+	} {
+		stream = append(stream, f...)
+		ends = append(ends, len(stream))
+	}
+	for _, chunk := range []int{1, 3, 7, 1000, len(stream)} {
+		var f frameTracker
+		var got []int
+		off := 0
+		for off < len(stream) {
+			end := min(off+chunk, len(stream))
+			p := stream[off:end]
+			for len(p) > 0 {
+				n := f.span(p)
+				off += n
+				p = p[n:]
+				if f.boundary() {
+					got = append(got, off)
+				}
+			}
+		}
+		if len(got) != len(ends) {
+			t.Fatalf("chunk %d: unexpected boundaries; got %v; want %v", chunk, got, ends)
+		}
+		for i := range got {
+			if got[i] != ends[i] {
+				t.Fatalf("chunk %d: unexpected boundaries; got %v; want %v", chunk, got, ends)
+			}
+		}
+	}
+}
+
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("cannot listen: %v", err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("cannot dial: %v", err)
+	}
+	b := <-accepted
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// readFrame reads one frame and returns its opcode and unmasked payload.
+func readFrame(t *testing.T, br *bufio.Reader) (byte, []byte) {
+	t.Helper()
+	var h [2]byte
+	if _, err := io.ReadFull(br, h[:]); err != nil {
+		t.Fatalf("cannot read frame header: %v", err)
+	}
+	n := int(h[1] & 0x7f)
+	switch n {
+	case 126:
+		var e [2]byte
+		io.ReadFull(br, e[:])
+		n = int(binary.BigEndian.Uint16(e[:]))
+	case 127:
+		var e [8]byte
+		io.ReadFull(br, e[:])
+		n = int(binary.BigEndian.Uint64(e[:]))
+	}
+	var key []byte
+	if h[1]&0x80 != 0 {
+		key = make([]byte, 4)
+		io.ReadFull(br, key)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(br, p); err != nil {
+		t.Fatalf("cannot read frame payload: %v", err)
+	}
+	for i := range p {
+		if key != nil {
+			p[i] ^= key[i%4]
+		}
+	}
+	return h[0] & 0x0f, p
+}
+
+// TestRelayShutdownSendsGoingAway: at shutdown both sides get Close 1001
+// "going away"; a direction inside a frame gets it right after the frame,
+// never inside it.
+func TestRelayShutdownSendsGoingAway(t *testing.T) {
+	relayClient, client := tcpPair(t)
+	relayUp, worker := tcpPair(t)
+	hj := newHijacks()
+	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	go hj.relay(relayClient, relayUp, handshake, frame(0x1, []byte("early"), false))
+	cbr, wbr := bufio.NewReader(client), bufio.NewReader(worker)
+	client.SetDeadline(time.Now().Add(10 * time.Second))
+	worker.SetDeadline(time.Now().Add(10 * time.Second))
+
+	got := make([]byte, len(handshake))
+	if _, err := io.ReadFull(cbr, got); err != nil || !bytes.Equal(got, handshake) {
+		t.Fatalf("unexpected handshake; got %q, %v", got, err)
+	}
+	if op, p := readFrame(t, cbr); op != 0x1 || string(p) != "early" {
+		t.Fatalf("unexpected first frame; got %x %q; want text early", op, p)
+	}
+	client.Write(frame(0x1, []byte("hi"), true))
+	if op, p := readFrame(t, wbr); op != 0x1 || string(p) != "hi" {
+		t.Fatalf("unexpected frame at the worker; got %x %q", op, p)
+	}
+	// The worker is inside a 10-byte frame when shutdown comes.
+	long := frame(0x2, []byte("0123456789"), false)
+	worker.Write(long[:6])
+	for hj.Open() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let the relay forward the partial frame
+	hj.shutdown(time.Now().Add(5 * time.Second))
+
+	// The worker side is between frames: Close comes at once, masked.
+	if op, p := readFrame(t, wbr); op != 0x8 || !bytes.Equal(p, goingAway) {
+		t.Fatalf("unexpected frame at the worker; got %x %q; want close 1001", op, p)
+	}
+	// The client side gets the rest of the frame, then Close.
+	worker.Write(long[6:])
+	if op, p := readFrame(t, cbr); op != 0x2 || string(p) != "0123456789" {
+		t.Fatalf("unexpected frame at the client; got %x %q; want the whole binary frame", op, p)
+	}
+	op, p := readFrame(t, cbr)
+	if op != 0x8 || binary.BigEndian.Uint16(p) != 1001 || string(p[2:]) != "going away" {
+		t.Fatalf("unexpected frame at the client; got %x %q; want close 1001", op, p)
+	}
+	// Closing handshake: both answer Close; the worker closes TCP, which
+	// ends the relay.
+	client.Write(frame(0x8, goingAway[:2], true))
+	worker.Write(frame(0x8, goingAway[:2], false))
+	worker.Close()
+	if _, err := cbr.ReadByte(); err != io.EOF {
+		t.Fatalf("unexpected client read after the close handshake; got %v; want EOF", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !hj.wait(ctx) {
+		t.Fatalf("unexpected relay still running after the closing handshake")
+	}
+}
+
+// TestRelayShutdownDeadline: a peer that never completes its frame is cut
+// at the deadline.
+func TestRelayShutdownDeadline(t *testing.T) {
+	relayClient, client := tcpPair(t)
+	relayUp, worker := tcpPair(t)
+	hj := newHijacks()
+	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil)
+	client.Write(frame(0x2, []byte("0123456789"), true)[:5]) // stalls inside a frame
+	for hj.Open() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	hj.shutdown(time.Now().Add(200 * time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !hj.wait(ctx) {
+		t.Fatalf("unexpected relay still running past the deadline")
+	}
+	// The worker saw the partial frame and then the connection end, no
+	// Close frame inside the frame.
+	worker.SetDeadline(time.Now().Add(5 * time.Second))
+	rest, _ := io.ReadAll(worker)
+	if want := frame(0x2, []byte("0123456789"), true)[:5]; !bytes.Equal(rest, want) {
+		t.Fatalf("unexpected bytes at the worker; got %x; want %x", rest, want)
+	}
+}

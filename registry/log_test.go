@@ -1,0 +1,173 @@
+package registry
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// challengeServer answers GET /_pinned/challenge like a worker: the value
+// registered for the challenge, 500 while failing, another value while
+// lying.
+type challengeServer struct {
+	mu      sync.Mutex
+	values  map[string]string
+	failing bool
+	lying   bool
+}
+
+func (c *challengeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failing {
+		w.WriteHeader(500)
+		return
+	}
+	v := c.values[r.URL.Query().Get("challenge")]
+	if c.lying {
+		v = "someone-else"
+	}
+	json.NewEncoder(w).Encode(map[string]string{"value": v})
+}
+
+func (c *challengeServer) set(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f()
+}
+
+// TestOneLogLinePerRegistryEvent: each registry event — register,
+// re-register, degraded, recovered, voided, drain (worker and operator),
+// deregister — logs exactly one line naming the clientId, and the
+// sessionId where there is one.
+func TestOneLogLinePerRegistryEvent(t *testing.T) {
+	cs := &challengeServer{values: map[string]string{}}
+	srv := httptest.NewServer(cs)
+	defer srv.Close()
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}]}`),
+		func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	now := time.Now()
+	reg, err := New(Options{
+		Store:    directory.NewMemory(15*time.Second, now),
+		Passport: pp,
+		LeaseTTL: 15 * time.Second,
+		Logger:   slog.New(slog.NewJSONHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close(time.Second)
+
+	n := 0
+	call := func(path string, body any) map[string]any {
+		t.Helper()
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI(path)
+		ctx.Request.Header.Set("Authorization", "Bearer tok")
+		b, _ := json.Marshal(body)
+		ctx.Request.SetBody(b)
+		reg.ServeHTTP(&ctx, []byte(path))
+		var out map[string]any
+		_ = json.Unmarshal(ctx.Response.Body(), &out)
+		out["status"] = ctx.Response.StatusCode()
+		return out
+	}
+	challenge := func() (string, string) {
+		n++
+		c, v := "c"+string(rune('a'+n)), "v"+string(rune('a'+n))
+		cs.set(func() { cs.values[c] = v })
+		return c, v
+	}
+	register := func(client, prev string) string {
+		t.Helper()
+		c, v := challenge()
+		out := call("/registry/register", map[string]any{
+			"clientId": client, "secret": "s-" + client, "namespaces": []string{"/counters"},
+			"advertiseUrl": srv.URL, "headroom": 8, "draining": false,
+			"challenge": c, "challengeValue": v, "prevSessionId": prev,
+		})
+		if out["status"] != 200 {
+			t.Fatalf("unexpected register answer %v", out)
+		}
+		return out["sessionId"].(string)
+	}
+	beat := func(sid string, draining bool) map[string]any {
+		c, v := challenge()
+		return call("/registry/heartbeat", map[string]any{"sessionId": sid, "headroom": 8, "draining": draining, "challenge": c, "challengeValue": v})
+	}
+
+	s1 := register("client-1", "")
+	cs.set(func() { cs.failing = true })
+	beat(s1, false) // degraded
+	beat(s1, false) // still degraded: no second line
+	cs.set(func() { cs.failing = false })
+	beat(s1, false) // recovered
+	beat(s1, true)  // worker drains
+	beat(s1, true)  // still draining: no second line
+	beat(s1, false) // worker undrains
+	call("/registry/drain", map[string]any{"clientId": "client-1", "deadline": 60})
+	call("/registry/undrain", map[string]any{"clientId": "client-1"})
+	s2 := register("client-1", s1) // re-register
+	cs.set(func() { cs.lying = true })
+	if out := beat(s2, false); out["status"] != 409 {
+		t.Fatalf("unexpected heartbeat answer while lying; got %v; want 409 voided", out)
+	}
+	cs.set(func() { cs.lying = false })
+	s3 := register("client-3", "")
+	call("/registry/deregister", map[string]any{"sessionId": s3})
+
+	logMu.Lock()
+	defer logMu.Unlock()
+	counts := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("unexpected log line %q: %v", line, err)
+		}
+		msg, _ := rec["msg"].(string)
+		counts[msg]++
+		if rec["clientId"] == nil || rec["clientId"] == "" {
+			t.Errorf("unexpected %q line without clientId: %s", msg, line)
+		}
+		by, _ := rec["by"].(string)
+		if by != "operator" && (rec["sessionId"] == nil || rec["sessionId"] == "") {
+			t.Errorf("unexpected %q line without sessionId: %s", msg, line)
+		}
+	}
+	for msg, want := range map[string]int{
+		"register": 2, "re-register": 1, "degraded": 1, "recovered": 1, "voided": 1,
+		"drain": 4, "deregister": 1,
+	} {
+		if counts[msg] != want {
+			t.Errorf("unexpected number of %q lines; got %d; want %d\n%s", msg, counts[msg], want, logs.String())
+		}
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,199 @@
+package registry
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+func TestReleaseAndDeregister_RREG3(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x", "y", "z"}}})
+	p, err := h.store.Placement(t.Context(), "/counters", "x", h.clock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := formatEpoch(p.Epoch)
+	// The worker's wire form: an array, epoch as a string.
+	res := h.post("/registry/release", workerToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"x","epoch":"`+epoch+`"},{"sessionId":"`+s+`","namespace":"/counters","id":"y","epoch":"1"}]`)
+	if res.status != 200 || res.body != `{"released":1}` {
+		t.Fatalf("unexpected release reply; got %d %s", res.status, res.body)
+	}
+	res = h.post("/registry/release", workerToken, `{"sessionId":"`+s+`","namespace":"/counters","id":"y"}`)
+	if res.status != 200 || res.body != `{"released":1}` {
+		t.Fatalf("unexpected single-object release; got %d %s", res.status, res.body)
+	}
+	if res := h.post("/registry/release", otherToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"z"}]`); res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected release by another account; got %d %s", res.status, res.body)
+	}
+	if res := h.post("/registry/release", workerToken, `[{"sessionId":"nope","namespace":"/counters","id":"z"}]`); res.status != 200 || res.body != `{"released":0}` {
+		t.Fatalf("unexpected release for an unknown session; got %d %s", res.status, res.body)
+	}
+	for _, bad := range []string{`[{"namespace":"/c","id":"z"}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":7}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":"x"}]`, `"x"`} {
+		if res := h.post("/registry/release", workerToken, bad); res.status != 400 || res.body != `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}` {
+			t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+		}
+	}
+	if res := h.post("/registry/deregister", otherToken, `{"sessionId":"`+s+`"}`); res.status != 403 {
+		t.Fatalf("unexpected deregister by another account; got %d %s", res.status, res.body)
+	}
+	if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 || res.body != `{"ok":true}` {
+		t.Fatalf("unexpected deregister; got %d %s", res.status, res.body)
+	}
+	if _, err := h.store.Placement(t.Context(), "/counters", "z", h.clock()); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected placement after deregister: %v", err)
+	}
+	if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 {
+		t.Fatalf("unexpected second deregister; got %d %s", res.status, res.body)
+	}
+	if res := h.post("/registry/deregister", workerToken, `{}`); res.status != 400 || res.body != `{"error":"expected { sessionId }"}` {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+}
+
+func TestWorkersListing_RREG4_RTR3(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"clientId": "c-1", "hostname": "", "instances": map[string][]string{"/counters": {"a"}}})
+	res := h.get("/registry/workers", operatorToken)
+	var out struct {
+		Workers []map[string]any `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
+		t.Fatalf("unexpected listing; got %d %s", res.status, res.body)
+	}
+	w := out.Workers[0]
+	for k, want := range map[string]any{
+		"clientId": "c-1", "sessionId": s, "advertiseUrl": h.fw.srv.URL, "headroom": 100.0,
+		"draining": false, "degraded": false, "expiresInMs": 15000.0, "placements": 1.0, "operatorDrain": false,
+	} {
+		if w[k] != want {
+			t.Fatalf("unexpected %s; got %v; want %v (listing %s)", k, w[k], want, res.body)
+		}
+	}
+	if _, ok := w["secret"]; ok || strings.Contains(res.body, h.fw.secret) {
+		t.Fatalf("unexpected secret in the listing: %s", res.body)
+	}
+	// A credential covering only /other sees nothing of this worker.
+	if res := h.get("/registry/workers", narrowToken); res.body != `{"workers":[]}` {
+		t.Fatalf("unexpected listing for a narrow credential; got %s", res.body)
+	}
+	if res := h.get("/registry/workers", workerToken); res.status != 403 {
+		t.Fatalf("unexpected listing with the worker scope; got %d", res.status)
+	}
+	if res := h.get("/registry/workers", ""); res.status != 401 || res.body != `{"error":"unauthorized"}` {
+		t.Fatalf("unexpected anonymous listing; got %d %s", res.status, res.body)
+	}
+}
+
+func TestHealthQuarantine_RREG5_RCS1(t *testing.T) {
+	h := newHarness(t)
+	h.register(nil)
+	if res := h.get("/registry/health", operatorToken); res.body != `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":15000,"workers":1}` {
+		t.Fatalf("unexpected health; got %d %s", res.status, res.body)
+	}
+	_, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement: %v", err)
+	}
+	h.advance(4 * time.Second)
+	if res := h.get("/registry/health", operatorToken); !strings.Contains(res.body, `"quarantineMs":11000`) {
+		t.Fatalf("unexpected health during quarantine; got %s", res.body)
+	}
+}
+
+func TestOperatorDrain_RREG6(t *testing.T) {
+	h := newHarness(t)
+	h.register(map[string]any{"clientId": "drain-me"})
+	cases := []struct {
+		path, token, body string
+		status            int
+		want              string
+	}{
+		{"/registry/drain", operatorToken, `{"clientId":"nobody"}`, 404, `{"error":"unknown clientId"}`},
+		{"/registry/drain", workerToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
+		{"/registry/drain", narrowToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
+		{"/registry/drain", operatorToken, `{}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":-1}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":"5m"}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+		{"/registry/drain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":true}`},
+		{"/registry/undrain", operatorToken, `{}`, 400, `{"error":"expected { clientId }"}`},
+		{"/registry/undrain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":false}`},
+	}
+	for _, tc := range cases {
+		if res := h.post(tc.path, tc.token, tc.body); res.status != tc.status || res.body != tc.want {
+			t.Fatalf("unexpected reply to %s %s; got %d %s; want %d %s", tc.path, tc.body, res.status, res.body, tc.status, tc.want)
+		}
+	}
+}
+
+func TestPlacementAndWindDown(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+	res := h.get("/registry/placement?namespace=/counters&id=alice", operatorToken)
+	if res.status != 200 || !strings.Contains(res.body, `"sessionId":"`+s+`"`) || !strings.Contains(res.body, `"live":true`) {
+		t.Fatalf("unexpected placement; got %d %s", res.status, res.body)
+	}
+	if res := h.get("/registry/placement?namespace=/counters&id=bob", operatorToken); res.status != 404 || res.body != `{"error":"no placement"}` {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if res := h.get("/registry/placement?namespace=/counters", operatorToken); res.status != 400 {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	for _, bad := range []string{`{"namespace":"/counters","id":"alice"}`, `{"namespace":"/counters","id":"alice","deadline":"soon"}`, `{"id":"alice","deadline":1}`} {
+		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
+			t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+		}
+	}
+	if res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"bob","deadline":1}`); res.status != 404 {
+		t.Fatalf("unexpected wind-down of an unplaced id; got %d %s", res.status, res.body)
+	}
+}
+
+func TestRoutingErrors(t *testing.T) {
+	h := newHarness(t)
+	if res := h.get("/registry/heartbeat", workerToken); res.status != 405 || res.body != `{"error":"method not allowed"}` || string(res.header.Peek("Allow")) != "POST" {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if res := h.post("/registry/workers", operatorToken, `{}`); res.status != 405 {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if res := h.get("/registry/nope", operatorToken); res.status != 404 || res.body != `{"error":"not found"}` {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+}
+
+// Saturation: past the pool's queue the registry answers 503 + Retry-After
+// instead of queueing without bound.
+func TestRegistrySaturated(t *testing.T) {
+	h := newHarness(t)
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	block := make(chan struct{})
+	started := make(chan struct{})
+	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	queued := make(chan struct{})
+	go func() {
+		defer close(queued)
+		_ = r.pool.Submit(func() {})
+	}()
+	for r.pool.Waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	res := h.do(r, "GET", "/registry/health", operatorToken, "")
+	close(block)
+	<-queued
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply from a saturated registry; got %d %s", res.status, res.body)
+	}
+}

@@ -1,0 +1,195 @@
+package registry
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+func TestRegisterAck_RREG1(t *testing.T) {
+	h := newHarness(t)
+	c, v := h.fw.pair("one")
+	res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+		"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1024, "draining": false,
+		"challenge": c, "challengeValue": v,
+	}))
+	if res.status != 200 {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if !regexp.MustCompile(`^\{"sessionId":"[0-9a-f]{32}","expiresInMs":15000,"draining":false\}$`).MatchString(res.body) {
+		t.Fatalf("unexpected ack; got %s", res.body)
+	}
+	if h.fw.probes.Load() != 1 {
+		t.Fatalf("unexpected probe count; got %d; want 1", h.fw.probes.Load())
+	}
+}
+
+func TestRegisterSchema_RREG7(t *testing.T) {
+	h := newHarness(t)
+	base := func() map[string]any {
+		return map[string]any{
+			"clientId": "c1", "secret": "s", "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false,
+			"challenge": "c", "challengeValue": "v",
+		}
+	}
+	shape := string(bodyRegisterShape)
+	for _, field := range []string{"clientId", "secret", "namespaces", "advertiseUrl", "headroom", "draining", "challenge", "challengeValue"} {
+		b := base()
+		delete(b, field)
+		if res := h.post("/registry/register", workerToken, mustJSON(t, b)); res.status != 400 || res.body != shape {
+			t.Fatalf("unexpected reply without %s; got %d %s", field, res.status, res.body)
+		}
+	}
+	bad := []struct {
+		field string
+		value any
+	}{
+		{"namespaces", []string{}},
+		{"namespaces", []string{"counters"}},
+		{"namespaces", []string{"/a/b"}},
+		{"namespaces", []string{"/a", "/a"}},
+		{"headroom", "12"},
+		{"draining", "no"},
+		{"clientId", ""},
+		{"takeover", "steal"},
+		{"epoch", -1},
+		{"epoch", 1.5},
+		{"instances", map[string]any{"/counters": "alice"}},
+		{"instances", map[string]any{"nope": []string{"a"}}},
+		{"envs", []string{"x"}},
+	}
+	for _, b := range bad {
+		m := base()
+		m[b.field] = b.value
+		if res := h.post("/registry/register", workerToken, mustJSON(t, m)); res.status != 400 || res.body != shape {
+			t.Fatalf("unexpected reply for %s=%v; got %d %s", b.field, b.value, res.status, res.body)
+		}
+	}
+	if res := h.post("/registry/register", workerToken, `{"clientId":`); res.status != 400 || res.body != `{"error":"invalid json"}` {
+		t.Fatalf("unexpected reply for invalid json; got %d %s", res.status, res.body)
+	}
+	big := `{"clientId":"` + strings.Repeat("x", MaxBody) + `"}`
+	if res := h.post("/registry/register", workerToken, big); res.status != 413 || res.body != `{"error":"body too large"}` {
+		t.Fatalf("unexpected reply for a large body; got %d %s", res.status, res.body)
+	}
+	if h.fw.probes.Load() != 0 {
+		t.Fatalf("unexpected probes for invalid registrations: %d", h.fw.probes.Load())
+	}
+}
+
+func TestRegisterAuth_RTR2_RTR3(t *testing.T) {
+	h := newHarness(t)
+	c, v := h.fw.pair("a")
+	body := func(adv string, ns ...string) string {
+		return mustJSON(t, map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": ns, "advertiseUrl": adv,
+			"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		})
+	}
+	cases := []struct {
+		name, token, body string
+		status            int
+		want              string
+	}{
+		{"no token", "", body(h.fw.srv.URL, "/counters"), 401, `{"error":"unauthorized"}`},
+		{"operator scope only", operatorToken, body(h.fw.srv.URL, "/counters"), 403, `{"error":"forbidden"}`},
+		{"namespace not covered", narrowToken, body(h.fw.srv.URL, "/counters"), 403, `{"error":"forbidden: namespace /counters is not covered by the credential's claims"}`},
+		{"backend host not allowed", workerToken, body("http://10.9.9.9:8000", "/counters"), 403, ""},
+		{"bad scheme", workerToken, body("ftp://127.0.0.1:1", "/counters"), 403, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := h.post("/registry/register", tc.token, tc.body)
+			if res.status != tc.status || (tc.want != "" && res.body != tc.want) || !strings.HasPrefix(res.body, `{"error":`) {
+				t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
+			}
+		})
+	}
+	if h.fw.probes.Load() != 0 {
+		t.Fatalf("unexpected probes of refused registrations: %d", h.fw.probes.Load())
+	}
+}
+
+// The register probe: unreachable defers with 503 + Retry-After (the
+// worker backs off and retries), a 4xx or another value refuses (R-REG-1).
+func TestRegisterProbeOutcomes_RREG1(t *testing.T) {
+	h := newHarness(t)
+	reg := func() response {
+		c, v := h.fw.pair("p")
+		return h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/c"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		}))
+	}
+	h.fw.mode.Store("mismatch")
+	if res := reg(); res.status != 409 || res.body != `{"error":"challenge value mismatch on the advertise URL"}` {
+		t.Fatalf("unexpected reply for a mismatch; got %d %s", res.status, res.body)
+	}
+	h.fw.mode.Store("404")
+	if res := reg(); res.status != 409 || !strings.Contains(res.body, "challenge probe failed") {
+		t.Fatalf("unexpected reply for a 404 probe; got %d %s", res.status, res.body)
+	}
+	h.fw.mode.Store("500")
+	if res := reg(); res.status != 503 || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply for a 500 probe; got %d %s", res.status, res.body)
+	}
+	h.fw.srv.Close()
+	res := reg()
+	if res.status != 503 || res.body != `{"error":"challenge probe failed: advertise URL unreachable"}` || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply for an unreachable URL; got %d %s", res.status, res.body)
+	}
+	ws, _ := h.store.Workers(t.Context(), h.clock())
+	if len(ws) != 0 {
+		t.Fatalf("unexpected sessions after refused registrations: %d", len(ws))
+	}
+}
+
+// Re-registration with prevSessionId and instances: ids another live
+// session took come back as duplicates (R-REG-1).
+func TestReregisterDuplicates_RREG1(t *testing.T) {
+	h := newHarness(t)
+	a := h.register(map[string]any{"clientId": "a", "instances": map[string][]string{"/counters": {"x", "y"}}})
+	b := h.register(map[string]any{"clientId": "b"})
+	// a's lease lapses while b keeps beating; then b takes y.
+	h.advance(testTTL - time.Second)
+	h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
+	h.advance(time.Second)
+	if res := h.post("/registry/release", workerToken, `[{"sessionId":"`+a+`","namespace":"/counters","id":"y"}]`); res.body != `{"released":0}` {
+		t.Fatalf("unexpected release by a lapsed session; got %s", res.body)
+	}
+	if _, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()}); err == nil {
+		t.Fatalf("unexpected placement during the cold-start quarantine")
+	}
+	h.advance(10 * time.Second)
+	h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
+	h.advance(5 * time.Second)
+	r, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()})
+	if err != nil || r.Owner.SessionID != b {
+		t.Fatalf("cannot place y on b: %+v %v", r, err)
+	}
+	c, v := h.fw.pair("re")
+	res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+		"clientId": "a", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+		"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		"prevSessionId": a, "instances": map[string][]string{"/counters": {"x", "y"}},
+	}))
+	var ack struct {
+		SessionID  string           `json:"sessionId"`
+		Duplicates []directory.NSID `json:"duplicates"`
+	}
+	if err := json.Unmarshal([]byte(res.body), &ack); err != nil || res.status != 200 {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if len(ack.Duplicates) != 1 || ack.Duplicates[0] != (directory.NSID{NS: "/counters", ID: "y"}) {
+		t.Fatalf("unexpected duplicates; got %v; want [/counters y]", ack.Duplicates)
+	}
+	if !strings.Contains(res.body, `"duplicates":[{"ns":"/counters","id":"y"}]`) {
+		t.Fatalf("unexpected duplicates wire shape: %s", res.body)
+	}
+}

@@ -1,0 +1,248 @@
+package registry
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+const (
+	workerToken   = "worker-token"
+	operatorToken = "operator-token"
+	otherToken    = "other-token"
+	narrowToken   = "narrow-token"
+)
+
+// testPassport has a worker key, an operator key, a second worker account
+// and a worker key whose claims cover only /other.
+func testPassport(t *testing.T) *attest.Passport {
+	t.Helper()
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"]}}},
+		{"name":"operator","token":{"env":"O"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}},
+		{"name":"other","token":{"env":"X"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}},
+		{"name":"narrow","token":{"env":"N"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/other"],"allowedBackendHosts":["*"]}}}
+	]}],"namespaces":{"*":{"allow":"anonymous"}}}`
+	env := map[string]string{"W": workerToken, "O": operatorToken, "X": otherToken, "N": narrowToken}
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("cannot parse the test passport: %v", err)
+	}
+	return pp
+}
+
+// fakeWorker answers the challenge probe the way pinned's PinnedWorker
+// does (pinned.pinboard.worker: _mount_challenge, _verify_probe).
+type fakeWorker struct {
+	srv    *httptest.Server
+	secret string
+	mode   atomic.Value // "ok", "mismatch", "404", "500", "nobody"
+	mu     sync.Mutex
+	value  map[string]string // challenge -> value
+	probes atomic.Int64
+}
+
+func newFakeWorker(t *testing.T) *fakeWorker {
+	t.Helper()
+	fw := &fakeWorker{secret: "s3cret", value: map[string]string{}}
+	fw.mode.Store("ok")
+	fw.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fw.probes.Add(1)
+		if r.URL.Path != "/_pinned/challenge" {
+			http.NotFound(w, r)
+			return
+		}
+		if r.Header.Get("pinboard-proxy-secret") != fw.secret {
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"detail":"invalid proxy secret"}`))
+			return
+		}
+		fw.mu.Lock()
+		v, ok := fw.value[r.URL.Query().Get("challenge")]
+		fw.mu.Unlock()
+		switch fw.mode.Load().(string) {
+		case "mismatch":
+			v = "something-else"
+		case "404":
+			ok = false
+		case "500":
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		case "nobody":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"detail":"unknown challenge"}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"value": v})
+	}))
+	t.Cleanup(fw.srv.Close)
+	return fw
+}
+
+// pair mints a challenge pair the worker will answer.
+func (fw *fakeWorker) pair(n string) (string, string) {
+	c, v := "challenge-"+n, "value-"+n
+	fw.mu.Lock()
+	fw.value[c] = v
+	fw.mu.Unlock()
+	return c, v
+}
+
+type harness struct {
+	t     *testing.T
+	r     *Registry
+	store *directory.Memory
+	now   time.Time
+	mu    sync.Mutex
+	fw    *fakeWorker
+	seq   int
+}
+
+const testTTL = 15 * time.Second
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, now: time.Unix(1_800_000_000, 0), fw: newFakeWorker(t)}
+	h.store = directory.NewMemory(testTTL, h.now)
+	h.r = h.registry(testPassport(t))
+	return h
+}
+
+func (h *harness) registry(pp *attest.Passport) *Registry {
+	r, err := New(Options{
+		Store:        h.store,
+		Passport:     pp,
+		LeaseTTL:     testTTL,
+		Now:          h.clock,
+		ProbeTimeout: time.Second,
+		Workers:      4,
+		Queue:        16,
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = r.Close(time.Second) })
+	return r
+}
+
+func (h *harness) clock() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.now
+}
+
+func (h *harness) advance(d time.Duration) {
+	h.mu.Lock()
+	h.now = h.now.Add(d)
+	h.mu.Unlock()
+}
+
+type response struct {
+	status int
+	body   string
+	header *fasthttp.ResponseHeader
+}
+
+// do runs one request through the registry in process.
+func (h *harness) do(r *Registry, method, path, token, body string) response {
+	h.t.Helper()
+	var req fasthttp.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(path)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.SetContentType("application/json")
+		req.SetBodyString(body)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, nil)
+	p := []byte(path)
+	if i := indexByte(p, '?'); i >= 0 {
+		p = p[:i]
+	}
+	r.ServeHTTP(&ctx, p)
+	hdr := &fasthttp.ResponseHeader{}
+	ctx.Response.Header.CopyTo(hdr)
+	return response{status: ctx.Response.StatusCode(), body: string(ctx.Response.Body()), header: hdr}
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func (h *harness) post(path, token, body string) response {
+	return h.do(h.r, "POST", path, token, body)
+}
+
+func (h *harness) get(path, token string) response {
+	return h.do(h.r, "GET", path, token, "")
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// register registers the fake worker and returns its session id.
+func (h *harness) register(extra map[string]any) string {
+	h.t.Helper()
+	h.seq++
+	c, v := h.fw.pair("r" + itoa(h.seq))
+	body := map[string]any{
+		"clientId": "client-" + itoa(h.seq), "secret": h.fw.secret,
+		"namespaces": []string{"/counters", "/tickers"}, "advertiseUrl": h.fw.srv.URL,
+		"headroom": 100, "draining": false, "challenge": c, "challengeValue": v,
+	}
+	for k, x := range extra {
+		body[k] = x
+	}
+	res := h.post("/registry/register", workerToken, mustJSON(h.t, body))
+	if res.status != 200 {
+		h.t.Fatalf("cannot register; got %d %s", res.status, res.body)
+	}
+	var ack struct{ SessionID string }
+	_ = json.Unmarshal([]byte(res.body), &ack)
+	return ack.SessionID
+}
+
+func (h *harness) beatBody(session string, extra map[string]any) string {
+	h.seq++
+	c, v := h.fw.pair("h" + itoa(h.seq))
+	body := map[string]any{"sessionId": session, "headroom": 50, "draining": false, "challenge": c, "challengeValue": v}
+	for k, x := range extra {
+		body[k] = x
+	}
+	return mustJSON(h.t, body)
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}

@@ -1,0 +1,114 @@
+package server
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+func testPinboard(t *testing.T, base string) (*Pinboard, *directory.Memory) {
+	t.Helper()
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"op","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
+		func(k string) (string, bool) { return "tok", k == "T" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	store := directory.NewMemory(time.Second, now)
+	pb, err := New(Options{Store: store, Passport: pp, BasePath: base, LeaseTTL: time.Second, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pb.registry.Close(time.Second) })
+	return pb, store
+}
+
+func call(pb *Pinboard, method, uri, token string) (int, string) {
+	var req fasthttp.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(uri)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+	pb.Handle(&ctx)
+	return ctx.Response.StatusCode(), string(ctx.Response.Body())
+}
+
+// One listener serves the registry, the operator API and the data plane
+// (R-SRV-1), under the base path when one is set (R-SRV-4).
+func TestRouting_RSRV1(t *testing.T) {
+	for _, base := range []string{"", "/pb"} {
+		pb, _ := testPinboard(t, base)
+		cases := []struct {
+			uri    string
+			status int
+			body   string
+		}{
+			{base + "/registry/health", 200, `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":1000,"workers":0}`},
+			{base + "/registry/nope", 404, `{"error":"not found"}`},
+			{base + "/livez", 200, `{"ok":true}`},
+			{base + "/readyz", 200, `{"ok":true,"quarantineMs":0}`},
+			{base + "/counters/alice/value", 503, ""},
+			{base + "/counters", 404, `{"error":"not found"}`},
+		}
+		for _, tc := range cases {
+			status, body := call(pb, "GET", tc.uri, "tok")
+			if status != tc.status || (tc.body != "" && body != tc.body) {
+				t.Fatalf("unexpected reply for %s (base %q); got %d %s; want %d %s", tc.uri, base, status, body, tc.status, tc.body)
+			}
+		}
+		// The first placement attempt started the quarantine: /readyz says so.
+		if status, body := call(pb, "GET", base+"/readyz", ""); status != 503 || !strings.Contains(body, `"quarantineMs":1000`) {
+			t.Fatalf("unexpected readiness during the quarantine; got %d %s", status, body)
+		}
+	}
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Fatalf("unexpected success without a store")
+	}
+	pb, store := testPinboard(t, "")
+	_ = pb
+	if _, err := New(Options{Store: store}); err == nil {
+		t.Fatalf("unexpected success without a passport")
+	}
+}
+
+// Serve stops on context cancellation and a stopped node answers the
+// registry with 503 "not the serving fleet" (R-REG-2).
+func TestServeAndShutdown(t *testing.T) {
+	pb, _ := testPinboard(t, "")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pb.Serve(ctx, ln, 2*time.Second) }()
+	status, body, err := fasthttp.Get(nil, "http://"+ln.Addr().String()+"/livez")
+	if err != nil || status != 200 || string(body) != `{"ok":true}` {
+		t.Fatalf("unexpected livez; got %d %s %v", status, body, err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("unexpected shutdown error: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("unexpected hang in shutdown")
+	}
+	if status, body := call(pb, "GET", "/registry/health", "tok"); status != 503 || body != `{"error":"not the serving fleet"}` {
+		t.Fatalf("unexpected registry reply after shutdown; got %d %s", status, body)
+	}
+}

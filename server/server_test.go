@@ -1,0 +1,152 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/metrics"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// node starts a Pinboard on 127.0.0.1 with an admin listener; it returns
+// the public and admin base URLs and a function that shuts it down.
+func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
+	t.Helper()
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
+		func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Store = directory.NewMemory(time.Second, time.Now())
+	o.Passport = pp
+	pb, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go pb.ServeAdmin(aln)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
+	var once sync.Once
+	var serveErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case serveErr = <-done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("unexpected Serve still running 10s after cancel")
+			}
+		})
+		return serveErr
+	}
+	t.Cleanup(func() { stop() })
+	return pb, "http://" + ln.Addr().String(), "http://" + aln.Addr().String(), stop
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	m := metrics.New(metrics.Options{Version: "test"})
+	pb, public, admin, stop := node(t, Options{Metrics: m})
+	for _, base := range []string{public, admin} {
+		if code, body := get(t, base+"/livez"); code != 200 || body != `{"ok":true}` {
+			t.Errorf("unexpected %s/livez; got %d %s", base, code, body)
+		}
+		if code, body := get(t, base+"/readyz"); code != 200 || body != `{"ok":true,"quarantineMs":0}` {
+			t.Errorf("unexpected %s/readyz; got %d %s", base, code, body)
+		}
+	}
+	// A placement attempt stamps the cold-start quarantine: not ready.
+	get(t, public+"/counters/a/value")
+	if code, body := get(t, admin+"/readyz"); code != 503 || !strings.Contains(body, "quarantineMs") {
+		t.Errorf("unexpected /readyz in quarantine; got %d %s; want 503", code, body)
+	}
+	code, body := get(t, admin+"/metrics")
+	if code != 200 || !strings.Contains(body, `pinboard_proxy_requests_total{namespace="none",code="5xx"} 1`) ||
+		!strings.Contains(body, `pinboard_build_info{version="test"`) || !strings.Contains(body, "pinboard_directory_up 1") {
+		t.Errorf("unexpected /metrics; got %d\n%s", code, body)
+	}
+	if code, _ := get(t, public+"/metrics"); code != 404 {
+		t.Errorf("unexpected public /metrics; got %d; want 404", code)
+	}
+	if code, _ := get(t, admin+"/nothing"); code != 404 {
+		t.Errorf("unexpected admin /nothing; got %d; want 404", code)
+	}
+
+	// Readiness fails as soon as shutdown begins; the admin listener
+	// closes last.
+	pb.stopping.Store(true)
+	if code, body := get(t, admin+"/readyz"); code != 503 || body != `{"ok":false,"shuttingDown":true}` {
+		t.Errorf("unexpected /readyz while stopping; got %d %s", code, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("unexpected shutdown error: %v", err)
+	}
+	if _, err := http.Get(admin + "/livez"); err == nil {
+		t.Errorf("unexpected admin listener still answering after shutdown")
+	}
+}
+
+func TestAccessLogSampling(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	_, public, _, _ := node(t, Options{Logger: log, AccessLogSample: 1})
+	get(t, public+"/counters/a/value?secret=x")
+	if s := logs.String(); !strings.Contains(s, "msg=access") || !strings.Contains(s, "path=/counters/a/value ") || strings.Contains(s, "secret") {
+		t.Errorf("unexpected access log:\n%s", s)
+	}
+
+	var quiet syncBuffer
+	_, public, _, _ = node(t, Options{Logger: slog.New(slog.NewTextHandler(&quiet, nil))})
+	get(t, public+"/counters/a/value")
+	if strings.Contains(quiet.String(), "msg=access") {
+		t.Errorf("unexpected access log with sampling off:\n%s", quiet.String())
+	}
+	if _, err := New(Options{Store: directory.NewMemory(time.Second, time.Now()), Passport: &attest.Passport{}, AccessLogSample: 2}); err == nil {
+		t.Errorf("unexpected New without error for AccessLogSample 2")
+	}
+}
