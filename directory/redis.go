@@ -44,6 +44,8 @@ type RedisOptions struct {
 	Now func() time.Time
 	// Logger; nil discards.
 	Logger *slog.Logger
+	// Observer sees every round trip (for metrics); nil records none.
+	Observer CommandObserver
 }
 
 // Redis is the directory on Redis, Redis Cluster or Sentinel: any number of
@@ -61,6 +63,7 @@ type Redis struct {
 	budget  time.Duration
 	now     func() time.Time
 	log     *slog.Logger
+	obs     CommandObserver
 	maxRows int // per shard
 
 	shards [redisShards]redisShard
@@ -143,6 +146,7 @@ func newRedis(opts RedisOptions) *Redis {
 		budget:   opts.Staleness,
 		now:      opts.Now,
 		log:      opts.Logger,
+		obs:      opts.Observer,
 		sessions: make(map[string]*redisSession),
 		reval:    make(chan struct{}, 1),
 		refresh:  make(chan struct{}, 1),
@@ -155,6 +159,9 @@ func newRedis(opts RedisOptions) *Redis {
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.obs == nil {
+		r.obs = NopCommandObserver{}
 	}
 	limit := opts.MaxCachedPlacements
 	if limit <= 0 {

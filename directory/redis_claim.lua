@@ -1,12 +1,13 @@
 -- claim resolves or claims one id (R-PL-1..3, R-CS-1).
 -- KEYS[1] placement key
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 row "ns\0id", 5 ns, 6 excluded session
---       ("" for none), 7.. the policy's ranking, best first.
+--       ("" for none), 7 request host (lower case, "" for none), 8.. the
+--       policy's ranking, best first.
 -- Returns {"owner", sid, epoch, lease} for a live owner, {"placed", sid,
 -- epoch, lease} for a new placement, {"quarantine", stamp}, {"unknown"}
 -- (no live worker serves ns) or {"noeligible"}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local row, ns, exclude = ARGV[4], ARGV[5], ARGV[6]
+local row, ns, exclude, host = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -29,10 +30,28 @@ if now < tonumber(stamp) + ttl then
   return { 'quarantine', stamp }
 end
 
+-- When live workers bound to the request's host serve ns, only they are
+-- candidates (R-LS-4).
+local bound = false
+if host ~= '' and tonumber(redis.call('HGET', P .. 'hb:' .. ns, host) or '0') > 0 then
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if lease(P, sid) > now and string.lower(redis.call('HGET', P .. 's:' .. sid, 'host') or '') == host then
+      bound = true
+      break
+    end
+  end
+end
+local function candidate(sid)
+  if bound and string.lower(redis.call('HGET', P .. 's:' .. sid, 'host') or '') ~= host then
+    return false
+  end
+  return eligible(P, sid, ns, now, exclude)
+end
+
 -- The first ranked candidate that is still eligible wins.
 local pick
-for i = 7, #ARGV do
-  if eligible(P, ARGV[i], ns, now, exclude) then
+for i = 8, #ARGV do
+  if candidate(ARGV[i]) then
     pick = ARGV[i]
     break
   end
@@ -45,7 +64,7 @@ if not pick then
   for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
     if lease(P, sid) > now then
       live = true
-      if eligible(P, sid, ns, now, exclude) then
+      if candidate(sid) then
         local hr = tonumber(redis.call('HGET', P .. 'h:' .. sid, 'hr') or '0')
         if hr > best or not pick then
           pick, best = sid, hr

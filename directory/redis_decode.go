@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +25,7 @@ func arr(m rueidis.RedisMessage) []rueidis.RedisMessage {
 }
 
 // infoFields is the length of the info tuple of redis_lib.lua.
-const infoFields = 17
+const infoFields = 18
 
 // decodeInfo reads the info tuple (redis_lib.lua: info).
 func decodeInfo(f []string) (SessionInfo, bool) {
@@ -55,6 +56,9 @@ func decodeInfo(f []string) (SessionInfo, bool) {
 	}
 	if f[15] == "1" {
 		info.Drain = DrainState{Draining: true, Deadline: fromMicros(f[16])}
+	}
+	if f[17] != "" && f[17] != "{}" {
+		_ = json.Unmarshal([]byte(f[17]), &info.Envs)
 	}
 	return info, true
 }

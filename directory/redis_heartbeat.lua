@@ -5,13 +5,14 @@
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 session, 5 sub, 6 headroom,
 --       7 draining (0/1), 8 degraded (0/1), 9 queue expiry (ms),
 --       10.. acked message ids.
--- Returns {"unknown"}, {"forbidden"} or {"ok", lease, draining (0/1),
--- operator drain (0/1), drain deadline, messages...}.
+-- Returns {"unknown"} or {"superseded", …} (lib: gone), {"forbidden"} or
+-- {"ok", lease, draining (0/1), operator drain (0/1), drain deadline,
+-- messages...}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sid = ARGV[4]
 local s = redis.call('HMGET', KEYS[1], 'cid', 'sub')
 if not s[1] or lease(P, sid) <= now then
-  return { 'unknown' }
+  return gone(P, sid, now)
 end
 if s[2] ~= ARGV[5] then
   return { 'forbidden' }

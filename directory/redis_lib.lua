@@ -98,10 +98,16 @@ end
 -- dropsession removes a session, its rows and its indexes.
 local function dropsession(P, sid, out)
   droprows(P, sid, out)
-  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns')
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host')
   if s[2] then
     for ns in string.gmatch(s[2], '%S+') do
       redis.call('SREM', P .. 'n:' .. ns, sid)
+      if s[3] and s[3] ~= '' then
+        local hb, h = P .. 'hb:' .. ns, string.lower(s[3])
+        if redis.call('HINCRBY', hb, h, -1) <= 0 then
+          redis.call('HDEL', hb, h)
+        end
+      end
     end
   end
   if s[1] then
@@ -130,7 +136,7 @@ end
 -- info is a session as the registry sees it (decodeInfo in redis_decode.go
 -- reads the same order), or nil when the record is gone.
 local function info(P, sid)
-  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'sub', 'sec', 'url', 'ns', 'host', 'env', 'rep', 'reg')
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'sub', 'sec', 'url', 'ns', 'host', 'env', 'rep', 'reg', 'envs')
   if not s[1] then
     return nil
   end
@@ -147,5 +153,93 @@ local function info(P, sid)
   out[#out + 1] = tostring(redis.call('SCARD', P .. 'r:' .. sid))
   out[#out + 1] = d[1] and '1' or '0'
   out[#out + 1] = d[1] or '0'
+  out[#out + 1] = s[10] or ''
   return out
+end
+
+-- Hostname-aware bindings (R-LS-4; rules in bindings.go). A binding is
+-- the hash "b:<lower hostname>\0<ns>" {host, env, ep}; "hb:<ns>" counts
+-- the sessions per lower-cased hostname serving ns, so placements only scan
+-- for bound workers when some exist.
+
+local function envof(env, envs, ns)
+  if envs and envs ~= '' and envs ~= '{}' then
+    local m = cjson.decode(envs)
+    if type(m[ns]) == 'string' then
+      return m[ns]
+    end
+  end
+  return env
+end
+
+-- holds: a live session with this hostname, epoch and env for ns holds
+-- the binding (bindings.go: holdsBinding).
+local function holds(P, sid, host, ns, env, ep, now)
+  if lease(P, sid) <= now then
+    return false
+  end
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'host', 'rep', 'env', 'envs')
+  if not s[1] or string.lower(s[1]) ~= string.lower(host) or s[2] ~= ep then
+    return false
+  end
+  return envof(s[3], s[4], ns) == env
+end
+
+-- binding returns the current binding of host/ns and whether a live
+-- session holds it.
+local function binding(P, host, ns, now)
+  local b = redis.call('HMGET', P .. 'b:' .. string.lower(host) .. '\0' .. ns, 'host', 'env', 'ep')
+  if not b[1] then
+    return nil
+  end
+  local live = false
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if holds(P, sid, b[1], ns, b[2], b[3], now) then
+      live = true
+      break
+    end
+  end
+  return { host = b[1], env = b[2], ep = b[3], live = live }
+end
+
+-- decide applies DecideBinding (bindings.go): 'take', 'supersede' or
+-- 'refuse'.
+local function decide(cur, env, ep, takeover)
+  if not cur or not cur.live then
+    return 'take'
+  end
+  local cep, nep = tonumber(cur.ep), tonumber(ep)
+  if nep > cep then
+    return 'supersede'
+  end
+  if nep == cep and env == cur.env then
+    return 'take'
+  end
+  if nep == cep and takeover == 'wind_down' then
+    return 'supersede'
+  end
+  return 'refuse'
+end
+
+-- tomb remembers a superseded session for two leases, so its next
+-- heartbeat is told why it is gone: "host\0ns\0env\0epoch\0clientId\0until".
+local function tomb(P, sid, fields, till, ms)
+  local k = P .. 't:' .. sid
+  redis.call('SET', k, table.concat(fields, '\0') .. '\0' .. fmt(till), 'PX', ms)
+end
+
+-- gone explains a missing session: {"superseded", host, ns, env, epoch,
+-- clientId} while its tomb lasts, else {"unknown"}.
+local function gone(P, sid, now)
+  local t = redis.call('GET', P .. 't:' .. sid)
+  if t then
+    local f = {}
+    for part in string.gmatch(t .. '\0', '([^%z]*)%z') do
+      f[#f + 1] = part
+    end
+    if #f >= 6 and tonumber(f[6]) >= now then
+      return { 'superseded', f[1], f[2], f[3], f[4], f[5] }
+    end
+  end
+  return { 'unknown' }
 end

@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -27,11 +28,15 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 			rows = append(rows, rowName(ns, id))
 		}
 	}
-	args := make([]string, 0, 15+len(rows))
+	envs := []byte("{}")
+	if len(reg.Envs) > 0 {
+		envs, _ = json.Marshal(reg.Envs)
+	}
+	args := make([]string, 0, 17+len(rows))
 	args = append(args, r.prefix, micros(now), r.leaseMicros(), sid, reg.ClientID, reg.Sub, reg.Secret,
 		reg.AdvertiseURL, strings.Join(reg.Namespaces, " "), reg.Hostname, reg.Env,
 		strconv.FormatInt(reg.Epoch, 10), strconv.FormatFloat(reg.Headroom, 'g', -1, 64),
-		flag(reg.Draining), reg.PrevSessionID)
+		flag(reg.Draining), reg.PrevSessionID, string(envs), reg.Takeover)
 	args = append(args, rows...)
 
 	var keys []string
@@ -49,18 +54,25 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 			}
 		}()
 	}
-	msg, back, err := r.execTracked(ctx, scriptRegister, r.key("s", sid), args, keys, []string{r.key("l", sid)}, true)
+	msg, back, err := r.execTracked(ctx, "register", scriptRegister, r.key("s", sid), args, keys, []string{r.key("l", sid)}, true)
 	if err != nil {
 		return nil, unavailable("register", reg.ClientID, err)
 	}
 	reply, err := msg.ToArray()
-	if err != nil || len(reply) < 7 {
+	if err == nil && len(reply) == 5 {
+		if f := strs(reply); f[0] == "superseded" {
+			ep, _ := strconv.ParseInt(f[4], 10, 64)
+			return nil, &SupersededError{Hostname: f[1], NS: f[2], Env: f[3], Epoch: ep}
+		}
+	}
+	if err != nil || len(reply) < 8 {
 		return nil, unavailable("register", reg.ClientID, errShortReply)
 	}
 	head := strs(reply[:3])
 	dups, written, freed := strs(arr(reply[3])), strs(arr(reply[4])), strs(arr(reply[5]))
 	lease := fromMicros(head[0])
-	s := r.adopt(sid, &redisSession{owner: NewOwner(sid, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease)})
+	s := r.adopt(sid, &redisSession{owner: NewOwner(sid, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
+		host: strings.ToLower(reg.Hostname)})
 
 	if keys != nil {
 		wrote := make(map[string]bool, len(written))
@@ -85,10 +97,11 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 		r.forget(r.rowKeys(written))
 	}
 	r.forget(r.rowKeys(freed))
-	if reply[6].IsString() {
-		if v, _ := reply[6].ToString(); v == "1" {
-			r.kill(reg.PrevSessionID)
-		}
+	if v, _ := reply[6].ToString(); v == "1" {
+		r.kill(reg.PrevSessionID)
+	}
+	for _, displaced := range strs(arr(reply[7])) {
+		r.kill(displaced)
 	}
 	res := &RegisterResult{SessionID: sid, LeaseUntil: lease}
 	for _, d := range dups {
@@ -103,16 +116,15 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 
 // Session implements Store.
 func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error) {
-	res := scriptSession.exec(ctx, r.c, r.key("s", sessionID), []string{r.prefix, micros(now), sessionID})
-	msg, err := res.ToMessage()
-	if rueidis.IsRedisNil(err) || (err == nil && msg.IsNil()) {
-		return nil, ErrUnknownSession
-	}
+	reply, err := r.run(ctx, "session", scriptSession, r.key("s", sessionID), []string{r.prefix, micros(now), sessionID}).AsStrSlice()
 	if err != nil {
 		return nil, unavailable("read session", sessionID, err)
 	}
-	info, ok := decodeInfo(strs(arr(msg)))
-	if !ok {
+	if err := goneErr(reply); err != nil {
+		return nil, err
+	}
+	info, ok := decodeInfo(reply[1:])
+	if !ok || reply[0] != "ok" {
 		return nil, unavailable("read session", sessionID, errShortReply)
 	}
 	return &info, nil
@@ -124,13 +136,14 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 	args = append(args, r.prefix, micros(now), r.leaseMicros(), beat.SessionID, beat.Sub,
 		strconv.FormatFloat(beat.Headroom, 'g', -1, 64), flag(beat.Draining), flag(beat.Degraded), r.queueMillis())
 	args = append(args, beat.Acks...)
-	reply, err := scriptHeartbeat.exec(ctx, r.c, r.key("s", beat.SessionID), args).AsStrSlice()
+	reply, err := r.run(ctx, "heartbeat", scriptHeartbeat, r.key("s", beat.SessionID), args).AsStrSlice()
 	if err != nil {
 		return nil, unavailable("renew session", beat.SessionID, err)
 	}
+	if err := goneErr(reply); err != nil {
+		return nil, err
+	}
 	switch {
-	case len(reply) > 0 && reply[0] == "unknown":
-		return nil, ErrUnknownSession
 	case len(reply) > 0 && reply[0] == "forbidden":
 		return nil, ErrForbidden
 	case len(reply) < 5 || reply[0] != "ok":
@@ -154,7 +167,7 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 
 // Void implements Store.
 func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
-	freed, err := scriptDrop.exec(ctx, r.c, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
+	freed, err := r.run(ctx, "deregister", scriptDrop, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
 	if err != nil {
 		return unavailable("drop session", sessionID, err)
 	}
@@ -172,7 +185,7 @@ func (r *Redis) Deregister(ctx context.Context, sessionID string, now time.Time)
 func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
 	name := rowName(req.NS, req.ID)
 	key := r.prefix + "p:" + name
-	n, err := scriptRelease.exec(ctx, r.c, key, []string{r.prefix, req.SessionID,
+	n, err := r.run(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
 		strconv.FormatUint(req.Epoch, 10), name}).AsInt64()
 	if err != nil {
 		return false, unavailable("release", name, err)
@@ -185,7 +198,7 @@ func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (
 
 // Workers implements Store.
 func (r *Redis) Workers(ctx context.Context, now time.Time) ([]SessionInfo, error) {
-	list, err := scriptWorkers.exec(ctx, r.c, r.prefix+"leases", []string{r.prefix, micros(now)}).ToArray()
+	list, err := r.run(ctx, "workers", scriptWorkers, r.prefix+"leases", []string{r.prefix, micros(now)}).ToArray()
 	if err != nil {
 		return nil, unavailable("list", "workers", err)
 	}
@@ -210,7 +223,7 @@ func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState,
 	if drain.Draining && !drain.Deadline.IsZero() {
 		deadline = micros(drain.Deadline)
 	}
-	reply, err := scriptDrain.exec(ctx, r.c, r.key("k", clientID), []string{r.prefix, micros(now),
+	reply, err := r.run(ctx, "drain", scriptDrain, r.key("k", clientID), []string{r.prefix, micros(now),
 		r.leaseMicros(), clientID, flag(drain.Draining), deadline}).AsStrSlice()
 	if err != nil || len(reply) == 0 {
 		return false, unavailable("drain", clientID, errors.Join(err, errShortReply))
@@ -227,7 +240,7 @@ func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState,
 func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
 	msgID := NewMsgID()
 	msg := encodeMessage(ControlMessage{MsgID: msgID, Type: "wind_down", NS: ns, ID: id, Deadline: deadline})
-	sid, err := scriptWindDown.exec(ctx, r.c, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis()}).ToString()
+	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis()}).ToString()
 	if rueidis.IsRedisNil(err) {
 		return "", "", ErrNoPlacement
 	}
@@ -239,7 +252,7 @@ func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time
 
 // Placement implements Store.
 func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*PlacementInfo, error) {
-	reply, err := scriptPlacement.exec(ctx, r.c, r.rowKey(ns, id), []string{r.prefix}).AsStrSlice()
+	reply, err := r.run(ctx, "placement", scriptPlacement, r.rowKey(ns, id), []string{r.prefix}).AsStrSlice()
 	if rueidis.IsRedisNil(err) {
 		return nil, ErrNoPlacement
 	}
@@ -257,7 +270,9 @@ func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*P
 // Quarantine implements Store. The stamp is read through the client cache:
 // it changes only when the directory is wiped, and a wipe flushes caches.
 func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, error) {
+	start := time.Now()
 	v, err := r.c.DoCache(ctx, r.c.B().Get().Key(r.prefix+"stamp").Cache(), cacheTTL).ToString()
+	r.observe("quarantine", start, err)
 	if rueidis.IsRedisNil(err) {
 		return 0, nil
 	}
@@ -272,7 +287,7 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 // sessions; a backlog takes a few calls.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 	for range 8 {
-		reply, err := scriptSweep.exec(ctx, r.c, r.prefix+"leases", []string{r.prefix, micros(now),
+		reply, err := r.run(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
 		if err != nil || len(reply) < 2 {
 			return unavailable("sweep", "directory", errors.Join(err, errShortReply))
@@ -300,6 +315,19 @@ func (r *Redis) rowKeys(rows []string) []string {
 // queueMillis is the control queue's expiry after its last use (R-CM-1).
 func (r *Redis) queueMillis() string {
 	return strconv.FormatInt((queueLeases * r.ttl).Milliseconds(), 10)
+}
+
+// goneErr reads the gone() reply of redis_lib.lua: a superseded session
+// (R-LS-4) or an unknown one; nil for anything else.
+func goneErr(reply []string) error {
+	switch {
+	case len(reply) == 1 && reply[0] == "unknown":
+		return ErrUnknownSession
+	case len(reply) == 6 && reply[0] == "superseded":
+		ep, _ := strconv.ParseInt(reply[4], 10, 64)
+		return &SupersededError{Hostname: reply[1], NS: reply[2], Env: reply[3], Epoch: ep, ClientID: reply[5]}
+	}
+	return nil
 }
 
 func flag(b bool) string {

@@ -28,9 +28,11 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	kw := r.watchKey(key)
 	defer r.unwatch(kw)
 
+	start := time.Now()
 	res := r.c.DoMultiCache(ctx,
 		rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL),
 		rueidis.CT(r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL))
+	r.observeMulti("place.read", start, res)
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return Route{}, unavailable("claim", name, err)
@@ -53,11 +55,11 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err != nil {
 		return Route{}, err
 	}
-	args := make([]string, 0, 6+len(ranked))
-	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude)
+	args := make([]string, 0, 7+len(ranked))
+	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, strings.ToLower(req.Host))
 	args = append(args, ranked...)
 	r.stats.claims.Add(1)
-	msg, back, err := r.execTracked(ctx, scriptClaim, key, args, []string{key}, nil, false)
+	msg, back, err := r.execTracked(ctx, "place.claim", scriptClaim, key, args, []string{key}, nil, false)
 	if err != nil {
 		return Route{}, unavailable("claim", name, err)
 	}
@@ -140,11 +142,17 @@ func (r *Redis) rank(ctx context.Context, req *PlaceRequest, members []string) (
 	if err != nil {
 		return nil, err
 	}
+	// Workers bound to the request's host take its new ids (R-LS-4).
+	host := strings.ToLower(req.Host)
+	bound := false
+	for _, s := range ss {
+		bound = bound || (host != "" && s.host == host && s.owner.Live(req.Now))
+	}
 	live := make([]*redisSession, 0, len(members))
 	cmds := make([]rueidis.CacheableTTL, 0, 2*len(members))
 	for _, sid := range members {
 		s := ss[sid]
-		if s == nil || sid == req.Exclude || !s.owner.Live(req.Now) {
+		if s == nil || sid == req.Exclude || !s.owner.Live(req.Now) || (bound && s.host != host) {
 			continue
 		}
 		live = append(live, s)
@@ -155,7 +163,9 @@ func (r *Redis) rank(ctx context.Context, req *PlaceRequest, members []string) (
 	if len(live) == 0 {
 		return nil, nil
 	}
+	start := time.Now()
 	res := r.c.DoMultiCache(ctx, cmds...)
+	r.observeMulti("place.view", start, res)
 	cands := make([]Candidate, 0, len(live))
 	for i, s := range live {
 		h, err := res[2*i].AsStrSlice()
@@ -208,7 +218,7 @@ func (r *Redis) rank(ctx context.Context, req *PlaceRequest, members []string) (
 // Callers watch the keys before calling. On NOSCRIPT (a restarted or
 // failed-over Redis lost its script cache) the round trip is repeated with
 // EVAL; the failed attempt wrote nothing.
-func (r *Redis) execTracked(ctx context.Context, sc *script, key string, args, keys, extra []string, lead bool) (rueidis.RedisMessage, []rueidis.RedisMessage, error) {
+func (r *Redis) execTracked(ctx context.Context, op string, sc *script, key string, args, keys, extra []string, lead bool) (rueidis.RedisMessage, []rueidis.RedisMessage, error) {
 	trail := keys
 	if len(extra) > 0 {
 		trail = append(append(make([]string, 0, len(keys)+len(extra)), keys...), extra...)
@@ -227,7 +237,9 @@ func (r *Redis) execTracked(ctx context.Context, sc *script, key string, args, k
 		if len(trail) > 0 {
 			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(trail...).Build())
 		}
+		start := time.Now()
 		res := r.c.DoMulti(ctx, cmds...)
+		r.observeMulti(op, start, res)
 		msg, err := res[at].ToMessage()
 		if err != nil && attempt == 0 && isNoScript(err) {
 			continue

@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -80,9 +81,34 @@ func newScript(body string, readOnly bool) *script {
 	return s
 }
 
-// exec runs the script (EVALSHA, then EVAL after NOSCRIPT).
-func (s *script) exec(ctx context.Context, c rueidis.Client, key string, args []string) rueidis.RedisResult {
-	return s.lua.Exec(ctx, c, []string{key}, args)
+// run executes a script (EVALSHA, then EVAL after NOSCRIPT) and reports
+// the round trip to the observer as op.
+func (r *Redis) run(ctx context.Context, op string, sc *script, key string, args []string) rueidis.RedisResult {
+	start := time.Now()
+	res := sc.lua.Exec(ctx, r.c, []string{key}, args)
+	r.observe(op, start, res.Error())
+	return res
+}
+
+// observe reports one round trip; a nil reply is a domain outcome, not an
+// error (CommandObserver).
+func (r *Redis) observe(op string, start time.Time, err error) {
+	if rueidis.IsRedisNil(err) {
+		err = nil
+	}
+	r.obs.StoreCommand(op, time.Since(start), err)
+}
+
+// observeMulti reports a pipelined round trip with its first failure.
+func (r *Redis) observeMulti(op string, start time.Time, res []rueidis.RedisResult) {
+	var err error
+	for i := range res {
+		if e := res[i].Error(); e != nil && !rueidis.IsRedisNil(e) {
+			err = e
+			break
+		}
+	}
+	r.obs.StoreCommand(op, time.Since(start), err)
 }
 
 // evalsha builds the EVALSHA command; eval the EVAL fallback.

@@ -1,9 +1,12 @@
 -- session reads one session that is still inside its lease (read-only).
 -- KEYS[1] the session's record
 -- ARGV: 1 prefix, 2 now, 3 session.
--- Returns the info tuple (lib: info) or false.
+-- Returns {"ok", info tuple...} (lib: info), {"superseded", …} or
+-- {"unknown"} (lib: gone).
 local P, now, sid = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-if lease(P, sid) <= now then
-  return false
+local i = lease(P, sid) > now and info(P, sid)
+if not i then
+  return gone(P, sid, now)
 end
-return info(P, sid) or false
+table.insert(i, 1, 'ok')
+return i

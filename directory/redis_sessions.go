@@ -15,6 +15,7 @@ import (
 // whether its lease may have moved since the node last read it.
 type redisSession struct {
 	owner *Owner
+	host  string // lower-cased hostname binding, "" for none (R-LS-4)
 	// dirty: a renewal was signalled (or tracking was lost) after the last
 	// read. The local lease is then older than Redis's, which is safe:
 	// renewals only extend, so an old expiry is conservative.
@@ -93,11 +94,13 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 	cmds := make(rueidis.Commands, 0, 3*len(missing))
 	for _, sid := range missing {
 		cmds = append(cmds,
-			r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec").Build(),
+			r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec", "host").Build(),
 			r.c.B().ClientCaching().Yes().Build(),
 			r.c.B().Get().Key(r.key("l", sid)).Build())
 	}
+	start := time.Now()
 	res := r.c.DoMulti(ctx, cmds...)
+	r.observeMulti("session.resolve", start, res)
 	for i, sid := range missing {
 		f, err := res[3*i].AsStrSlice()
 		if err != nil {
@@ -107,10 +110,10 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 		if err != nil && !rueidis.IsRedisNil(err) {
 			return nil, unavailable("read session", sid, err)
 		}
-		if len(f) < 3 || f[0] == "" || l == "" {
+		if len(f) < 4 || f[0] == "" || l == "" {
 			continue // gone
 		}
-		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l))}
+		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l)), host: strings.ToLower(f[3])}
 		if r.leaseGen.Load() != gen {
 			s.dirty.Store(true)
 		}
@@ -173,7 +176,9 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 	}
 	c, cancel := context.WithTimeout(ctx, r.budget)
 	defer cancel()
+	start := time.Now()
 	res := r.c.DoMulti(c, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
+	r.observeMulti("lease.refresh", start, res)
 	vals, err := res[1].ToArray()
 	if err != nil {
 		for _, s := range sess {
@@ -301,7 +306,9 @@ const revalidateEvery = 10 * time.Second
 
 func (r *Redis) revalidate(ctx context.Context) error {
 	k := r.prefix + "era"
+	start := time.Now()
 	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build())
+	r.observeMulti("revalidate", start, res)
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return err

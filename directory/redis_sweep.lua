@@ -1,6 +1,6 @@
--- sweep removes sessions one lease past their expiry with their rows, and
+-- sweep removes sessions one lease past their expiry with their rows,
 -- force-releases the placements of timed drains past their deadline
--- (R-LS-5). Safe on many nodes at once: each step is idempotent.
+-- (R-LS-5) and frees hostname bindings nobody holds (R-LS-4). Safe on many nodes at once: each step is idempotent.
 -- KEYS[1] the lease index
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 most sessions to drop per call.
 -- Returns {freed rows, dropped sessions}.
@@ -37,6 +37,24 @@ for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
         redis.call('SREM', P .. 'drains', cid)
       end
     end
+  end
+end
+-- Bindings no live session holds any more are free (R-LS-4).
+for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
+  local b = redis.call('HMGET', bkey, 'host', 'env', 'ep')
+  local live = false
+  if b[1] then
+    local ns = string.sub(bkey, string.find(bkey, '\0', 1, true) + 1)
+    for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+      if holds(P, sid, b[1], ns, b[2], b[3], now) then
+        live = true
+        break
+      end
+    end
+  end
+  if not live then
+    redis.call('DEL', bkey)
+    redis.call('SREM', P .. 'bindings', bkey)
   end
 end
 return { freed, dropped }
