@@ -11,17 +11,20 @@ import (
 
 // Place implements Store: the slow path behind a Lookup miss.
 //
-//  1. One cached read (DoMultiCache) of the row and the namespace's
-//     sessions. A live owner there is the answer, and the row enters the
+//  1. One cached read (DoMultiCache) of the row and of the node's view of
+//     the namespace's eligible sessions: members (normally a client-cache
+//     hit), headroom and drain flags; leases come from the local session
+//     cache. A live owner in the row is the answer, and the row enters the
 //     local cache, so this id's next request needs no Redis at all.
-//  2. Otherwise the node ranks its view of eligible sessions with the
-//     policy (R-PL-4): leases from the local session cache, headroom and
-//     drain flags from cached reads.
-//  3. The claim script resolves or claims atomically: it re-checks the
-//     existing owner and every ranked candidate, stamps the cold start,
-//     decrements headroom and mints the epoch (R-PL-1..3, R-CS-1). Its
-//     reply is the answer; the row is read back with tracking on in the
-//     same round trip so it can enter the local cache (execTracked).
+//  2. Otherwise the policy ranks the view (R-PL-4) and the claim script
+//     resolves or claims atomically: it re-checks the existing owner and
+//     every ranked candidate, stamps the cold start, decrements headroom
+//     and mints the epoch (R-PL-1..3, R-CS-1). Its reply is the answer;
+//     the row is read back with tracking on in the same round trip so it
+//     can enter the local cache (execTracked).
+//
+// A new placement costs two round trips; resolving an owner another node
+// placed costs one.
 func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	name := rowName(req.NS, req.ID)
 	key := r.prefix + "p:" + name
@@ -29,29 +32,37 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	defer r.unwatch(kw)
 
 	start := time.Now()
-	res := r.c.DoMultiCache(ctx,
-		rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL),
-		rueidis.CT(r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL))
+	mres := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL)
+	if !mres.IsCacheHit() {
+		r.observe("place.members", start, mres.Error())
+	}
+	members, err := mres.AsStrSlice()
+	if err != nil {
+		return Route{}, unavailable("claim", name, err)
+	}
+	ss, err := r.resolve(ctx, members)
+	if err != nil {
+		return Route{}, err
+	}
+	live, view := r.view(req, members, ss)
+	start = time.Now()
+	res := r.c.DoMultiCache(ctx, append([]rueidis.CacheableTTL{rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL)}, view...)...)
 	r.observeMulti("place.read", start, res)
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return Route{}, unavailable("claim", name, err)
 	}
-	members, err := res[1].AsStrSlice()
-	if err != nil {
-		return Route{}, unavailable("claim", name, err)
-	}
 	if sid, ep, ok := parseRow(cur); ok && sid != req.Exclude {
-		ss, err := r.resolve(ctx, []string{sid})
+		owners, err := r.resolve(ctx, []string{sid})
 		if err != nil {
 			return Route{}, err
 		}
-		if s := ss[sid]; s != nil && s.owner.Live(req.Now) {
+		if s := owners[sid]; s != nil && s.owner.Live(req.Now) {
 			r.fill(kw, 0, redisRow{s.owner, ep})
 			return Route{Owner: s.owner, Epoch: ep}, nil
 		}
 	}
-	ranked, err := r.rank(ctx, req, members)
+	ranked, err := r.rank(req, live, res[1:])
 	if err != nil {
 		return Route{}, err
 	}
@@ -130,19 +141,10 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 	return Route{Owner: s.owner, Epoch: ep, Placed: placed}, nil
 }
 
-// rank is the node's view of the namespace's eligible sessions, ranked by
-// the policy. The view may be a few microseconds stale; the claim script
-// re-checks every candidate and falls back on its own pick, so a stale
-// view costs balance, never correctness.
-func (r *Redis) rank(ctx context.Context, req *PlaceRequest, members []string) ([]string, error) {
-	if len(members) == 0 {
-		return nil, nil
-	}
-	ss, err := r.resolve(ctx, members)
-	if err != nil {
-		return nil, err
-	}
-	// Workers bound to the request's host take its new ids (R-LS-4).
+// view picks the members that may take the request's new id by the
+// node's own knowledge (live lease, not excluded, host binding, R-LS-4),
+// and the cached reads of their headroom and drain flags.
+func (r *Redis) view(req *PlaceRequest, members []string, ss map[string]*redisSession) ([]*redisSession, []rueidis.CacheableTTL) {
 	host := strings.ToLower(req.Host)
 	bound := false
 	for _, s := range ss {
@@ -160,12 +162,14 @@ func (r *Redis) rank(ctx context.Context, req *PlaceRequest, members []string) (
 			rueidis.CT(r.c.B().Hmget().Key(r.key("h", sid)).Field("hr", "dr", "dg").Cache(), cacheTTL),
 			rueidis.CT(r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Cache(), cacheTTL))
 	}
-	if len(live) == 0 {
-		return nil, nil
-	}
-	start := time.Now()
-	res := r.c.DoMultiCache(ctx, cmds...)
-	r.observeMulti("place.view", start, res)
+	return live, cmds
+}
+
+// rank orders the eligible part of the view with the policy. The view may
+// be a few microseconds stale; the claim script re-checks every candidate
+// and falls back on its own pick, so a stale view costs balance, never
+// correctness.
+func (r *Redis) rank(req *PlaceRequest, live []*redisSession, res []rueidis.RedisResult) ([]string, error) {
 	cands := make([]Candidate, 0, len(live))
 	for i, s := range live {
 		h, err := res[2*i].AsStrSlice()
