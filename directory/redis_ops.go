@@ -188,7 +188,7 @@ func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (
 	n, err := r.run(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
 		strconv.FormatUint(req.Epoch, 10), name}).AsInt64()
 	if err != nil {
-		return false, unavailable("release", name, err)
+		return false, unavailable("release", req.NS+"/"+req.ID, err)
 	}
 	if n == 1 {
 		r.forget([]string{key})
@@ -245,7 +245,7 @@ func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time
 		return "", "", ErrNoPlacement
 	}
 	if err != nil {
-		return "", "", unavailable("wind down", rowName(ns, id), err)
+		return "", "", unavailable("wind down", ns+"/"+id, err)
 	}
 	return msgID, sid, nil
 }
@@ -257,7 +257,7 @@ func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*P
 		return nil, ErrNoPlacement
 	}
 	if err != nil || len(reply) < 5 {
-		return nil, unavailable("read placement", rowName(ns, id), errors.Join(err, errShortReply))
+		return nil, unavailable("read placement", ns+"/"+id, errors.Join(err, errShortReply))
 	}
 	ep, _ := strconv.ParseUint(reply[1], 10, 64)
 	return &PlacementInfo{

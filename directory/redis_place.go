@@ -38,7 +38,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	}
 	members, err := mres.AsStrSlice()
 	if err != nil {
-		return Route{}, unavailable("claim", name, err)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
 	ss, err := r.resolve(ctx, members)
 	if err != nil {
@@ -50,7 +50,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	r.observeMulti("place.read", start, res)
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
-		return Route{}, unavailable("claim", name, err)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
 	if sid, ep, ok := parseRow(cur); ok && sid != req.Exclude {
 		owners, err := r.resolve(ctx, []string{sid})
@@ -72,11 +72,11 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	r.stats.claims.Add(1)
 	msg, back, err := r.execTracked(ctx, "place.claim", scriptClaim, key, args, []string{key}, nil, false)
 	if err != nil {
-		return Route{}, unavailable("claim", name, err)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
 	reply, err := msg.AsStrSlice()
 	if err != nil {
-		return Route{}, unavailable("claim", name, err)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
 	return r.claimed(ctx, req, kw, back, reply)
 }
@@ -84,9 +84,8 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 // claimed turns the claim script's reply into the route, and fills the
 // local cache from the tracked read-back.
 func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, back []rueidis.RedisMessage, reply []string) (Route, error) {
-	name := rowName(req.NS, req.ID)
 	if len(reply) == 0 {
-		return Route{}, unavailable("claim", name, errShortReply)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
 	}
 	switch reply[0] {
 	case "quarantine":
@@ -105,15 +104,15 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		return Route{}, ErrNoEligible
 	case "owner", "placed":
 	default:
-		return Route{}, unavailable("claim", name, errShortReply)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
 	}
 	if len(reply) < 4 {
-		return Route{}, unavailable("claim", name, errShortReply)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
 	}
 	sid := reply[1]
 	ep, err := strconv.ParseUint(reply[2], 10, 64)
 	if err != nil {
-		return Route{}, unavailable("claim", name, err)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
 	ss, err := r.resolve(ctx, []string{sid})
 	if err != nil {
@@ -123,7 +122,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 	if s == nil {
 		// Deregistered between the claim and this read: a retry places
 		// the id again.
-		return Route{}, unavailable("claim", name, errOwnerGone)
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errOwnerGone)
 	}
 	s.setLease(fromMicros(reply[3]))
 	placed := reply[0] == "placed"
