@@ -28,6 +28,7 @@ type MultiFleetOptions struct {
 	HeartbeatInterval time.Duration
 	LeaseBuffer       time.Duration
 	WorkerEnv         []string // extra KEY=VALUE entries for every worker
+	NodeEnv           []string // extra KEY=VALUE entries for every pinboard
 }
 
 // MultiFleet is running pinboard nodes sharing a Redis directory, and
@@ -60,7 +61,8 @@ func StartMultiFleet(t testing.TB, ctx context.Context, opts MultiFleetOptions) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i], errs[i] = startPinboard(PinboardOptions{LeaseTTL: opts.LeaseTTL, Env: []string{"REDIS_URL=" + opts.RedisURL}})
+			env := append([]string{"REDIS_URL=" + opts.RedisURL}, opts.NodeEnv...)
+			nodes[i], errs[i] = startPinboard(PinboardOptions{LeaseTTL: opts.LeaseTTL, Env: env})
 		}()
 	}
 	wg.Wait()
@@ -218,6 +220,23 @@ func (pb *Pinboard) expectOK(r reply, err error) error {
 		return errors.New(r.String())
 	}
 	return nil
+}
+
+// whoamiAs is whoami for a client behind a trusted proxy: the node takes
+// clientIP from X-Forwarded-For as the affinity key (R-PL-4).
+func whoamiAs(ctx context.Context, pb *Pinboard, id, clientIP string) (string, reply, error) {
+	r, err := doWithRetry(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", http.Header{"X-Forwarded-For": {clientIP}})
+	if err != nil {
+		return "", r, err
+	}
+	var body struct {
+		Worker string `json:"worker"`
+		ID     string `json:"id"`
+	}
+	if r.Status != http.StatusOK || r.JSON(&body) != nil || body.ID != id {
+		return "", r, fmt.Errorf("unexpected answer; got %s; want 200 from %s", r, id)
+	}
+	return body.Worker, r, nil
 }
 
 // parallel runs fn(i) for i in [0, n) on workers goroutines and returns

@@ -38,10 +38,15 @@ func testMultiNode(t *testing.T, redisURL string) {
 	const ttl = 6 * time.Second
 	f := StartMultiFleet(t, ctx, MultiFleetOptions{
 		RedisURL: redisURL, Nodes: 3, Workers: []string{"w1", "w2", "w3"},
-		// Small headroom: clients all come from 127.0.0.1, so the per-IP
-		// rendezvous pick (R-PL-4) would send every id to one worker;
-		// each placement spends a unit and the balance guard spreads them.
+		// Small headroom: clients mostly come from 127.0.0.1, so the
+		// per-IP rendezvous pick (R-PL-4) would send every id to one
+		// worker; each placement spends a unit and the balance guard
+		// spreads them.
 		Headroom: 20, LeaseTTL: ttl,
+		// The 10,000-id phase poses as many clients behind a trusted proxy
+		// so rendezvous spreads the ids over the workers (and the Python
+		// workers share the two cores evenly).
+		NodeEnv: []string{"PINBOARD_TRUSTED_PROXIES=127.0.0.1"},
 		// pinned sweeps every live instance after each request: evicting
 		// idle ones keeps a request O(recent ids), not O(10,000).
 		WorkerEnv: []string{"COUNTERS_IDLE_TIMEOUT=3", "UVICORN_ACCESS_LOG=false"},
@@ -106,7 +111,8 @@ func testManyIDs(t *testing.T, ctx context.Context, f *MultiFleet, n int) {
 	start := time.Now()
 	err := parallel(n, 24, func(i int) error {
 		id := "many-" + strconv.Itoa(i)
-		w, r, err := whoami(ctx, f.Nodes[i%len(f.Nodes)], id)
+		client := fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
+		w, r, err := whoamiAs(ctx, f.Nodes[i%len(f.Nodes)], id, client)
 		if err != nil {
 			return fmt.Errorf("%s: %w (%s)", id, err, r)
 		}
@@ -124,7 +130,7 @@ func testManyIDs(t *testing.T, ctx context.Context, f *MultiFleet, n int) {
 			}
 		}
 		if i%10 == 0 {
-			w2, r, err := whoami(ctx, f.Nodes[(i+1)%len(f.Nodes)], id)
+			w2, r, err := whoamiAs(ctx, f.Nodes[(i+1)%len(f.Nodes)], id, client)
 			if err != nil {
 				return fmt.Errorf("%s: %w (%s)", id, err, r)
 			}
