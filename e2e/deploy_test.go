@@ -122,86 +122,88 @@ func (c *deployClient) check(t *testing.T) (moves int) {
 // 503s, and every id is served by exactly one worker at every moment.
 func TestRollingDeploy_RREG6(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	// Small headroom spreads one client IP's ids over both workers
-	// (the balance-factor guard, R-PL-4).
-	const headroom = 40
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"A", "B"}, Headroom: headroom})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pb := f.Pinboard
-	c := &deployClient{pb: pb, seen: map[string][]observation{}}
-	for i := range 200 {
-		c.ids = append(c.ids, "deploy-"+strconv.Itoa(i))
-	}
-	// One pass places everything before the deploy starts.
-	for _, id := range c.ids {
-		c.hit(ctx, id)
-	}
-	onA := 0
-	for _, obs := range c.seen {
-		if obs[0].worker == "A" {
-			onA++
-		}
-	}
-	if onA < 20 {
-		t.Fatalf("unexpected placement: only %d of 200 ids on A; the deploy would prove little", onA)
-	}
-	loadCtx, stopLoad := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); c.run(loadCtx) }()
-
-	// 1. Operator drain of A: no new placements on A; its idle instances
-	// wind down and release (the worker applies the drain echo).
-	r, err := do(ctx, http.MethodPost, pb.URL+"/registry/drain", pb.operator(), strings.NewReader(`{"clientId":"`+f.Records["A"].ClientID+`"}`))
-	if err != nil || r.Status != http.StatusOK {
-		t.Fatalf("cannot drain A: %v %s", err, r)
-	}
-	// 2. Start A'.
-	a2 := StartWorker(t, pb, WorkerOptions{Name: "A2", Headroom: headroom})
-	if _, err := a2.WaitRegistered(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// 3. Wait until A holds no placement.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		n, err := placementsOf(ctx, pb, f.Records["A"].ClientID)
-		if err != nil {
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		defer cancel()
+		// Small headroom spreads one client IP's ids over both workers
+		// (the balance-factor guard, R-PL-4).
+		const headroom = 40
+		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: headroom})
+		if err := f.WarmUp(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
+		pb := f.Pinboard
+		c := &deployClient{pb: pb, seen: map[string][]observation{}}
+		for i := range 200 {
+			c.ids = append(c.ids, "deploy-"+strconv.Itoa(i))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("unexpected placements left on the drained worker A: %d", n)
+		// One pass places everything before the deploy starts.
+		for _, id := range c.ids {
+			c.hit(ctx, id)
 		}
-		sleepCtx(ctx, 200*time.Millisecond)
-	}
-	// 4. Stop A: nothing routes there any more.
-	if !f.Worker("A").Stop() {
-		t.Errorf("unexpected stop of A: it did not exit on SIGTERM")
-	}
-	// Keep the load on a little after the stop.
-	sleepCtx(ctx, 2*time.Second)
-	stopLoad()
-	wg.Wait()
+		onA := 0
+		for _, obs := range c.seen {
+			if obs[0].worker == "A" {
+				onA++
+			}
+		}
+		if onA < 20 {
+			t.Fatalf("unexpected placement: only %d of 200 ids on A; the deploy would prove little", onA)
+		}
+		loadCtx, stopLoad := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); c.run(loadCtx) }()
 
-	if len(c.failures) > 0 {
-		t.Fatalf("unexpected errors during the deploy (%d of %d requests): %v", len(c.failures), c.requests.Load(), c.failures[:min(5, len(c.failures))])
-	}
-	moves := c.check(t)
-	if moves < onA {
-		t.Fatalf("unexpected moves; got %d; want every one of A's %d ids moved", moves, onA)
-	}
-	for id, obs := range c.seen {
-		if last := obs[len(obs)-1].worker; last == "A" {
-			t.Fatalf("unexpected owner of %s after the deploy: A", id)
+		// 1. Operator drain of A: no new placements on A; its idle instances
+		// wind down and release (the worker applies the drain echo).
+		r, err := do(ctx, http.MethodPost, pb.URL+"/registry/drain", pb.operator(), strings.NewReader(`{"clientId":"`+f.Records["A"].ClientID+`"}`))
+		if err != nil || r.Status != http.StatusOK {
+			t.Fatalf("cannot drain A: %v %s", err, r)
 		}
-	}
-	t.Logf("deploy: %d requests, %d retried 503s, %d ids moved off A", c.requests.Load(), c.retried.Load(), moves)
+		// 2. Start A'.
+		a2 := StartWorker(t, pb, WorkerOptions{Name: "A2", Headroom: headroom})
+		if _, err := a2.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// 3. Wait until A holds no placement.
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			n, err := placementsOf(ctx, pb, f.Records["A"].ClientID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("unexpected placements left on the drained worker A: %d", n)
+			}
+			sleepCtx(ctx, 200*time.Millisecond)
+		}
+		// 4. Stop A: nothing routes there any more.
+		if !f.Worker("A").Stop() {
+			t.Errorf("unexpected stop of A: it did not exit on SIGTERM")
+		}
+		// Keep the load on a little after the stop.
+		sleepCtx(ctx, 2*time.Second)
+		stopLoad()
+		wg.Wait()
+
+		if len(c.failures) > 0 {
+			t.Fatalf("unexpected errors during the deploy (%d of %d requests): %v", len(c.failures), c.requests.Load(), c.failures[:min(5, len(c.failures))])
+		}
+		moves := c.check(t)
+		if moves < onA {
+			t.Fatalf("unexpected moves; got %d; want every one of A's %d ids moved", moves, onA)
+		}
+		for id, obs := range c.seen {
+			if last := obs[len(obs)-1].worker; last == "A" {
+				t.Fatalf("unexpected owner of %s after the deploy: A", id)
+			}
+		}
+		t.Logf("deploy: %d requests, %d retried 503s, %d ids moved off A", c.requests.Load(), c.retried.Load(), moves)
+	})
 }
 
 // placementsOf reads a client's placement count from GET /registry/workers.

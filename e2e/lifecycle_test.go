@@ -55,43 +55,45 @@ func increment(ctx context.Context, t *testing.T, pb *Pinboard, ns, id string) c
 // request (R-PL-2, R-LS-2).
 func TestRetainedIdlePlacements_RPL2(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pb := f.Pinboard
-	first := increment(ctx, t, pb, "/retained", "keep")
-	if c := increment(ctx, t, pb, "/retained", "keep"); c.Count != 2 || c.Worker != first.Worker {
-		t.Fatalf("unexpected second increment %+v", c)
-	}
-	before, _, err := getPlacement(ctx, pb, "/retained", "keep")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Idle eviction (1s) on the worker: the instance goes, the row stays.
-	sleepCtx(ctx, 2500*time.Millisecond)
-	after, status, err := getPlacement(ctx, pb, "/retained", "keep")
-	if err != nil || status != http.StatusOK || after.SessionID != before.SessionID || after.Epoch != before.Epoch || !after.Live {
-		t.Fatalf("unexpected placement after idle eviction; got %d %+v (before %+v)", status, after, before)
-	}
-	if c := increment(ctx, t, pb, "/retained", "keep"); c.Count != 1 || c.Worker != first.Worker {
-		t.Fatalf("unexpected reply after idle eviction; got %+v; want a fresh activation on %s", c, first.Worker)
-	}
-	// The owner dies: past its lease the row re-places on the next request.
-	owner := f.Worker(first.Worker)
-	owner.Kill()
-	sleepCtx(ctx, pb.LeaseTTL+500*time.Millisecond)
-	if c := increment(ctx, t, pb, "/retained", "keep"); c.Worker == first.Worker || c.Count != 1 {
-		t.Fatalf("unexpected reply after the owner died; got %+v; want a new activation elsewhere", c)
-	}
-	moved, _, _ := getPlacement(ctx, pb, "/retained", "keep")
-	e0, _ := strconv.ParseUint(before.Epoch, 10, 64)
-	e1, _ := strconv.ParseUint(moved.Epoch, 10, 64)
-	if moved.SessionID == before.SessionID || e1 <= e0 {
-		t.Fatalf("unexpected placement after re-placement; got %+v (before %+v)", moved, before)
-	}
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
+		if err := f.WarmUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pb := f.Pinboard
+		first := increment(ctx, t, pb, "/retained", "keep")
+		if c := increment(ctx, t, pb, "/retained", "keep"); c.Count != 2 || c.Worker != first.Worker {
+			t.Fatalf("unexpected second increment %+v", c)
+		}
+		before, _, err := getPlacement(ctx, pb, "/retained", "keep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Idle eviction (1s) on the worker: the instance goes, the row stays.
+		sleepCtx(ctx, 2500*time.Millisecond)
+		after, status, err := getPlacement(ctx, pb, "/retained", "keep")
+		if err != nil || status != http.StatusOK || after.SessionID != before.SessionID || after.Epoch != before.Epoch || !after.Live {
+			t.Fatalf("unexpected placement after idle eviction; got %d %+v (before %+v)", status, after, before)
+		}
+		if c := increment(ctx, t, pb, "/retained", "keep"); c.Count != 1 || c.Worker != first.Worker {
+			t.Fatalf("unexpected reply after idle eviction; got %+v; want a fresh activation on %s", c, first.Worker)
+		}
+		// The owner dies: past its lease the row re-places on the next request.
+		owner := f.Worker(first.Worker)
+		owner.Kill()
+		sleepCtx(ctx, pb.LeaseTTL+500*time.Millisecond)
+		if c := increment(ctx, t, pb, "/retained", "keep"); c.Worker == first.Worker || c.Count != 1 {
+			t.Fatalf("unexpected reply after the owner died; got %+v; want a new activation elsewhere", c)
+		}
+		moved, _, _ := getPlacement(ctx, pb, "/retained", "keep")
+		e0, _ := strconv.ParseUint(before.Epoch, 10, 64)
+		e1, _ := strconv.ParseUint(moved.Epoch, 10, 64)
+		if moved.SessionID == before.SessionID || e1 <= e0 {
+			t.Fatalf("unexpected placement after re-placement; got %+v (before %+v)", moved, before)
+		}
+	})
 }
 
 // An operator winds one id down (R-CM-1): the owner receives the wind_down
@@ -99,38 +101,40 @@ func TestRetainedIdlePlacements_RPL2(t *testing.T) {
 // placement; the next request activates it afresh.
 func TestWindDownOneID_RCM1(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: sharedHeadroom})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pb := f.Pinboard
-	increment(ctx, t, pb, "/counters", "wind")
-	if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 2 {
-		t.Fatalf("unexpected count %d", c.Count)
-	}
-	r, err := do(ctx, http.MethodPost, pb.URL+"/registry/wind-down", pb.operator(), strings.NewReader(`{"namespace":"/counters","id":"wind","deadline":5}`))
-	if err != nil || r.Status != http.StatusOK {
-		t.Fatalf("cannot wind down: %v %s", err, r)
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		_, status, err := getPlacement(ctx, pb, "/counters", "wind")
-		if err != nil {
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
+		if err := f.WarmUp(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if status == http.StatusNotFound {
-			break
+		pb := f.Pinboard
+		increment(ctx, t, pb, "/counters", "wind")
+		if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 2 {
+			t.Fatalf("unexpected count %d", c.Count)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("unexpected placement: the wound-down id was never released\n%s", f.Logs(nil))
+		r, err := do(ctx, http.MethodPost, pb.URL+"/registry/wind-down", pb.operator(), strings.NewReader(`{"namespace":"/counters","id":"wind","deadline":5}`))
+		if err != nil || r.Status != http.StatusOK {
+			t.Fatalf("cannot wind down: %v %s", err, r)
 		}
-		sleepCtx(ctx, 200*time.Millisecond)
-	}
-	if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 1 {
-		t.Fatalf("unexpected count after the wind-down; got %d; want a fresh activation", c.Count)
-	}
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, status, err := getPlacement(ctx, pb, "/counters", "wind")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if status == http.StatusNotFound {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("unexpected placement: the wound-down id was never released\n%s", f.Logs(nil))
+			}
+			sleepCtx(ctx, 200*time.Millisecond)
+		}
+		if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 1 {
+			t.Fatalf("unexpected count after the wind-down; got %d; want a fresh activation", c.Count)
+		}
+	})
 }
 
 // A timed operator drain (R-REG-6, R-LS-5): drainDeadline counts down in
@@ -139,42 +143,44 @@ func TestWindDownOneID_RCM1(t *testing.T) {
 // re-place elsewhere.
 func TestTimedOperatorDrain_RLS5(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"A", "B"}, Headroom: sharedHeadroom})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pb := f.Pinboard
-	var onA []string
-	for i := 0; i < 40 && len(onA) < 3; i++ {
-		id := "timed-" + strconv.Itoa(i)
-		if c := increment(ctx, t, pb, "/counters", id); c.Worker == "A" {
-			onA = append(onA, id)
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: sharedHeadroom})
+		if err := f.WarmUp(ctx); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if len(onA) == 0 {
-		t.Fatalf("no id landed on A")
-	}
-	clientA := f.Records["A"].ClientID
-	r, err := do(ctx, http.MethodPost, pb.URL+"/registry/drain", pb.operator(), strings.NewReader(`{"clientId":"`+clientA+`","deadline":2}`))
-	if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"drainDeadline":2`) {
-		t.Fatalf("cannot drain A: %v %s", err, r)
-	}
-	sleepCtx(ctx, 1200*time.Millisecond)
-	w := workerView(ctx, t, pb, clientA)
-	if !w.Draining || w.DrainDeadline == nil || *w.DrainDeadline >= 2 || *w.DrainDeadline <= 0 {
-		t.Fatalf("unexpected listing during the timed drain: %+v", w)
-	}
-	if w.ExpiresInMs > 2000+float64(pb.LeaseTTL.Milliseconds()) {
-		t.Fatalf("unexpected lease past the drain deadline plus one lease: %vms", w.ExpiresInMs)
-	}
-	sleepCtx(ctx, 1500*time.Millisecond)
-	for _, id := range onA {
-		if c := increment(ctx, t, pb, "/counters", id); c.Worker != "B" || c.Count != 1 {
-			t.Fatalf("unexpected owner of %s past the drain deadline; got %+v; want a new activation on B", id, c)
+		pb := f.Pinboard
+		var onA []string
+		for i := 0; i < 40 && len(onA) < 3; i++ {
+			id := "timed-" + strconv.Itoa(i)
+			if c := increment(ctx, t, pb, "/counters", id); c.Worker == "A" {
+				onA = append(onA, id)
+			}
 		}
-	}
+		if len(onA) == 0 {
+			t.Fatalf("no id landed on A")
+		}
+		clientA := f.Records["A"].ClientID
+		r, err := do(ctx, http.MethodPost, pb.URL+"/registry/drain", pb.operator(), strings.NewReader(`{"clientId":"`+clientA+`","deadline":2}`))
+		if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"drainDeadline":2`) {
+			t.Fatalf("cannot drain A: %v %s", err, r)
+		}
+		sleepCtx(ctx, 1200*time.Millisecond)
+		w := workerView(ctx, t, pb, clientA)
+		if !w.Draining || w.DrainDeadline == nil || *w.DrainDeadline >= 2 || *w.DrainDeadline <= 0 {
+			t.Fatalf("unexpected listing during the timed drain: %+v", w)
+		}
+		if w.ExpiresInMs > 2000+float64(pb.LeaseTTL.Milliseconds()) {
+			t.Fatalf("unexpected lease past the drain deadline plus one lease: %vms", w.ExpiresInMs)
+		}
+		sleepCtx(ctx, 1500*time.Millisecond)
+		for _, id := range onA {
+			if c := increment(ctx, t, pb, "/counters", id); c.Worker != "B" || c.Count != 1 {
+				t.Fatalf("unexpected owner of %s past the drain deadline; got %+v; want a new activation on B", id, c)
+			}
+		}
+	})
 }
 
 type workerJSON struct {

@@ -19,46 +19,48 @@ import (
 // client.
 func TestInBandRefusalRealWorker_RPL6(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	pb := StartPinboard(t, PinboardOptions{})
-	unhealthy := StartWorker(t, pb, WorkerOptions{Name: "U", Headroom: 1000, LeaseBuffer: 10 * time.Second})
-	healthy := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
-	for _, w := range []*Worker{unhealthy, healthy} {
-		if _, err := w.WaitRegistered(ctx); err != nil {
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		unhealthy := StartWorker(t, pb, WorkerOptions{Name: "U", Headroom: 1000, LeaseBuffer: 10 * time.Second})
+		healthy := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
+		for _, w := range []*Worker{unhealthy, healthy} {
+			if _, err := w.WaitRegistered(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
-		t.Fatal(err)
-	}
-	// U has far more headroom: power of two choices and the affinity guard
-	// both send new ids there first.
-	for i := range 20 {
-		id := "refused-" + strconv.Itoa(i)
-		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
+		// U has far more headroom: power of two choices and the affinity guard
+		// both send new ids there first.
+		for i := range 20 {
+			id := "refused-" + strconv.Itoa(i)
+			r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != http.StatusOK || !bodyHas(r, `"worker":"H"`) {
+				t.Fatalf("unexpected reply for %s; got %s; want H's answer after U's refusal", id, r)
+			}
+		}
+		if !healthy.Stop() {
+			t.Fatalf("H did not stop on SIGTERM")
+		}
+		uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
+		defer ucancel()
+		if err := healthy.WaitUnregistered(uctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/nobody-takes-me/whoami", nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Status != http.StatusOK || !bodyHas(r, `"worker":"H"`) {
-			t.Fatalf("unexpected reply for %s; got %s; want H's answer after U's refusal", id, r)
+		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || r.Header.Get("Pinned-Refusal") != "" {
+			t.Fatalf("unexpected reply when every worker refuses; got %s (pinned-refusal %q)", r, r.Header.Get("Pinned-Refusal"))
 		}
-	}
-	if !healthy.Stop() {
-		t.Fatalf("H did not stop on SIGTERM")
-	}
-	uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
-	defer ucancel()
-	if err := healthy.WaitUnregistered(uctx); err != nil {
-		t.Fatal(err)
-	}
-	r, err := do(ctx, http.MethodGet, pb.URL+"/counters/nobody-takes-me/whoami", nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" || r.Header.Get("Pinned-Refusal") != "" {
-		t.Fatalf("unexpected reply when every worker refuses; got %s (pinned-refusal %q)", r, r.Header.Get("Pinned-Refusal"))
-	}
+	})
 }
 
 func bodyHas(r reply, s string) bool { return strings.Contains(string(r.Body), s) }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/proxy"
 )
 
@@ -184,7 +185,8 @@ func checkStoreURL(u string) error {
 	}
 	switch scheme {
 	case "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
-		return nil
+		_, err := directory.ParseRedisURL(u)
+		return err
 	}
 	return fmt.Errorf("unknown scheme %q: use redis://, rediss://, redis+cluster://, redis+sentinel:// or memory:", scheme)
 }

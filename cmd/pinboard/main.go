@@ -43,7 +43,11 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Warn("passport", "warning", w)
 	}
 
-	store, err := openStore(cfg)
+	var m *metrics.Metrics
+	if cfg.MetricsAddr != "" {
+		m = metrics.New(metrics.Options{Version: version()})
+	}
+	store, err := openStore(cfg, log, m)
 	if err != nil {
 		var ce *configError
 		if errors.As(err, &ce) {
@@ -55,10 +59,6 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	}
 	defer store.Close()
 
-	var m *metrics.Metrics
-	if cfg.MetricsAddr != "" {
-		m = metrics.New(metrics.Options{Version: version()})
-	}
 	pb, err := server.New(server.Options{
 		Store:           store,
 		Passport:        cfg.Passport,
@@ -148,12 +148,20 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// openStore opens the directory REDIS_URL names.
-func openStore(cfg *config) (directory.Store, error) {
+// openStore opens the directory REDIS_URL names (checkStoreURL already
+// refused malformed URLs). An unreachable Redis is a runtime failure
+// (exit 1: the orchestrator retries).
+func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Store, error) {
 	if cfg.RedisURL == "memory:" || cfg.RedisURL == "memory://" {
 		return directory.NewMemory(cfg.LeaseTTL, time.Now()), nil
 	}
-	return nil, &configError{Var: "REDIS_URL", Err: errors.New("the Redis store is not available in this build yet")}
+	opts := directory.RedisOptions{LeaseTTL: cfg.LeaseTTL, Logger: log.With("component", "directory")}
+	if m != nil {
+		opts.Observer = m // a nil *Metrics must not become a non-nil interface
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return directory.OpenRedis(ctx, cfg.RedisURL, opts)
 }
 
 // version is the module version the binary was built from ("(devel)" for

@@ -48,6 +48,11 @@ func Run(t *testing.T, f Factory) {
 		{"SweepRemovesDeadSessions", testSweep},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
 		{"HostnameRoutesNewPlacements_RLS4", testHostRouting},
+		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
+		{"WindDownNeedsLiveOwner_RCM1", testWindDownDeadOwner},
+		{"DegradedSinceKeepsFirstFailure_RLS3", testDegradedSince},
+		{"StaleReleaseKeepsNewOwner_RREG3", testStaleRelease},
+		{"ReclaimedOwnerServesDuringQuarantine_RCS1", testReclaimDuringQuarantine},
 		{"LookupDoesNotAllocate", testLookupAllocs},
 	}
 	for _, tc := range tests {

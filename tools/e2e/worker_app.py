@@ -22,6 +22,13 @@ Environment:
                         unhealthy (pinned's default is 5.0). Must be well below
                         PINBOARD_LEASE_TTL_MS, or every new activation answers
                         503 "lease unhealthy" with the in-band refusal marker.
+    COUNTERS_IDLE_TIMEOUT
+                        seconds after which an idle /counters or /tickers
+                        instance is evicted and its placement released
+                        (pinned's default is 300). pinned sweeps every live
+                        instance after each request, so a test placing
+                        thousands of ids keeps this short to keep requests
+                        O(recent ids) instead of O(all ids).
 
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
@@ -214,9 +221,14 @@ class Ticker(PinnedAPI):
             return
 
 
+def _host_kwargs() -> dict[str, Any]:
+    raw = os.environ.get("COUNTERS_IDLE_TIMEOUT")
+    return {"idle_timeout": float(raw)} if raw else {}
+
+
 worker = _make_worker()
-counters = PinnedHost(Counter, worker=worker, namespace="/counters")
-tickers = PinnedHost(Ticker, worker=worker, namespace="/tickers")
+counters = PinnedHost(Counter, worker=worker, namespace="/counters", **_host_kwargs())
+tickers = PinnedHost(Ticker, worker=worker, namespace="/tickers", **_host_kwargs())
 # Retained idle placements: instances evict after IDLE_TIMEOUT seconds but
 # keep their placement until released or the session ends (guide: "Host(Api,
 # release_placement_on_idle=False)").

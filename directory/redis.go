@@ -1,0 +1,315 @@
+package directory
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// RedisOptions configure OpenRedis. Only LeaseTTL is required.
+type RedisOptions struct {
+	// LeaseTTL is PINBOARD_LEASE_TTL_MS (R-LS-1). Every node sharing a
+	// directory must use the same value.
+	LeaseTTL time.Duration
+	// Prefix names the directory: every key is "{Prefix}:…", one hash tag,
+	// so one slot on Redis Cluster (docs/DIRECTORY.md). Default "pinboard".
+	Prefix string
+	// Staleness is how long a node may keep serving from its cache after
+	// its connection silently stopped delivering invalidations. It sets the
+	// connection-liveness options (idle PING gap, write and dial timeouts).
+	// Default LeaseTTL/4 within [1s, 3s]: well under one lease, and not so
+	// tight that a CPU-starved node (notes: invalidations stretched to
+	// 16 ms p90 on 2 busy cores) drops healthy connections.
+	Staleness time.Duration
+	// TLSConfig replaces the TLS settings a rediss:// URL implies.
+	TLSConfig *tls.Config
+	// CacheBytes is rueidis's client-side cache per connection; default
+	// 64 MiB. The node-local decoded cache is bounded by
+	// MaxCachedPlacements instead.
+	CacheBytes int
+	// MaxCachedPlacements bounds the node-local placement cache; default
+	// 1<<20 (about 150 MiB at worst). Beyond it arbitrary entries are
+	// dropped: a dropped id costs one cached read on its next request.
+	MaxCachedPlacements int
+	// Now is the clock for background lease refreshes; nil uses time.Now.
+	// Store methods use the times their callers pass.
+	Now func() time.Time
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Observer sees every round trip (for metrics); nil records none.
+	Observer CommandObserver
+}
+
+// Redis is the directory on Redis, Redis Cluster or Sentinel: any number of
+// stateless pinboard nodes on one URL share it and agree on one owner per
+// id (R-SRV-1, R-PL-1). Every ownership decision is one Lua script; reads of
+// hot placements come from a node-local cache kept exact by RESP3 client
+// tracking, so a steady-state request costs no Redis round trip.
+// docs/DIRECTORY.md describes keys, scripts and the invalidation design.
+//
+// Redis is safe for concurrent use. Close stops its background loops.
+type Redis struct {
+	c       rueidis.Client
+	ttl     time.Duration
+	prefix  string // "{tag}:"
+	budget  time.Duration
+	now     func() time.Time
+	log     *slog.Logger
+	obs     CommandObserver
+	maxRows int // per shard
+
+	shards [redisShards]redisShard
+
+	smu      sync.RWMutex
+	sessions map[string]*redisSession
+	// leaseGen counts lease invalidations; a session read that saw it move
+	// marks the session dirty (its lease may be older than the push).
+	leaseGen atomic.Uint64
+
+	// connGen counts replacements of the tracking connection (and wipes);
+	// a fill must start and end in one generation.
+	connGen atomic.Uint64
+	eraMu   sync.Mutex
+	era     string // wipe detector: the value of the era key we last saw
+	connID  string // identity of the connection tracking the directory
+
+	reval   chan struct{} // wakes the revalidator after a flush or disconnect
+	refresh chan struct{} // wakes the lease refresher early
+	stats   redisStats
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+var _ Store = (*Redis)(nil)
+
+// Cache lifetimes handed to DoCache. Entries live until invalidated; the
+// TTL only bounds memory for keys nobody writes any more.
+const (
+	cacheTTL      = time.Hour
+	sweepBatch    = 256  // sessions dropped per Sweep call
+	trackLimit    = 4096 // rows a registration tracks for the local cache
+	queueLeases   = 2    // control queues expire two leases after use (R-CM-1)
+	defaultPrefix = "pinboard"
+)
+
+// OpenRedis connects to the Redis that url names (see ParseRedisURL for the
+// forms) and returns the directory. Errors wrapping ErrInvalidURL are
+// configuration errors; others mean Redis could not be reached.
+func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, error) {
+	if opts.LeaseTTL <= 0 {
+		return nil, errors.New("cannot open the redis directory: RedisOptions.LeaseTTL is required")
+	}
+	copt, err := ParseRedisURL(url)
+	if err != nil {
+		return nil, err
+	}
+	if opts.TLSConfig != nil {
+		copt.TLSConfig = opts.TLSConfig
+	}
+	r := newRedis(opts)
+	r.configure(&copt, opts)
+	c, err := rueidis.NewClient(copt)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to redis at %s: %w: %w", redactURL(url), ErrUnavailable, err)
+	}
+	r.c = c
+	if err := r.openEra(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	r.wg.Add(2)
+	go func() { defer r.wg.Done(); r.revalidateLoop(bg) }()
+	go func() { defer r.wg.Done(); r.refreshLoop(bg) }()
+	return r, nil
+}
+
+func newRedis(opts RedisOptions) *Redis {
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = defaultPrefix
+	}
+	r := &Redis{
+		ttl:      opts.LeaseTTL,
+		prefix:   "{" + prefix + "}:",
+		budget:   opts.Staleness,
+		now:      opts.Now,
+		log:      opts.Logger,
+		obs:      opts.Observer,
+		sessions: make(map[string]*redisSession),
+		reval:    make(chan struct{}, 1),
+		refresh:  make(chan struct{}, 1),
+	}
+	if r.budget <= 0 {
+		r.budget = min(max(opts.LeaseTTL/4, time.Second), 3*time.Second)
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.obs == nil {
+		r.obs = NopCommandObserver{}
+	}
+	limit := opts.MaxCachedPlacements
+	if limit <= 0 {
+		limit = 1 << 20
+	}
+	r.maxRows = max(limit/redisShards, 16)
+	for i := range r.shards {
+		r.shards[i].rows = make(map[string]redisRow)
+		r.shards[i].watch = make(map[string]*redisWatch)
+	}
+	return r
+}
+
+// configure sets the client options the directory depends on.
+//
+// Liveness: a silent partition stops invalidations without an error, and
+// is only noticed when an idle PING goes unanswered. rueidis pings after
+// Dialer.KeepAlive of silence and gives up after ConnWriteTimeout, so a
+// dead connection is dropped within about KeepAlive + ConnWriteTimeout =
+// 1.25 × the staleness budget; the drop flushes the cache (OnInvalidations(nil))
+// and starts revalidation (redis_sessions.go).
+//
+// One connection per master (PipelineMultiplex -1): every command and
+// every invalidation push of the directory's slot then travel one ordered
+// stream, which is what lets a write's own invalidations be accounted for
+// exactly (execTracked).
+func (r *Redis) configure(o *rueidis.ClientOption, opts RedisOptions) {
+	o.OnInvalidations = r.onInvalidations
+	o.PipelineMultiplex = -1
+	o.CacheSizeEachConn = opts.CacheBytes
+	if o.CacheSizeEachConn <= 0 {
+		o.CacheSizeEachConn = 64 << 20
+	}
+	o.Dialer.KeepAlive = r.budget / 4
+	o.ConnWriteTimeout = r.budget
+	if o.Dialer.Timeout <= 0 {
+		o.Dialer.Timeout = r.budget
+	}
+	// Fail fast: a read retries twice (a reconnect after a killed
+	// connection), then the caller gets ErrUnavailable and answers 503
+	// with Retry-After instead of holding the request for its whole
+	// timeout while Redis is down (R-DP-4).
+	o.RetryDelay = func(attempts int, _ rueidis.Completed, _ error) time.Duration {
+		if attempts >= 2 {
+			return -1
+		}
+		return time.Duration(attempts+1) * 5 * time.Millisecond
+	}
+	o.ClusterOption.ShardsRefreshInterval = 10 * time.Second
+	if o.Sentinel.MasterSet != "" {
+		o.Sentinel.TopologyRefreshInterval = 5 * time.Second
+		o.Sentinel.Dialer = o.Dialer
+	}
+	// Never NOLOOP: a node's own writes must invalidate its own cache.
+	o.ClientTrackingOptions = nil
+}
+
+// Name implements Store.
+func (r *Redis) Name() string { return "redis" }
+
+// Close stops the background loops and closes the connections.
+func (r *Redis) Close() error {
+	if !r.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.wg.Wait()
+	if r.c != nil {
+		r.c.Close()
+	}
+	return nil
+}
+
+// Keys. Row names are "ns\x00id": NUL cannot occur in a namespace or an id.
+func (r *Redis) rowKey(ns, id string) string { return r.prefix + "p:" + ns + "\x00" + id }
+func rowName(ns, id string) string           { return ns + "\x00" + id }
+func (r *Redis) key(kind, name string) string {
+	return r.prefix + kind + ":" + name
+}
+
+// unavailable wraps a transport or server failure: callers map it to 503
+// with Retry-After (R-DP-4).
+func unavailable(op, what string, err error) error {
+	return fmt.Errorf("cannot %s %q: %w: %w", op, what, ErrUnavailable, err)
+}
+
+// micros formats t as integer microseconds, the directory's time unit
+// (exact in Lua's doubles; see redis_lib.lua).
+func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
+
+// leaseMicros is the lease TTL in microseconds.
+func (r *Redis) leaseMicros() string { return strconv.FormatInt(r.ttl.Microseconds(), 10) }
+
+// fromMicros parses a time written by micros; 0 and garbage give zero time.
+func fromMicros(s string) time.Time {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(n)
+}
+
+// redisStats are the store's counters (atomic; read with Stats).
+type redisStats struct {
+	fills, invalidations, flushes, wipes, reconnects, refreshes, claims atomic.Uint64
+}
+
+// RedisStats is a snapshot of a Redis store's counters.
+type RedisStats struct {
+	// Fills: placements inserted into the node-local cache.
+	Fills uint64
+	// Invalidations: placement keys invalidated by Redis pushes.
+	Invalidations uint64
+	// Flushes: whole-cache invalidations (FLUSHALL, disconnects).
+	Flushes uint64
+	// Wipes: flushes after which the directory was found empty.
+	Wipes uint64
+	// Reconnects: flushes after which the directory was intact.
+	Reconnects uint64
+	// Refreshes: session leases re-read after an invalidation.
+	Refreshes uint64
+	// Claims: claim scripts run.
+	Claims uint64
+	// CachedPlacements and Sessions are the current local cache sizes.
+	CachedPlacements, Sessions int
+}
+
+// Stats returns the store's counters.
+func (r *Redis) Stats() RedisStats {
+	s := RedisStats{
+		Fills:         r.stats.fills.Load(),
+		Invalidations: r.stats.invalidations.Load(),
+		Flushes:       r.stats.flushes.Load(),
+		Wipes:         r.stats.wipes.Load(),
+		Reconnects:    r.stats.reconnects.Load(),
+		Refreshes:     r.stats.refreshes.Load(),
+		Claims:        r.stats.claims.Load(),
+	}
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.RLock()
+		s.CachedPlacements += len(sh.rows)
+		sh.mu.RUnlock()
+	}
+	r.smu.RLock()
+	s.Sessions = len(r.sessions)
+	r.smu.RUnlock()
+	return s
+}

@@ -1,0 +1,150 @@
+package directory_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// Benchmarks of the Redis directory against a real redis-server. Figures
+// and how to reproduce them: docs/DIRECTORY.md.
+
+// benchFleet opens n nodes on one fresh directory with four workers of
+// ample headroom and the quarantine behind them. now is the time to use.
+func benchFleet(b *testing.B, url string, n int) ([]*directory.Redis, []string, time.Time) {
+	b.Helper()
+	ctx := context.Background()
+	prefix := fmt.Sprintf("bench%d", time.Now().UnixNano())
+	nodes := make([]*directory.Redis, n)
+	for i := range nodes {
+		s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{LeaseTTL: time.Hour, Prefix: prefix})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		nodes[i] = s
+	}
+	now := time.Now()
+	_, _ = nodes[0].Place(ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+	now = now.Add(time.Hour)
+	var sids []string
+	for i := range 4 {
+		res, err := nodes[i%n].Register(ctx, &directory.Registration{ClientID: "w" + strconv.Itoa(i), Sub: "s", Secret: "k",
+			Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/" + strconv.Itoa(i), Headroom: 1e9}, now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sids = append(sids, res.SessionID)
+	}
+	return nodes, sids, now
+}
+
+// BenchmarkRedisLookup is the data plane's steady state: a cached id,
+// no round trip, no allocation.
+func BenchmarkRedisLookup(b *testing.B) {
+	srv := redistest.StartServer(b)
+	nodes, _, now := benchFleet(b, srv.URL(), 1)
+	ids := make([][]byte, 1000)
+	for i := range ids {
+		ids[i] = []byte("hot" + strconv.Itoa(i))
+		if _, err := nodes[0].Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: string(ids[i]), Now: now}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ns := []byte("/c")
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, ok := nodes[0].Lookup(ns, ids[i%len(ids)], now); !ok {
+				panic("miss")
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkRedisPlaceNew claims new ids as fast as 64 concurrent callers
+// can, through one node and through three sharing one Redis.
+func BenchmarkRedisPlaceNew(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			srv := redistest.StartServer(b)
+			nodes, _, now := benchFleet(b, srv.URL(), n)
+			var next atomic.Int64
+			b.SetParallelism(max(1, 64/runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					i := next.Add(1)
+					node := nodes[int(i)%len(nodes)]
+					r, err := node.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "n" + strconv.FormatInt(i, 10), Now: now})
+					if err != nil || !r.Placed {
+						panic(fmt.Sprintf("cannot place: %+v %v", r, err))
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "placements/s")
+		})
+	}
+}
+
+// BenchmarkRedisClaimVisibleOnOtherNode: node A re-places an id that node
+// B serves from its cache (the in-band refusal path, one write); the time
+// from A's claim returning to B's Lookup no longer returning the old owner
+// is the invalidation delay. Reported as p50 and p99.
+func BenchmarkRedisClaimVisibleOnOtherNode(b *testing.B) {
+	srv := redistest.StartServer(b)
+	nodes, sids, now := benchFleet(b, srv.URL(), 2)
+	a, bn := nodes[0], nodes[1]
+	ctx := context.Background()
+	id, ns := []byte("moving"), []byte("/c")
+	r, err := bn.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "moving", Now: now})
+	if err != nil {
+		b.Fatal(err)
+	}
+	delays := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		// B resolves the current owner so it caches (and tracks) the row.
+		cur, err := bn.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "moving", Now: now})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got, ok := bn.Lookup(ns, id, now); !ok || got.Owner != cur.Owner {
+			b.Fatalf("B does not serve the id from its cache")
+		}
+		next, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "moving", Now: now, Exclude: cur.Owner.SessionID})
+		if err != nil || next.Owner == cur.Owner {
+			b.Fatalf("cannot re-place: %v", err)
+		}
+		claimed := time.Now()
+		for {
+			if got, ok := bn.Lookup(ns, id, now); !ok || got.Owner != cur.Owner {
+				break
+			}
+			if time.Since(claimed) > time.Second {
+				b.Fatalf("B still serves the old owner 1s after the claim")
+			}
+			runtime.Gosched()
+		}
+		delays = append(delays, time.Since(claimed))
+	}
+	b.StopTimer()
+	_ = r
+	_ = sids
+	slices.Sort(delays)
+	b.ReportMetric(float64(delays[len(delays)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(delays[len(delays)*99/100].Microseconds()), "p99-µs")
+}

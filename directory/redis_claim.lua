@@ -1,0 +1,87 @@
+-- claim resolves or claims one id (R-PL-1..3, R-CS-1).
+-- KEYS[1] placement key
+-- ARGV: 1 prefix, 2 now, 3 ttl, 4 row "ns\0id", 5 ns, 6 excluded session
+--       ("" for none), 7 request host (lower case, "" for none), 8.. the
+--       policy's ranking, best first.
+-- Returns {"owner", sid, epoch, lease} for a live owner, {"placed", sid,
+-- epoch, lease} for a new placement, {"quarantine", stamp}, {"unknown"}
+-- (no live worker serves ns) or {"noeligible"}.
+local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local row, ns, exclude, host = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sid, ep = owner(cur)
+  local l = lease(P, sid)
+  if l > now and sid ~= exclude then
+    return { 'owner', sid, ep, fmt(l) }
+  end
+end
+
+-- Cold start: the first placement attempt stamps the bucket and every
+-- placement waits one lease from there, so workers that outlived a wipe
+-- re-register and reclaim their ids before anything is placed twice.
+local stamp = redis.call('GET', P .. 'stamp')
+if not stamp then
+  redis.call('SET', P .. 'stamp', ARGV[2])
+  stamp = ARGV[2]
+end
+if now < tonumber(stamp) + ttl then
+  return { 'quarantine', stamp }
+end
+
+-- When live workers bound to the request's host serve ns, only they are
+-- candidates (R-LS-4).
+local bound = false
+if host ~= '' and tonumber(redis.call('HGET', P .. 'hb:' .. ns, host) or '0') > 0 then
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if lease(P, sid) > now and string.lower(redis.call('HGET', P .. 's:' .. sid, 'host') or '') == host then
+      bound = true
+      break
+    end
+  end
+end
+local function candidate(sid)
+  if bound and string.lower(redis.call('HGET', P .. 's:' .. sid, 'host') or '') ~= host then
+    return false
+  end
+  return eligible(P, sid, ns, now, exclude)
+end
+
+-- The first ranked candidate that is still eligible wins.
+local pick
+for i = 8, #ARGV do
+  if candidate(ARGV[i]) then
+    pick = ARGV[i]
+    break
+  end
+end
+
+-- The node's view was stale (or empty): decide here, most headroom first,
+-- and tell an unknown namespace from one whose workers cannot take more.
+if not pick then
+  local live, best = false, -math.huge
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if lease(P, sid) > now then
+      live = true
+      if candidate(sid) then
+        local hr = tonumber(redis.call('HGET', P .. 'h:' .. sid, 'hr') or '0')
+        if hr > best or not pick then
+          pick, best = sid, hr
+        end
+      end
+    end
+  end
+  if not live then
+    return { 'unknown' }
+  end
+  if not pick then
+    return { 'noeligible' }
+  end
+end
+
+local ep = setrow(P, row, pick, ARGV[2])
+-- Each placement spends one unit until the next heartbeat replaces the
+-- value (R-PL-3).
+redis.call('HINCRBYFLOAT', P .. 'h:' .. pick, 'hr', '-1')
+return { 'placed', pick, ep, fmt(lease(P, pick)) }

@@ -1,0 +1,245 @@
+-- Shared helpers, prepended to every directory script (redis_scripts.go).
+-- Every key lives under one hash tag, so each script touches one slot
+-- (docs/DIRECTORY.md). ARGV[1] is always the key prefix "{tag}:".
+--
+-- Times are integer microseconds since the Unix epoch, passed in by the
+-- caller's clock. Lua numbers are doubles: exact for integers below 2^53
+-- (year 2255 in microseconds), but tostring() and ".." print them with 14
+-- significant digits, so every number written back goes through fmt().
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- lease returns a session's lease expiry, 0 when the session is gone.
+local function lease(P, sid)
+  return tonumber(redis.call('GET', P .. 'l:' .. sid) or '0')
+end
+
+-- owner splits a placement row value "<sessionId> <epoch>".
+local function owner(v)
+  local sp = string.find(v, ' ', 1, true)
+  return string.sub(v, 1, sp - 1), string.sub(v, sp + 1)
+end
+
+-- rowkey is the placement key of a row name "ns\0id".
+local function rowkey(P, row)
+  return P .. 'p:' .. row
+end
+
+-- mint returns the next placement epoch. A missing counter (first use, or
+-- after a wipe) is seeded at now, so epochs never regress across a
+-- FLUSHALL: workers fence on them (pinned hosting/_fencing.py). INCR keeps
+-- the counter out of client tracking (no read-only command touches it).
+local function mint(P, now)
+  local e = redis.call('INCR', P .. 'epoch')
+  if e == 1 then
+    redis.call('SET', P .. 'epoch', now)
+    e = redis.call('INCR', P .. 'epoch')
+  end
+  return fmt(e)
+end
+
+-- eligible: live, serving ns, not draining by its own flag or an operator
+-- drain of its client id, not degraded, not excluded (R-PL-1, R-LS-3).
+local function eligible(P, sid, ns, now, exclude)
+  if sid == exclude or sid == '' then
+    return false
+  end
+  if lease(P, sid) <= now then
+    return false
+  end
+  if redis.call('SISMEMBER', P .. 'n:' .. ns, sid) == 0 then
+    return false
+  end
+  local h = redis.call('HMGET', P .. 'h:' .. sid, 'dr', 'dg')
+  if h[1] == '1' or (h[2] and h[2] ~= '0') then
+    return false
+  end
+  local cid = redis.call('HGET', P .. 's:' .. sid, 'cid')
+  if not cid or redis.call('EXISTS', P .. 'd:' .. cid) == 1 then
+    return false
+  end
+  return true
+end
+
+-- setrow points a row at sid with a fresh epoch and moves it between the
+-- sessions' row sets.
+local function setrow(P, row, sid, now)
+  local key = rowkey(P, row)
+  local cur = redis.call('GET', key)
+  if cur then
+    local old = owner(cur)
+    if old ~= sid then
+      redis.call('SREM', P .. 'r:' .. old, row)
+    end
+  end
+  local ep = mint(P, now)
+  redis.call('SET', key, sid .. ' ' .. ep)
+  redis.call('SADD', P .. 'r:' .. sid, row)
+  return ep
+end
+
+-- droprows deletes every row still pointing at sid and returns their names.
+local function droprows(P, sid, out)
+  local rs = P .. 'r:' .. sid
+  for _, row in ipairs(redis.call('SMEMBERS', rs)) do
+    local key = rowkey(P, row)
+    local v = redis.call('GET', key)
+    if v and owner(v) == sid then
+      redis.call('DEL', key)
+      out[#out + 1] = row
+    end
+  end
+  redis.call('DEL', rs)
+  return out
+end
+
+-- dropsession removes a session, its rows and its indexes.
+local function dropsession(P, sid, out)
+  droprows(P, sid, out)
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host')
+  if s[2] then
+    for ns in string.gmatch(s[2], '%S+') do
+      redis.call('SREM', P .. 'n:' .. ns, sid)
+      if s[3] and s[3] ~= '' then
+        local hb, h = P .. 'hb:' .. ns, string.lower(s[3])
+        if redis.call('HINCRBY', hb, h, -1) <= 0 then
+          redis.call('HDEL', hb, h)
+        end
+      end
+    end
+  end
+  if s[1] then
+    redis.call('SREM', P .. 'k:' .. s[1], sid)
+  end
+  redis.call('DEL', P .. 's:' .. sid, P .. 'l:' .. sid, P .. 'h:' .. sid, P .. 'q:' .. sid)
+  redis.call('ZREM', P .. 'leases', sid)
+  return out
+end
+
+-- caplease applies a timed drain: the lease never runs past the drain
+-- deadline plus one lease (R-LS-5). dl is 0 for an untimed drain.
+local function caplease(l, dl, ttl)
+  if dl > 0 and l > dl + ttl then
+    return dl + ttl
+  end
+  return l
+end
+
+-- setlease writes a lease and its sweep index.
+local function setlease(P, sid, l)
+  redis.call('SET', P .. 'l:' .. sid, fmt(l))
+  redis.call('ZADD', P .. 'leases', fmt(l), sid)
+end
+
+-- info is a session as the registry sees it (decodeInfo in redis_decode.go
+-- reads the same order), or nil when the record is gone.
+local function info(P, sid)
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'sub', 'sec', 'url', 'ns', 'host', 'env', 'rep', 'reg', 'envs')
+  if not s[1] then
+    return nil
+  end
+  local h = redis.call('HMGET', P .. 'h:' .. sid, 'hr', 'dr', 'dg')
+  local d = redis.call('HMGET', P .. 'd:' .. s[1], 'dl')
+  local out = { sid }
+  for i = 1, 9 do
+    out[#out + 1] = s[i] or ''
+  end
+  out[#out + 1] = fmt(lease(P, sid))
+  out[#out + 1] = h[1] or '0'
+  out[#out + 1] = h[2] or '0'
+  out[#out + 1] = h[3] or '0'
+  out[#out + 1] = tostring(redis.call('SCARD', P .. 'r:' .. sid))
+  out[#out + 1] = d[1] and '1' or '0'
+  out[#out + 1] = d[1] or '0'
+  out[#out + 1] = s[10] or ''
+  return out
+end
+
+-- Hostname-aware bindings (R-LS-4; rules in bindings.go). A binding is
+-- the hash "b:<lower hostname>\0<ns>" {host, env, ep}; "hb:<ns>" counts
+-- the sessions per lower-cased hostname serving ns, so placements only scan
+-- for bound workers when some exist.
+
+local function envof(env, envs, ns)
+  if envs and envs ~= '' and envs ~= '{}' then
+    local m = cjson.decode(envs)
+    if type(m[ns]) == 'string' then
+      return m[ns]
+    end
+  end
+  return env
+end
+
+-- holds: a live session with this hostname, epoch and env for ns holds
+-- the binding (bindings.go: holdsBinding).
+local function holds(P, sid, host, ns, env, ep, now)
+  if lease(P, sid) <= now then
+    return false
+  end
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'host', 'rep', 'env', 'envs')
+  if not s[1] or string.lower(s[1]) ~= string.lower(host) or s[2] ~= ep then
+    return false
+  end
+  return envof(s[3], s[4], ns) == env
+end
+
+-- binding returns the current binding of host/ns and whether a live
+-- session holds it.
+local function binding(P, host, ns, now)
+  local b = redis.call('HMGET', P .. 'b:' .. string.lower(host) .. '\0' .. ns, 'host', 'env', 'ep')
+  if not b[1] then
+    return nil
+  end
+  local live = false
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if holds(P, sid, b[1], ns, b[2], b[3], now) then
+      live = true
+      break
+    end
+  end
+  return { host = b[1], env = b[2], ep = b[3], live = live }
+end
+
+-- decide applies DecideBinding (bindings.go): 'take', 'supersede' or
+-- 'refuse'.
+local function decide(cur, env, ep, takeover)
+  if not cur or not cur.live then
+    return 'take'
+  end
+  local cep, nep = tonumber(cur.ep), tonumber(ep)
+  if nep > cep then
+    return 'supersede'
+  end
+  if nep == cep and env == cur.env then
+    return 'take'
+  end
+  if nep == cep and takeover == 'wind_down' then
+    return 'supersede'
+  end
+  return 'refuse'
+end
+
+-- tomb remembers a superseded session for two leases, so its next
+-- heartbeat is told why it is gone: "host\0ns\0env\0epoch\0clientId\0until".
+local function tomb(P, sid, fields, till, ms)
+  local k = P .. 't:' .. sid
+  redis.call('SET', k, table.concat(fields, '\0') .. '\0' .. fmt(till), 'PX', ms)
+end
+
+-- gone explains a missing session: {"superseded", host, ns, env, epoch,
+-- clientId} while its tomb lasts, else {"unknown"}.
+local function gone(P, sid, now)
+  local t = redis.call('GET', P .. 't:' .. sid)
+  if t then
+    local f = {}
+    for part in string.gmatch(t .. '\0', '([^%z]*)%z') do
+      f[#f + 1] = part
+    end
+    if #f >= 6 and tonumber(f[6]) >= now then
+      return { 'superseded', f[1], f[2], f[3], f[4], f[5] }
+    end
+  end
+  return { 'unknown' }
+end

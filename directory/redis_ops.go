@@ -1,0 +1,338 @@
+package directory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+var (
+	errShortReply = errors.New("unexpected script reply")
+	errOwnerGone  = errors.New("owner deregistered during the claim")
+)
+
+// Register implements Store. The reclaimed rows are read back with
+// tracking on in the same round trip (execTracked), so this node serves
+// them from its cache right away and hears when anyone moves them.
+func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
+	sid := NewSessionID()
+	var rows []string
+	for _, ns := range sortedKeys(reg.Instances) {
+		for _, id := range reg.Instances[ns] {
+			rows = append(rows, rowName(ns, id))
+		}
+	}
+	envs := []byte("{}")
+	if len(reg.Envs) > 0 {
+		envs, _ = json.Marshal(reg.Envs)
+	}
+	args := make([]string, 0, 17+len(rows))
+	args = append(args, r.prefix, micros(now), r.leaseMicros(), sid, reg.ClientID, reg.Sub, reg.Secret,
+		reg.AdvertiseURL, strings.Join(reg.Namespaces, " "), reg.Hostname, reg.Env,
+		strconv.FormatInt(reg.Epoch, 10), strconv.FormatFloat(reg.Headroom, 'g', -1, 64),
+		flag(reg.Draining), reg.PrevSessionID, string(envs), reg.Takeover)
+	args = append(args, rows...)
+
+	var keys []string
+	var watches []keyWatch
+	if len(rows) <= trackLimit {
+		keys = make([]string, len(rows))
+		watches = make([]keyWatch, len(rows))
+		for i, row := range rows {
+			keys[i] = r.prefix + "p:" + row
+			watches[i] = r.watchKey(keys[i])
+		}
+		defer func() {
+			for _, kw := range watches {
+				r.unwatch(kw)
+			}
+		}()
+	}
+	msg, back, err := r.execTracked(ctx, "register", scriptRegister, r.key("s", sid), args, keys, []string{r.key("l", sid)}, true)
+	if err != nil {
+		return nil, unavailable("register", reg.ClientID, err)
+	}
+	reply, err := msg.ToArray()
+	if err == nil && len(reply) == 5 {
+		if f := strs(reply); f[0] == "superseded" {
+			ep, _ := strconv.ParseInt(f[4], 10, 64)
+			return nil, &SupersededError{Hostname: f[1], NS: f[2], Env: f[3], Epoch: ep}
+		}
+	}
+	if err != nil || len(reply) < 8 {
+		return nil, unavailable("register", reg.ClientID, errShortReply)
+	}
+	head := strs(reply[:3])
+	dups, written, freed := strs(arr(reply[3])), strs(arr(reply[4])), strs(arr(reply[5]))
+	lease := fromMicros(head[0])
+	s := r.adopt(sid, &redisSession{owner: NewOwner(sid, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
+		host: strings.ToLower(reg.Hostname)})
+
+	if keys != nil {
+		wrote := make(map[string]bool, len(written))
+		for _, row := range written {
+			wrote[row] = true
+		}
+		for i, row := range rows {
+			own := uint64(0)
+			if wrote[row] {
+				own = 1
+			}
+			if i >= len(back) {
+				break
+			}
+			if v, err := back[i].ToString(); err == nil {
+				if bsid, bep, ok := parseRow(v); ok && bsid == sid {
+					r.fill(watches[i], own, redisRow{s.owner, bep})
+				}
+			}
+		}
+	} else {
+		r.forget(r.rowKeys(written))
+	}
+	r.forget(r.rowKeys(freed))
+	if v, _ := reply[6].ToString(); v == "1" {
+		r.kill(reg.PrevSessionID)
+	}
+	for _, displaced := range strs(arr(reply[7])) {
+		r.kill(displaced)
+	}
+	res := &RegisterResult{SessionID: sid, LeaseUntil: lease}
+	for _, d := range dups {
+		ns, id, _ := strings.Cut(d, "\x00")
+		res.Duplicates = append(res.Duplicates, NSID{ns, id})
+	}
+	if head[1] == "1" {
+		res.Drain = DrainState{Draining: true, Deadline: fromMicros(head[2])}
+	}
+	return res, nil
+}
+
+// Session implements Store.
+func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error) {
+	reply, err := r.run(ctx, "session", scriptSession, r.key("s", sessionID), []string{r.prefix, micros(now), sessionID}).AsStrSlice()
+	if err != nil {
+		return nil, unavailable("read session", sessionID, err)
+	}
+	if err := goneErr(reply); err != nil {
+		return nil, err
+	}
+	info, ok := decodeInfo(reply[1:])
+	if !ok || reply[0] != "ok" {
+		return nil, unavailable("read session", sessionID, errShortReply)
+	}
+	return &info, nil
+}
+
+// Heartbeat implements Store.
+func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*BeatResult, error) {
+	args := make([]string, 0, 9+len(beat.Acks))
+	args = append(args, r.prefix, micros(now), r.leaseMicros(), beat.SessionID, beat.Sub,
+		strconv.FormatFloat(beat.Headroom, 'g', -1, 64), flag(beat.Draining), flag(beat.Degraded), r.queueMillis())
+	args = append(args, beat.Acks...)
+	reply, err := r.run(ctx, "heartbeat", scriptHeartbeat, r.key("s", beat.SessionID), args).AsStrSlice()
+	if err != nil {
+		return nil, unavailable("renew session", beat.SessionID, err)
+	}
+	if err := goneErr(reply); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(reply) > 0 && reply[0] == "forbidden":
+		return nil, ErrForbidden
+	case len(reply) < 5 || reply[0] != "ok":
+		return nil, unavailable("renew session", beat.SessionID, errShortReply)
+	}
+	res := &BeatResult{
+		LeaseUntil: fromMicros(reply[1]),
+		Draining:   reply[2] == "1",
+		Drain:      DrainState{Draining: reply[3] == "1", Deadline: fromMicros(reply[4])},
+	}
+	if s := r.session(beat.SessionID); s != nil {
+		s.setLease(res.LeaseUntil)
+	}
+	for _, m := range reply[5:] {
+		if cm, ok := decodeMessage(m); ok {
+			res.Messages = append(res.Messages, cm)
+		}
+	}
+	return res, nil
+}
+
+// Void implements Store.
+func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
+	freed, err := r.run(ctx, "deregister", scriptDrop, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
+	if err != nil {
+		return unavailable("drop session", sessionID, err)
+	}
+	r.forget(r.rowKeys(freed))
+	r.kill(sessionID)
+	return nil
+}
+
+// Deregister implements Store.
+func (r *Redis) Deregister(ctx context.Context, sessionID string, now time.Time) error {
+	return r.Void(ctx, sessionID, now)
+}
+
+// Release implements Store.
+func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
+	name := rowName(req.NS, req.ID)
+	key := r.prefix + "p:" + name
+	n, err := r.run(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
+		strconv.FormatUint(req.Epoch, 10), name}).AsInt64()
+	if err != nil {
+		return false, unavailable("release", req.NS+"/"+req.ID, err)
+	}
+	if n == 1 {
+		r.forget([]string{key})
+	}
+	return n == 1, nil
+}
+
+// Workers implements Store.
+func (r *Redis) Workers(ctx context.Context, now time.Time) ([]SessionInfo, error) {
+	list, err := r.run(ctx, "workers", scriptWorkers, r.prefix+"leases", []string{r.prefix, micros(now)}).ToArray()
+	if err != nil {
+		return nil, unavailable("list", "workers", err)
+	}
+	out := make([]SessionInfo, 0, len(list))
+	for i := range list {
+		if info, ok := decodeInfo(strs(arr(list[i]))); ok {
+			out = append(out, info)
+		}
+	}
+	slices.SortFunc(out, func(a, b SessionInfo) int {
+		if c := a.RegisteredAt.Compare(b.RegisteredAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.SessionID, b.SessionID)
+	})
+	return out, nil
+}
+
+// SetDrain implements Store.
+func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState, now time.Time) (bool, error) {
+	deadline := "0"
+	if drain.Draining && !drain.Deadline.IsZero() {
+		deadline = micros(drain.Deadline)
+	}
+	reply, err := r.run(ctx, "drain", scriptDrain, r.key("k", clientID), []string{r.prefix, micros(now),
+		r.leaseMicros(), clientID, flag(drain.Draining), deadline}).AsStrSlice()
+	if err != nil || len(reply) == 0 {
+		return false, unavailable("drain", clientID, errors.Join(err, errShortReply))
+	}
+	for i := 1; i+1 < len(reply); i += 2 {
+		if s := r.session(reply[i]); s != nil {
+			s.setLease(fromMicros(reply[i+1]))
+		}
+	}
+	return reply[0] == "1", nil
+}
+
+// WindDown implements Store.
+func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
+	msgID := NewMsgID()
+	msg := encodeMessage(ControlMessage{MsgID: msgID, Type: "wind_down", NS: ns, ID: id, Deadline: deadline})
+	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis()}).ToString()
+	if rueidis.IsRedisNil(err) {
+		return "", "", ErrNoPlacement
+	}
+	if err != nil {
+		return "", "", unavailable("wind down", ns+"/"+id, err)
+	}
+	return msgID, sid, nil
+}
+
+// Placement implements Store.
+func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*PlacementInfo, error) {
+	reply, err := r.run(ctx, "placement", scriptPlacement, r.rowKey(ns, id), []string{r.prefix}).AsStrSlice()
+	if rueidis.IsRedisNil(err) {
+		return nil, ErrNoPlacement
+	}
+	if err != nil || len(reply) < 5 {
+		return nil, unavailable("read placement", ns+"/"+id, errors.Join(err, errShortReply))
+	}
+	ep, _ := strconv.ParseUint(reply[1], 10, 64)
+	return &PlacementInfo{
+		NS: ns, ID: id,
+		SessionID: reply[0], Epoch: ep, ClientID: reply[2], Advertise: reply[3],
+		Live: now.Before(fromMicros(reply[4])),
+	}, nil
+}
+
+// Quarantine implements Store. The stamp is read through the client cache:
+// it changes only when the directory is wiped, and a wipe flushes caches.
+func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, error) {
+	start := time.Now()
+	v, err := r.c.DoCache(ctx, r.c.B().Get().Key(r.prefix+"stamp").Cache(), cacheTTL).ToString()
+	r.observe("quarantine", start, err)
+	if rueidis.IsRedisNil(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable("read", "cold-start stamp", err)
+	}
+	rem := fromMicros(v).Add(r.ttl).Sub(now)
+	return max(rem, 0), nil
+}
+
+// Sweep implements Store. One script call drops at most sweepBatch dead
+// sessions; a backlog takes a few calls.
+func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
+	for range 8 {
+		reply, err := r.run(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
+			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
+		if err != nil || len(reply) < 2 {
+			return unavailable("sweep", "directory", errors.Join(err, errShortReply))
+		}
+		r.forget(r.rowKeys(strs(arr(reply[0]))))
+		dropped := strs(arr(reply[1]))
+		for _, sid := range dropped {
+			r.kill(sid)
+		}
+		if len(dropped) < sweepBatch {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (r *Redis) rowKeys(rows []string) []string {
+	keys := make([]string, len(rows))
+	for i, row := range rows {
+		keys[i] = r.prefix + "p:" + row
+	}
+	return keys
+}
+
+// queueMillis is the control queue's expiry after its last use (R-CM-1).
+func (r *Redis) queueMillis() string {
+	return strconv.FormatInt((queueLeases * r.ttl).Milliseconds(), 10)
+}
+
+// goneErr reads the gone() reply of redis_lib.lua: a superseded session
+// (R-LS-4) or an unknown one; nil for anything else.
+func goneErr(reply []string) error {
+	switch {
+	case len(reply) == 1 && reply[0] == "unknown":
+		return ErrUnknownSession
+	case len(reply) == 6 && reply[0] == "superseded":
+		ep, _ := strconv.ParseInt(reply[4], 10, 64)
+		return &SupersededError{Hostname: reply[1], NS: reply[2], Env: reply[3], Epoch: ep, ClientID: reply[5]}
+	}
+	return nil
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

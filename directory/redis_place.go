@@ -1,0 +1,274 @@
+package directory
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Place implements Store: the slow path behind a Lookup miss.
+//
+//  1. One cached read (DoMultiCache) of the row and of the node's view of
+//     the namespace's eligible sessions: members (normally a client-cache
+//     hit), headroom and drain flags; leases come from the local session
+//     cache. A live owner in the row is the answer, and the row enters the
+//     local cache, so this id's next request needs no Redis at all.
+//  2. Otherwise the policy ranks the view (R-PL-4) and the claim script
+//     resolves or claims atomically: it re-checks the existing owner and
+//     every ranked candidate, stamps the cold start, decrements headroom
+//     and mints the epoch (R-PL-1..3, R-CS-1). Its reply is the answer;
+//     the row is read back with tracking on in the same round trip so it
+//     can enter the local cache (execTracked).
+//
+// A new placement costs two round trips; resolving an owner another node
+// placed costs one.
+func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
+	name := rowName(req.NS, req.ID)
+	key := r.prefix + "p:" + name
+	kw := r.watchKey(key)
+	defer r.unwatch(kw)
+
+	start := time.Now()
+	mres := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL)
+	if !mres.IsCacheHit() {
+		r.observe("place.members", start, mres.Error())
+	}
+	members, err := mres.AsStrSlice()
+	if err != nil {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
+	}
+	ss, err := r.resolve(ctx, members)
+	if err != nil {
+		return Route{}, err
+	}
+	live, view := r.view(req, members, ss)
+	start = time.Now()
+	res := r.c.DoMultiCache(ctx, append([]rueidis.CacheableTTL{rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL)}, view...)...)
+	r.observeMulti("place.read", start, res)
+	cur, err := res[0].ToString()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
+	}
+	if sid, ep, ok := parseRow(cur); ok && sid != req.Exclude {
+		owners, err := r.resolve(ctx, []string{sid})
+		if err != nil {
+			return Route{}, err
+		}
+		if s := owners[sid]; s != nil && s.owner.Live(req.Now) {
+			r.fill(kw, 0, redisRow{s.owner, ep})
+			return Route{Owner: s.owner, Epoch: ep}, nil
+		}
+	}
+	ranked, err := r.rank(req, live, res[1:])
+	if err != nil {
+		return Route{}, err
+	}
+	args := make([]string, 0, 7+len(ranked))
+	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, strings.ToLower(req.Host))
+	args = append(args, ranked...)
+	r.stats.claims.Add(1)
+	msg, back, err := r.execTracked(ctx, "place.claim", scriptClaim, key, args, []string{key}, nil, false)
+	if err != nil {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
+	}
+	reply, err := msg.AsStrSlice()
+	if err != nil {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
+	}
+	return r.claimed(ctx, req, kw, back, reply)
+}
+
+// claimed turns the claim script's reply into the route, and fills the
+// local cache from the tracked read-back.
+func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, back []rueidis.RedisMessage, reply []string) (Route, error) {
+	if len(reply) == 0 {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
+	}
+	switch reply[0] {
+	case "quarantine":
+		stamp := time.Time{}
+		if len(reply) > 1 {
+			stamp = fromMicros(reply[1])
+		}
+		rem := stamp.Add(r.ttl).Sub(req.Now)
+		if rem <= 0 {
+			rem = time.Millisecond
+		}
+		return Route{}, &QuarantineError{Remaining: rem}
+	case "unknown":
+		return Route{}, ErrUnknownNamespace
+	case "noeligible":
+		return Route{}, ErrNoEligible
+	case "owner", "placed":
+	default:
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
+	}
+	if len(reply) < 4 {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errShortReply)
+	}
+	sid := reply[1]
+	ep, err := strconv.ParseUint(reply[2], 10, 64)
+	if err != nil {
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
+	}
+	ss, err := r.resolve(ctx, []string{sid})
+	if err != nil {
+		return Route{}, err
+	}
+	s := ss[sid]
+	if s == nil {
+		// Deregistered between the claim and this read: a retry places
+		// the id again.
+		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errOwnerGone)
+	}
+	s.setLease(fromMicros(reply[3]))
+	placed := reply[0] == "placed"
+	own := uint64(0)
+	if placed {
+		own = 1 // the invalidation our own write caused
+	}
+	if len(back) == 1 {
+		if v, err := back[0].ToString(); err == nil {
+			if bsid, bep, ok := parseRow(v); ok && bsid == sid {
+				r.fill(kw, own, redisRow{s.owner, bep})
+			}
+		}
+	}
+	return Route{Owner: s.owner, Epoch: ep, Placed: placed}, nil
+}
+
+// view picks the members that may take the request's new id by the
+// node's own knowledge (live lease, not excluded, host binding, R-LS-4),
+// and the cached reads of their headroom and drain flags.
+func (r *Redis) view(req *PlaceRequest, members []string, ss map[string]*redisSession) ([]*redisSession, []rueidis.CacheableTTL) {
+	host := strings.ToLower(req.Host)
+	bound := false
+	for _, s := range ss {
+		bound = bound || (host != "" && s.host == host && s.owner.Live(req.Now))
+	}
+	live := make([]*redisSession, 0, len(members))
+	cmds := make([]rueidis.CacheableTTL, 0, 2*len(members))
+	for _, sid := range members {
+		s := ss[sid]
+		if s == nil || sid == req.Exclude || !s.owner.Live(req.Now) || (bound && s.host != host) {
+			continue
+		}
+		live = append(live, s)
+		cmds = append(cmds,
+			rueidis.CT(r.c.B().Hmget().Key(r.key("h", sid)).Field("hr", "dr", "dg").Cache(), cacheTTL),
+			rueidis.CT(r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Cache(), cacheTTL))
+	}
+	return live, cmds
+}
+
+// rank orders the eligible part of the view with the policy. The view may
+// be a few microseconds stale; the claim script re-checks every candidate
+// and falls back on its own pick, so a stale view costs balance, never
+// correctness.
+func (r *Redis) rank(req *PlaceRequest, live []*redisSession, res []rueidis.RedisResult) ([]string, error) {
+	cands := make([]Candidate, 0, len(live))
+	for i, s := range live {
+		h, err := res[2*i].AsStrSlice()
+		if err != nil {
+			return nil, unavailable("read headroom of", s.owner.SessionID, err)
+		}
+		if err := res[2*i+1].Error(); err == nil {
+			continue // operator drain
+		} else if !rueidis.IsRedisNil(err) {
+			return nil, unavailable("read drain of", s.owner.ClientID, err)
+		}
+		if len(h) < 3 || h[1] == "1" || (h[2] != "" && h[2] != "0") {
+			continue // own drain, degraded, or gone
+		}
+		hr, _ := strconv.ParseFloat(h[0], 64)
+		cands = append(cands, Candidate{SessionID: s.owner.SessionID, ClientID: s.owner.ClientID, Headroom: hr})
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	policy := req.Policy
+	if policy == nil {
+		policy = DefaultPolicy
+	}
+	var ibuf [4]int
+	idx := policy.Rank(ibuf[:0], cands, &req.Pick)
+	ranked := make([]string, 0, len(idx))
+	for _, i := range idx {
+		ranked = append(ranked, cands[i].SessionID)
+	}
+	return ranked, nil
+}
+
+// execTracked runs a write script and reads keys back with tracking on, in
+// one pipelined round trip on the slot's single connection:
+//
+//	[CLIENT CACHING YES, MGET keys]   only when lead is set
+//	EVALSHA script
+//	CLIENT CACHING YES, MGET keys+extra
+//
+// The leading read makes Redis track every key before the script runs, so
+// each key the script writes causes exactly one invalidation push to this
+// node (Redis invalidates the writer too). Redis sends that push before
+// the next command's reply, and rueidis hands it to onInvalidations before
+// it completes this call: when execTracked returns, the pushes our own
+// writes caused have been counted, and the trailing read re-tracked every
+// key. A caller then fills a key only if its watch counted exactly the
+// pushes its own script caused; anything more is someone else's write.
+//
+// Callers watch the keys before calling. On NOSCRIPT (a restarted or
+// failed-over Redis lost its script cache) the round trip is repeated with
+// EVAL; the failed attempt wrote nothing.
+func (r *Redis) execTracked(ctx context.Context, op string, sc *script, key string, args, keys, extra []string, lead bool) (rueidis.RedisMessage, []rueidis.RedisMessage, error) {
+	trail := keys
+	if len(extra) > 0 {
+		trail = append(append(make([]string, 0, len(keys)+len(extra)), keys...), extra...)
+	}
+	for attempt := 0; ; attempt++ {
+		cmds := make(rueidis.Commands, 0, 5)
+		if lead && len(keys) > 0 {
+			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
+		}
+		at := len(cmds)
+		if attempt == 0 {
+			cmds = append(cmds, sc.evalsha(r.c, key, args))
+		} else {
+			cmds = append(cmds, sc.eval(r.c, key, args))
+		}
+		if len(trail) > 0 {
+			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(trail...).Build())
+		}
+		start := time.Now()
+		res := r.c.DoMulti(ctx, cmds...)
+		r.observeMulti(op, start, res)
+		msg, err := res[at].ToMessage()
+		if err != nil && attempt == 0 && isNoScript(err) {
+			continue
+		}
+		if err != nil && !rueidis.IsRedisNil(err) {
+			return msg, nil, err
+		}
+		var back []rueidis.RedisMessage
+		if len(trail) > 0 {
+			if back, err = res[len(res)-1].ToArray(); err != nil {
+				return msg, nil, err
+			}
+		}
+		return msg, back, nil
+	}
+}
+
+// parseRow splits a row value "<sessionId> <epoch>".
+func parseRow(v string) (sid string, epoch uint64, ok bool) {
+	i := strings.IndexByte(v, ' ')
+	if i <= 0 {
+		return "", 0, false
+	}
+	ep, err := strconv.ParseUint(v[i+1:], 10, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return v[:i], ep, true
+}

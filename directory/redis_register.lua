@@ -1,0 +1,108 @@
+-- register creates a session (R-REG-1), applies its hostname bindings
+-- (R-LS-4) and reclaims the rows the worker still hosts; rows another live
+-- session owns come back as duplicates.
+-- KEYS[1] the new session's record
+-- ARGV: 1 prefix, 2 now, 3 ttl, 4 session, 5 clientId, 6 sub, 7 secret,
+--       8 advertiseUrl, 9 namespaces (space separated), 10 hostname,
+--       11 env, 12 registration epoch, 13 headroom, 14 draining (0/1),
+--       15 previous session ("" for none), 16 envs (JSON object),
+--       17 takeover, 18.. instance rows "ns\0id".
+-- Returns {"superseded", host, ns, env, epoch} when a binding refuses the
+-- registration (nothing changed), else {lease, draining (0/1), drain
+-- deadline (0: untimed), duplicates, reclaimed rows, freed rows, previous
+-- dropped (0/1), superseded sessions}.
+local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local sid, cid, sub, prev = ARGV[4], ARGV[5], ARGV[6], ARGV[15]
+local host, env, rep, envs, takeover = ARGV[10], ARGV[11], ARGV[12], ARGV[16], ARGV[17]
+
+-- Bindings are decided before anything changes: a refused registration
+-- leaves no trace.
+local plans = {}
+if host ~= '' then
+  for ns in string.gmatch(ARGV[9], '%S+') do
+    local e = envof(env, envs, ns)
+    local cur = binding(P, host, ns, now)
+    local v = decide(cur, e, rep, takeover)
+    if v == 'refuse' then
+      return { 'superseded', host, ns, cur.env, cur.ep }
+    end
+    plans[#plans + 1] = { ns = ns, env = e, v = v }
+  end
+end
+
+-- Process continuity: the previous session of the same client and account
+-- hands its rows over; whatever it held that the worker no longer lists is
+-- freed with it.
+local prevok = false
+if prev ~= '' then
+  local p = redis.call('HMGET', P .. 's:' .. prev, 'cid', 'sub')
+  prevok = p[1] == cid and p[2] == sub
+end
+
+redis.call('HSET', KEYS[1], 'cid', cid, 'sub', sub, 'sec', ARGV[7], 'url', ARGV[8],
+  'ns', ARGV[9], 'host', host, 'env', env, 'rep', rep, 'reg', ARGV[2], 'envs', envs)
+redis.call('HSET', P .. 'h:' .. sid, 'hr', ARGV[13], 'dr', ARGV[14], 'dg', '0')
+local serves = {}
+for ns in string.gmatch(ARGV[9], '%S+') do
+  serves[ns] = true
+  redis.call('SADD', P .. 'n:' .. ns, sid)
+  if host ~= '' then
+    redis.call('HINCRBY', P .. 'hb:' .. ns, string.lower(host), 1)
+  end
+end
+redis.call('SADD', P .. 'k:' .. cid, sid)
+
+local dups, written = {}, {}
+for i = 18, #ARGV do
+  local row = ARGV[i]
+  local ns = string.sub(row, 1, string.find(row, '\0', 1, true) - 1)
+  local taken = false
+  local cur = redis.call('GET', rowkey(P, row))
+  if cur then
+    local osid = owner(cur)
+    taken = lease(P, osid) > now and not (prevok and osid == prev)
+  end
+  if not serves[ns] or taken then
+    dups[#dups + 1] = row
+  else
+    setrow(P, row, sid, ARGV[2])
+    written[#written + 1] = row
+  end
+end
+
+local freed = {}
+if prevok then
+  dropsession(P, prev, freed)
+end
+
+-- The new session takes its bindings and displaces the sessions that
+-- held them: their records go at once, a tomb tells their next heartbeat.
+local displaced = {}
+for _, p in ipairs(plans) do
+  local bkey = P .. 'b:' .. string.lower(host) .. '\0' .. p.ns
+  redis.call('HSET', bkey, 'host', host, 'env', p.env, 'ep', rep)
+  redis.call('SADD', P .. 'bindings', bkey)
+  if p.v == 'supersede' then
+    for _, o in ipairs(redis.call('SMEMBERS', P .. 'n:' .. p.ns)) do
+      if o ~= sid and lease(P, o) > now then
+        local oh = redis.call('HMGET', P .. 's:' .. o, 'host', 'cid')
+        if oh[1] and string.lower(oh[1]) == string.lower(host) and not holds(P, o, host, p.ns, p.env, rep, now) then
+          tomb(P, o, { host, p.ns, p.env, rep, oh[2] or '' }, now + 2 * ttl, fmt(2 * ttl / 1000))
+          dropsession(P, o, freed)
+          displaced[#displaced + 1] = o
+        end
+      end
+    end
+  end
+end
+
+local l, draining, dl = now + ttl, '0', '0'
+local d = P .. 'd:' .. cid
+if redis.call('EXISTS', d) == 1 then
+  draining = '1'
+  dl = redis.call('HGET', d, 'dl') or '0'
+  redis.call('HSET', d, 'seen', ARGV[2])
+  l = caplease(l, tonumber(dl), ttl)
+end
+setlease(P, sid, l)
+return { fmt(l), draining, dl, dups, written, freed, prevok and '1' or '0', displaced }

@@ -1,0 +1,126 @@
+package directory
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// The directory's Lua scripts. Each is redis_lib.lua followed by its body,
+// so the helpers (eligibility, row moves, session drops) are written once.
+// Every script declares one key and reaches the others through the prefix
+// in ARGV[1]: all keys share one hash tag, hence one slot, so this is safe
+// on Redis Cluster (docs/DIRECTORY.md, "Cluster").
+var (
+	//go:embed redis_lib.lua
+	luaLib string
+	//go:embed redis_claim.lua
+	luaClaim string
+	//go:embed redis_register.lua
+	luaRegister string
+	//go:embed redis_heartbeat.lua
+	luaHeartbeat string
+	//go:embed redis_release.lua
+	luaRelease string
+	//go:embed redis_drop.lua
+	luaDrop string
+	//go:embed redis_drain.lua
+	luaDrain string
+	//go:embed redis_winddown.lua
+	luaWindDown string
+	//go:embed redis_sweep.lua
+	luaSweep string
+	//go:embed redis_session.lua
+	luaSession string
+	//go:embed redis_workers.lua
+	luaWorkers string
+	//go:embed redis_placement.lua
+	luaPlacement string
+)
+
+// Scripts, held in package variables as rueidis recommends: immutable after
+// init, shared by every store.
+var (
+	scriptClaim     = newScript(luaClaim, false)
+	scriptRegister  = newScript(luaRegister, false)
+	scriptHeartbeat = newScript(luaHeartbeat, false)
+	scriptRelease   = newScript(luaRelease, false)
+	scriptDrop      = newScript(luaDrop, false)
+	scriptDrain     = newScript(luaDrain, false)
+	scriptWindDown  = newScript(luaWindDown, false)
+	scriptSweep     = newScript(luaSweep, false)
+	scriptSession   = newScript(luaSession, true)
+	scriptWorkers   = newScript(luaWorkers, true)
+	scriptPlacement = newScript(luaPlacement, true)
+)
+
+// script is a Lua script with the SHA-1 the tracked variants need:
+// rueidis.Lua runs EVALSHA then EVAL on NOSCRIPT, but a claim must run
+// inside one pipelined round trip with the tracking read after it
+// (execTracked), which Lua.Exec cannot express.
+type script struct {
+	lua *rueidis.Lua
+	src string
+	sha string
+	ro  bool
+}
+
+func newScript(body string, readOnly bool) *script {
+	src := luaLib + "\n" + body
+	sum := sha1.Sum([]byte(src))
+	s := &script{src: src, sha: hex.EncodeToString(sum[:]), ro: readOnly}
+	if readOnly {
+		s.lua = rueidis.NewLuaScriptReadOnly(src)
+	} else {
+		s.lua = rueidis.NewLuaScript(src)
+	}
+	return s
+}
+
+// run executes a script (EVALSHA, then EVAL after NOSCRIPT) and reports
+// the round trip to the observer as op.
+func (r *Redis) run(ctx context.Context, op string, sc *script, key string, args []string) rueidis.RedisResult {
+	start := time.Now()
+	res := sc.lua.Exec(ctx, r.c, []string{key}, args)
+	r.observe(op, start, res.Error())
+	return res
+}
+
+// observe reports one round trip; a nil reply is a domain outcome, not an
+// error (CommandObserver).
+func (r *Redis) observe(op string, start time.Time, err error) {
+	if rueidis.IsRedisNil(err) {
+		err = nil
+	}
+	r.obs.StoreCommand(op, time.Since(start), err)
+}
+
+// observeMulti reports a pipelined round trip with its first failure.
+func (r *Redis) observeMulti(op string, start time.Time, res []rueidis.RedisResult) {
+	var err error
+	for i := range res {
+		if e := res[i].Error(); e != nil && !rueidis.IsRedisNil(e) {
+			err = e
+			break
+		}
+	}
+	r.obs.StoreCommand(op, time.Since(start), err)
+}
+
+// evalsha builds the EVALSHA command; eval the EVAL fallback.
+func (s *script) evalsha(c rueidis.Client, key string, args []string) rueidis.Completed {
+	return c.B().Evalsha().Sha1(s.sha).Numkeys(1).Key(key).Arg(args...).Build()
+}
+
+func (s *script) eval(c rueidis.Client, key string, args []string) rueidis.Completed {
+	return c.B().Eval().Script(s.src).Numkeys(1).Key(key).Arg(args...).Build()
+}
+
+func isNoScript(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	return ok && re.IsNoScript()
+}

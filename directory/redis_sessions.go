@@ -1,0 +1,364 @@
+package directory
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// redisSession is this node's view of one worker session: the *Owner the
+// proxy hangs its per-owner state on (stable for the session's life) and
+// whether its lease may have moved since the node last read it.
+type redisSession struct {
+	owner *Owner
+	host  string // lower-cased hostname binding, "" for none (R-LS-4)
+	// dirty: a renewal was signalled (or tracking was lost) after the last
+	// read. The local lease is then older than Redis's, which is safe:
+	// renewals only extend, so an old expiry is conservative.
+	dirty atomic.Bool
+	// dead: the session is gone; its Owner stays revoked.
+	dead atomic.Bool
+}
+
+// session returns the node's session, or nil.
+func (r *Redis) session(sid string) *redisSession {
+	r.smu.RLock()
+	s := r.sessions[sid]
+	r.smu.RUnlock()
+	return s
+}
+
+// adopt installs s unless the session is known already, and returns the
+// one in place: Owners are stable per session.
+func (r *Redis) adopt(sid string, s *redisSession) *redisSession {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	if old := r.sessions[sid]; old != nil {
+		return old
+	}
+	r.sessions[sid] = s
+	return s
+}
+
+// kill ends a session locally: its Owner is revoked for good.
+func (r *Redis) kill(sid string) {
+	r.smu.Lock()
+	s := r.sessions[sid]
+	delete(r.sessions, sid)
+	r.smu.Unlock()
+	if s != nil {
+		s.dead.Store(true)
+		s.owner.Revoke()
+	}
+}
+
+// setLease records a lease expiry read from Redis or returned by a script.
+func (s *redisSession) setLease(t time.Time) {
+	if !s.dead.Load() {
+		s.owner.SetLeaseUntil(t)
+	}
+}
+
+// leaseChanged runs on the push reader: a session's lease key was written
+// (a renewal, a drain cap) or deleted (the session ended). Mark it; the
+// refresher re-reads it before the known lease runs low.
+func (r *Redis) leaseChanged(sid string) {
+	r.leaseGen.Add(1)
+	if s := r.session(sid); s != nil {
+		s.dirty.Store(true)
+	}
+}
+
+// resolve returns the node's sessions for sids, reading unknown ones from
+// Redis in one round trip. The identity fields never change; the lease key
+// is read with tracking on, so its next renewal or deletion is pushed.
+// Sessions that no longer exist are missing from the result.
+func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSession, error) {
+	out := make(map[string]*redisSession, len(sids))
+	var missing []string
+	for _, sid := range sids {
+		if s := r.session(sid); s != nil {
+			out[sid] = s
+		} else if sid != "" {
+			missing = append(missing, sid)
+		}
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	gen := r.leaseGen.Load()
+	cmds := make(rueidis.Commands, 0, 3*len(missing))
+	for _, sid := range missing {
+		cmds = append(cmds,
+			r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec", "host").Build(),
+			r.c.B().ClientCaching().Yes().Build(),
+			r.c.B().Get().Key(r.key("l", sid)).Build())
+	}
+	start := time.Now()
+	res := r.c.DoMulti(ctx, cmds...)
+	r.observeMulti("session.resolve", start, res)
+	for i, sid := range missing {
+		f, err := res[3*i].AsStrSlice()
+		if err != nil {
+			return nil, unavailable("read session", sid, err)
+		}
+		l, err := res[3*i+2].ToString()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			return nil, unavailable("read session", sid, err)
+		}
+		if len(f) < 4 || f[0] == "" || l == "" {
+			continue // gone
+		}
+		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l)), host: strings.ToLower(f[3])}
+		if r.leaseGen.Load() != gen {
+			s.dirty.Store(true)
+		}
+		out[sid] = r.adopt(sid, s)
+	}
+	return out, nil
+}
+
+// refreshLoop re-reads dirty leases lazily: a session whose lease was
+// renewed elsewhere is refreshed once the expiry this node knows is more
+// than a quarter lease old (less than three quarters away). Steady
+// heartbeats then cost each node one two-command read per session per
+// quarter lease at most, not one per heartbeat, and the known lease is
+// never much older than a quarter lease plus one heartbeat: cached ids
+// keep routing through a Redis outage of up to about half a lease.
+// Deleted lease keys end the session locally.
+func (r *Redis) refreshLoop(ctx context.Context) {
+	every := min(max(r.ttl/10, 20*time.Millisecond), 500*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.refresh:
+		}
+		if _, err := r.refreshDue(ctx, false); err != nil && ctx.Err() == nil {
+			r.log.Debug("directory lease refresh failed", "err", err)
+		}
+	}
+}
+
+// refreshDue re-reads up to 512 dirty leases that are due (all dirty ones
+// with force) and reports how many it read.
+func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
+	horizon := r.now().Add(r.ttl * 3 / 4)
+	var due []string
+	var sess []*redisSession
+	r.smu.RLock()
+	for sid, s := range r.sessions {
+		if s.dirty.Load() && (force || s.owner.LeaseUntil().Before(horizon)) {
+			due = append(due, sid)
+			sess = append(sess, s)
+			if len(due) == 512 {
+				break
+			}
+		}
+	}
+	r.smu.RUnlock()
+	if len(due) == 0 {
+		return 0, nil
+	}
+	for _, s := range sess {
+		s.dirty.Store(false) // before the read: a push during it marks again
+	}
+	keys := make([]string, len(due))
+	for i, sid := range due {
+		keys[i] = r.key("l", sid)
+	}
+	c, cancel := context.WithTimeout(ctx, r.budget)
+	defer cancel()
+	start := time.Now()
+	res := r.c.DoMulti(c, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
+	r.observeMulti("lease.refresh", start, res)
+	vals, err := res[1].ToArray()
+	if err != nil {
+		for _, s := range sess {
+			s.dirty.Store(true)
+		}
+		return 0, fmt.Errorf("cannot refresh %d leases: %w", len(due), err)
+	}
+	r.stats.refreshes.Add(uint64(len(due)))
+	for i, sid := range due {
+		v, err := vals[i].ToString()
+		if err != nil || v == "" {
+			r.kill(sid)
+			continue
+		}
+		sess[i].setLease(fromMicros(v))
+	}
+	return len(due), nil
+}
+
+// The era key detects wipes, the connection identity lost tracking. A
+// node remembers the era and the identity of the connection that tracks
+// its keys (CLIENT INFO's id and addr: ids restart at 1 with the server,
+// the client's ephemeral port does not repeat so soon); a flush push, a closed connection or a periodic check makes it look
+// again, on that same connection (a keyed read pins the slot's node):
+//
+//   - same era, same connection: nothing was lost (with a cluster, the
+//     closed connection belonged to another master);
+//   - same era, new connection: Redis kept its data (a reconnect or a
+//     failover) but this node's tracking is gone and invalidations may
+//     have been missed: cached rows are dropped and re-read on demand, and
+//     leases are re-read before they run low;
+//   - missing or different era: the directory was wiped (FLUSHALL, a
+//     restart without persistence): rows and sessions go, and the next
+//     placement attempt starts the cold-start quarantine (R-CS-1).
+func (r *Redis) openEra(ctx context.Context) error {
+	era, id, err := r.ensureEra(ctx)
+	if err != nil {
+		return err
+	}
+	r.eraMu.Lock()
+	r.era, r.connID = era, id
+	r.eraMu.Unlock()
+	return nil
+}
+
+// ensureEra creates the era key when missing and returns it with the
+// identity of the connection serving the directory's slot.
+func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
+	k := r.prefix + "era"
+	res := r.c.DoMulti(ctx,
+		r.c.B().Set().Key(k).Value(randomHex(16)).Nx().Build(),
+		r.c.B().Get().Key(k).Build(),
+		r.c.B().ClientInfo().Build())
+	if err := res[0].Error(); err != nil && !rueidis.IsRedisNil(err) {
+		return "", "", unavailable("read", k, err)
+	}
+	era, err := res[1].ToString()
+	if err != nil {
+		return "", "", unavailable("read", k, err)
+	}
+	id, err := connIdentity(res[2])
+	if err != nil {
+		return "", "", unavailable("read", "client info", err)
+	}
+	return era, id, nil
+}
+
+// connIdentity extracts "id=… addr=…" from a CLIENT INFO reply.
+func connIdentity(res rueidis.RedisResult) (string, error) {
+	info, err := res.ToString()
+	if err != nil {
+		return "", err
+	}
+	var id, addr string
+	// RESP3 sends CLIENT INFO as a verbatim string: "txt:id=…".
+	for _, f := range strings.Fields(strings.TrimPrefix(info, "txt:")) {
+		if v, ok := strings.CutPrefix(f, "id="); ok {
+			id = v
+		} else if v, ok := strings.CutPrefix(f, "addr="); ok {
+			addr = v
+		}
+	}
+	if id == "" || addr == "" {
+		return "", fmt.Errorf("unexpected CLIENT INFO reply %q", info)
+	}
+	return id + " " + addr, nil
+}
+
+// revalidateLoop settles flushes once Redis answers, and checks the
+// connection every revalidateEvery in case it was replaced without a
+// flush reaching this node. While Redis is unreachable, cached rows keep
+// routing under their owners' known leases (which cannot be renewed
+// meanwhile).
+func (r *Redis) revalidateLoop(ctx context.Context) {
+	t := time.NewTicker(revalidateEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.reval:
+		case <-t.C:
+		}
+		backoff := r.budget / 4
+		for {
+			c, cancel := context.WithTimeout(ctx, r.budget)
+			err := r.revalidate(c)
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			r.log.Debug("directory revalidation waiting for redis", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, time.Second)
+		}
+	}
+}
+
+// revalidateEvery is the period of the connection check (2 commands).
+const revalidateEvery = 10 * time.Second
+
+func (r *Redis) revalidate(ctx context.Context) error {
+	k := r.prefix + "era"
+	start := time.Now()
+	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build())
+	r.observeMulti("revalidate", start, res)
+	cur, err := res[0].ToString()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return err
+	}
+	id, err2 := connIdentity(res[1])
+	if err2 != nil {
+		return err2
+	}
+	r.eraMu.Lock()
+	defer r.eraMu.Unlock()
+	if err == nil && cur == r.era {
+		if id == r.connID {
+			return nil
+		}
+		r.connID = id
+		r.stats.reconnects.Add(1)
+		r.dropRows()
+		r.leaseGen.Add(1)
+		r.smu.RLock()
+		for _, s := range r.sessions {
+			s.dirty.Store(true)
+		}
+		r.smu.RUnlock()
+		r.log.Info("directory reconnected: cached placements will be re-read")
+		return nil
+	}
+	era, id, err := r.ensureEra(ctx)
+	if err != nil {
+		return err
+	}
+	r.era, r.connID = era, id
+	r.stats.wipes.Add(1)
+	r.dropRows()
+	// Sessions are re-read at once: those the wipe took are revoked, those
+	// registered since keep their Owner.
+	r.leaseGen.Add(1)
+	r.smu.RLock()
+	for _, s := range r.sessions {
+		s.dirty.Store(true)
+	}
+	r.smu.RUnlock()
+	for range 64 {
+		n, err := r.refreshDue(ctx, true)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+	}
+	r.log.Warn("directory wiped: local cache dropped; placements resume after the cold-start quarantine")
+	return nil
+}

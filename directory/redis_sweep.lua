@@ -1,0 +1,60 @@
+-- sweep removes sessions one lease past their expiry with their rows,
+-- force-releases the placements of timed drains past their deadline
+-- (R-LS-5) and frees hostname bindings nobody holds (R-LS-4). Safe on many nodes at once: each step is idempotent.
+-- KEYS[1] the lease index
+-- ARGV: 1 prefix, 2 now, 3 ttl, 4 most sessions to drop per call.
+-- Returns {freed rows, dropped sessions}.
+local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local freed, dropped = {}, {}
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now - ttl), 'LIMIT', 0, tonumber(ARGV[4]))
+for _, sid in ipairs(dead) do
+  dropsession(P, sid, freed)
+  dropped[#dropped + 1] = sid
+end
+
+for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
+  local d = P .. 'd:' .. cid
+  local v = redis.call('HMGET', d, 'dl', 'rel', 'seen')
+  if not v[1] then
+    redis.call('SREM', P .. 'drains', cid)
+  else
+    local dl = tonumber(v[1])
+    if dl > 0 and v[2] ~= '1' and now >= dl then
+      redis.call('HSET', d, 'rel', '1')
+      for _, sid in ipairs(redis.call('SMEMBERS', P .. 'k:' .. cid)) do
+        droprows(P, sid, freed)
+      end
+    end
+    if now - tonumber(v[3]) > 2 * ttl then
+      local live = false
+      for _, sid in ipairs(redis.call('SMEMBERS', P .. 'k:' .. cid)) do
+        if lease(P, sid) > now then
+          live = true
+        end
+      end
+      if not live then
+        redis.call('DEL', d)
+        redis.call('SREM', P .. 'drains', cid)
+      end
+    end
+  end
+end
+-- Bindings no live session holds any more are free (R-LS-4).
+for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
+  local b = redis.call('HMGET', bkey, 'host', 'env', 'ep')
+  local live = false
+  if b[1] then
+    local ns = string.sub(bkey, string.find(bkey, '\0', 1, true) + 1)
+    for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+      if holds(P, sid, b[1], ns, b[2], b[3], now) then
+        live = true
+        break
+      end
+    end
+  end
+  if not live then
+    redis.call('DEL', bkey)
+    redis.call('SREM', P .. 'bindings', bkey)
+  end
+end
+return { freed, dropped }

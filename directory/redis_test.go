@@ -1,0 +1,98 @@
+package directory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/directory/directorytest"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// redisFactory opens a fresh directory per test on one server: each store
+// gets its own key prefix (hash tag), so stores never see each other's
+// keys and, on a cluster, land on different slots.
+func redisFactory(url string) directorytest.Factory {
+	var n atomic.Int64
+	return func(t *testing.T, ttl time.Duration, now time.Time) directory.Store {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{
+			LeaseTTL: ttl,
+			Prefix:   fmt.Sprintf("contract%d-%d", time.Now().UnixNano()%1e6, n.Add(1)),
+		})
+		if err != nil {
+			t.Fatalf("cannot open the redis directory: %v", err)
+		}
+		return s
+	}
+}
+
+func TestRedisContract(t *testing.T) {
+	srv := redistest.StartServer(t)
+	directorytest.Run(t, redisFactory(srv.URL()))
+}
+
+func TestRedisClusterContract(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-master redis cluster")
+	}
+	c := redistest.StartCluster(t, 3)
+	directorytest.Run(t, redisFactory(c.URL()))
+}
+
+// openNode opens one more node on an existing directory (same prefix).
+func openNode(t *testing.T, url, prefix string, ttl time.Duration) *directory.Redis {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{LeaseTTL: ttl, Prefix: prefix})
+	if err != nil {
+		t.Fatalf("cannot open the redis directory: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// warmRedis runs the first placement attempt and returns the time the
+// quarantine ends (R-CS-1).
+func warmRedis(t *testing.T, s directory.Store, now time.Time) time.Time {
+	t.Helper()
+	_, err := s.Place(context.Background(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement; got %v; want a quarantine", err)
+	}
+	return now.Add(q.Remaining)
+}
+
+func register(t *testing.T, s directory.Store, client string, headroom float64, now time.Time, instances ...string) string {
+	t.Helper()
+	reg := &directory.Registration{ClientID: client, Sub: "sub", Secret: "k-" + client,
+		Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/" + client, Headroom: headroom}
+	if len(instances) > 0 {
+		reg.Instances = map[string][]string{"/c": instances}
+	}
+	res, err := s.Register(context.Background(), reg, now)
+	if err != nil {
+		t.Fatalf("cannot register %s: %v", client, err)
+	}
+	return res.SessionID
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("unexpected wait; %s not true after %v", what, d)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return time.Since(start)
+}

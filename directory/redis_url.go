@@ -1,0 +1,179 @@
+package directory
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+// ErrInvalidURL wraps every REDIS_URL parsing error: a configuration
+// mistake, not an outage.
+var ErrInvalidURL = errors.New("invalid redis url")
+
+// ParseRedisURL turns REDIS_URL into rueidis options. The forms:
+//
+//	redis://[user[:password]@]host[:port][/db]
+//	rediss://…                                     the same over TLS
+//	redis+cluster://[user[:password]@]host:port[,host:port…]
+//	redis+sentinel://[user[:password]@]host:port[,host:port…]/mastername[?db=N]
+//
+// rediss+cluster:// and rediss+sentinel:// use TLS. The port defaults to
+// 6379 (26379 for sentinels). Query parameters: db (not for clusters),
+// client_name, skip_verify (TLS only; for tests), sentinel_username and
+// sentinel_password. Anything else is an error, so typos fail at start-up.
+// Errors never repeat the password.
+func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
+	var o rueidis.ClientOption
+	bad := func(format string, args ...any) (rueidis.ClientOption, error) {
+		return o, fmt.Errorf("%w %s: %s", ErrInvalidURL, redactURL(raw), fmt.Sprintf(format, args...))
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return bad("missing scheme")
+	}
+	var useTLS, cluster, sentinel bool
+	switch scheme {
+	case "redis":
+	case "rediss":
+		useTLS = true
+	case "redis+cluster":
+		cluster = true
+	case "rediss+cluster":
+		cluster, useTLS = true, true
+	case "redis+sentinel":
+		sentinel = true
+	case "rediss+sentinel":
+		sentinel, useTLS = true, true
+	default:
+		return bad("unknown scheme %q", scheme)
+	}
+	// Split userinfo@hosts/path?query by hand: net/url rejects host lists.
+	rest, query, _ := strings.Cut(rest, "?")
+	authority, path, _ := strings.Cut(rest, "/")
+	userinfo, hosts := "", authority
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		userinfo, hosts = authority[:i], authority[i+1:]
+	}
+	u, err := url.Parse("redis://" + userinfo + "@placeholder/" + path + "?" + query)
+	if err != nil {
+		return bad("cannot parse credentials, path or query")
+	}
+	if userinfo != "" {
+		o.Username = u.User.Username()
+		o.Password, _ = u.User.Password()
+	}
+	defPort := "6379"
+	if sentinel {
+		defPort = "26379"
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		addr, err := hostPort(h, defPort)
+		if err != nil {
+			return bad("%v", err)
+		}
+		o.InitAddress = append(o.InitAddress, addr)
+	}
+	if !cluster && !sentinel && len(o.InitAddress) > 1 {
+		return bad("several hosts need redis+cluster:// or redis+sentinel://")
+	}
+	path = strings.Trim(u.Path, "/")
+	switch {
+	case sentinel:
+		if path == "" || strings.Contains(path, "/") {
+			return bad("redis+sentinel:// needs one master name as its path")
+		}
+		o.Sentinel.MasterSet = path
+	case cluster:
+		if path != "" {
+			return bad("a cluster has no database number")
+		}
+	case path != "":
+		db, err := strconv.Atoi(path)
+		if err != nil || db < 0 {
+			return bad("database %q is not a number", path)
+		}
+		o.SelectDB = db
+	}
+	for k, vs := range u.Query() {
+		v := vs[len(vs)-1]
+		switch k {
+		case "db":
+			db, err := strconv.Atoi(v)
+			if err != nil || db < 0 || cluster {
+				return bad("db=%q is not allowed here", v)
+			}
+			o.SelectDB = db
+		case "client_name":
+			o.ClientName = v
+		case "skip_verify":
+			if !useTLS {
+				return bad("skip_verify needs rediss")
+			}
+		case "sentinel_username":
+			o.Sentinel.Username = v
+		case "sentinel_password":
+			o.Sentinel.Password = v
+		default:
+			return bad("unknown parameter %q", k)
+		}
+	}
+	if useTLS {
+		host, _, _ := net.SplitHostPort(o.InitAddress[0])
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+		if v := u.Query().Get("skip_verify"); v == "1" || v == "true" || (u.Query().Has("skip_verify") && v == "") {
+			o.TLSConfig.InsecureSkipVerify = true
+		}
+		if sentinel {
+			o.Sentinel.TLSConfig = o.TLSConfig.Clone()
+		}
+	}
+	return o, nil
+}
+
+func hostPort(h, defPort string) (string, error) {
+	if h == "" {
+		return "", errors.New("empty host")
+	}
+	host, port, err := net.SplitHostPort(h)
+	if err != nil {
+		// No port: a bare host or a bracketed IPv6 address.
+		host, port = strings.TrimSuffix(strings.TrimPrefix(h, "["), "]"), defPort
+		if strings.ContainsAny(host, "[]/ ") {
+			return "", fmt.Errorf("bad host %q", h)
+		}
+	}
+	if host == "" {
+		return "", fmt.Errorf("bad host %q", h)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return "", fmt.Errorf("bad port in %q", h)
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// redactURL hides the password of a Redis URL for messages and logs.
+func redactURL(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "(unparseable url)"
+	}
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	i := strings.LastIndexByte(authority, '@')
+	if i < 0 {
+		return raw
+	}
+	user, _, hasPass := strings.Cut(authority[:i], ":")
+	if hasPass {
+		user += ":xxxxx"
+	}
+	return scheme + "://" + user + "@" + authority[i+1:] + tail
+}

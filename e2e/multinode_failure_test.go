@@ -1,0 +1,331 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// Multi-node behaviour around change and failure: a re-placement through
+// one node seen by another, a wiped Redis (R-CS-1), Redis stopped and
+// started again.
+
+func answerOf(ctx context.Context, node *Pinboard, id string) (string, reply, error) {
+	r, err := do(ctx, http.MethodGet, node.URL+"/counters/"+id+"/whoami", nil, nil)
+	if err != nil || r.Status != http.StatusOK {
+		return "", r, err
+	}
+	var body struct {
+		Worker string `json:"worker"`
+	}
+	return body.Worker, r, r.JSON(&body)
+}
+
+// clientIDs maps worker names to their registered clientId.
+func clientIDs(ctx context.Context, t *testing.T, f *MultiFleet) map[string]string {
+	t.Helper()
+	recs, r, err := f.Nodes[0].Workers(ctx)
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot list workers: %s (err %v)", r, err)
+	}
+	out := map[string]string{}
+	for _, rec := range recs {
+		out[f.WorkerByURL(rec.AdvertiseURL)] = rec.ClientID
+	}
+	return out
+}
+
+// A re-placement made through node B is seen by node A on its very next
+// request: A held the id in its cache, and Redis's invalidation reached A
+// before the client's next request did (R-PL-1).
+func TestMultiNodeReplacementSeenByOtherNode_RPL1(t *testing.T) {
+	requireSuite(t)
+	srv := redistest.StartServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: srv.URL(), Nodes: 2, Workers: []string{"w1", "w2"},
+		Headroom: 20, LeaseTTL: 6 * time.Second})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a, b := f.Nodes[0], f.Nodes[1]
+	cids := clientIDs(ctx, t, f)
+	const rounds = 20
+	var delays []time.Duration
+	stale := 0
+	for i := range rounds {
+		id := "inv-" + strconv.Itoa(i)
+		// Through A, onto w1 (w2 drained), twice: A now serves it from its
+		// cache.
+		if err := a.Drain(ctx, cids["w2"]); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if w, r, err := whoami(ctx, a, id); err != nil || w != "w1" {
+				t.Fatalf("%s: unexpected first owner; got %s (err %v); want w1", id, r, err)
+			}
+		}
+		if err := a.Undrain(ctx, cids["w2"]); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Drain(ctx, cids["w1"]); err != nil {
+			t.Fatal(err)
+		}
+		// Through B: free the placement as its session would (idle
+		// eviction, R-REG-3) and place it again, now on w2.
+		p, ok, err := b.Placement(ctx, "/counters", id)
+		if err != nil || !ok {
+			t.Fatalf("%s: cannot read placement: %v", id, err)
+		}
+		if err := b.Release(ctx, p, "/counters", id); err != nil {
+			t.Fatalf("%s: cannot release: %v", id, err)
+		}
+		if w, r, err := whoami(ctx, b, id); err != nil || w != "w2" {
+			t.Fatalf("%s: unexpected re-placement through B; got %s (err %v); want w2", id, r, err)
+		}
+		placed := time.Now()
+		w, r, err := answerOf(ctx, a, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w != "w2" {
+			stale++
+			t.Errorf("%s: unexpected answer through A after B's re-placement; got %s; want w2", id, r)
+			for w != "w2" && time.Since(placed) < time.Second {
+				w, r, _ = answerOf(ctx, a, id)
+			}
+		}
+		delays = append(delays, time.Since(placed))
+		if err := b.Undrain(ctx, cids["w1"]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("A's next request after B's re-placement reached the new owner in %d of %d rounds; B's answer → A's answer: p50 %v, max %v",
+		rounds-stale, rounds, pct(delays, .5), pct(delays, 1))
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*p)].Round(10 * time.Microsecond)
+}
+
+// After FLUSHALL, or a restart without persistence, every node drops its
+// cache: ids answer 503 with Retry-After for one lease (GET /registry/health
+// shows quarantineMs), workers re-register after their heartbeat's 409,
+// and the ids come back on the workers that still host them (R-CS-1).
+func TestMultiNodeColdStartAfterFlushAll_RCS1(t *testing.T) {
+	requireSuite(t)
+	srv := redistest.StartServer(t)
+	testColdStartAfterWipe(t, srv.URL(), srv.FlushAll)
+}
+
+func TestMultiNodeColdStartAfterRedisRestart_RCS1(t *testing.T) {
+	requireSuite(t)
+	srv := redistest.StartServer(t)
+	testColdStartAfterWipe(t, srv.URL(), srv.Restart)
+}
+
+func TestMultiNodeClusterColdStartAfterFlushAll_RCS1(t *testing.T) {
+	requireSuite(t)
+	c := redistest.StartCluster(t, 3)
+	testColdStartAfterWipe(t, c.URL(), c.FlushAll)
+}
+
+func testColdStartAfterWipe(t *testing.T, redisURL string, wipe func() error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const ttl = 3 * time.Second
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: redisURL, Nodes: 2, Workers: []string{"w1", "w2"},
+		Headroom: 4, LeaseTTL: ttl})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]string{}
+	epochs := map[string]uint64{}
+	for i := range 10 {
+		id := "cold-" + strconv.Itoa(i)
+		for _, node := range f.Nodes {
+			w, r, err := whoami(ctx, node, id)
+			if err != nil {
+				t.Fatalf("%s: %v (%s)", id, err, r)
+			}
+			owners[id] = w
+		}
+		p, _, err := f.Nodes[0].Placement(ctx, "/counters", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		epochs[id], _ = strconv.ParseUint(p.Epoch, 10, 64)
+	}
+	if err := wipe(); err != nil {
+		t.Fatalf("cannot wipe redis: %v", err)
+	}
+	wiped := time.Now()
+
+	// Every node stops serving from its cache and refuses to place.
+	for ni, node := range f.Nodes {
+		var last reply
+		for {
+			r, err := do(ctx, http.MethodGet, node.URL+"/counters/cold-0/whoami", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last = r
+			if r.Status == http.StatusServiceUnavailable {
+				if _, ok := retryAfter(r.Header); !ok {
+					t.Errorf("node %d: unexpected 503 without Retry-After: %s", ni, r)
+				}
+				break
+			}
+			if time.Since(wiped) > 2*time.Second {
+				t.Fatalf("node %d: unexpected answer after the wipe; got %s; want 503 with Retry-After (R-CS-1)", ni, last)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		h, r, err := node.Health(ctx)
+		for err == nil && (h.QuarantineMs == nil || *h.QuarantineMs <= 0) && time.Since(wiped) < 2*time.Second {
+			time.Sleep(20 * time.Millisecond)
+			h, r, err = node.Health(ctx)
+		}
+		if err != nil || h.QuarantineMs == nil || *h.QuarantineMs <= 0 || *h.QuarantineMs > float64(ttl.Milliseconds()) {
+			t.Errorf("node %d: unexpected health during the quarantine; got %s (err %v); want 0 < quarantineMs <= %d", ni, r, err, ttl.Milliseconds())
+		}
+	}
+	t.Logf("every node answered 503 within %v of the wipe", time.Since(wiped).Round(time.Millisecond))
+
+	// Workers learn from their heartbeat's 409 and re-register with the
+	// ids they host: those come back on them at once (an existing live
+	// owner is not a new placement), while new ids wait for the quarantine.
+	for _, w := range f.Workers {
+		if _, err := w.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		r, err := do(ctx, http.MethodGet, f.Nodes[1].URL+"/counters/cold-new/whoami", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == http.StatusOK {
+			break
+		}
+		if r.Status != http.StatusServiceUnavailable || time.Since(wiped) > 2*ttl+5*time.Second {
+			t.Fatalf("unexpected answer for a new id after the wipe; got %s; want 503 until the quarantine ends, then 200", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d := time.Since(wiped); d < ttl {
+		t.Errorf("unexpected new placement %v after the wipe; want none before one lease (%v) from the first attempt (R-CS-1)", d, ttl)
+	}
+	t.Logf("new placements resumed %v after the wipe (lease %v)", time.Since(wiped).Round(time.Millisecond), ttl)
+	rctx, rcancel := context.WithTimeout(ctx, 2*ttl+10*time.Second)
+	defer rcancel()
+	for id, want := range owners {
+		for ni, node := range f.Nodes {
+			w, r, err := whoami(rctx, node, id)
+			if err != nil || w != want {
+				t.Fatalf("%s: unexpected owner through node %d after the quarantine; got %s (err %v); want %s (reclaimed)", id, ni, r, err, want)
+			}
+		}
+		p, _, err := f.Nodes[1].Placement(ctx, "/counters", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, _ := strconv.ParseUint(p.Epoch, 10, 64); e <= epochs[id] {
+			t.Errorf("%s: unexpected epoch after the wipe; got %d; want > %d (workers fence on epochs)", id, e, epochs[id])
+		}
+	}
+	t.Logf("every id back on its reclaiming worker through every node")
+}
+
+// Redis stopped for five seconds: ids the nodes have cached keep routing
+// to their owners (whose leases outlive the outage), new placements and
+// registry calls answer 503 with Retry-After, nothing crashes, and
+// everything recovers by itself when Redis comes back with its data.
+func TestMultiNodeRedisOutage_RDP4(t *testing.T) {
+	requireSuite(t)
+	srv := redistest.StartServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// The lease outlives the outage: a node's known lease is at least
+	// three quarters of a lease minus a heartbeat old (redis_sessions.go).
+	const ttl = 12 * time.Second
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: srv.URL(), Nodes: 2, Workers: []string{"w1", "w2"},
+		Headroom: 4, LeaseTTL: ttl})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]string{}
+	for i := range 10 {
+		id := "out-" + strconv.Itoa(i)
+		for _, node := range f.Nodes {
+			w, r, err := whoami(ctx, node, id)
+			if err != nil {
+				t.Fatalf("%s: %v (%s)", id, err, r)
+			}
+			owners[id] = w
+		}
+	}
+	if err := srv.StopSaving(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	served, refused := 0, 0
+	for n := 0; time.Since(stopped) < 5*time.Second; n++ {
+		for ni, node := range f.Nodes {
+			for id, want := range owners {
+				w, r, err := answerOf(ctx, node, id)
+				if err != nil || w != want {
+					t.Fatalf("%s: unexpected answer through node %d %v into the outage; got %s (err %v); want 200 from %s",
+						id, ni, time.Since(stopped).Round(time.Millisecond), r, err, want)
+				}
+				served++
+			}
+			r, err := do(ctx, http.MethodGet, fmt.Sprintf("%s/counters/out-new-%d-%d/whoami", node.URL, ni, n), nil, nil)
+			if err != nil || r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("unexpected new placement during the outage; got %s (err %v); want 503 with Retry-After", r, err)
+			}
+			if _, r, err := node.Workers(ctx); err != nil || r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" {
+				t.Fatalf("unexpected registry answer during the outage; got %s (err %v); want 503 with Retry-After", r, err)
+			}
+			refused++
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("during a %v outage: %d cached requests served, %d placements and registry calls refused with 503",
+		time.Since(stopped).Round(time.Millisecond), served, refused)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer rcancel()
+	for ni, node := range f.Nodes {
+		if w, r, err := whoami(rctx, node, fmt.Sprintf("out-after-%d", ni)); err != nil || w == "" {
+			t.Fatalf("unexpected placement after redis returned; got %s (err %v); want 200", r, err)
+		}
+		for id, want := range owners {
+			if w, r, err := whoami(rctx, node, id); err != nil || w != want {
+				t.Fatalf("%s: unexpected owner after the outage; got %s (err %v); want %s", id, r, err, want)
+			}
+		}
+	}
+	t.Logf("placements resumed %v after redis returned", time.Since(restarted).Round(time.Millisecond))
+	for _, w := range f.Workers {
+		if w.proc.exited() {
+			t.Errorf("worker %s exited during the outage", w.Name)
+		}
+	}
+	for _, n := range f.Nodes {
+		if n.proc.exited() {
+			t.Errorf("pinboard %s exited during the outage", n.URL)
+		}
+	}
+}

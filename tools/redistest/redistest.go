@@ -1,0 +1,273 @@
+// Package redistest starts real redis-server processes for tests: a single
+// server (StartServer) or a Redis Cluster of N masters (StartCluster), on
+// free 127.0.0.1 ports, without persistence (`--save "" --appendonly no`),
+// killed by t.Cleanup. Tests use real servers, not mocks: client-side
+// caching, invalidation pushes and cluster slots are what the directory
+// depends on, and only a real server has them.
+//
+// A missing redis-server is a test failure ("run make test"), never a skip:
+// make test installs it, and a silently skipped Redis suite would hide a
+// broken store.
+package redistest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Timeouts bound every step: a test never waits on Redis forever.
+const (
+	startTimeout   = 10 * time.Second
+	stopTimeout    = 5 * time.Second
+	clusterTimeout = 30 * time.Second
+	startAttempts  = 5
+)
+
+// Server is one redis-server process on 127.0.0.1. Its methods are safe for
+// concurrent use.
+type Server struct {
+	Port int
+	// Addr is 127.0.0.1:Port.
+	Addr string
+
+	dir     string
+	cluster bool
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	out  *bytes.Buffer
+}
+
+// Binaries returns the paths of redis-server and redis-cli, or an error
+// telling the reader to run make test.
+func Binaries() (server, cli string, err error) {
+	server, err = exec.LookPath("redis-server")
+	if err != nil {
+		return "", "", errors.New("redis-server not found on PATH: run make test (it installs redis-server from Debian's packages)")
+	}
+	cli, err = exec.LookPath("redis-cli")
+	if err != nil {
+		return "", "", errors.New("redis-cli not found on PATH: run make test (it installs redis-server and redis-cli)")
+	}
+	return server, cli, nil
+}
+
+// StartServer starts a standalone server for this test; t.Cleanup kills it.
+func StartServer(t testing.TB) *Server {
+	t.Helper()
+	s, err := Start(t.TempDir(), false)
+	if err != nil {
+		t.Fatalf("cannot start redis-server: %v", err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Start starts a server whose files live in dir (for programs that are not
+// tests, such as bench/redisfig). The caller must Kill it.
+func Start(dir string, cluster bool) (*Server, error) {
+	if _, _, err := Binaries(); err != nil {
+		return nil, err
+	}
+	var last error
+	for range startAttempts {
+		port, err := freePortPair(cluster)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: filepath.Join(dir, strconv.Itoa(port)), cluster: cluster}
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cannot create %s: %w", s.dir, err)
+		}
+		if last = s.Start(); last == nil {
+			return s, nil
+		}
+	}
+	return nil, last
+}
+
+// URL is redis://127.0.0.1:Port.
+func (s *Server) URL() string { return "redis://" + s.Addr }
+
+// Start (re)starts the server on its port. After StopSaving it loads the
+// saved data; after Stop or Kill it starts empty, like a restart without
+// persistence.
+func (s *Server) Start() error {
+	bin, _, err := Binaries()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		return fmt.Errorf("redis-server on %s is already running", s.Addr)
+	}
+	args := []string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--protected-mode", "no", "--loglevel", "warning",
+	}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "2000")
+	}
+	cmd := exec.Command(bin, args...)
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	// Pdeathsig: a test binary killed by -timeout takes its servers along.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cannot start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	s.cmd, s.done, s.out = cmd, done, out
+	deadline := time.Now().Add(startTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			s.cmd = nil
+			return fmt.Errorf("redis-server on %s exited at start: %s", s.Addr, strings.TrimSpace(out.String()))
+		default:
+		}
+		if reply, err := s.cli("PING"); err == nil && reply == "PONG" {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.killLocked()
+	return fmt.Errorf("redis-server on %s not answering PING after %v: %s", s.Addr, startTimeout, strings.TrimSpace(out.String()))
+}
+
+// Stop ends the server without saving (SIGKILL): its data is gone, as after
+// a crash of a server without persistence.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+// Kill is Stop; named for t.Cleanup.
+func (s *Server) Kill() { s.Stop() }
+
+// StopSaving shuts the server down with SHUTDOWN SAVE, so the next Start
+// loads the same data: an outage without data loss.
+func (s *Server) StopSaving() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return nil
+	}
+	_, _ = s.cli("SHUTDOWN", "SAVE")
+	select {
+	case <-s.done:
+		s.cmd = nil
+		return nil
+	case <-time.After(stopTimeout):
+		s.killLocked()
+		return fmt.Errorf("redis-server on %s did not stop within %v of SHUTDOWN SAVE", s.Addr, stopTimeout)
+	}
+}
+
+// Restart is Stop then Start: the server comes back empty on the same port.
+func (s *Server) Restart() error {
+	s.Stop()
+	return s.Start()
+}
+
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	select {
+	case <-s.done:
+	case <-time.After(stopTimeout):
+	}
+	s.cmd = nil
+}
+
+// FlushAll wipes every key (FLUSHALL), as an operator or a failover to an
+// empty replica would.
+func (s *Server) FlushAll() error {
+	reply, err := s.Do("FLUSHALL")
+	if err != nil {
+		return err
+	}
+	if reply != "OK" {
+		return fmt.Errorf("unexpected FLUSHALL reply %q", reply)
+	}
+	return nil
+}
+
+// Do runs one command through redis-cli and returns its raw output.
+func (s *Server) Do(args ...string) (string, error) { return s.cli(args...) }
+
+// Output is what the server printed so far.
+func (s *Server) Output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out == nil {
+		return ""
+	}
+	return s.out.String()
+}
+
+func (s *Server) cli(args ...string) (string, error) {
+	_, cli, err := Binaries()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	full := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port)}, args...)
+	out, err := exec.CommandContext(ctx, cli, full...).CombinedOutput()
+	reply := strings.TrimSpace(string(out))
+	if err != nil {
+		return reply, fmt.Errorf("redis-cli %s: %w: %s", strings.Join(args, " "), err, reply)
+	}
+	if strings.HasPrefix(reply, "Could not connect") || strings.HasPrefix(reply, "ERR ") {
+		return reply, fmt.Errorf("redis-cli %s: %s", strings.Join(args, " "), reply)
+	}
+	return reply, nil
+}
+
+// freePortPair picks a port that is free on 127.0.0.1 and, for cluster
+// nodes, whose cluster bus port (port+10000) is free too. Another process
+// may take it before the server binds; Start retries.
+func freePortPair(cluster bool) (int, error) {
+	for range 100 {
+		port := 20000 + rand.IntN(25000)
+		if !portFree(port) || (cluster && !portFree(port+10000)) {
+			continue
+		}
+		return port, nil
+	}
+	return 0, errors.New("cannot find a free port on 127.0.0.1")
+}
+
+func portFree(port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
