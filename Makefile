@@ -63,13 +63,14 @@ e2e: deps-python
 # plots in docs/bench, raw results in bench/results/<time>/ (about 15
 # minutes; BENCH_QUICK=1 for a 3-minute indicative run).
 #   BENCH_QUICK=1            short phases, one round
-#   BENCH_REDIS=auto         add hot ids on a Redis-backed node (private redis-server)
+#   BENCH_REDIS=redis://…    the Redis-backed hot-ids scenario on that server
+#                            (default auto: a private redis-server; empty: skip)
 #   BENCH_ARGS='-scenarios hot,sse -proxy-cpu 1 -fleet-cpu 0 -gen-cpu 0'
 BENCH_QUICK ?=
-BENCH_REDIS ?=
+BENCH_REDIS ?= auto
 BENCH_ARGS ?=
 
-bench: build bench-deps
+bench: build bench-deps deps-redis
 	$(GO) build -o $(BIN)/pinbench ./cmd/pinbench
 	./$(BIN)/pinbench run -pinboard $(BIN)/pinboard $(if $(BENCH_QUICK),-quick) $(if $(BENCH_REDIS),-redis $(BENCH_REDIS)) $(BENCH_ARGS)
 
