@@ -140,5 +140,6 @@ func nginxVersion(bin string) string {
 	if err != nil {
 		return "unknown"
 	}
-	return strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "nginx version: "))
+	v := strings.TrimPrefix(strings.TrimSpace(string(out)), "nginx version: ")
+	return strings.TrimPrefix(v, "nginx/")
 }

@@ -78,7 +78,7 @@ func TestBaselineRequestsCarryValidAttestations(t *testing.T) {
 }
 
 func TestMarkdownKeepsBlocksVerbatim(t *testing.T) {
-	old := "# Benchmarks\nold tables\n<!-- redis:begin -->\n## Redis\n| a | b |\nkeep *exactly* this\n<!-- redis:end -->\n" +
+	old := "# Benchmarks\nsee `<!-- x:begin -->` and `<!-- x:end -->` inline\nold tables\n<!-- redis:begin -->\n## Redis\n| a | b |\nkeep *exactly* this\n<!-- redis:end -->\n" +
 		"trailing text\n<!-- analysis:begin -->\nmy notes\n<!-- analysis:end -->\n<!-- bad:begin -->unterminated"
 	blocks := preservedBlocks(old)
 	if len(blocks) != 2 {
