@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -247,5 +248,30 @@ func TestHeartbeatSuperseded_RLS4(t *testing.T) {
 	}))
 	if res.status != 409 || res.body != want {
 		t.Fatalf("unexpected reply to a stale registration; got %d %s; want 409 %s", res.status, res.body, want)
+	}
+}
+
+// A burst of probes to workers sharing one host:port must not fail for
+// want of a pooled connection: that would mark healthy workers degraded.
+func TestProbeBurstOneHost(t *testing.T) {
+	fw := newFakeWorker(t)
+	fw.mode.Store("slow")
+	p := NewProber(2 * time.Second)
+	errs := make(chan error, 200)
+	for i := range 200 {
+		c, v := fw.pair("burst" + itoa(i))
+		go func() {
+			res, err := p.Probe(fw.srv.URL, fw.secret, c, v)
+			if res != ProbeOK {
+				errs <- fmt.Errorf("probe %d: %v %v", i, res, err)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	for range 200 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -68,9 +68,16 @@ func NewProber(timeout time.Duration) *Prober {
 			NoDefaultUserAgentHeader: true,
 			ReadTimeout:              timeout,
 			WriteTimeout:             timeout,
-			MaxIdleConnDuration:      2 * time.Second,
-			MaxConnsPerHost:          4,
-			MaxResponseBodySize:      maxProbeBody,
+			// Heartbeats come every 3 s: a connection idle up to 4 s is
+			// reused by the next probe (one dial saved per heartbeat), and
+			// still closes before uvicorn's 5 s keep-alive timeout.
+			MaxIdleConnDuration: 4 * time.Second,
+			// Workers may share one host:port behind path prefixes: a burst
+			// of probes queues for a connection instead of failing at once
+			// (which would mark healthy workers degraded).
+			MaxConnsPerHost:     64,
+			MaxConnWaitTimeout:  timeout,
+			MaxResponseBodySize: maxProbeBody,
 			Dial: func(addr string) (net.Conn, error) {
 				return fasthttp.DialTimeout(addr, timeout)
 			},

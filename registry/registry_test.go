@@ -25,7 +25,7 @@ const (
 
 // testPassport has a worker key, an operator key, a second worker account
 // and a worker key whose claims cover only /other.
-func testPassport(t *testing.T) *attest.Passport {
+func testPassport(t testing.TB) *attest.Passport {
 	t.Helper()
 	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
 		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"]}}},
@@ -52,7 +52,7 @@ type fakeWorker struct {
 	probes atomic.Int64
 }
 
-func newFakeWorker(t *testing.T) *fakeWorker {
+func newFakeWorker(t testing.TB) *fakeWorker {
 	t.Helper()
 	fw := &fakeWorker{secret: "s3cret", value: map[string]string{}}
 	fw.mode.Store("ok")
@@ -71,6 +71,8 @@ func newFakeWorker(t *testing.T) *fakeWorker {
 		v, ok := fw.value[r.URL.Query().Get("challenge")]
 		fw.mu.Unlock()
 		switch fw.mode.Load().(string) {
+		case "slow":
+			time.Sleep(50 * time.Millisecond)
 		case "mismatch":
 			v = "something-else"
 		case "404":
@@ -105,7 +107,7 @@ func (fw *fakeWorker) pair(n string) (string, string) {
 }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	r     *Registry
 	store *directory.Memory
 	now   time.Time
@@ -116,7 +118,7 @@ type harness struct {
 
 const testTTL = 15 * time.Second
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	h := &harness{t: t, now: time.Unix(1_800_000_000, 0), fw: newFakeWorker(t)}
 	h.store = directory.NewMemory(testTTL, h.now)
@@ -201,7 +203,7 @@ func (h *harness) get(path, token string) response {
 	return h.do(h.r, "GET", path, token, "")
 }
 
-func mustJSON(t *testing.T, v any) string {
+func mustJSON(t testing.TB, v any) string {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {

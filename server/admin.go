@@ -8,12 +8,16 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/pprofhandler"
 
 	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/proxy"
 )
 
-var pathMetrics = []byte("/metrics")
+var (
+	pathMetrics = []byte("/metrics")
+	pathPprof   = []byte("/debug/pprof/")
+)
 
 var _ proxy.Metrics = (*metrics.Metrics)(nil)
 
@@ -22,6 +26,7 @@ var _ proxy.Metrics = (*metrics.Metrics)(nil)
 //	GET /metrics  Prometheus text exposition (404 without Options.Metrics)
 //	GET /livez    liveness, as on the public listener
 //	GET /readyz   readiness, as on the public listener
+//	GET /debug/pprof/…  Go profiles, only with Options.Pprof
 //
 // The admin listener is unauthenticated: bind it to a private address
 // (PINBOARD_METRICS_ADDR). It keeps answering during a graceful shutdown,
@@ -89,6 +94,8 @@ func (pb *Pinboard) HandleAdmin(ctx *fasthttp.RequestCtx) {
 		pb.livez(ctx)
 	case bytes.Equal(path, pathReadyz):
 		pb.readyz(ctx)
+	case pb.opts.Pprof && bytes.HasPrefix(path, pathPprof):
+		pprofhandler.PprofHandler(ctx)
 	default:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
 		ctx.SetContentType("application/json")

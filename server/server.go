@@ -20,6 +20,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/proxy"
 	"github.com/pinboard-go/pinboard/registry"
@@ -75,6 +76,9 @@ type Options struct {
 	// level with method, path, status and duration; 0, the default, logs
 	// none and adds no work per request.
 	AccessLogSample float64
+	// Pprof serves Go's profiles under /debug/pprof/ on the admin listener
+	// (PINBOARD_PPROF=1). Off by default: profiles reveal internals.
+	Pprof bool
 }
 
 // Pinboard is one pinboard node.
@@ -313,6 +317,10 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	go pb.proxy.Run(bg)
 	go pb.sweep(bg)
 
+	// Raw read(2)/write(2) on client connections: loopback-fast writes
+	// otherwise park the goroutine's P in syscall state and cost context
+	// switches per request (internal/rawio, BENCHMARKS.md).
+	ln = rawio.Listener(ln)
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(ln) }()
 	select {

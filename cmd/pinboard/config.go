@@ -34,6 +34,7 @@ type config struct {
 	LogLevel      string
 	LogFormat     string
 	MetricsAddr   string
+	Pprof         bool
 	AccessSample  float64
 }
 
@@ -156,6 +157,13 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	case "text", "json":
 	default:
 		return nil, bad("PINBOARD_LOG_FORMAT", "must be text or json, got %q", c.LogFormat)
+	}
+	switch v := get("PINBOARD_PPROF"); v {
+	case "", "0", "false":
+	case "1", "true":
+		c.Pprof = true
+	default:
+		return nil, bad("PINBOARD_PPROF", "must be 0 or 1, got %q", v)
 	}
 	c.MetricsAddr = get("PINBOARD_METRICS_ADDR")
 	if c.MetricsAddr != "" {

@@ -76,6 +76,7 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		Logger:          log,
 		Metrics:         m,
 		AccessLogSample: cfg.AccessSample,
+		Pprof:           cfg.Pprof,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
