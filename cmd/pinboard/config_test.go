@@ -103,3 +103,16 @@ func TestRunRejectsArguments(t *testing.T) {
 		t.Fatalf("unexpected exit code %d", code)
 	}
 }
+
+func TestConfigPprof(t *testing.T) {
+	kv := base()
+	kv["PINBOARD_PPROF"] = "1"
+	c, err := loadConfig(env(kv))
+	if err != nil || !c.Pprof {
+		t.Fatalf("unexpected config: %+v %v", c, err)
+	}
+	kv["PINBOARD_PPROF"] = "yes"
+	if _, err := loadConfig(env(kv)); err == nil || !strings.Contains(err.Error(), "PINBOARD_PPROF") {
+		t.Fatalf("unexpected acceptance of PINBOARD_PPROF=yes: %v", err)
+	}
+}
