@@ -116,6 +116,9 @@ func TestAdminEndpoints(t *testing.T) {
 	if code, _ := get(t, admin+"/nothing"); code != 404 {
 		t.Errorf("unexpected admin /nothing; got %d; want 404", code)
 	}
+	if code, _ := get(t, admin+"/debug/pprof/"); code != 404 {
+		t.Errorf("unexpected pprof without Options.Pprof; got %d; want 404", code)
+	}
 
 	// Readiness fails as soon as shutdown begins; the admin listener
 	// closes last.
@@ -128,6 +131,13 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	if _, err := http.Get(admin + "/livez"); err == nil {
 		t.Errorf("unexpected admin listener still answering after shutdown")
+	}
+}
+
+func TestAdminPprof(t *testing.T) {
+	_, _, admin, _ := node(t, Options{Pprof: true})
+	if code, body := get(t, admin+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Fatalf("unexpected /debug/pprof/; got %d", code)
 	}
 }
 
