@@ -40,6 +40,14 @@ func Goals(res *Results) []Goal {
 		add(Goal{Name: "Hot ids: proxy CPU per request", Target: "≤ nginx"})
 	}
 
+	if caused := res.factList("redis.requestCommandsPerRequest"); len(caused) > 0 {
+		m := median(caused)
+		add(Goal{"Redis commands per steady-state request", "≤ 0.01",
+			fmt.Sprintf("%s caused by requests (%.4f with the fleet's heartbeats)", fmtCommands(m), median(res.factList("redis.commandsPerRequest"))), m <= 0.01, true})
+	} else {
+		add(Goal{Name: "Redis commands per steady-state request", Target: "≤ 0.01"})
+	}
+
 	if st := stormSummary(res); st.phasesOn > 0 {
 		add(Goal{fmt.Sprintf("Heartbeat storm (%s workers): ack p99", bench.FmtRate(float64(st.workers))), "< 50 ms",
 			fmt.Sprintf("%s (%s heartbeats, %d not 200, %d degraded)", bench.FmtUs(st.ack.P99), bench.FmtRate(float64(st.beats)), st.non200, st.degraded),
@@ -127,4 +135,13 @@ func stormSummary(res *Results) stormStats {
 	}
 	st.coresOn, st.coresOff = median(coresOn), median(coresOff)
 	return st
+}
+
+// fmtCommands formats commands per request; the background-subtracted
+// figure is clamped at 0, so anything under the last digit says so.
+func fmtCommands(v float64) string {
+	if v < 0.00005 {
+		return "< 0.0001"
+	}
+	return fmt.Sprintf("%.4f", v)
 }

@@ -50,6 +50,7 @@ func (r *runner) redis(ctx context.Context) error {
 		return err
 	}
 	defer rf.stop(30 * time.Second)
+	r.res.fact("redis.fleetWorkers", r.sz.fleetWorkers)
 	if err := waitPlacements(ctx, node, "/bench/"+hotID(0)+"/json", 90*time.Second); err != nil {
 		return err
 	}
@@ -79,18 +80,41 @@ func (r *runner) redis(ctx context.Context) error {
 			if _, err := r.measure("redis", "peak", round, tt, &bench.Loop{Duration: r.sz.peak, Workers: r.sz.conns}, doers); err != nil {
 				return err
 			}
-			c0 := redisCommands(url)
+			// Background: what Redis executes with no requests at all
+			// (the fleet's heartbeats, pinboard's sweeps), measured in an
+			// idle window so it can be told apart from what requests cost.
+			var bg float64 = -1
+			if name != nginx {
+				if b0 := redisCommands(url); b0 >= 0 {
+					t0 := time.Now()
+					sleepCtx(ctx, redisIdleWindow)
+					if b1 := redisCommands(url); b1 >= 0 {
+						bg = float64(b1-b0) / time.Since(t0).Seconds()
+					}
+				}
+			}
+			c0, t0 := redisCommands(url), time.Now()
 			rec, err := r.measure("redis", "latency", round, tt, &bench.Loop{Rate: r.rate, Duration: r.sz.latency, Workers: r.sz.openConns}, doers)
 			if err != nil {
 				return err
 			}
 			if c1 := redisCommands(url); name != nginx && c0 >= 0 && c1 >= 0 && rec.Summary.OK > 0 {
-				r.res.fact("redis.commandsPerRequest", float64(c1-c0)/float64(rec.Summary.OK))
+				total := float64(c1 - c0)
+				r.res.appendFact("redis.commandsPerRequest", total/float64(rec.Summary.OK))
+				if bg >= 0 {
+					r.res.appendFact("redis.backgroundPerSecond", bg)
+					caused := max(0, total-bg*time.Since(t0).Seconds())
+					r.res.appendFact("redis.requestCommandsPerRequest", caused/float64(rec.Summary.OK))
+				}
 			}
 		}
 	}
 	return nil
 }
+
+// redisIdleWindow is how long the background command rate is sampled
+// before each measured phase.
+const redisIdleWindow = 3 * time.Second
 
 // redisCommands is INFO stats' total_commands_processed, or -1.
 func redisCommands(url string) int64 {

@@ -116,6 +116,45 @@ func (r *Results) fact(k string, v any) {
 	r.mu.Unlock()
 }
 
+// appendFact adds v to the list of per-round values under k.
+func (r *Results) appendFact(k string, v float64) {
+	r.mu.Lock()
+	if r.Facts == nil {
+		r.Facts = map[string]any{}
+	}
+	switch l := r.Facts[k].(type) {
+	case []float64:
+		r.Facts[k] = append(l, v)
+	case []any: // read back from results.json
+		r.Facts[k] = append(l, v)
+	default:
+		r.Facts[k] = []float64{v}
+	}
+	r.mu.Unlock()
+}
+
+// factList returns the per-round values under k, sorted; a single
+// number (results.json of an older run) is a list of one.
+func (r *Results) factList(k string) []float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []float64
+	switch l := r.Facts[k].(type) {
+	case []float64:
+		out = append(out, l...)
+	case []any:
+		for _, v := range l {
+			if f, ok := v.(float64); ok {
+				out = append(out, f)
+			}
+		}
+	case float64:
+		out = []float64{l}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // factF returns a numeric fact, or 0.
 func (r *Results) factF(k string) float64 {
 	r.mu.Lock()

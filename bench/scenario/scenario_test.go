@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -156,5 +157,54 @@ func TestResultsRoundTrip(t *testing.T) {
 	}
 	if Markdown(&back, nil, nil) != Markdown(res, nil, nil) {
 		t.Fatal("unexpected difference between the documents before and after the round trip")
+	}
+}
+
+// TestRedisCommandsGoal: the Redis figure is judged on the commands
+// requests cause (background subtracted), reported next to the total,
+// and survives results.json.
+func TestRedisCommandsGoal(t *testing.T) {
+	res := &Results{Rounds: 3}
+	for _, v := range [][3]float64{{0.020, 0.0004, 85}, {0.018, 0.0002, 80}, {0.025, 0.0031, 90}} {
+		res.appendFact("redis.commandsPerRequest", v[0])
+		res.appendFact("redis.requestCommandsPerRequest", v[1])
+		res.appendFact("redis.backgroundPerSecond", v[2])
+	}
+	find := func(r *Results) Goal {
+		for _, g := range Goals(r) {
+			if strings.HasPrefix(g.Name, "Redis commands") {
+				return g
+			}
+		}
+		t.Fatal("no Redis goal")
+		return Goal{}
+	}
+	g := find(res)
+	if !g.Known || !g.Met || g.Measured != "0.0004 caused by requests (0.0200 with the fleet's heartbeats)" {
+		t.Fatalf("unexpected goal; got %+v", g)
+	}
+	for range 3 {
+		res.appendFact("redis.requestCommandsPerRequest", 0.5)
+	}
+	if find(res).Met {
+		t.Fatal("unexpected goal met with a median of 0.5")
+	}
+	path := filepath.Join(t.TempDir(), "results.json")
+	if err := res.write(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Results
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := back.factList("redis.requestCommandsPerRequest"), res.factList("redis.requestCommandsPerRequest"); !slices.Equal(got, want) {
+		t.Fatalf("unexpected facts after the round trip; got %v; want %v", got, want)
+	}
+	if len(find(&Results{}).Measured) != 0 || find(&Results{}).Known {
+		t.Fatal("unexpected Redis goal without a Redis run")
 	}
 }
