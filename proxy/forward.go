@@ -268,10 +268,27 @@ func retryAfterSeconds(d time.Duration) int {
 type outcome uint8
 
 const (
-	served  outcome = iota // the worker's response is set on ctx
-	refused                // the worker refused a new activation in-band
-	failed                 // an error response is set on ctx
+	served     outcome = iota // the worker's response is set on ctx
+	refused                   // the worker refused a new activation in-band
+	failed                    // an error response is set on ctx
+	unattested                // the worker did not accept the attestation yet
 )
+
+// bodyUnattested is what the reference worker answers, with 403, to an
+// attestation whose audience is not its session (pinned
+// hosting/host.py _verify_attestation). Its route never ran.
+var bodyUnattested = []byte(`{"detail":"invalid attestation"}`)
+
+// unattestedWaits are the pauses before a request the worker answered
+// with bodyUnattested is resolved and sent again. A worker learns its
+// session id from the register ack, so between pinboard writing the ack
+// and the worker storing it — and for a whole re-registration, when the
+// worker drops its session first — attestations for that session are
+// refused. New workers have the most headroom and win new ids at once,
+// so without a retry a deploy shows clients sporadic 403s. 75 ms in all
+// covers a re-registration's round trip and probe on a busy node; a
+// worker that keeps refusing (a wrong secret) still gets its 403 through.
+var unattestedWaits = [...]time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond}
 
 // forward sends the request to the route's owner and sets up the relay of
 // its response. A worker refusing an activation in-band (R-PL-6) gets its
@@ -298,21 +315,39 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		}
 	}
 	replayable := !ctx.Request.IsBodyStream()
-	for attempt := 0; ; attempt++ {
+	for refusals, waits := 0, 0; ; {
 		st, err := p.state(route.Owner)
 		if err != nil {
 			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 			break
 		}
 		p.prepare(ctx, rq, st, route, now)
-		if p.roundTrip(ctx, st, now, replayable) != refused {
+		out := p.roundTrip(ctx, st, now, replayable, replayable && waits < len(unattestedWaits))
+		if out == unattested {
+			// The worker has not taken its session yet (see
+			// unattestedWaits): ask the directory again, since a
+			// re-registration moves the id to the new session.
+			time.Sleep(unattestedWaits[waits])
+			waits++
+			now = p.now()
+			var ok bool
+			if route, ok = p.store.Lookup(rq.ns, rq.id, now); !ok {
+				if route, err = p.place(ctx, rq, now, ""); err != nil {
+					placeFailed(ctx, err)
+					break
+				}
+			}
+			continue
+		}
+		if out != refused {
 			break
 		}
 		p.release(rq, route, now)
-		if attempt > 0 || !replayable {
+		if refusals > 0 || !replayable {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
 			break
 		}
+		refusals++
 		route, err = p.place(ctx, rq, now, route.Owner.SessionID)
 		if err != nil {
 			placeFailed(ctx, err)
@@ -396,7 +431,7 @@ func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, r
 
 // roundTrip writes the request to a pooled connection and reads the
 // response header; the body is relayed by the server afterwards.
-func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time, replayable bool) outcome {
+func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time, replayable, retryUnattested bool) outcome {
 	pool := st.up.pool
 	st.up.touch(now)
 	for retry := false; ; retry = true {
@@ -438,7 +473,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			}
 			return failed
 		}
-		return p.relay(ctx, pool, pc, up)
+		return p.relay(ctx, pool, pc, up, retryUnattested)
 	}
 }
 
@@ -495,7 +530,7 @@ var errTooManyInterim = errors.New("too many interim responses from worker")
 // relay sets up the response body: read whole when small and sized (still
 // under the header deadline), streamed otherwise (no deadline: streams
 // may idle for hours). It owns pc from here.
-func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *upload) outcome {
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *upload, retryUnattested bool) outcome {
 	rh := &ctx.Response.Header
 	status := rh.StatusCode()
 	cl := rh.ContentLength()
@@ -509,6 +544,25 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		p.finish(pool, pc, ok && keep, up)
 		ctx.Response.Reset()
 		return refused
+	}
+	if status == fasthttp.StatusForbidden && cl == len(bodyUnattested) && !noBody {
+		if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
+			p.finish(pool, pc, false, up)
+			ctx.Response.Reset()
+			p.metrics.UpstreamError("read")
+			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			return failed
+		}
+		p.finish(pool, pc, keep, up)
+		if !bytes.Equal(ctx.Response.Body(), bodyUnattested) {
+			return served
+		}
+		p.metrics.UpstreamError("unattested")
+		if !retryUnattested {
+			return served
+		}
+		ctx.Response.Reset()
+		return unattested
 	}
 	switch {
 	case noBody:

@@ -57,6 +57,8 @@ type standin struct {
 	mu     sync.Mutex
 	routes map[string]http.HandlerFunc
 	hits   atomic.Int64
+	// unattested runs on every 403 "invalid attestation" answered.
+	unattested atomic.Pointer[func()]
 }
 
 func newStandin(t *testing.T, name string) *standin {
@@ -74,6 +76,9 @@ func (s *standin) serve(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		w.WriteHeader(http.StatusForbidden)
 		_, _ = w.Write([]byte(`{"detail":"invalid attestation"}`))
+		if fn := s.unattested.Load(); fn != nil {
+			(*fn)()
+		}
 		return
 	}
 	s.mu.Lock()
@@ -318,6 +323,96 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 	if res, body := rg.get("/counters/alice/busy", nil); res.StatusCode != 503 || body != "busy" {
 		t.Fatalf("unexpected reply for a plain 503; got %d %s", res.StatusCode, body)
 	}
+}
+
+// A worker learns its session from the register ack, so for a moment
+// after pinboard wrote the ack — and for a whole re-registration — it
+// refuses attestations for that session with 403 "invalid attestation"
+// (R-TR-5). The route never ran, so the proxy asks the directory again
+// and resends, a few times over 75 ms, instead of relaying the 403.
+func TestUnattestedRetried_RTR5(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+
+	t.Run("ack not yet taken", func(t *testing.T) {
+		session := w.session.Load().(string)
+		w.session.Store("")
+		fn := func() { w.session.Store(session) }
+		w.unattested.Store(&fn)
+		defer w.unattested.Store(nil)
+		w.hits.Store(0)
+		res, body := rg.get("/counters/alice/value", nil)
+		if res.StatusCode != 200 || decodeSeen(t, body).Worker != "w" || w.hits.Load() != 2 {
+			t.Fatalf("unexpected reply; got %d %s after %d hits; want 200 after 2", res.StatusCode, body, w.hits.Load())
+		}
+	})
+
+	t.Run("re-registration moves the id", func(t *testing.T) {
+		old := w.session.Load().(string)
+		// The worker dropped its session and re-registers; the retry must
+		// resolve the id again and reach the new session.
+		w.session.Store("")
+		fn := func() {
+			w.unattested.Store(nil)
+			res, err := rg.store.Register(t.Context(), &directory.Registration{
+				ClientID: "client-w", Sub: "p:worker", Secret: w.secret, Namespaces: []string{"/counters"},
+				AdvertiseURL: w.srv.URL, Headroom: 1, PrevSessionID: old,
+				Instances: map[string][]string{"/counters": {"alice"}},
+			}, rg.now())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			w.session.Store(res.SessionID)
+		}
+		w.unattested.Store(&fn)
+		res, body := rg.get("/counters/alice/value", nil)
+		if res.StatusCode != 200 || decodeSeen(t, body).Claims.Aud != w.session.Load().(string) {
+			t.Fatalf("unexpected reply; got %d %s; want 200 attested for the new session", res.StatusCode, body)
+		}
+	})
+
+	t.Run("a worker that keeps refusing", func(t *testing.T) {
+		w.session.Store("not-the-session")
+		defer func() {
+			p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+			w.session.Store(p.SessionID)
+		}()
+		w.hits.Store(0)
+		res, body := rg.get("/counters/alice/value", nil)
+		if res.StatusCode != 403 || body != `{"detail":"invalid attestation"}` || w.hits.Load() != int64(1+len(unattestedWaits)) {
+			t.Fatalf("unexpected reply; got %d %s after %d hits; want the worker's 403 after %d", res.StatusCode, body, w.hits.Load(), 1+len(unattestedWaits))
+		}
+	})
+
+	t.Run("a streamed body is not replayed", func(t *testing.T) {
+		w.session.Store("not-the-session")
+		defer func() {
+			p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+			w.session.Store(p.SessionID)
+		}()
+		w.hits.Store(0)
+		big := strings.Repeat("x", 1<<20) // over SmallBody: streamed through
+		req, _ := http.NewRequest("POST", rg.url+"/counters/alice/value", io.NopCloser(strings.NewReader(big)))
+		res, body := rg.do(req)
+		if res.StatusCode != 403 || body != `{"detail":"invalid attestation"}` || w.hits.Load() != 1 {
+			t.Fatalf("unexpected reply; got %d %s after %d hits; want the 403 after 1", res.StatusCode, body, w.hits.Load())
+		}
+	})
+
+	t.Run("another 403 is relayed at once", func(t *testing.T) {
+		w.route("/private", func(rw http.ResponseWriter, r *http.Request) {
+			rw.WriteHeader(403)
+			_, _ = rw.Write([]byte(`{"detail":"not yours, go away!"}`))
+		})
+		w.hits.Store(0)
+		res, body := rg.get("/counters/alice/private", nil)
+		if res.StatusCode != 403 || body != `{"detail":"not yours, go away!"}` || w.hits.Load() != 1 {
+			t.Fatalf("unexpected reply; got %d %s after %d hits", res.StatusCode, body, w.hits.Load())
+		}
+	})
 }
 
 // Namespace policies (R-TR-4): an authenticated namespace needs a passport
