@@ -2,8 +2,10 @@ package directory_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,14 +19,20 @@ import (
 // gets its own key prefix (hash tag), so stores never see each other's
 // keys and, on a cluster, land on different slots.
 func redisFactory(url string) directorytest.Factory {
+	return redisFactoryTLS(url, nil)
+}
+
+// redisFactoryTLS is redisFactory with the client's TLS settings.
+func redisFactoryTLS(url string, tc *tls.Config) directorytest.Factory {
 	var n atomic.Int64
 	return func(t *testing.T, ttl time.Duration, now time.Time) directory.Store {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{
-			LeaseTTL: ttl,
-			Prefix:   fmt.Sprintf("contract%d-%d", time.Now().UnixNano()%1e6, n.Add(1)),
+			LeaseTTL:  ttl,
+			TLSConfig: tc,
+			Prefix:    fmt.Sprintf("contract%d-%d", time.Now().UnixNano()%1e6, n.Add(1)),
 		})
 		if err != nil {
 			t.Fatalf("cannot open the redis directory: %v", err)
@@ -44,6 +52,41 @@ func TestRedisClusterContract(t *testing.T) {
 	}
 	c := redistest.StartCluster(t, 3)
 	directorytest.Run(t, redisFactory(c.URL()))
+}
+
+// TestRedisTLSContract: rediss:// is the same store over TLS; the
+// client-side cache's invalidation pushes arrive over it too (R-SRV-3).
+func TestRedisTLSContract(t *testing.T) {
+	srv := redistest.StartTLSServer(t)
+	tc, err := srv.ClientTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	directorytest.Run(t, redisFactoryTLS(srv.TLSURL(), tc))
+}
+
+// TestRedisTLSRejectsUnknownCA: without the CA, the TLS handshake fails
+// at open with an error naming the certificate, not a hang.
+func TestRedisTLSRejectsUnknownCA(t *testing.T) {
+	srv := redistest.StartTLSServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := directory.OpenRedis(ctx, srv.TLSURL(), directory.RedisOptions{LeaseTTL: time.Second})
+	if err == nil {
+		_ = s.Close()
+		t.Fatal("unexpected open over TLS with a server certificate from an unknown CA")
+	}
+	if !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("unexpected error; got %v; want one about the certificate", err)
+	}
+}
+
+// TestRedisSentinelContract: redis+sentinel:// finds the master through
+// a real sentinel and runs the same contract (R-SRV-3).
+func TestRedisSentinelContract(t *testing.T) {
+	master := redistest.StartServer(t)
+	sent := redistest.StartSentinel(t, master, "pinboard-master")
+	directorytest.Run(t, redisFactory(sent.URL()))
 }
 
 // openNode opens one more node on an existing directory (same prefix).

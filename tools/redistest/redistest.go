@@ -45,6 +45,17 @@ type Server struct {
 
 	dir     string
 	cluster bool
+	// extra are more arguments after the standard ones (TLS, sentinel).
+	extra []string
+	// conf, when set, is the config file given first (sentinel mode
+	// needs a writable one).
+	conf string
+
+	// TLSPort is the TLS listener's port (StartTLSServer), 0 without TLS.
+	TLSPort int
+	// CAFile is the PEM of the CA that signed the TLS certificate: for
+	// SSL_CERT_FILE or a client's root pool.
+	CAFile string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -116,11 +127,16 @@ func (s *Server) Start() error {
 	if s.cmd != nil {
 		return fmt.Errorf("redis-server on %s is already running", s.Addr)
 	}
-	args := []string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--protected-mode", "no", "--loglevel", "warning",
-	}
+	)
+	args = append(args, s.extra...)
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", "2000")
