@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -87,6 +88,59 @@ func TestRedisSentinelContract(t *testing.T) {
 	master := redistest.StartServer(t)
 	sent := redistest.StartSentinel(t, master, "pinboard-master")
 	directorytest.Run(t, redisFactory(sent.URL()))
+}
+
+// TestRedisSentinelFailover: when Sentinel promotes the replica of a
+// dead master, the store follows it: placements written before the
+// failover (replicated) resolve to the same owner, and new ones land on
+// the new master. Errors in between are ErrUnavailable-class, never a
+// second owner.
+func TestRedisSentinelFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a sentinel failover")
+	}
+	master := redistest.StartServer(t)
+	replica := redistest.StartReplica(t, master)
+	sent := redistest.StartSentinel(t, master, "pinboard-master")
+	waitFor(t, 15*time.Second, "the sentinel to know the replica", func() bool {
+		out, err := sent.Do("SENTINEL", "replicas", "pinboard-master")
+		return err == nil && strings.Contains(out, strconv.Itoa(replica.Port))
+	})
+	ctx := ctxT(t)
+	s := openNode(t, sent.URL(), "failover", 30*time.Second)
+	now := warmRedis(t, s, time.Now())
+	wa := register(t, s, "a", 1000, now)
+	r1, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "alice", Now: now})
+	if err != nil || r1.Owner.SessionID != wa {
+		t.Fatalf("unexpected placement; got %+v, %v", r1, err)
+	}
+	if out, err := master.Do("WAIT", "1", "2000"); err != nil || strings.TrimSpace(out) != "1" {
+		t.Fatalf("unexpected replication; WAIT answered %q, %v", out, err)
+	}
+
+	master.Stop()
+	waitFor(t, 20*time.Second, "the sentinel to promote the replica", func() bool {
+		addr, err := sent.MasterAddr()
+		return err == nil && addr == replica.Addr
+	})
+	var r2 directory.Route
+	waitFor(t, 20*time.Second, "the store to reach the new master", func() bool {
+		r2, err = s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "alice", Now: now})
+		if err != nil && !errors.Is(err, directory.ErrUnavailable) {
+			t.Fatalf("unexpected error during the failover: %v", err)
+		}
+		return err == nil
+	})
+	if r2.Owner.SessionID != wa || r2.Placed || r2.Epoch != r1.Epoch {
+		t.Fatalf("unexpected resolution after the failover; got %+v; want the placement from before (%+v)", r2, r1)
+	}
+	r3, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "bob", Now: now})
+	if err != nil || r3.Owner.SessionID != wa || !r3.Placed {
+		t.Fatalf("unexpected new placement on the promoted master; got %+v, %v", r3, err)
+	}
+	if out, err := replica.Do("ROLE"); err != nil || !strings.HasPrefix(out, "master") {
+		t.Fatalf("unexpected role of the promoted replica; got %q, %v", out, err)
+	}
 }
 
 // openNode opens one more node on an existing directory (same prefix).

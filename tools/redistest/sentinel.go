@@ -35,7 +35,8 @@ func StartSentinel(t testing.TB, master *Server, name string) *Sentinel {
 		}
 		// Sentinel rewrites its configuration file: it must be its own.
 		conf := filepath.Join(sdir, "sentinel.conf")
-		body := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 2000\n", name, master.Port, name)
+		body := fmt.Sprintf("sentinel monitor %[1]s 127.0.0.1 %[2]d 1\n"+
+			"sentinel down-after-milliseconds %[1]s 1000\nsentinel failover-timeout %[1]s 10000\n", name, master.Port)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -64,3 +65,52 @@ func StartSentinel(t testing.TB, master *Server, name string) *Sentinel {
 
 // URL is redis+sentinel://127.0.0.1:Port/MasterName.
 func (s *Sentinel) URL() string { return "redis+sentinel://" + s.Addr + "/" + s.MasterName }
+
+// StartReplica starts a server replicating master and waits until the
+// link is up; t.Cleanup kills it.
+func StartReplica(t testing.TB, master *Server) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	var last error
+	for range startAttempts {
+		port, err := freePortPair(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: filepath.Join(dir, strconv.Itoa(port)),
+			extra: []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}}
+		if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if last = s.Start(); last != nil {
+			continue
+		}
+		t.Cleanup(s.Kill)
+		deadline := time.Now().Add(startTimeout)
+		for {
+			info, err := s.Do("INFO", "replication")
+			if err == nil && strings.Contains(info, "master_link_status:up") {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica on %s not linked to %s: %v %s", s.Addr, master.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Fatalf("cannot start a replica: %v", last)
+	return nil
+}
+
+// MasterAddr is the master's address as the sentinel reports it.
+func (s *Sentinel) MasterAddr() (string, error) {
+	reply, err := s.Do("SENTINEL", "get-master-addr-by-name", s.MasterName)
+	if err != nil {
+		return "", err
+	}
+	host, port, ok := strings.Cut(strings.TrimSpace(reply), "\n")
+	if !ok {
+		return "", fmt.Errorf("unexpected reply %q", reply)
+	}
+	return net.JoinHostPort(host, port), nil
+}
