@@ -546,14 +546,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		return refused
 	}
 	if status == fasthttp.StatusForbidden && cl == len(bodyUnattested) && !noBody {
-		if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
-			p.finish(pool, pc, false, up)
-			ctx.Response.Reset()
-			p.metrics.UpstreamError("read")
-			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		if !p.readSmallBody(ctx, pool, pc, keep, up) {
 			return failed
 		}
-		p.finish(pool, pc, keep, up)
 		if !bytes.Equal(ctx.Response.Body(), bodyUnattested) {
 			return served
 		}
@@ -574,14 +569,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 		p.finish(pool, pc, keep, up)
 	case cl >= 0 && cl <= p.smallBody:
-		if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
-			p.finish(pool, pc, false, up)
-			ctx.Response.Reset()
-			p.metrics.UpstreamError("read")
-			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		if !p.readSmallBody(ctx, pool, pc, keep, up) {
 			return failed
 		}
-		p.finish(pool, pc, keep, up)
 	default:
 		mode, size := bodyFixed, int64(cl)
 		switch cl {
@@ -602,6 +592,20 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 	}
 	return served
+}
+
+// readSmallBody reads a sized response body whole and lets go of the
+// connection; on a read error it answers 502 itself and reports false.
+func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, keep bool, up *upload) bool {
+	if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
+		p.finish(pool, pc, false, up)
+		ctx.Response.Reset()
+		p.metrics.UpstreamError("read")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		return false
+	}
+	p.finish(pool, pc, keep, up)
+	return true
 }
 
 // finish lets go of a connection after a response read in the handler. A

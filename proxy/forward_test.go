@@ -335,6 +335,11 @@ func TestUnattestedRetried_RTR5(t *testing.T) {
 	rg.warm()
 	w := newStandin(t, "w")
 	rg.add(w, 1, "/counters")
+	// restore gives the worker back the session alice is placed on.
+	restore := func() {
+		p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+		w.session.Store(p.SessionID)
+	}
 
 	t.Run("ack not yet taken", func(t *testing.T) {
 		session := w.session.Load().(string)
@@ -376,10 +381,7 @@ func TestUnattestedRetried_RTR5(t *testing.T) {
 
 	t.Run("a worker that keeps refusing", func(t *testing.T) {
 		w.session.Store("not-the-session")
-		defer func() {
-			p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
-			w.session.Store(p.SessionID)
-		}()
+		defer restore()
 		w.hits.Store(0)
 		res, body := rg.get("/counters/alice/value", nil)
 		if res.StatusCode != 403 || body != `{"detail":"invalid attestation"}` || w.hits.Load() != int64(1+len(unattestedWaits)) {
@@ -389,10 +391,7 @@ func TestUnattestedRetried_RTR5(t *testing.T) {
 
 	t.Run("a streamed body is not replayed", func(t *testing.T) {
 		w.session.Store("not-the-session")
-		defer func() {
-			p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
-			w.session.Store(p.SessionID)
-		}()
+		defer restore()
 		w.hits.Store(0)
 		big := strings.Repeat("x", 1<<20) // over SmallBody: streamed through
 		req, _ := http.NewRequest("POST", rg.url+"/counters/alice/value", io.NopCloser(strings.NewReader(big)))

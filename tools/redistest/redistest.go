@@ -111,6 +111,36 @@ func Start(dir string, cluster bool) (*Server, error) {
 	return nil, last
 }
 
+// startVariant starts a server that mk describes for a free port and its
+// own directory, retrying when another process takes the port first;
+// t.Cleanup kills it.
+func startVariant(t testing.TB, what string, mk func(port int, dir string) (*Server, error)) *Server {
+	t.Helper()
+	base := t.TempDir()
+	var last error
+	for range startAttempts {
+		port, err := freePortPair(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(base, strconv.Itoa(port))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		s, err := mk(port, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Port, s.Addr, s.dir = port, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir
+		if last = s.Start(); last == nil {
+			t.Cleanup(s.Kill)
+			return s
+		}
+	}
+	t.Fatalf("cannot start %s: %v", what, last)
+	return nil
+}
+
 // URL is redis://127.0.0.1:Port.
 func (s *Server) URL() string { return "redis://" + s.Addr }
 

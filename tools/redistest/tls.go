@@ -24,35 +24,19 @@ import (
 // for redis-cli. t.Cleanup kills it.
 func StartTLSServer(t testing.TB) *Server {
 	t.Helper()
-	dir := t.TempDir()
-	ca, cert, key, err := writeTestPKI(dir)
+	ca, cert, key, err := writeTestPKI(t.TempDir())
 	if err != nil {
 		t.Fatalf("cannot make a test certificate: %v", err)
 	}
-	var last error
-	for range startAttempts {
-		port, err := freePortPair(false)
-		if err != nil {
-			t.Fatal(err)
-		}
+	return startVariant(t, "redis-server with TLS", func(int, string) (*Server, error) {
 		tlsPort, err := freePortPair(false)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		s := &Server{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: filepath.Join(dir, strconv.Itoa(port)),
-			TLSPort: tlsPort, CAFile: ca,
+		return &Server{TLSPort: tlsPort, CAFile: ca,
 			extra: []string{"--tls-port", strconv.Itoa(tlsPort), "--tls-cert-file", cert, "--tls-key-file", key,
-				"--tls-ca-cert-file", ca, "--tls-auth-clients", "no"}}
-		if err := os.MkdirAll(s.dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if last = s.Start(); last == nil {
-			t.Cleanup(s.Kill)
-			return s
-		}
-	}
-	t.Fatalf("cannot start redis-server with TLS: %v", last)
-	return nil
+				"--tls-ca-cert-file", ca, "--tls-auth-clients", "no"}}, nil
+	})
 }
 
 // TLSURL is rediss://127.0.0.1:TLSPort.
