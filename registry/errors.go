@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 
@@ -52,16 +53,29 @@ func replyRetry(ctx *fasthttp.RequestCtx, body []byte, seconds int) {
 }
 
 func replyJSON(ctx *fasthttp.RequestCtx, status int, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		panic("BUG: cannot encode registry reply: " + err.Error())
 	}
 	reply(ctx, status, b)
 }
 
+// marshal is json.Marshal without HTML escaping: the reference (Node's
+// JSON.stringify) writes "&", "<" and ">" as they are, and bodies that
+// carry names (envs, hostnames, namespaces) must match it byte for byte.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'}), nil
+}
+
 // errorBody builds {"error": msg} for messages with a variable part.
 func errorBody(msg string) []byte {
-	b, _ := json.Marshal(struct {
+	b, _ := marshal(struct {
 		Error string `json:"error"`
 	}{msg})
 	return b
@@ -70,7 +84,7 @@ func errorBody(msg string) []byte {
 // supersededBody is the heartbeat reference's superseded row (R-LS-4):
 // {"error":"registration superseded: {hostname}{ns} now bound to env {env} at epoch {n}","superseded":true}
 func supersededBody(e *directory.SupersededError) []byte {
-	b, _ := json.Marshal(struct {
+	b, _ := marshal(struct {
 		Error      string `json:"error"`
 		Superseded bool   `json:"superseded"`
 	}{e.Error(), true})

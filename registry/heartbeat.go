@@ -79,7 +79,7 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		return "unavailable"
 	}
 	// Same account, and its claims must still cover the registration.
-	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env) != "" {
+	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 		return "forbidden"
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 // Every error row of the heartbeat reference (003_d935a1d8ec89be7a.txt),
@@ -64,6 +66,27 @@ func TestHeartbeatNotServing_RREG2(t *testing.T) {
 	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
 	if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) == "" {
 		t.Fatalf("unexpected reply; got %d %s retry-after=%q", res.status, res.body, res.header.Peek("Retry-After"))
+	}
+	// Credentials come first, as in the table: a bad token hears 401 and
+	// a missing scope 403 from a stopping node too.
+	if res := h.post("/registry/heartbeat", "wrong", h.beatBody(session, nil)); res.status != 401 || res.body != `{"error":"unauthorized"}` {
+		t.Fatalf("unexpected reply to a bad token; got %d %s; want 401", res.status, res.body)
+	}
+	if res := h.post("/registry/heartbeat", operatorToken, h.beatBody(session, nil)); res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected reply without the worker scope; got %d %s; want 403", res.status, res.body)
+	}
+}
+
+// Bodies carrying names are written like the reference's JSON.stringify:
+// "&", "<" and ">" as they are (R-REG-2, byte for byte).
+func TestErrorBodiesNotHTMLEscaped_RREG2(t *testing.T) {
+	e := &directory.SupersededError{Hostname: "a&b.example", NS: "/c<1>", Env: "blue&green", Epoch: 3}
+	want := `{"error":"registration superseded: a&b.example/c<1> now bound to env blue&green at epoch 3","superseded":true}`
+	if got := string(supersededBody(e)); got != want {
+		t.Fatalf("unexpected body; got %s; want %s", got, want)
+	}
+	if got := string(errorBody(`forbidden: env "a&b"`)); got != `{"error":"forbidden: env \"a&b\""}` {
+		t.Fatalf("unexpected body; got %s", got)
 	}
 }
 

@@ -3,8 +3,10 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -143,7 +145,7 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	reg.Sub = pr.Sub
-	if msg := coverage(pr, reg.Namespaces, reg.Hostname, reg.Env); msg != "" {
+	if msg := coverage(pr, reg.Namespaces, reg.Hostname, reg.Env, reg.Envs); msg != "" {
 		reply(ctx, fasthttp.StatusForbidden, errorBody("forbidden: "+msg))
 		return
 	}
@@ -209,7 +211,7 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) {
 
 // coverage returns why the principal's claims do not cover a registration
 // (R-TR-3), or "".
-func coverage(pr *attest.Principal, namespaces []string, hostname, env string) string {
+func coverage(pr *attest.Principal, namespaces []string, hostname, env string, envs map[string]string) string {
 	for _, ns := range namespaces {
 		if !pr.Claims.CoversNamespace(ns) {
 			return fmt.Sprintf("namespace %s is not covered by the credential's claims", ns)
@@ -220,6 +222,13 @@ func coverage(pr *attest.Principal, namespaces []string, hostname, env string) s
 	}
 	if env != "" && !pr.Claims.CoversEnv(env) {
 		return fmt.Sprintf("env %s is not covered by the credential's claims", env)
+	}
+	// Per-namespace envs bind too (directory.EnvOf): each must be covered,
+	// or a key limited to one env could take another's bindings.
+	for _, ns := range slices.Sorted(maps.Keys(envs)) {
+		if e := envs[ns]; e != "" && !pr.Claims.CoversEnv(e) {
+			return fmt.Sprintf("env %s (for %s) is not covered by the credential's claims", e, ns)
+		}
 	}
 	return ""
 }

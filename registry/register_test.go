@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"maps"
 	"regexp"
 	"strings"
 	"testing"
@@ -113,6 +114,41 @@ func TestRegisterAuth_RTR2_RTR3(t *testing.T) {
 	}
 	if h.fw.probes.Load() != 0 {
 		t.Fatalf("unexpected probes of refused registrations: %d", h.fw.probes.Load())
+	}
+}
+
+// A key limited to some envs cannot bind another through the
+// per-namespace envs map either (R-TR-3, R-LS-4).
+func TestRegisterEnvClaims_RTR3_RLS4(t *testing.T) {
+	h := newHarness(t)
+	body := func(extra map[string]any) string {
+		c, v := h.fw.pair("e")
+		b := map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+			"headroom": 1, "draining": false, "challenge": c, "challengeValue": v, "hostname": "app.example",
+		}
+		maps.Copy(b, extra)
+		return mustJSON(t, b)
+	}
+	cases := []struct {
+		name   string
+		extra  map[string]any
+		status int
+		want   string
+	}{
+		{"env covered", map[string]any{"env": "staging"}, 200, ""},
+		{"env not covered", map[string]any{"env": "prod"}, 403, `{"error":"forbidden: env prod is not covered by the credential's claims"}`},
+		{"envs not covered", map[string]any{"env": "staging", "envs": map[string]string{"/counters": "prod"}}, 403,
+			`{"error":"forbidden: env prod (for /counters) is not covered by the credential's claims"}`},
+		{"envs covered", map[string]any{"envs": map[string]string{"/counters": "staging"}}, 200, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := h.post("/registry/register", stagingToken, body(tc.extra))
+			if res.status != tc.status || (tc.want != "" && res.body != tc.want) {
+				t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
+			}
+		})
 	}
 }
 

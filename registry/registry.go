@@ -143,12 +143,17 @@ func (r *Registry) Running() int { return r.pool.Running() }
 // path removed. The handler waits for the pool task: fasthttp's ctx must
 // not be touched after ServeHTTP returns.
 func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
-	h := r.route(ctx, path)
+	h, scope := r.route(ctx, path)
 	if h == nil {
 		return
 	}
 	if r.stopping.Load() {
-		replyRetry(ctx, bodyNotServing, 1)
+		// The reference's error table puts credentials first: a worker
+		// with a bad token learns that (401/403) from a stopping node too,
+		// not only a Retry-After.
+		if r.principal(ctx, scope) != nil {
+			replyRetry(ctx, bodyNotServing, 1)
+		}
 		return
 	}
 	done := make(chan struct{})
@@ -170,21 +175,23 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 
 type handler func(ctx *fasthttp.RequestCtx)
 
-// route picks the handler for path, answering 404/405 itself (nil).
-func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) handler {
+// route picks the handler for path and the scope it requires, answering
+// 404/405 itself (nil).
+func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, string) {
 	post := ctx.IsPost()
 	get := ctx.IsGet() || ctx.IsHead()
 	var h handler
 	var wantPost bool
+	scope := attest.ScopeOperator
 	switch string(path) {
 	case "/registry/register":
-		h, wantPost = r.register, true
+		h, wantPost, scope = r.register, true, attest.ScopeWorker
 	case "/registry/heartbeat":
-		h, wantPost = r.heartbeat, true
+		h, wantPost, scope = r.heartbeat, true, attest.ScopeWorker
 	case "/registry/release":
-		h, wantPost = r.release, true
+		h, wantPost, scope = r.release, true, attest.ScopeWorker
 	case "/registry/deregister":
-		h, wantPost = r.deregister, true
+		h, wantPost, scope = r.deregister, true, attest.ScopeWorker
 	case "/registry/drain":
 		h, wantPost = r.drain, true
 	case "/registry/undrain":
@@ -199,7 +206,7 @@ func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) handler {
 		h = r.placement
 	default:
 		reply(ctx, fasthttp.StatusNotFound, bodyNotFound)
-		return nil
+		return nil, ""
 	}
 	if (wantPost && !post) || (!wantPost && !get) {
 		if wantPost {
@@ -208,9 +215,9 @@ func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) handler {
 			ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD")
 		}
 		reply(ctx, fasthttp.StatusMethodNotAllowed, bodyMethod)
-		return nil
+		return nil, ""
 	}
-	return h
+	return h, scope
 }
 
 // principal authenticates the request and checks scope (R-TR-2): 401

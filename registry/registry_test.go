@@ -21,19 +21,22 @@ const (
 	operatorToken = "operator-token"
 	otherToken    = "other-token"
 	narrowToken   = "narrow-token"
+	stagingToken  = "staging-token"
 )
 
 // testPassport has a worker key, an operator key, a second worker account
-// and a worker key whose claims cover only /other.
+// a worker key whose claims cover only /other, and a worker key limited to
+// the env "staging".
 func testPassport(t testing.TB) *attest.Passport {
 	t.Helper()
 	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
 		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"]}}},
 		{"name":"operator","token":{"env":"O"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}},
 		{"name":"other","token":{"env":"X"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}},
-		{"name":"narrow","token":{"env":"N"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/other"],"allowedBackendHosts":["*"]}}}
+		{"name":"narrow","token":{"env":"N"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/other"],"allowedBackendHosts":["*"]}}},
+		{"name":"staging","token":{"env":"S"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"],"envs":["staging"]}}}
 	]}],"namespaces":{"*":{"allow":"anonymous"}}}`
-	env := map[string]string{"W": workerToken, "O": operatorToken, "X": otherToken, "N": narrowToken}
+	env := map[string]string{"W": workerToken, "O": operatorToken, "X": otherToken, "N": narrowToken, "S": stagingToken}
 	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
 		t.Fatalf("cannot parse the test passport: %v", err)
