@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -84,6 +85,13 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 		}
 	}
 	return c, nil
+}
+
+// CoversAllNamespaces reports whether the namespaces claim holds "*":
+// the principal may act where no namespace is known (a client id with no
+// live session).
+func (c *Claims) CoversAllNamespaces() bool {
+	return slices.Contains(c.namespaces, "*")
 }
 
 // CoversNamespace reports whether the claims reach namespace ns, written with

@@ -343,6 +343,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 	}
 	m.applyBindings(s, plans, now)
 	if d := m.drains[reg.ClientID]; d != nil {
+		spendTimedDrain(&d.state, now, m.ttl)
 		res.Drain = d.state
 		d.seen = now
 		res.LeaseUntil = capLease(lease, d.state, m.ttl)
@@ -350,6 +351,19 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		s.info.LeaseUntil = res.LeaseUntil
 	}
 	return res, nil
+}
+
+// spendTimedDrain turns a timed drain whose cap (deadline plus one lease)
+// has passed into an untimed one. The timed drain has done its work — the
+// placements were released at the deadline and the old session ran out —
+// so a process that is still alive and registers again stays out of new
+// placements (draining) but gets a normal lease, instead of a lease that
+// ends before it starts and a re-register every heartbeat for ever. An
+// operator undrain brings it back.
+func spendTimedDrain(d *DrainState, now time.Time, ttl time.Duration) {
+	if d.Draining && !d.Deadline.IsZero() && !now.Before(d.Deadline.Add(ttl)) {
+		d.Deadline = time.Time{}
+	}
 }
 
 // capLease applies the timed drain cap: the lease never runs past the drain
@@ -518,12 +532,15 @@ func (m *Memory) SetDrain(_ context.Context, clientID string, drain DrainState, 
 			}
 		}
 	}
+	if !drain.Draining {
+		// Undrain clears the record even when no session is live: a
+		// process between sessions must not stay drained for want of one.
+		_, had := m.drains[clientID]
+		delete(m.drains, clientID)
+		return found || had, nil
+	}
 	if !found {
 		return false, nil
-	}
-	if !drain.Draining {
-		delete(m.drains, clientID)
-		return true, nil
 	}
 	m.drains[clientID] = &memDrain{state: drain, seen: now}
 	return true, nil

@@ -22,10 +22,16 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     end
   end
 end
+local d = P .. 'd:' .. cid
 if out[1] == '0' then
+  -- Undrain clears the record even when no session is live (memory.go).
+  if not draining and redis.call('EXISTS', d) == 1 then
+    redis.call('DEL', d)
+    redis.call('SREM', P .. 'drains', cid)
+    out[1] = '1'
+  end
   return out
 end
-local d = P .. 'd:' .. cid
 redis.call('DEL', d)
 if draining then
   redis.call('HSET', d, 'dl', ARGV[6], 'rel', '0', 'seen', ARGV[2])

@@ -101,6 +101,13 @@ local d = P .. 'd:' .. cid
 if redis.call('EXISTS', d) == 1 then
   draining = '1'
   dl = redis.call('HGET', d, 'dl') or '0'
+  -- A timed drain whose cap (deadline + one lease) has passed is spent:
+  -- it stays a drain, untimed, and the new session gets a normal lease
+  -- (memory.go spendTimedDrain).
+  if tonumber(dl) > 0 and now >= tonumber(dl) + ttl then
+    dl = '0'
+    redis.call('HSET', d, 'dl', '0')
+  end
   redis.call('HSET', d, 'seen', ARGV[2])
   l = caplease(l, tonumber(dl), ttl)
 end

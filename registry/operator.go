@@ -122,7 +122,10 @@ func (r *Registry) health(ctx *fasthttp.RequestCtx) {
 
 // operatorFor checks the credential covers every namespace the client's
 // live sessions serve; it answers 404/403/503 itself and reports success.
-func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string) bool {
+// An undrain may also name a client with no live session (its drain
+// outlives sessions), when the credential covers every namespace: the
+// store then says whether there was a drain to clear.
+func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string, undrain bool) bool {
 	c, cancel := r.opContext()
 	defer cancel()
 	list, err := r.store.Workers(c, r.now())
@@ -143,7 +146,7 @@ func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, c
 			}
 		}
 	}
-	if !found {
+	if !found && !(undrain && pr.Claims.CoversAllNamespaces()) {
 		reply(ctx, fasthttp.StatusNotFound, bodyUnknownClient)
 		return false
 	}
@@ -203,7 +206,7 @@ func (r *Registry) undrain(ctx *fasthttp.RequestCtx) {
 }
 
 func (r *Registry) setDrain(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string, state directory.DrainState, now time.Time) {
-	if !r.operatorFor(ctx, pr, clientID) {
+	if !r.operatorFor(ctx, pr, clientID, !state.Draining) {
 		return
 	}
 	c, cancel := r.opContext()

@@ -131,6 +131,36 @@ func TestOperatorDrain_RREG6(t *testing.T) {
 	}
 }
 
+// A drain outlives sessions: with the client's session lapsed (a timed
+// drain ended it), undrain still clears it for an operator covering every
+// namespace; a narrower operator cannot see the client (R-REG-6).
+func TestUndrainWithoutLiveSession_RREG6(t *testing.T) {
+	h := newHarness(t)
+	h.register(map[string]any{"clientId": "gone"})
+	if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone","deadline":1}`); res.status != 200 {
+		t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+	}
+	h.advance(testTTL + 2*time.Second)
+	cases := []struct {
+		token, body string
+		status      int
+		want        string
+	}{
+		{narrowToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
+		{operatorToken, `{"clientId":"gone"}`, 200, `{"clientId":"gone","draining":false}`},
+		{operatorToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
+		{operatorToken, `{"clientId":"never"}`, 404, `{"error":"unknown clientId"}`},
+	}
+	for _, tc := range cases {
+		if res := h.post("/registry/undrain", tc.token, tc.body); res.status != tc.status || res.body != tc.want {
+			t.Fatalf("unexpected undrain %s with %s; got %d %s; want %d %s", tc.body, tc.token, res.status, res.body, tc.status, tc.want)
+		}
+	}
+	if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone"}`); res.status != 404 {
+		t.Fatalf("unexpected drain of a client without a live session; got %d %s", res.status, res.body)
+	}
+}
+
 func TestPlacementAndWindDown(t *testing.T) {
 	h := newHarness(t)
 	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})

@@ -43,6 +43,8 @@ func Run(t *testing.T, f Factory) {
 		{"WorkersListing_RREG4", testWorkers},
 		{"OperatorDrain_RREG6", testOperatorDrain},
 		{"TimedDrainCapsLeaseAndForcesRelease_RLS5", testTimedDrain},
+		{"SpentTimedDrainDoesNotLockOut_RLS5", testSpentTimedDrain},
+		{"UndrainWithoutLiveSession_RREG6", testUndrainWithoutSession},
 		{"ControlMessages_RCM1", testControlMessages},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
 		{"SweepRemovesDeadSessions", testSweep},
@@ -552,6 +554,72 @@ func testTimedDrain(t *testing.T, f Factory) {
 	}
 	if _, ok := fx.lookup("/c", "x"); ok {
 		t.Fatalf("unexpected placement kept past the drain deadline (forced release)")
+	}
+}
+
+// testSpentTimedDrain: once a timed drain's cap (deadline plus one lease)
+// has passed, a process that is still alive and registers again stays
+// drained (untimed) but gets a normal lease: no lease that ends before it
+// starts, no re-registration every heartbeat. An undrain restores it.
+func testSpentTimedDrain(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	deadline := fx.now.Add(TTL / 2)
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true, Deadline: deadline}, fx.now); !found {
+		t.Fatalf("cannot drain")
+	}
+	fx.advance(TTL/2 + TTL)
+	_ = fx.s.Sweep(fx.ctx, fx.now)
+	if _, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker", Headroom: 10}, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected heartbeat past the drain cap; got %v; want ErrUnknownSession", err)
+	}
+	reg := &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10, PrevSessionID: a}
+	res, err := fx.s.Register(fx.ctx, reg, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Drain.Draining || !res.Drain.Deadline.IsZero() || !res.LeaseUntil.Equal(fx.now.Add(TTL)) {
+		t.Fatalf("unexpected registration after a spent timed drain; got %+v; want draining, untimed, lease %v", res, fx.now.Add(TTL))
+	}
+	fx.advance(TTL / 2)
+	beat := fx.beat(res.SessionID, 10, false, false)
+	if !beat.Draining || !beat.Drain.Deadline.IsZero() || !beat.LeaseUntil.Equal(fx.now.Add(TTL)) {
+		t.Fatalf("unexpected heartbeat; got %+v; want draining with a full lease", beat)
+	}
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "new", Now: fx.now}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement on a drained worker; got %v", err)
+	}
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found {
+		t.Fatalf("cannot undrain")
+	}
+	fx.place("/c", "new")
+}
+
+// testUndrainWithoutSession: undrain clears a drain even while the client
+// has no live session (between a lapsed session and its next register).
+func testUndrainWithoutSession(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	fx.register("a", []string{"/c"}, 10)
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true}, fx.now); !found {
+		t.Fatalf("cannot drain")
+	}
+	fx.advance(TTL + time.Second)
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true}, fx.now); found {
+		t.Fatalf("unexpected drain of a client without a live session")
+	}
+	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found || err != nil {
+		t.Fatalf("unexpected undrain without a live session; got %v, %v; want found", found, err)
+	}
+	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); found {
+		t.Fatalf("unexpected second undrain: nothing is left to clear")
+	}
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10}, fx.now)
+	if err != nil || res.Drain.Draining {
+		t.Fatalf("unexpected registration after undrain; got %+v, %v; want not draining", res, err)
 	}
 }
 
