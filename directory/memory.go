@@ -339,6 +339,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		}
 	}
 	if prev != nil {
+		m.handOverQueue(prev, s, now)
 		m.dropSession(prev)
 	}
 	m.applyBindings(s, plans, now)
@@ -363,6 +364,26 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 func spendTimedDrain(d *DrainState, now time.Time, ttl time.Duration) {
 	if d.Draining && !d.Deadline.IsZero() && !now.Before(d.Deadline.Add(ttl)) {
 		d.Deadline = time.Time{}
+	}
+}
+
+// handOverQueue moves the control messages queued for prev's ids that s
+// reclaimed onto s's queue (R-CM-1: delivered until acked — a session lost
+// in between must not lose them; the worker forgets its pending acks when
+// it registers, so delivering them again under s is safe).
+func (m *Memory) handOverQueue(prev, s *memSession, now time.Time) {
+	q := m.queues[prev.info.SessionID]
+	if q == nil {
+		return
+	}
+	var kept []ControlMessage
+	for _, c := range q.msgs {
+		if _, ok := s.rows[NSID{c.NS, c.ID}]; ok {
+			kept = append(kept, c)
+		}
+	}
+	if len(kept) > 0 {
+		m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
 	}
 }
 

@@ -72,6 +72,26 @@ end
 
 local freed = {}
 if prevok then
+  -- Control messages for the rows this session reclaimed move with them
+  -- (R-CM-1: delivered until acked; memory.go handOverQueue).
+  local pq = P .. 'q:' .. prev
+  if #written > 0 and redis.call('EXISTS', pq) == 1 then
+    local mine = {}
+    for _, row in ipairs(written) do
+      mine[row] = true
+    end
+    local q = P .. 'q:' .. sid
+    for _, m in ipairs(redis.call('LRANGE', pq, 0, -1)) do
+      -- "<msgId> <deadline> <ns>\0<id>" (redis_decode.go encodeMessage)
+      local sp = string.find(m, ' ', 18, true)
+      if sp and mine[string.sub(m, sp + 1)] then
+        redis.call('RPUSH', q, m)
+      end
+    end
+    if redis.call('EXISTS', q) == 1 then
+      redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))
+    end
+  end
   dropsession(P, prev, freed)
 end
 

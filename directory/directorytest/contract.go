@@ -44,6 +44,7 @@ func Run(t *testing.T, f Factory) {
 		{"OperatorDrain_RREG6", testOperatorDrain},
 		{"TimedDrainCapsLeaseAndForcesRelease_RLS5", testTimedDrain},
 		{"SpentTimedDrainDoesNotLockOut_RLS5", testSpentTimedDrain},
+		{"ControlMessagesFollowReclaimedIDs_RCM1", testControlMessagesReregister},
 		{"UndrainWithoutLiveSession_RREG6", testUndrainWithoutSession},
 		{"ControlMessages_RCM1", testControlMessages},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
@@ -649,6 +650,40 @@ func testControlMessages(t *testing.T, f Factory) {
 	res := fx.beat(a, 10, false, false, msgID)
 	if len(res.Messages) != 1 || res.Messages[0].MsgID != revokeID {
 		t.Fatalf("unexpected messages after ack; got %+v", res.Messages)
+	}
+}
+
+// testControlMessagesReregister: a wind_down queued for an id is still
+// delivered after the worker lost its session and re-registered with
+// prevSessionId, reclaiming the id; one for an id it did not reclaim goes
+// with the old session.
+func testControlMessagesReregister(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "x")
+	fx.place("/c", "y")
+	deadline := fx.now.Add(30 * time.Second)
+	keep, _, err := fx.s.WindDown(fx.ctx, "/c", "x", &deadline, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "y", &deadline, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10, PrevSessionID: a, Instances: map[string][]string{"/c": {"x"}}}, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		beat := fx.beat(res.SessionID, 10, false, false)
+		if len(beat.Messages) != 1 || beat.Messages[0].MsgID != keep || beat.Messages[0].ID != "x" || !beat.Messages[0].Deadline.Equal(deadline) {
+			t.Fatalf("unexpected messages after re-registration; got %+v; want the wind_down for x, until acked", beat.Messages)
+		}
+	}
+	if beat := fx.beat(res.SessionID, 10, false, false, keep); len(beat.Messages) != 0 {
+		t.Fatalf("unexpected messages after the ack; got %+v", beat.Messages)
 	}
 }
 
