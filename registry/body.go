@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"reflect"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -54,7 +56,62 @@ func decode(b []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return errShape
 	}
+	if !exactKeys(b, reflect.TypeOf(v).Elem()) {
+		return errShape
+	}
 	return nil
+}
+
+// exactKeys reports whether no object key in b (top level, or in each
+// element of a top-level array) names one of t's fields in another case.
+// encoding/json matches keys case-insensitively; the reference reads
+// body.sessionId, so {"SESSIONID":…} is a body without sessionId there:
+// a schema failure, not a heartbeat.
+func exactKeys(b []byte, t reflect.Type) bool {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return false
+	}
+	switch {
+	case tok == json.Delim('{') && t.Kind() == reflect.Struct:
+		return objectKeysExact(dec, t)
+	case tok == json.Delim('[') && t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return false
+			}
+			// Scalars and nulls were judged by the decoder already.
+			if tok == json.Delim('{') && !objectKeysExact(dec, t.Elem()) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// objectKeysExact reads one object's members after its '{', through '}'.
+func objectKeysExact(dec *json.Decoder, t reflect.Type) bool {
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		key, _ := tok.(string)
+		for i := range t.NumField() {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			if name != key && strings.EqualFold(name, key) {
+				return false
+			}
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return false
+		}
+	}
+	_, err := dec.Token() // '}'
+	return err == nil
 }
 
 // readJSON reads and decodes the body, answering the request itself on

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -56,7 +57,8 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 	if !readJSON(ctx, &body, bodyHeartbeatShape) {
 		return "bad_request"
 	}
-	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil {
+	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
+		(body.Acks != nil && slices.Contains(*body.Acks, "")) { // [null] decodes to ""
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return "bad_request"
 	}

@@ -34,6 +34,8 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 		{"schema: headroom string", workerToken, `{"sessionId":"x","headroom":"1","draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: draining null", workerToken, `{"sessionId":"x","headroom":1,"draining":null,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: acks not strings", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[1]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		{"schema: key in another case", workerToken, `{"SESSIONID":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		{"schema: acks with null", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[null]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: array", workerToken, `[]`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"unknown session", workerToken, h.beatBody("no-such-session", nil), 409, `{"error":"unknown session","reregister":true}`},
 	}
