@@ -44,6 +44,10 @@ func (o *Owner) SetExtIfAbsent(v any) any {
 	return o.ext.Load()
 }
 
+// CompareAndSwapExt replaces the data plane's state when it is still old
+// (the proxy renews a state whose connection pool was swept away).
+func (o *Owner) CompareAndSwapExt(old, v any) bool { return o.ext.CompareAndSwap(old, v) }
+
 // NewOwner returns an Owner whose lease runs until leaseUntil.
 func NewOwner(sessionID, clientID, advertiseURL string, secret []byte, leaseUntil time.Time) *Owner {
 	o := &Owner{SessionID: sessionID, ClientID: clientID, AdvertiseURL: advertiseURL, Secret: secret}

@@ -245,7 +245,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 		if !reuse || !up.finished() {
 			reuse = false
 			b.pool.discard(b.pc)
-			up.wait()
+			up.stop()
 		} else if !up.wait() {
 			reuse = false
 			b.pool.discard(b.pc)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pinboard-go/pinboard/internal/rawio"
@@ -49,6 +50,10 @@ func (pc *pconn) armHeaderDeadline(now time.Time, d time.Duration) {
 	}
 }
 
+// deadlineUnknown marks a deadline set outside pc's bookkeeping (by an
+// upload): the next arm renews it and the next clear clears it.
+var deadlineUnknown = time.Unix(0, 1)
+
 // clearDeadline removes the read deadline before a streamed body, which
 // may idle far longer than a header may take (SSE).
 func (pc *pconn) clearDeadline() {
@@ -87,6 +92,8 @@ type connPool struct {
 	idle    []*pconn
 	waiters int
 	closed  bool
+	// gone mirrors closed for readers without the lock (proxy.state).
+	gone atomic.Bool
 }
 
 func newConnPool(addr string, dial func(string) (net.Conn, error), o UpstreamOptions) *connPool {
@@ -287,6 +294,7 @@ func (p *connPool) closeIdle(now time.Time, all bool) {
 	p.mu.Lock()
 	if all {
 		p.closed = true
+		p.gone.Store(true)
 	}
 	keep := p.idle[:0]
 	var drop []*pconn

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Wire names from the reference worker (pinned.pinboard.wire), in
@@ -39,6 +39,9 @@ var (
 	hdrXFHost        = []byte("X-Forwarded-Host")
 	valHTTP          = []byte("http")
 	valHTTPS         = []byte("https")
+
+	hdrIdempotencyKey  = []byte("Idempotency-Key")
+	hdrXIdempotencyKey = []byte("X-Idempotency-Key")
 )
 
 // maxSubrequestDepth is the reference worker's MAX_DEPTH for cluster calls.
@@ -434,6 +437,7 @@ func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, r
 func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time, replayable, retryUnattested bool) outcome {
 	pool := st.up.pool
 	st.up.touch(now)
+	idempotent := idempotentRequest(&ctx.Request.Header)
 	for retry := false; ; retry = true {
 		pc, err := pool.get(now)
 		if err != nil {
@@ -447,20 +451,47 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			return failed
 		}
 		reused := pc.reused
+		if reused && !idempotent && rawio.PeerClosed(pc.c) {
+			// A request that must not run twice is never replayed after
+			// an error, so a pooled connection the worker already closed
+			// is found before it is used (one peek, only for these).
+			pool.discard(pc)
+			retry = false
+			continue
+		}
+		if ctx.Request.IsBodyStream() {
+			pc.clearDeadline() // the upload arms it once the body is out
+		}
 		up, err := writeRequest(ctx, pool, pc)
 		if err == nil {
-			pc.armHeaderDeadline(now, pool.headerTimeout)
+			if up == nil {
+				pc.armHeaderDeadline(now, pool.headerTimeout)
+			}
 			err = readResponseHeader(&ctx.Response.Header, pc.br)
+			if up != nil {
+				up.headerDone()
+			}
 		}
 		if err != nil {
 			pool.discard(pc)
 			if up != nil {
-				up.wait()
+				up.stop()
+				if up.clientErr {
+					// The client went away or cut its body short: nothing
+					// the worker did (the connection closed with the upload).
+					ctx.Response.Reset()
+					writeError(ctx, fasthttp.StatusBadRequest, "cannot read the request body", 0)
+					ctx.SetConnectionClose()
+					return failed
+				}
 			}
 			// A reused connection the worker closed while idle fails before
-			// any response byte; the request never ran, so it can go again
-			// on a fresh connection if its body is still in hand.
-			if reused && replayable && !retry && staleConn(err) {
+			// any response byte; the request most likely never ran, so an
+			// idempotent one goes again on a fresh connection if its body
+			// is still in hand. "Most likely": the worker may also have run
+			// it and then dropped the connection, which is why a POST is
+			// never replayed (Go's transport has the same rule).
+			if reused && replayable && idempotent && !retry && staleConn(err) {
 				continue
 			}
 			ctx.Response.Reset()
@@ -506,7 +537,7 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 		pool.putWriter(bw)
 		return nil, err
 	}
-	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter), nil
+	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter, ctx.Conn(), pc, pool.headerTimeout), nil
 }
 
 // readResponseHeader reads the final response header, skipping 1xx
@@ -618,7 +649,7 @@ func (p *Proxy) finish(pool *connPool, pc *pconn, keep bool, up *upload) {
 	if !keep {
 		pool.discard(pc)
 		if up != nil {
-			up.wait()
+			up.stop()
 		}
 		return
 	}
@@ -635,9 +666,22 @@ func staleConn(err error) bool {
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
+// idempotentRequest is Go's transport's rule for replaying a request
+// after a connection failure: GET, HEAD, OPTIONS, TRACE, or a request
+// carrying an idempotency key.
+func idempotentRequest(h *fasthttp.RequestHeader) bool {
+	switch {
+	case h.IsGet(), h.IsHead(), h.IsOptions(), h.IsTrace():
+		return true
+	}
+	return len(h.PeekCanonical(hdrIdempotencyKey)) > 0 || len(h.PeekCanonical(hdrXIdempotencyKey)) > 0
+}
+
+// isTimeout: a deadline passed. fasthttp's ErrTimeout (a header read cut
+// by the deadline before any byte) has Timeout() but is no net.Error.
 func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	var te interface{ Timeout() bool }
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &te) && te.Timeout())
 }
 
 // writeError sets a JSON error response {"error": msg} (R-DP-4); a

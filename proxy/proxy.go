@@ -209,14 +209,25 @@ type ownerState struct {
 	att attestationCache
 }
 
+// state returns the owner's data-plane state, building it on first use.
+// A state whose pool the idle sweep dropped (a worker idle for ten
+// minutes) is renewed, or the owner would dial a fresh connection for
+// every request from then on.
 func (p *Proxy) state(o *directory.Owner) (*ownerState, error) {
-	if st, ok := o.Ext().(*ownerState); ok {
+	st, ok := o.Ext().(*ownerState)
+	if ok && !st.up.pool.gone.Load() {
 		return st, nil
 	}
 	up, err := p.ups.get(o.AdvertiseURL)
 	if err != nil {
 		return nil, err
 	}
-	st := &ownerState{up: up}
-	return o.SetExtIfAbsent(st).(*ownerState), nil
+	fresh := &ownerState{up: up}
+	if !ok {
+		return o.SetExtIfAbsent(fresh).(*ownerState), nil
+	}
+	if o.CompareAndSwapExt(st, fresh) {
+		return fresh, nil
+	}
+	return o.Ext().(*ownerState), nil
 }

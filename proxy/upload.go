@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"net"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // upload copies a streamed request body to the worker while the handler
@@ -18,41 +20,104 @@ import (
 // while the server writes the response; the server drains and recycles the
 // request stream only after our response body is closed, and the body's
 // CloseWithError waits for the upload to end first.
+//
+// Deadlines: the wait for the worker's response header starts when the
+// body is out, not when the request header is (a 1 GiB upload may take
+// longer than any header timeout): the upload arms it on success. When
+// the upload fails — the client went away or sent a short body — the
+// worker connection is closed at once: the worker would wait for the rest
+// for ever, and the handler's read of the answer ends with it. When the
+// handler must end an upload still waiting for the client (the worker
+// answered early), stop interrupts the client read.
 type upload struct {
 	done chan struct{}
 	err  error
+	// clientErr: err came from the client's side (a read or a short body).
+	clientErr bool
+
+	client net.Conn // the client's connection, for stop
+	worker *pconn
+
+	mu         sync.Mutex
+	headerRead bool // the handler has the response header: arm nothing
 }
 
 var errUploadShort = errors.New("client request body ended early")
+
+// errReader remembers the error of the reader it wraps.
+type errReader struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
+}
 
 var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // startUpload writes body to bw in its own goroutine: cl bytes as they
 // are, or chunked when cl < 0. The caller already wrote the header. bw
 // goes to release when the upload ends.
-func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer)) *upload {
-	u := &upload{done: make(chan struct{})}
+func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer),
+	client net.Conn, worker *pconn, headerTimeout time.Duration) *upload {
+	u := &upload{done: make(chan struct{}), client: client, worker: worker}
 	go func() {
 		defer close(u.done)
 		defer release(bw)
 		bp := uploadBufPool.Get().(*[]byte)
 		defer uploadBufPool.Put(bp)
+		er := &errReader{r: body}
 		if cl >= 0 {
-			u.err = copyFixed(bw, body, int64(cl), *bp)
+			u.err = copyFixed(bw, er, int64(cl), *bp)
 		} else {
-			u.err = copyChunked(bw, body, *bp)
+			u.err = copyChunked(bw, er, *bp)
 		}
 		if u.err == nil {
 			u.err = bw.Flush()
 		}
+		u.clientErr = er.err != nil || errors.Is(u.err, errUploadShort)
+		if u.err != nil {
+			_ = worker.c.Close()
+			return
+		}
+		u.mu.Lock()
+		if !u.headerRead {
+			_ = worker.c.SetReadDeadline(time.Now().Add(headerTimeout))
+		}
+		u.mu.Unlock()
 	}()
 	return u
+}
+
+// headerDone tells the upload the handler has read the response header
+// (or given up): from here the handler owns the connection's deadline,
+// whose value is unknown to pc's bookkeeping.
+func (u *upload) headerDone() {
+	u.mu.Lock()
+	u.headerRead = true
+	u.mu.Unlock()
+	u.worker.deadline = deadlineUnknown
 }
 
 // wait blocks until the upload ended and reports whether it succeeded.
 func (u *upload) wait() bool {
 	<-u.done
 	return u.err == nil
+}
+
+// stop ends an upload that may still wait for the client, then waits for
+// it: the client's read is interrupted (its connection cannot carry
+// another request after a body cut short, and the server closes it).
+func (u *upload) stop() {
+	if !u.finished() && u.client != nil {
+		_ = u.client.SetReadDeadline(time.Now())
+	}
+	<-u.done
 }
 
 // finished reports whether the upload already ended.

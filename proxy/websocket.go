@@ -69,7 +69,9 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 	br := bufio.NewReaderSize(conn, 4096)
 	raw, err := readRawHeader(br)
 	if err == nil {
-		err = ctx.Response.Header.Read(bufio.NewReader(bytes.NewReader(raw)))
+		// Sized to the header: bufio's default 4 KiB would refuse a 101
+		// with a long Set-Cookie that readRawHeader accepted.
+		err = ctx.Response.Header.Read(bufio.NewReaderSize(bytes.NewReader(raw), len(raw)+16))
 	}
 	if err != nil {
 		_ = conn.Close()

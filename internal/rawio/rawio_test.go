@@ -151,3 +151,56 @@ func TestRawListener(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPeerClosed: a live idle connection is open, also with its read
+// deadline in the past; one whose peer closed or reset it is closed; data
+// waiting to be read is not consumed.
+func TestPeerClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pair := func() (net.Conn, net.Conn) {
+		t.Helper()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); s.Close() })
+		return Wrap(c), s
+	}
+	c, s := pair()
+	_ = c.SetReadDeadline(time.Now().Add(-time.Second))
+	if PeerClosed(c) {
+		t.Fatal("unexpected closed for a live idle connection")
+	}
+	if _, err := s.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if PeerClosed(c) {
+		t.Fatal("unexpected closed with data waiting")
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	b := make([]byte, 1)
+	if n, err := c.Read(b); n != 1 || b[0] != 'x' || err != nil {
+		t.Fatalf("unexpected read after the peek; got %d %q %v", n, b, err)
+	}
+	s.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !PeerClosed(c) {
+		t.Fatal("unexpected open after the peer closed")
+	}
+	c2, s2 := pair()
+	_ = s2.(*net.TCPConn).SetLinger(0) // close sends RST
+	s2.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !PeerClosed(c2) {
+		t.Fatal("unexpected open after the peer reset")
+	}
+}

@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// The response-header deadline starts when the streamed body is out, not
+// when the request header is: a slow upload is not cut by it (R-DP-2).
+func TestSlowUploadNotCutByHeaderTimeout_RDP2(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond })
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
+		t.Fatal(err)
+	}
+	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(rw, "got %d", n)
+	})
+	// The proxy arms socket deadlines from its clock: make it real time.
+	real := time.Now()
+	rg.clock.Store(&real)
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := strings.Repeat("x", 100<<10)
+		for i := 0; i < 10; i++ { // 1 MB over ~1.5 s
+			if _, err := pw.Write([]byte(chunk)); err != nil {
+				return
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", rg.url+"/counters/alice/upload", pr)
+	req.ContentLength = 10 * 100 << 10
+	res, body := rg.do(req)
+	if res.StatusCode != 200 {
+		t.Fatalf("slow 1 MB upload (worker answers right after the last byte): got %d %s", res.StatusCode, body)
+	}
+}
+
+// A client that disconnects mid-upload: the worker connection closes at
+// once (the worker would wait for the rest of the body for ever) and its
+// pool slot is free (R-DP-2).
+func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	ended := make(chan error, 1)
+	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
+		_, err := io.Copy(io.Discard, r.Body)
+		ended <- err
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 1<<20)
+	c.Write([]byte(strings.Repeat("x", 200<<10)))
+	time.Sleep(200 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-ended:
+		t.Logf("worker body read ended: %v", err)
+		deadline := time.Now().Add(3 * time.Second)
+		for rg.p.ups.m[w.srv.URL].pool.open() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("unexpected worker connection still held 3s after the client left")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatalf("client gone 3s ago; the worker is still waiting for its body (pool conn %d open)", rg.p.ups.m[w.srv.URL].pool.open())
+	}
+}
+
+// A worker that answers early (401) while the client's upload idles: the
+// answer reaches the client at once, not when the client sends more
+// (R-DP-2).
+func TestEarlyAnswerDuringIdleUpload_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Connection", "close")
+		rw.WriteHeader(401)
+		rw.Write([]byte(`{"detail":"no"}`))
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no answer within 3s although the worker answered 401 at once: %v", err)
+	}
+	t.Logf("got %q", line)
+}
+
+// A worker that takes longer than ResponseHeaderTimeout to answer gives
+// 504 "owner timed out" (R-DP-4, docs/PROTOCOL.md).
+func TestHeaderTimeoutIs504_RDP4(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
+		t.Fatal(err)
+	}
+	w.route("/slow", func(rw http.ResponseWriter, r *http.Request) { time.Sleep(time.Second) })
+	real := time.Now()
+	rg.clock.Store(&real)
+	res, body := rg.get("/counters/alice/slow", nil)
+	if res.StatusCode != 504 {
+		t.Fatalf("got %d %s; want 504 owner timed out", res.StatusCode, body)
+	}
+}
+
+// After the 10-minute sweep dropped an idle worker's pool, an owner whose
+// session lives on gets a fresh pool: connections are reused again.
+func TestSweptPoolReusedAgain(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	var mu sync.Mutex
+	peers := map[string]bool{}
+	w.route("/peer", func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		peers[r.RemoteAddr] = true
+		mu.Unlock()
+	})
+	rg.add(w, 1, "/counters")
+	rg.get("/counters/alice/peer", nil)
+	rg.p.ups.sweep(rg.now().Add(20*time.Minute), 10*time.Minute)
+	mu.Lock()
+	clear(peers)
+	mu.Unlock()
+	for range 5 {
+		if res, _ := rg.get("/counters/alice/peer", nil); res.StatusCode != 200 {
+			t.Fatal(res.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(peers) != 1 {
+		t.Fatalf("unexpected worker connections for 5 sequential requests after a sweep; got %d; want 1 reused", len(peers))
+	}
+}
+
+// A worker's 101 header over 4 KiB (below maxHandshakeHeader, 16 KiB) is
+// relayed (R-DP-2).
+func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSet-Cookie: s=" + strings.Repeat("c", 5000) + "\r\n\r\n")
+		brw.Flush()
+		time.Sleep(500 * time.Millisecond)
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	if !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("got %q; want the worker's 101", line)
+	}
+}
+
+// A POST that reached the worker on a reused connection, which the worker
+// then dropped without answering, is not sent a second time (R-DP-1).
+func TestPostNotReplayedAfterItRan_RDP1(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	var ran atomic.Int64
+	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		ran.Add(1)
+		conn, _, _ := rw.(http.Hijacker).Hijack()
+		conn.Close()
+	})
+	rg.get("/counters/alice/value", nil) // warm a pooled connection
+	req, _ := http.NewRequest("POST", rg.url+"/counters/alice/charge", strings.NewReader(`{"amount":100}`))
+	res, _ := rg.do(req)
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("POST ran %d times at the worker (client got %d)", n, res.StatusCode)
+	}
+}
+
+// A pooled connection the worker closed while idle (a restart, its
+// keep-alive timer): a GET on it goes again on a fresh connection, and a
+// POST finds it closed before it is used; neither reaches the client as
+// an error (R-DP-1).
+func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	var posts atomic.Int64
+	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		posts.Add(1)
+		rw.Write([]byte("charged"))
+	})
+	for _, method := range []string{"GET", "POST", "GET", "POST"} {
+		if res, _ := rg.get("/counters/alice/value", nil); res.StatusCode != 200 { // warm a pooled connection
+			t.Fatal(res.StatusCode)
+		}
+		w.srv.CloseClientConnections()
+		time.Sleep(20 * time.Millisecond) // the FIN reaches the pooled socket
+		req, _ := http.NewRequest(method, rg.url+"/counters/alice/charge", strings.NewReader(`{"amount":100}`))
+		if method == "GET" {
+			req, _ = http.NewRequest(method, rg.url+"/counters/alice/value", nil)
+		}
+		if res, body := rg.do(req); res.StatusCode != 200 {
+			t.Fatalf("unexpected %s reply on a connection the worker closed while idle; got %d %s", method, res.StatusCode, body)
+		}
+	}
+	if n := posts.Load(); n != 2 {
+		t.Fatalf("unexpected POST count at the worker; got %d; want 2", n)
+	}
+}
