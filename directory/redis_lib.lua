@@ -27,15 +27,18 @@ local function rowkey(P, row)
   return P .. 'p:' .. row
 end
 
--- mint returns the next placement epoch. A missing counter (first use, or
--- after a wipe) is seeded at now, so epochs never regress across a
--- FLUSHALL: workers fence on them (pinned hosting/_fencing.py). INCR keeps
--- the counter out of client tracking (no read-only command touches it).
+-- mint returns the next placement epoch: the counter plus one, but never
+-- at or below now (µs). Epochs never regress, whatever happened to the
+-- counter — a first use, a FLUSHALL, a restore from an older snapshot or a
+-- promoted lagging replica: workers fence on them (pinned
+-- hosting/_fencing.py). INCR keeps the counter out of client tracking (no
+-- read-only command touches it).
 local function mint(P, now)
+  now = tonumber(now)
   local e = redis.call('INCR', P .. 'epoch')
-  if e == 1 then
-    redis.call('SET', P .. 'epoch', now)
-    e = redis.call('INCR', P .. 'epoch')
+  if e <= now then
+    e = now + 1
+    redis.call('SET', P .. 'epoch', fmt(e))
   end
   return fmt(e)
 end

@@ -167,7 +167,7 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 
 // Void implements Store.
 func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
-	freed, err := r.run(ctx, "deregister", scriptDrop, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
+	freed, err := r.runWrite(ctx, "deregister", scriptDrop, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
 	if err != nil {
 		return unavailable("drop session", sessionID, err)
 	}
@@ -185,7 +185,7 @@ func (r *Redis) Deregister(ctx context.Context, sessionID string, now time.Time)
 func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
 	name := rowName(req.NS, req.ID)
 	key := r.prefix + "p:" + name
-	n, err := r.run(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
+	n, err := r.runWrite(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
 		strconv.FormatUint(req.Epoch, 10), name}).AsInt64()
 	if err != nil {
 		return false, unavailable("release", req.NS+"/"+req.ID, err)
@@ -287,7 +287,7 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 // sessions; a backlog takes a few calls.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 	for range 8 {
-		reply, err := r.run(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
+		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
 		if err != nil || len(reply) < 2 {
 			return unavailable("sweep", "directory", errors.Join(err, errShortReply))

@@ -90,6 +90,29 @@ func (r *Redis) run(ctx context.Context, op string, sc *script, key string, args
 	return res
 }
 
+// runWrite is run for scripts that delete or rewrite placement rows
+// (release, drop, sweep). A keyed no-op read rides behind the script in
+// the same pipeline: Redis sends the invalidation pushes the script's
+// writes cause for this node before that reply, and rueidis handles them
+// before the call returns, so a read through the client cache right after
+// cannot return the row as it was (../shared/notes/REDIS.md: never re-read
+// through the cache after a write without that ordering).
+func (r *Redis) runWrite(ctx context.Context, op string, sc *script, key string, args []string) rueidis.RedisResult {
+	for attempt := 0; ; attempt++ {
+		cmd := sc.evalsha(r.c, key, args)
+		if attempt > 0 {
+			cmd = sc.eval(r.c, key, args)
+		}
+		start := time.Now()
+		res := r.c.DoMulti(ctx, cmd, r.c.B().Exists().Key(key).Build())
+		r.observe(op, start, res[0].Error())
+		if err := res[0].Error(); err != nil && attempt == 0 && isNoScript(err) {
+			continue
+		}
+		return res[0]
+	}
+}
+
 // observe reports one round trip; a nil reply is a domain outcome, not an
 // error (CommandObserver).
 func (r *Redis) observe(op string, start time.Time, err error) {

@@ -282,7 +282,11 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 		case <-r.reval:
 		case <-t.C:
 		}
-		backoff := r.budget / 4
+		// Retry fast: rows cached on a lost connection are dropped only
+		// here, so once Redis is back this loop bounds how long a node can
+		// miss a re-placement made meanwhile. A Redis that does not answer
+		// slows the loop by itself (each try waits up to the budget).
+		backoff := 10 * time.Millisecond
 		for {
 			c, cancel := context.WithTimeout(ctx, r.budget)
 			err := r.revalidate(c)
@@ -296,13 +300,17 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 				return
 			case <-time.After(backoff):
 			}
-			backoff = min(backoff*2, time.Second)
+			backoff = min(backoff*2, revalidateRetryMax)
 		}
 	}
 }
 
 // revalidateEvery is the period of the connection check (2 commands).
 const revalidateEvery = 10 * time.Second
+
+// revalidateRetryMax caps the pause between revalidation attempts while
+// Redis is unreachable.
+const revalidateRetryMax = 50 * time.Millisecond
 
 func (r *Redis) revalidate(ctx context.Context) error {
 	k := r.prefix + "era"
