@@ -279,16 +279,28 @@ func (s *procSet) killAll() {
 }
 
 // freePort asks the kernel for a free 127.0.0.1 port. Another process may
-// take it before ours binds; callers retry on a bind failure.
+// take it before ours binds; callers retry on a bind failure. A port is
+// handed out once per test binary: the kernel may offer a port it just
+// gave back, and two parallel tests starting processes on the same port
+// would see each other's health check answer (one process fails to bind
+// while the other answers for it).
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("cannot listen on 127.0.0.1:0: %w", err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("cannot listen on 127.0.0.1:0: %w", err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if _, taken := handedOut.LoadOrStore(port, true); !taken {
+			return port, nil
+		}
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	return port, nil
+	return 0, errors.New("cannot find a port on 127.0.0.1 not handed out before")
 }
+
+// handedOut holds every port freePort returned (test-only state).
+var handedOut sync.Map
 
 func randomHex(n int) string {
 	b := make([]byte, n)

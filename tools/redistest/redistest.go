@@ -304,10 +304,18 @@ func freePortPair(cluster bool) (int, error) {
 		if !portFree(port) || (cluster && !portFree(port+10000)) {
 			continue
 		}
+		// Once per process: two parallel tests on one port would each see
+		// the other's server answer PING.
+		if _, taken := handedOut.LoadOrStore(port, true); taken {
+			continue
+		}
 		return port, nil
 	}
 	return 0, errors.New("cannot find a free port on 127.0.0.1")
 }
+
+// handedOut holds every port freePortPair returned (test-helper state).
+var handedOut sync.Map
 
 func portFree(port int) bool {
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
