@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +115,44 @@ func TestRedisOutageRecoveryDropsStaleRows(t *testing.T) {
 	})
 	if d > 300*time.Millisecond {
 		t.Fatalf("unexpected stale route on A for %v after Redis returned and B re-placed x", d)
+	}
+}
+
+// The sweep frees hostname bindings no live session holds (R-LS-4): a
+// binding key outlives its holder only until the next sweep, and one a
+// live session holds stays.
+func TestRedisSweepFreesUnheldBindings_RLS4(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "bind", 10*time.Second)
+	now := warmRedis(t, a, time.Now())
+	reg := func(client, host string) string {
+		res, err := a.Register(ctx, &directory.Registration{ClientID: client, Sub: "sub", Secret: "k", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/" + client, Headroom: 1, Hostname: host, Env: "blue", Epoch: 1}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.SessionID
+	}
+	gone := reg("a", "Gone.Example")
+	reg("b", "kept.example")
+	bindings := func() string {
+		out, err := srv.Do("--raw", "KEYS", "{bind}:b:*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := bindings(); !strings.Contains(got, "gone.example") || !strings.Contains(got, "kept.example") {
+		t.Fatalf("unexpected bindings before the sweep; got %q", got)
+	}
+	if err := a.Void(ctx, gone, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Sweep(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := bindings(); strings.Contains(got, "gone.example") || !strings.Contains(got, "kept.example") {
+		t.Fatalf("unexpected bindings after the sweep; got %q; want only kept.example's", got)
 	}
 }

@@ -39,20 +39,12 @@ for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
     end
   end
 end
--- Bindings no live session holds any more are free (R-LS-4).
+-- Bindings no live session holds any more are free (R-LS-4). A binding
+-- key is P .. 'b:' .. lower(host) .. '\0' .. ns (redis_register.lua).
 for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
-  local b = redis.call('HMGET', bkey, 'host', 'env', 'ep')
-  local live = false
-  if b[1] then
-    local ns = string.sub(bkey, string.find(bkey, '\0', 1, true) + 1)
-    for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
-      if holds(P, sid, b[1], ns, b[2], b[3], now) then
-        live = true
-        break
-      end
-    end
-  end
-  if not live then
+  local sep = string.find(bkey, '\0', 1, true)
+  local cur = sep and binding(P, string.sub(bkey, #P + 3, sep - 1), string.sub(bkey, sep + 1), now)
+  if not (cur and cur.live) then
     redis.call('DEL', bkey)
     redis.call('SREM', P .. 'bindings', bkey)
   end
