@@ -82,7 +82,7 @@ func TestRedisSnapshotRestoreKeepsEpochsRising_RPL1(t *testing.T) {
 // on the lost connection promptly (revalidateRetryMax), so a re-placement
 // made through another node meanwhile is seen well within the staleness
 // budget (docs/DIRECTORY.md).
-func TestRedisOutageRecoveryDropsStaleRows(t *testing.T) {
+func TestRedisOutageRecoveryDropsStaleRows_RPL1(t *testing.T) {
 	srv := redistest.StartServer(t)
 	ctx := ctxT(t)
 	a := openNode(t, srv.URL(), "rec", 30*time.Second)

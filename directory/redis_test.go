@@ -57,7 +57,7 @@ func TestRedisClusterContract(t *testing.T) {
 
 // TestRedisTLSContract: rediss:// is the same store over TLS; the
 // client-side cache's invalidation pushes arrive over it too (R-SRV-3).
-func TestRedisTLSContract(t *testing.T) {
+func TestRedisTLSContract_RSRV3(t *testing.T) {
 	srv := redistest.StartTLSServer(t)
 	tc, err := srv.ClientTLS()
 	if err != nil {
@@ -68,7 +68,7 @@ func TestRedisTLSContract(t *testing.T) {
 
 // TestRedisTLSRejectsUnknownCA: without the CA, the TLS handshake fails
 // at open with an error naming the certificate, not a hang.
-func TestRedisTLSRejectsUnknownCA(t *testing.T) {
+func TestRedisTLSRejectsUnknownCA_RSRV3(t *testing.T) {
 	srv := redistest.StartTLSServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -84,7 +84,7 @@ func TestRedisTLSRejectsUnknownCA(t *testing.T) {
 
 // TestRedisSentinelContract: redis+sentinel:// finds the master through
 // a real sentinel and runs the same contract (R-SRV-3).
-func TestRedisSentinelContract(t *testing.T) {
+func TestRedisSentinelContract_RSRV3(t *testing.T) {
 	master := redistest.StartServer(t)
 	sent := redistest.StartSentinel(t, master, "pinboard-master")
 	directorytest.Run(t, redisFactory(sent.URL()))
@@ -95,7 +95,7 @@ func TestRedisSentinelContract(t *testing.T) {
 // failover (replicated) resolve to the same owner, and new ones land on
 // the new master. Errors in between are ErrUnavailable-class, never a
 // second owner.
-func TestRedisSentinelFailover(t *testing.T) {
+func TestRedisSentinelFailover_RSRV3(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a sentinel failover")
 	}

@@ -158,6 +158,17 @@ func (rg *rig) add(s *standin, headroom float64, ns ...string) {
 	s.session.Store(res.SessionID)
 }
 
+// newRigWorker is a warm rig with one stand-in worker "w" serving
+// /counters: the set-up most data-plane tests start from.
+func newRigWorker(t *testing.T, opts func(*Options)) (*rig, *standin) {
+	t.Helper()
+	rg := newRig(t, opts)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/counters")
+	return rg, w
+}
+
 // warm passes the cold-start quarantine.
 func (rg *rig) warm() {
 	_, err := rg.store.Place(rg.t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: rg.now()})
@@ -331,10 +342,7 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 // (R-TR-5). The route never ran, so the proxy asks the directory again
 // and resends, a few times over 75 ms, instead of relaying the 403.
 func TestUnattestedRetried_RTR5(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	// restore gives the worker back the session alice is placed on.
 	restore := func() {
 		p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())

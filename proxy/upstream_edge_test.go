@@ -18,10 +18,7 @@ import (
 // The response-header deadline starts when the streamed body is out, not
 // when the request header is: a slow upload is not cut by it (R-DP-2).
 func TestSlowUploadNotCutByHeaderTimeout_RDP2(t *testing.T) {
-	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond })
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond })
 	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -55,10 +52,7 @@ func TestSlowUploadNotCutByHeaderTimeout_RDP2(t *testing.T) {
 // once (the worker would wait for the rest of the body for ever) and its
 // pool slot is free (R-DP-2).
 func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	ended := make(chan error, 1)
 	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
 		_, err := io.Copy(io.Discard, r.Body)
@@ -91,10 +85,7 @@ func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 // answer reaches the client at once, not when the client sends more
 // (R-DP-2).
 func TestEarlyAnswerDuringIdleUpload_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("Connection", "close")
 		rw.WriteHeader(401)
@@ -117,10 +108,7 @@ func TestEarlyAnswerDuringIdleUpload_RDP2(t *testing.T) {
 // A worker that takes longer than ResponseHeaderTimeout to answer gives
 // 504 "owner timed out" (R-DP-4, docs/PROTOCOL.md).
 func TestHeaderTimeoutIs504_RDP4(t *testing.T) {
-	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
 	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -135,10 +123,8 @@ func TestHeaderTimeoutIs504_RDP4(t *testing.T) {
 
 // After the 10-minute sweep dropped an idle worker's pool, an owner whose
 // session lives on gets a fresh pool: connections are reused again.
-func TestSweptPoolReusedAgain(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
+func TestSweptPoolReusedAgain_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
 	var mu sync.Mutex
 	peers := map[string]bool{}
 	w.route("/peer", func(rw http.ResponseWriter, r *http.Request) {
@@ -146,7 +132,6 @@ func TestSweptPoolReusedAgain(t *testing.T) {
 		peers[r.RemoteAddr] = true
 		mu.Unlock()
 	})
-	rg.add(w, 1, "/counters")
 	rg.get("/counters/alice/peer", nil)
 	rg.p.ups.sweep(rg.now().Add(20*time.Minute), 10*time.Minute)
 	mu.Lock()
@@ -167,10 +152,7 @@ func TestSweptPoolReusedAgain(t *testing.T) {
 // A worker's 101 header over 4 KiB (below maxHandshakeHeader, 16 KiB) is
 // relayed (R-DP-2).
 func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
 		conn, brw, err := rw.(http.Hijacker).Hijack()
 		if err != nil {
@@ -197,10 +179,7 @@ func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
 // A POST that reached the worker on a reused connection, which the worker
 // then dropped without answering, is not sent a second time (R-DP-1).
 func TestPostNotReplayedAfterItRan_RDP1(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	var ran atomic.Int64
 	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)
@@ -221,10 +200,7 @@ func TestPostNotReplayedAfterItRan_RDP1(t *testing.T) {
 // POST finds it closed before it is used; neither reaches the client as
 // an error (R-DP-1).
 func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	rg.add(w, 1, "/counters")
+	rg, w := newRigWorker(t, nil)
 	var posts atomic.Int64
 	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
 		io.ReadAll(r.Body)

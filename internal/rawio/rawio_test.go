@@ -155,7 +155,7 @@ func TestRawListener(t *testing.T) {
 // TestPeerClosed: a live idle connection is open, also with its read
 // deadline in the past; one whose peer closed or reset it is closed; data
 // waiting to be read is not consumed.
-func TestPeerClosed(t *testing.T) {
+func TestPeerClosed_RDP1(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
