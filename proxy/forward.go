@@ -123,14 +123,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		return
 	}
 
-	route, ok := p.store.Lookup(rq.ns, rq.id, now)
-	p.metrics.Resolve(ok)
-	if !ok {
-		route, err = p.place(ctx, rq, now, "")
-		if err != nil {
-			placeFailed(ctx, err)
-			return
-		}
+	route, err := p.resolve(ctx, rq, now)
+	if err != nil {
+		placeFailed(ctx, err)
+		return
 	}
 	rq.routed = true
 	if isWebSocket(&ctx.Request.Header) {
@@ -138,6 +134,17 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		return
 	}
 	p.forward(ctx, rq, route, now)
+}
+
+// resolve finds the id's owner: the directory's cached lookup for a live
+// placement (no round trip), else a placement through the store.
+func (p *Proxy) resolve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) (directory.Route, error) {
+	route, ok := p.store.Lookup(rq.ns, rq.id, now)
+	p.metrics.Resolve(ok)
+	if ok {
+		return route, nil
+	}
+	return p.place(ctx, rq, now, "")
 }
 
 // admit applies the namespace policy (R-TR-4). A pinboard credential is
@@ -333,12 +340,9 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			time.Sleep(unattestedWaits[waits])
 			waits++
 			now = p.now()
-			var ok bool
-			if route, ok = p.store.Lookup(rq.ns, rq.id, now); !ok {
-				if route, err = p.place(ctx, rq, now, ""); err != nil {
-					placeFailed(ctx, err)
-					break
-				}
+			if route, err = p.resolve(ctx, rq, now); err != nil {
+				placeFailed(ctx, err)
+				break
 			}
 			continue
 		}
@@ -456,10 +460,9 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			// an error, so a pooled connection the worker already closed
 			// is found before it is used (one peek, only for these).
 			pool.discard(pc)
-			retry = false
 			continue
 		}
-		if ctx.Request.IsBodyStream() {
+		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
 		up, err := writeRequest(ctx, pool, pc)
