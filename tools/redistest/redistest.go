@@ -91,6 +91,13 @@ func StartServer(t testing.TB) *Server {
 // Start starts a server whose files live in dir (for programs that are not
 // tests, such as bench/redisfig). The caller must Kill it.
 func Start(dir string, cluster bool) (*Server, error) {
+	return startIn(dir, cluster, func(int, string) (*Server, error) { return &Server{cluster: cluster}, nil })
+}
+
+// startIn starts a server that mk describes, on a free port (and, for a
+// cluster node, a free bus port) with its own directory below base,
+// retrying when another process takes the port first.
+func startIn(base string, cluster bool, mk func(port int, dir string) (*Server, error)) (*Server, error) {
 	if _, _, err := Binaries(); err != nil {
 		return nil, err
 	}
@@ -100,10 +107,15 @@ func Start(dir string, cluster bool) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Port: port, Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: filepath.Join(dir, strconv.Itoa(port)), cluster: cluster}
-		if err := os.MkdirAll(s.dir, 0o755); err != nil {
-			return nil, fmt.Errorf("cannot create %s: %w", s.dir, err)
+		dir := filepath.Join(base, strconv.Itoa(port))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cannot create %s: %w", dir, err)
 		}
+		s, err := mk(port, dir)
+		if err != nil {
+			return nil, err
+		}
+		s.Port, s.Addr, s.dir = port, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir
 		if last = s.Start(); last == nil {
 			return s, nil
 		}
@@ -111,34 +123,15 @@ func Start(dir string, cluster bool) (*Server, error) {
 	return nil, last
 }
 
-// startVariant starts a server that mk describes for a free port and its
-// own directory, retrying when another process takes the port first;
-// t.Cleanup kills it.
+// startVariant is startIn for a test: t.Cleanup kills the server.
 func startVariant(t testing.TB, what string, mk func(port int, dir string) (*Server, error)) *Server {
 	t.Helper()
-	base := t.TempDir()
-	var last error
-	for range startAttempts {
-		port, err := freePortPair(false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir := filepath.Join(base, strconv.Itoa(port))
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		s, err := mk(port, dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Port, s.Addr, s.dir = port, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir
-		if last = s.Start(); last == nil {
-			t.Cleanup(s.Kill)
-			return s
-		}
+	s, err := startIn(t.TempDir(), false, mk)
+	if err != nil {
+		t.Fatalf("cannot start %s: %v", what, err)
 	}
-	t.Fatalf("cannot start %s: %v", what, last)
-	return nil
+	t.Cleanup(s.Kill)
+	return s
 }
 
 // URL is redis://127.0.0.1:Port.
