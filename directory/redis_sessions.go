@@ -20,8 +20,6 @@ type redisSession struct {
 	// read. The local lease is then older than Redis's, which is safe:
 	// renewals only extend, so an old expiry is conservative.
 	dirty atomic.Bool
-	// dead: the session is gone; its Owner stays revoked.
-	dead atomic.Bool
 }
 
 // session returns the node's session, or nil.
@@ -51,17 +49,14 @@ func (r *Redis) kill(sid string) {
 	delete(r.sessions, sid)
 	r.smu.Unlock()
 	if s != nil {
-		s.dead.Store(true)
 		s.owner.Revoke()
 	}
 }
 
-// setLease records a lease expiry read from Redis or returned by a script.
-func (s *redisSession) setLease(t time.Time) {
-	if !s.dead.Load() {
-		s.owner.SetLeaseUntil(t)
-	}
-}
+// setLease records a lease expiry read from Redis or returned by a
+// script. A lease read before a concurrent kill and stored after it is
+// ignored: Owner.SetLeaseUntil never revives a revoked Owner.
+func (s *redisSession) setLease(t time.Time) { s.owner.SetLeaseUntil(t) }
 
 // leaseChanged runs on the push reader: a session's lease key was written
 // (a renewal, a drain cap) or deleted (the session ended). Mark it; the

@@ -9,6 +9,7 @@
 package directory
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -27,7 +28,7 @@ type Owner struct {
 	// (its register `secret`); never listed or logged.
 	Secret []byte
 
-	leaseUntil atomic.Int64 // unix nanoseconds; 0 once revoked
+	leaseUntil atomic.Int64 // unix nanoseconds; revokedLease once revoked
 	ext        atomic.Value
 }
 
@@ -64,11 +65,30 @@ func (o *Owner) Live(now time.Time) bool {
 // LeaseUntil returns the current lease expiry.
 func (o *Owner) LeaseUntil() time.Time { return time.Unix(0, o.leaseUntil.Load()) }
 
-// SetLeaseUntil moves the lease expiry; stores call it on renewals.
-func (o *Owner) SetLeaseUntil(t time.Time) { o.leaseUntil.Store(t.UnixNano()) }
+// revokedLease marks a revoked Owner. It is below every real expiry, so
+// Live is false, and SetLeaseUntil never replaces it.
+const revokedLease = math.MinInt64
 
-// Revoke ends the lease at once (deregister, voided registration).
-func (o *Owner) Revoke() { o.leaseUntil.Store(0) }
+// SetLeaseUntil moves the lease expiry; stores call it on renewals. A
+// revoked Owner stays revoked: a store may read a lease from Redis just
+// before the session ends and store it just after, and that late renewal
+// must not bring the session's routes back.
+func (o *Owner) SetLeaseUntil(t time.Time) {
+	v := t.UnixNano()
+	for {
+		old := o.leaseUntil.Load()
+		if old == revokedLease || o.leaseUntil.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// Revoke ends the lease at once and for good (deregister, voided or
+// superseded registration, a session gone from Redis).
+func (o *Owner) Revoke() { o.leaseUntil.Store(revokedLease) }
+
+// Revoked reports whether Revoke was called.
+func (o *Owner) Revoked() bool { return o.leaseUntil.Load() == revokedLease }
 
 // Route is a resolved placement: the owning session and the placement epoch
 // the worker fences on (the `pinboard-epoch` header).
