@@ -66,52 +66,113 @@ func decode(b []byte, v any) error {
 // element of a top-level array) names one of t's fields in another case.
 // encoding/json matches keys case-insensitively; the reference reads
 // body.sessionId, so {"SESSIONID":…} is a body without sessionId there:
-// a schema failure, not a heartbeat.
+// a schema failure, not a heartbeat. b is valid JSON (decode checked).
+//
+// One pass over the bytes, no tokens: it runs on every heartbeat, and
+// encoding/json's token stream cost as much as the rest of the heartbeat's
+// decoding (BenchmarkExactKeys).
 func exactKeys(b []byte, t reflect.Type) bool {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
-	if err != nil {
-		return false
-	}
+	var names []string
 	switch {
-	case tok == json.Delim('{') && t.Kind() == reflect.Struct:
-		return objectKeysExact(dec, t)
-	case tok == json.Delim('[') && t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return false
+	case t.Kind() == reflect.Struct:
+		names = jsonNames(t)
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		names = jsonNames(t.Elem())
+	default:
+		return true
+	}
+	return eachMemberKey(b, t.Kind() == reflect.Slice, func(key []byte) bool {
+		for _, name := range names {
+			if len(name) == len(key) && string(key) == name {
+				return true
 			}
-			// Scalars and nulls were judged by the decoder already.
-			if tok == json.Delim('{') && !objectKeysExact(dec, t.Elem()) {
-				return false
+		}
+		for _, name := range names {
+			if strings.EqualFold(name, string(key)) {
+				return false // the same name in another case
 			}
+		}
+		return true
+	})
+}
+
+// jsonNames returns the JSON names of t's fields.
+func jsonNames(t reflect.Type) []string {
+	names := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// eachMemberKey calls fn with the unescaped key of every member of b's
+// top-level object, or with array set, of every object element of b's
+// top-level array, and stops with false when fn does. b must be valid
+// JSON; keys of deeper objects are not visited.
+func eachMemberKey(b []byte, array bool, fn func(key []byte) bool) bool {
+	target := 1 // the depth of the objects whose keys count
+	if array {
+		target = 2
+	}
+	depth := 0
+	var top byte          // the top-level container: '{' or '['
+	targetObject := false // the container at depth target is an object
+	var prev byte         // the last structural byte outside strings
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '{', '[':
+			depth++
+			if depth == 1 {
+				top = c
+			}
+			if depth == target {
+				targetObject = c == '{' && (!array || top == '[')
+			}
+			prev = c
+		case '}', ']':
+			depth--
+			prev = c
+		case ',', ':':
+			prev = c
+		case '"':
+			end, escaped := stringEnd(b, i)
+			if depth == target && targetObject && (prev == '{' || prev == ',') {
+				key := b[i+1 : end]
+				if escaped {
+					var s string
+					if json.Unmarshal(b[i:end+1], &s) != nil {
+						return false
+					}
+					key = []byte(s)
+				}
+				if !fn(key) {
+					return false
+				}
+			}
+			i = end
+			prev = '"'
 		}
 	}
 	return true
 }
 
-// objectKeysExact reads one object's members after its '{', through '}'.
-func objectKeysExact(dec *json.Decoder, t reflect.Type) bool {
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return false
-		}
-		key, _ := tok.(string)
-		for i := range t.NumField() {
-			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-			if name != key && strings.EqualFold(name, key) {
-				return false
-			}
-		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return false
+// stringEnd returns the index of the quote closing the string that opens
+// at b[start], and whether the string holds an escape.
+func stringEnd(b []byte, start int) (int, bool) {
+	escaped := false
+	for i := start + 1; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			escaped = true
+			i++
+		case '"':
+			return i, escaped
 		}
 	}
-	_, err := dec.Token() // '}'
-	return err == nil
+	return len(b) - 1, escaped
 }
 
 // readJSON reads and decodes the body, answering the request itself on
