@@ -35,7 +35,9 @@ func TestDecodeExactKeys_RREG7(t *testing.T) {
 		{"key after a nested array", `{"x":[{"Id":1}],"id":"x"}`, &item{}, nil},
 		{"value that looks like a key", `{"id":"SessionId","sessionId":"ID"}`, &item{}, nil},
 		{"whitespace", " {\n \"id\" : \"x\" ,\t\"SESSIONID\" : 1 } ", &item{}, errShape},
-		{"Kelvin sign folds to k", `{"\u212Aey":1}`, &struct{ Key *int `json:"key"` }{}, errShape},
+		{"Kelvin sign folds to k", `{"\u212Aey":1}`, &struct {
+			Key *int `json:"key"`
+		}{}, errShape},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
