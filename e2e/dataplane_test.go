@@ -171,6 +171,17 @@ func TestDirectWorkerCallRefused_RTR5(t *testing.T) {
 				t.Errorf("%s: unexpected direct answer; got %s; want 403 {\"detail\":\"invalid attestation\"}", w.Name, r)
 			}
 		}
+		// An upgrade is refused before accept: a bare 403, with no body
+		// to tell it from a route's own refusal (docs/PROTOCOL.md, the
+		// session gap).
+		c, err := wsDial(ctx, "ws"+strings.TrimPrefix(w.URL, "http")+"/tickers/t1/ws", nil)
+		var he *wsHandshakeError
+		if !errors.As(err, &he) || he.Status != http.StatusForbidden || strings.Contains(he.Body, "attestation") {
+			if c != nil {
+				c.conn.Close()
+			}
+			t.Errorf("%s: unexpected direct upgrade answer; got %v; want a bare 403", w.Name, err)
+		}
 	}
 }
 

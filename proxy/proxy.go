@@ -207,7 +207,21 @@ func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 type ownerState struct {
 	up  *upstream
 	att attestationCache
+	// born is when this proxy first routed to the session (unix ns). A
+	// WebSocket handshake refused with 403 is retried only while the
+	// session is young (see youngSession).
+	born int64
 }
+
+// youngSession is how long after this proxy first routes to a session a
+// WebSocket handshake it refuses with 403 is taken for the session gap
+// (unattestedWaits) and retried. The reference worker refuses an
+// unattested upgrade with a bare 403 (a WebSocketException before accept),
+// the same answer as a route's own refusal, so unlike a request's 403 the
+// answer alone cannot tell the gap apart; a worker learns its session
+// within milliseconds of its register ack, so past a second a 403 is the
+// route's own.
+const youngSession = time.Second
 
 // state returns the owner's data-plane state, building it on first use.
 // A state whose pool the idle sweep dropped (a worker idle for ten
@@ -223,6 +237,11 @@ func (p *Proxy) state(o *directory.Owner) (*ownerState, error) {
 		return nil, err
 	}
 	fresh := &ownerState{up: up}
+	if ok {
+		fresh.born = st.born
+	} else {
+		fresh.born = p.now().UnixNano()
+	}
 	if !ok {
 		return o.SetExtIfAbsent(fresh).(*ownerState), nil
 	}

@@ -176,6 +176,71 @@ func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
 	}
 }
 
+// upgrade sends a WebSocket handshake for path through the rig and returns
+// the status line of the answer.
+func (rg *rig) upgrade(path string) string {
+	rg.t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", path)
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
+}
+
+// The reference worker refuses an upgrade it cannot attest with a bare
+// 403 (WebSocketException before accept). From a session this proxy has
+// just started routing to, that is the session gap and the handshake is
+// tried again (R-TR-5); from an older session it is the route's own
+// refusal and goes to the client at once.
+func TestWebSocketSessionGapRetried_RTR5_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var refuse atomic.Int64 // handshakes still to refuse
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		if refuse.Add(-1) >= 0 {
+			rw.WriteHeader(http.StatusForbidden)
+			return
+		}
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+	})
+
+	t.Run("young session, gap closes", func(t *testing.T) {
+		refuse.Store(2)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 3 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 3", line, w.hits.Load())
+		}
+	})
+	t.Run("young session, refusing throughout", func(t *testing.T) {
+		refuse.Store(100)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 403") || w.hits.Load() != int64(1+len(unattestedWaits)) {
+			t.Fatalf("got %q after %d handshakes; want 403 after %d", line, w.hits.Load(), 1+len(unattestedWaits))
+		}
+	})
+	t.Run("older session", func(t *testing.T) {
+		rg.advance(youngSession + time.Millisecond) // the lease (10 s) still runs
+		refuse.Store(100)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 403") || w.hits.Load() != 1 {
+			t.Fatalf("got %q after %d handshakes; want 403 after 1", line, w.hits.Load())
+		}
+		refuse.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+			t.Fatalf("got %q; want 101", line)
+		}
+	})
+}
+
 // A POST that reached the worker on a reused connection, which the worker
 // then dropped without answering, is not sent a second time (R-DP-1).
 func TestPostNotReplayedAfterItRan_RDP1(t *testing.T) {

@@ -34,37 +34,77 @@ func isWebSocket(h *fasthttp.RequestHeader) bool {
 // it (../shared/notes/FASTHTTP.md) — so it dials the worker itself, sends
 // the rewritten request, and on 101 hijacks the client connection and
 // copies bytes both ways. Any other answer (403 without attestation, a 503
-// refusal) is relayed as a normal response.
+// refusal) is relayed as a normal response, except a 403 from a session
+// this proxy has just started routing to: that may be the worker not yet
+// holding its session id (R-TR-5), and the handshake is tried again like
+// a request answered "invalid attestation", resolving the id each time.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
-	st, err := p.state(route.Owner)
-	if err != nil {
-		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		return
-	}
 	h := &ctx.Request.Header
 	stripRequestHop(h, true)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 	}
 	p.setForwarded(ctx, rq)
-	p.prepare(ctx, rq, st, route, now)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
+	for waits := 0; ; waits++ {
+		st, err := p.state(route.Owner)
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			return
+		}
+		p.prepare(ctx, rq, st, route, now)
+		conn, br, raw, ok := p.handshake(ctx, st, now)
+		if !ok {
+			return
+		}
+		status := ctx.Response.StatusCode()
+		if status == fasthttp.StatusSwitchingProtocols {
+			_ = conn.SetDeadline(time.Time{})
+			pending := make([]byte, br.Buffered())
+			_, _ = io.ReadFull(br, pending)
+			ctx.Response.Reset()
+			ctx.HijackSetNoResponse(true)
+			ctx.Hijack(func(client net.Conn) {
+				p.hijacks.relay(client, conn, raw, pending)
+			})
+			return
+		}
+		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) ||
+			now.UnixNano()-st.born > int64(youngSession) {
+			p.relayRefusedUpgrade(ctx, conn, br)
+			return
+		}
+		_ = conn.Close()
+		ctx.Response.Reset()
+		p.metrics.UpstreamError("unattested")
+		time.Sleep(unattestedWaits[waits])
+		now = p.now()
+		if route, err = p.resolve(ctx, rq, now); err != nil {
+			placeFailed(ctx, err)
+			return
+		}
+	}
+}
 
+// handshake dials the owner, sends the upgrade request and reads the
+// answer's header into ctx.Response, keeping its raw bytes for a 101. On
+// failure it answers the client itself and reports false.
+func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time) (net.Conn, *bufio.Reader, []byte, bool) {
 	conn, err := st.up.dial(st.up.addr)
 	if err != nil {
 		p.metrics.UpstreamError("dial")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		return
+		return nil, nil, nil, false
 	}
 	// Raw reads and writes toward the worker, as on pooled connections:
 	// every relayed message is one of each.
 	conn = rawio.Wrap(conn)
 	_ = conn.SetDeadline(now.Add(handshakeTimeout))
-	if _, err := conn.Write(h.Header()); err != nil {
+	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.metrics.UpstreamError("write")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		return
+		return nil, nil, nil, false
 	}
 	br := bufio.NewReaderSize(conn, 4096)
 	raw, err := readRawHeader(br)
@@ -78,20 +118,9 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		ctx.Response.Reset()
 		p.metrics.UpstreamError("read")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		return
+		return nil, nil, nil, false
 	}
-	if ctx.Response.StatusCode() != fasthttp.StatusSwitchingProtocols {
-		p.relayRefusedUpgrade(ctx, conn, br)
-		return
-	}
-	_ = conn.SetDeadline(time.Time{})
-	pending := make([]byte, br.Buffered())
-	_, _ = io.ReadFull(br, pending)
-	ctx.Response.Reset()
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(client net.Conn) {
-		p.hijacks.relay(client, conn, raw, pending)
-	})
+	return conn, br, raw, true
 }
 
 // relayRefusedUpgrade forwards a worker's non-101 answer to an upgrade.
