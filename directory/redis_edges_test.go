@@ -1,6 +1,7 @@
 package directory_test
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -154,5 +155,46 @@ func TestRedisSweepFreesUnheldBindings_RLS4(t *testing.T) {
 	}
 	if got := bindings(); strings.Contains(got, "gone.example") || !strings.Contains(got, "kept.example") {
 		t.Fatalf("unexpected bindings after the sweep; got %q; want only kept.example's", got)
+	}
+}
+
+// A Redis that lost its script cache (a restart with persistence, a
+// failover to a replica that never ran the scripts, SCRIPT FLUSH) answers
+// EVALSHA with NOSCRIPT; every kind of script call then runs the script
+// with EVAL and succeeds (R-PL-1, R-REG-2, R-REG-3).
+func TestRedisScriptCacheLost_RPL1_RREG2_RREG3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "nos", 10*time.Second)
+	now := warmRedis(t, a, time.Now())
+	wa := register(t, a, "a", 100, now)
+	flush := func() {
+		t.Helper()
+		if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flush() // place: a tracked pipeline (execTracked)
+	r, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now})
+	if err != nil || !r.Placed || r.Owner.SessionID != wa {
+		t.Fatalf("cannot place after SCRIPT FLUSH: %+v %v", r, err)
+	}
+	flush() // heartbeat: rueidis.Lua
+	if _, err := a.Heartbeat(ctx, &directory.Beat{SessionID: wa, Sub: "sub", Headroom: 10}, now); err != nil {
+		t.Fatalf("cannot heartbeat after SCRIPT FLUSH: %v", err)
+	}
+	flush() // release: a write with a trailing read (runWrite)
+	if ok, err := a.Release(ctx, &directory.ReleaseRequest{SessionID: wa, NS: "/c", ID: "x", Epoch: r.Epoch}, now); err != nil || !ok {
+		t.Fatalf("cannot release after SCRIPT FLUSH: %v %v", ok, err)
+	}
+	if p, err := a.Placement(ctx, "/c", "x", now); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("placement still there after the release: %+v %v", p, err)
+	}
+	flush() // sweep: runWrite as well
+	if err := a.Sweep(ctx, now.Add(time.Minute)); err != nil {
+		t.Fatalf("cannot sweep after SCRIPT FLUSH: %v", err)
+	}
+	if _, err := a.Heartbeat(ctx, &directory.Beat{SessionID: wa, Sub: "sub", Headroom: 10}, now.Add(time.Minute)); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("session survived a sweep one minute past its lease: %v", err)
 	}
 }

@@ -218,46 +218,36 @@ func (r *Redis) rank(req *PlaceRequest, live []*redisSession, res []rueidis.Redi
 // key. A caller then fills a key only if its watch counted exactly the
 // pushes its own script caused; anything more is someone else's write.
 //
-// Callers watch the keys before calling. On NOSCRIPT (a restarted or
-// failed-over Redis lost its script cache) the round trip is repeated with
-// EVAL; the failed attempt wrote nothing.
+// Callers watch the keys before calling. On NOSCRIPT the round trip is
+// repeated with EVAL (pipeScript).
 func (r *Redis) execTracked(ctx context.Context, op string, sc *script, key string, args, keys, extra []string, lead bool) (rueidis.RedisMessage, []rueidis.RedisMessage, error) {
 	trail := keys
 	if len(extra) > 0 {
 		trail = append(append(make([]string, 0, len(keys)+len(extra)), keys...), extra...)
 	}
-	for attempt := 0; ; attempt++ {
+	res, at := r.pipeScript(ctx, op, sc, key, args, func(eval rueidis.Completed) (rueidis.Commands, int) {
 		cmds := make(rueidis.Commands, 0, 5)
 		if lead && len(keys) > 0 {
 			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
 		}
 		at := len(cmds)
-		if attempt == 0 {
-			cmds = append(cmds, sc.evalsha(r.c, key, args))
-		} else {
-			cmds = append(cmds, sc.eval(r.c, key, args))
-		}
+		cmds = append(cmds, eval)
 		if len(trail) > 0 {
 			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(trail...).Build())
 		}
-		start := time.Now()
-		res := r.c.DoMulti(ctx, cmds...)
-		r.observeMulti(op, start, res)
-		msg, err := res[at].ToMessage()
-		if err != nil && attempt == 0 && isNoScript(err) {
-			continue
-		}
-		if err != nil && !rueidis.IsRedisNil(err) {
+		return cmds, at
+	})
+	msg, err := res[at].ToMessage()
+	if err != nil && !rueidis.IsRedisNil(err) {
+		return msg, nil, err
+	}
+	var back []rueidis.RedisMessage
+	if len(trail) > 0 {
+		if back, err = res[len(res)-1].ToArray(); err != nil {
 			return msg, nil, err
 		}
-		var back []rueidis.RedisMessage
-		if len(trail) > 0 {
-			if back, err = res[len(res)-1].ToArray(); err != nil {
-				return msg, nil, err
-			}
-		}
-		return msg, back, nil
 	}
+	return msg, back, nil
 }
 
 // parseRow splits a row value "<sessionId> <epoch>".

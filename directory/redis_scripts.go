@@ -98,18 +98,33 @@ func (r *Redis) run(ctx context.Context, op string, sc *script, key string, args
 // cannot return the row as it was (../shared/notes/REDIS.md: never re-read
 // through the cache after a write without that ordering).
 func (r *Redis) runWrite(ctx context.Context, op string, sc *script, key string, args []string) rueidis.RedisResult {
+	res, at := r.pipeScript(ctx, op, sc, key, args, func(eval rueidis.Completed) (rueidis.Commands, int) {
+		return rueidis.Commands{eval, r.c.B().Exists().Key(key).Build()}, 0
+	})
+	return res[at]
+}
+
+// pipeScript runs sc in one pipelined round trip, among the commands
+// around builds around its EVALSHA (around returns the pipeline and the
+// script's index in it), and reports the round trip as op. On NOSCRIPT (a
+// restarted or failed-over Redis lost its script cache) the round trip is
+// built and sent again with EVAL: the failed attempt wrote nothing.
+// Commands are built afresh per attempt: rueidis recycles sent ones.
+func (r *Redis) pipeScript(ctx context.Context, op string, sc *script, key string, args []string,
+	around func(eval rueidis.Completed) (rueidis.Commands, int)) ([]rueidis.RedisResult, int) {
 	for attempt := 0; ; attempt++ {
-		cmd := sc.evalsha(r.c, key, args)
+		eval := sc.evalsha(r.c, key, args)
 		if attempt > 0 {
-			cmd = sc.eval(r.c, key, args)
+			eval = sc.eval(r.c, key, args)
 		}
+		cmds, at := around(eval)
 		start := time.Now()
-		res := r.c.DoMulti(ctx, cmd, r.c.B().Exists().Key(key).Build())
-		r.observe(op, start, res[0].Error())
-		if err := res[0].Error(); err != nil && attempt == 0 && isNoScript(err) {
+		res := r.c.DoMulti(ctx, cmds...)
+		r.observeMulti(op, start, res)
+		if err := res[at].Error(); err != nil && attempt == 0 && isNoScript(err) {
 			continue
 		}
-		return res[0]
+		return res, at
 	}
 }
 
