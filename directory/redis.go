@@ -80,6 +80,10 @@ type Redis struct {
 	eraMu   sync.Mutex
 	era     string // wipe detector: the value of the era key we last saw
 	connID  string // identity of the connection tracking the directory
+	// seenEpoch is the highest placement epoch this node has read in the
+	// current era: a reconnect to a directory whose epoch counter is
+	// below it finds lost placements (redis_regress.lua).
+	seenEpoch atomic.Uint64
 
 	reval   chan struct{} // wakes the revalidator after a flush or disconnect
 	refresh chan struct{} // wakes the lease refresher early

@@ -3,7 +3,6 @@ package directory_test
 import (
 	"errors"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,13 +45,18 @@ func TestRedisReleaseThenPlaceSameNode_RPL2(t *testing.T) {
 	}
 }
 
-// A restart that restores an older snapshot keeps the era key, so it is
-// not seen as a wipe (docs/DIRECTORY.md, limits) — but placement epochs
-// never go back: workers fence on them.
-func TestRedisSnapshotRestoreKeepsEpochsRising_RPL1(t *testing.T) {
+// A restart that restores an older snapshot keeps the era key but loses
+// the placements made since, whose workers still hold the instances. The
+// node that read such a placement's epoch finds the epoch counter below it
+// and starts a new era: every node handles it as a wipe, the next
+// placement attempt starts the cold-start quarantine (R-CS-1), and the
+// epochs minted after it never go back (R-PL-1: workers fence on them).
+func TestRedisSnapshotRestoreIsAWipe_RCS1_RPL1(t *testing.T) {
 	srv := redistest.StartServer(t)
 	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "roll", 30*time.Second)
+	const ttl = 30 * time.Second
+	a := openNode(t, srv.URL(), "roll", ttl)
+	b := openNode(t, srv.URL(), "roll", ttl)
 	now := warmRedis(t, a, time.Now())
 	register(t, a, "a", 1e6, now)
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
@@ -61,100 +65,60 @@ func TestRedisSnapshotRestoreKeepsEpochsRising_RPL1(t *testing.T) {
 	if _, err := srv.Do("SAVE"); err != nil {
 		t.Fatal(err)
 	}
-	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
+	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}) // lost in the restore
 	if err != nil {
 		t.Fatal(err)
 	}
+	wipes := a.Stats().Wipes
 	if err := srv.Restart(); err != nil { // SIGKILL, then dump.rdb loads
 		t.Fatal(err)
 	}
+	waitFor(t, 10*time.Second, "node A to find the directory went back", func() bool { return a.Stats().Wipes > wipes })
 	later := now.Add(time.Millisecond)
-	var r2 directory.Route
-	waitFor(t, 10*time.Second, "the node to place again", func() bool {
-		r2, err = a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: later})
-		return err == nil
+	for name, n := range map[string]*directory.Redis{"A": a, "B": b} {
+		_, err := n.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: later})
+		var q *directory.QuarantineError
+		if !errors.As(err, &q) {
+			t.Fatalf("unexpected placement through %s after a snapshot restore; got %v; want the cold-start quarantine", name, err)
+		}
+	}
+	waitFor(t, 10*time.Second, "node B to take the new era", func() bool {
+		_ = b.Revalidate(ctx)
+		return b.Stats().Wipes > 0
 	})
+	past := later.Add(ttl)
+	register(t, a, "a2", 1e6, past)
+	r2, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: past})
+	if err != nil {
+		t.Fatalf("cannot place after the quarantine: %v", err)
+	}
 	if r2.Epoch <= r1.Epoch {
 		t.Fatalf("unexpected epoch after a snapshot restore; got %d after %d", r2.Epoch, r1.Epoch)
 	}
 }
 
-// After Redis comes back from an outage, a node drops the rows it cached
-// on the lost connection promptly (revalidateRetryMax), so a re-placement
-// made through another node meanwhile is seen well within the staleness
-// budget (docs/DIRECTORY.md).
-func TestRedisOutageRecoveryDropsStaleRows_RPL1(t *testing.T) {
+// A reconnect to a Redis that kept everything (a network blip, a restart
+// from an up-to-date snapshot) is not a wipe: no quarantine (R-CS-1).
+func TestRedisRestartWithCurrentSnapshotIsNoWipe_RCS1(t *testing.T) {
 	srv := redistest.StartServer(t)
 	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "rec", 30*time.Second)
-	b := openNode(t, srv.URL(), "rec", 30*time.Second)
+	a := openNode(t, srv.URL(), "keep", 30*time.Second)
 	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
-	wb := register(t, a, "b", 1, now)
-	if r, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil || r.Owner.SessionID != wa {
-		t.Fatalf("unexpected placement; got %+v %v", r, err)
-	}
-	if err := srv.StopSaving(); err != nil {
+	register(t, a, "a", 1e6, now)
+	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond) // long enough for the old backoff to reach its cap
-	if err := srv.Start(); err != nil {
+	if _, err := srv.Do("SAVE"); err != nil {
 		t.Fatal(err)
 	}
-	var r2 directory.Route
-	waitFor(t, 5*time.Second, "B to re-place x", func() bool {
-		var err error
-		r2, err = b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now, Exclude: wa})
-		return err == nil
-	})
-	if r2.Owner.SessionID != wb {
-		t.Fatalf("unexpected re-placement; got %+v", r2)
-	}
-	d := waitFor(t, 3*time.Second, "A to stop routing x to the replaced owner", func() bool {
-		r, ok := a.Lookup([]byte("/c"), []byte("x"), now)
-		return !ok || r.Owner.SessionID != wa
-	})
-	if d > 300*time.Millisecond {
-		t.Fatalf("unexpected stale route on A for %v after Redis returned and B re-placed x", d)
-	}
-}
-
-// The sweep frees hostname bindings no live session holds (R-LS-4): a
-// binding key outlives its holder only until the next sweep, and one a
-// live session holds stays.
-func TestRedisSweepFreesUnheldBindings_RLS4(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "bind", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	reg := func(client, host string) string {
-		res, err := a.Register(ctx, &directory.Registration{ClientID: client, Sub: "sub", Secret: "k", Namespaces: []string{"/c"},
-			AdvertiseURL: "http://127.0.0.1:9/" + client, Headroom: 1, Hostname: host, Env: "blue", Epoch: 1}, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.SessionID
-	}
-	gone := reg("a", "Gone.Example")
-	reg("b", "kept.example")
-	bindings := func() string {
-		out, err := srv.Do("--raw", "KEYS", "{bind}:b:*")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	if got := bindings(); !strings.Contains(got, "gone.example") || !strings.Contains(got, "kept.example") {
-		t.Fatalf("unexpected bindings before the sweep; got %q", got)
-	}
-	if err := a.Void(ctx, gone, now); err != nil {
+	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Sweep(ctx, now); err != nil {
-		t.Fatal(err)
-	}
-	if got := bindings(); strings.Contains(got, "gone.example") || !strings.Contains(got, "kept.example") {
-		t.Fatalf("unexpected bindings after the sweep; got %q; want only kept.example's", got)
+	waitFor(t, 10*time.Second, "node A to reconnect", func() bool { return a.Stats().Reconnects > 0 })
+	r2, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
+	if err != nil || r2.Epoch != r1.Epoch || a.Stats().Wipes != 0 {
+		t.Fatalf("unexpected placement after a restart that kept everything; got %+v %v (wipes %d); want epoch %d", r2, err, a.Stats().Wipes, r1.Epoch)
 	}
 }
 

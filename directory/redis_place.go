@@ -125,6 +125,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errOwnerGone)
 	}
 	s.setLease(fromMicros(reply[3]))
+	r.sawEpoch(ep)
 	placed := reply[0] == "placed"
 	own := uint64(0)
 	if placed {

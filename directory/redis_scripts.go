@@ -40,6 +40,8 @@ var (
 	luaWorkers string
 	//go:embed redis_placement.lua
 	luaPlacement string
+	//go:embed redis_regress.lua
+	luaRegress string
 )
 
 // Scripts, held in package variables as rueidis recommends: immutable after
@@ -56,6 +58,7 @@ var (
 	scriptSession   = newScript(luaSession, true)
 	scriptWorkers   = newScript(luaWorkers, true)
 	scriptPlacement = newScript(luaPlacement, true)
+	scriptRegress   = newScript(luaRegress, false)
 )
 
 // script is a Lua script with the SHA-1 the tracked variants need:

@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -205,6 +206,10 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 //     failover) but this node's tracking is gone and invalidations may
 //     have been missed: cached rows are dropped and re-read on demand, and
 //     leases are re-read before they run low;
+//   - same era, new connection, but the epoch counter below an epoch this
+//     node read: Redis kept only older data (an older snapshot, a lagging
+//     replica promoted) and lost placements whose workers still hold the
+//     instances: a new era is started (redis_regress.lua) and it is a wipe;
 //   - missing or different era: the directory was wiped (FLUSHALL, a
 //     restart without persistence): rows and sessions go, and the next
 //     placement attempt starts the cold-start quarantine (R-CS-1).
@@ -300,6 +305,36 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 	}
 }
 
+// regressed reports, after a reconnect, whether the directory went back in
+// time: this node read an epoch above Redis's epoch counter, or another
+// node found that and started a new era (redis_regress.lua). Callers hold
+// eraMu.
+func (r *Redis) regressed(ctx context.Context) (bool, error) {
+	seen := r.seenEpoch.Load()
+	if seen == 0 {
+		return false, nil
+	}
+	reply, err := r.run(ctx, "revalidate.epoch", scriptRegress, r.prefix+"era",
+		[]string{r.prefix, strconv.FormatUint(seen, 10), randomHex(16)}).AsStrSlice()
+	if err != nil {
+		return false, err
+	}
+	if len(reply) < 2 {
+		return false, errShortReply
+	}
+	return reply[1] == "1" || reply[0] != r.era, nil
+}
+
+// sawEpoch records a placement epoch read from Redis.
+func (r *Redis) sawEpoch(ep uint64) {
+	for {
+		cur := r.seenEpoch.Load()
+		if ep <= cur || r.seenEpoch.CompareAndSwap(cur, ep) {
+			return
+		}
+	}
+}
+
 // revalidateEvery is the period of the connection check (2 commands).
 const revalidateEvery = 10 * time.Second
 
@@ -322,10 +357,18 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	}
 	r.eraMu.Lock()
 	defer r.eraMu.Unlock()
-	if err == nil && cur == r.era {
-		if id == r.connID {
-			return nil
+	kept := err == nil && cur == r.era // the era key survived
+	if kept && id == r.connID {
+		return nil
+	}
+	regressed := false
+	if kept {
+		var rerr error
+		if regressed, rerr = r.regressed(ctx); rerr != nil {
+			return rerr
 		}
+	}
+	if kept && !regressed {
 		r.connID = id
 		r.stats.reconnects.Add(1)
 		r.dropRows()
@@ -338,12 +381,17 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		r.log.Info("directory reconnected: cached placements will be re-read")
 		return nil
 	}
+	if regressed {
+		r.log.Warn("directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe")
+	}
 	era, id, err := r.ensureEra(ctx)
 	if err != nil {
 		return err
 	}
 	r.era, r.connID = era, id
 	r.stats.wipes.Add(1)
+	// Epochs read before the wipe say nothing about the new era's counter.
+	r.seenEpoch.Store(0)
 	r.dropRows()
 	// Sessions are re-read at once: those the wipe took are revoked, those
 	// registered since keep their Owner.
