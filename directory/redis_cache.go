@@ -127,10 +127,12 @@ func (r *Redis) unwatch(kw keyWatch) {
 // operation's own writes caused) were counted since the watch began, on
 // the same connection, and reports whether it did.
 func (r *Redis) fill(kw keyWatch, own uint64, row redisRow) bool {
-	r.sawEpoch(row.epoch)
 	sh, key := kw.sh, kw.key
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if r.connGen.Load() == kw.gen {
+		r.noteEpoch(row.epoch)
+	}
 	if kw.w.n != kw.base+own || r.connGen.Load() != kw.gen {
 		return false
 	}

@@ -1,11 +1,13 @@
 -- claim resolves or claims one id (R-PL-1..3, R-CS-1).
 -- KEYS[1] placement key
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 row "ns\0id", 5 ns, 6 excluded session
---       ("" for none), 7 request host (lower case, "" for none), 8.. the
---       policy's ranking, best first.
+--       ("" for none), 7 request host (lower case, "" for none), 8 the
+--       highest epoch the calling node read (0: none), 9.. the policy's
+--       ranking, best first.
 -- Returns {"owner", sid, epoch, lease} for a live owner, {"placed", sid,
--- epoch, lease} for a new placement, {"quarantine", stamp}, {"unknown"}
--- (no live worker serves ns) or {"noeligible"}.
+-- epoch, lease} for a new placement, {"quarantine", stamp, "1" when this
+-- call found the directory went back in time, else "0"}, {"unknown"} (no
+-- live worker serves ns) or {"noeligible"}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local row, ns, exclude, host = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 
@@ -18,6 +20,11 @@ if cur then
   end
 end
 
+-- A new placement after Redis went back in time would place lost ids a
+-- second time: checked before anything is minted, since a mint raises the
+-- counter past what any node read (regressed in redis_lib.lua).
+local back = regressed(P, ARGV[8], 'r' .. ARGV[2] .. '-' .. ARGV[8])
+
 -- Cold start: the first placement attempt stamps the bucket and every
 -- placement waits one lease from there, so workers that outlived a wipe
 -- re-register and reclaim their ids before anything is placed twice.
@@ -27,7 +34,7 @@ if not stamp then
   stamp = ARGV[2]
 end
 if now < tonumber(stamp) + ttl then
-  return { 'quarantine', stamp }
+  return { 'quarantine', stamp, back and '1' or '0' }
 end
 
 -- When live workers bound to the request's host serve ns, only they are
@@ -50,7 +57,7 @@ end
 
 -- The first ranked candidate that is still eligible wins.
 local pick
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   if candidate(ARGV[i]) then
     pick = ARGV[i]
     break

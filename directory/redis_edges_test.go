@@ -97,6 +97,52 @@ func TestRedisSnapshotRestoreIsAWipe_RCS1_RPL1(t *testing.T) {
 	}
 }
 
+// The first new placement after Redis went back in time finds it when its
+// node read a lost placement: checked inside the claim, before anything is
+// minted — a mint raises the epoch counter past every epoch read before,
+// so a node's later revalidation could no longer tell (R-CS-1). The other
+// nodes take the new era at their next check.
+func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	const ttl = 30 * time.Second
+	a := openNode(t, srv.URL(), "lost", ttl)
+	b := openNode(t, srv.URL(), "lost", ttl)
+	now := warmRedis(t, a, time.Now())
+	register(t, a, "a", 1e6, now)
+	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B routes y: it has read y's epoch.
+	if r, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); err != nil || r.Epoch != r1.Epoch {
+		t.Fatalf("cannot resolve y through B: %+v %v", r, err)
+	}
+	// What a restore from a snapshot taken before y does to the counter;
+	// the connections stay, so no revalidation runs.
+	if _, err := srv.Do("SET", "{lost}:epoch", strconv.FormatUint(r1.Epoch-1000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	later := now.Add(time.Millisecond)
+	_, err = b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: later})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement after the directory went back; got %v; want the cold-start quarantine", err)
+	}
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: later}); !errors.As(err, &q) {
+		t.Fatalf("unexpected placement through A; got %v; want the quarantine", err)
+	}
+	waitFor(t, 10*time.Second, "node A to take the new era", func() bool {
+		_ = a.Revalidate(ctx)
+		return a.Stats().Wipes > 0
+	})
+	past := later.Add(ttl)
+	register(t, a, "a2", 1e6, past)
+	if r, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: past}); err != nil || r.Epoch <= r1.Epoch {
+		t.Fatalf("unexpected placement after the quarantine; got %+v %v; want an epoch above %d", r, err, r1.Epoch)
+	}
+}
+
 // A reconnect to a Redis that kept everything (a network blip, a restart
 // from an up-to-date snapshot) is not a wipe: no quarantine (R-CS-1).
 func TestRedisRestartWithCurrentSnapshotIsNoWipe_RCS1(t *testing.T) {

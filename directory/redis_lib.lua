@@ -43,6 +43,26 @@ local function mint(P, now)
   return fmt(e)
 end
 
+-- regressed handles a directory that went back in time — a restart from an
+-- older snapshot, a promoted replica that lagged: the caller read an epoch
+-- (seen) that the counter, which only grows while Redis keeps its data,
+-- never reached here. The placements made since are lost while their
+-- workers still hold the instances, so it is a wipe (R-CS-1): a new era
+-- (every node drops its cache at its next check), the cold-start stamp
+-- cleared (the next placement attempt starts the quarantine), and the
+-- counter raised to seen so other nodes' checks find nothing more. Returns
+-- true when it did.
+local function regressed(P, seen, era)
+  seen = tonumber(seen) or 0
+  if seen <= 0 or tonumber(redis.call('GET', P .. 'epoch') or '0') >= seen then
+    return false
+  end
+  redis.call('SET', P .. 'epoch', fmt(seen))
+  redis.call('SET', P .. 'era', era)
+  redis.call('DEL', P .. 'stamp')
+  return true
+end
+
 -- eligible: live, serving ns, not draining by its own flag or an operator
 -- drain of its client id, not degraded, not excluded (R-PL-1, R-LS-3).
 local function eligible(P, sid, ns, now, exclude)

@@ -66,8 +66,9 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err != nil {
 		return Route{}, err
 	}
-	args := make([]string, 0, 7+len(ranked))
-	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, strings.ToLower(req.Host))
+	args := make([]string, 0, 8+len(ranked))
+	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, strings.ToLower(req.Host),
+		strconv.FormatUint(r.seenEpoch.Load(), 10))
 	args = append(args, ranked...)
 	r.stats.claims.Add(1)
 	msg, back, err := r.execTracked(ctx, "place.claim", scriptClaim, key, args, []string{key}, nil, false)
@@ -92,6 +93,12 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		stamp := time.Time{}
 		if len(reply) > 1 {
 			stamp = fromMicros(reply[1])
+		}
+		if len(reply) > 2 && reply[2] == "1" {
+			// This claim found the directory went back in time and
+			// started a new era: the revalidator drops this node's cache.
+			r.log.Warn("directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe")
+			r.flushed()
 		}
 		rem := stamp.Add(r.ttl).Sub(req.Now)
 		if rem <= 0 {
@@ -125,7 +132,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errOwnerGone)
 	}
 	s.setLease(fromMicros(reply[3]))
-	r.sawEpoch(ep)
+	r.sawEpoch(kw, ep)
 	placed := reply[0] == "placed"
 	own := uint64(0)
 	if placed {

@@ -325,8 +325,20 @@ func (r *Redis) regressed(ctx context.Context) (bool, error) {
 	return reply[1] == "1" || reply[0] != r.era, nil
 }
 
-// sawEpoch records a placement epoch read from Redis.
-func (r *Redis) sawEpoch(ep uint64) {
+// sawEpoch records a placement epoch a claim under kw returned, unless a
+// wipe or reconnect came in between (its epoch may be of the old era).
+// Under the shard lock: a wipe's dropRows takes every shard lock after
+// moving connGen and before it clears seenEpoch.
+func (r *Redis) sawEpoch(kw keyWatch, ep uint64) {
+	kw.sh.mu.Lock()
+	defer kw.sh.mu.Unlock()
+	if r.connGen.Load() == kw.gen {
+		r.noteEpoch(ep)
+	}
+}
+
+// noteEpoch raises seenEpoch to ep.
+func (r *Redis) noteEpoch(ep uint64) {
 	for {
 		cur := r.seenEpoch.Load()
 		if ep <= cur || r.seenEpoch.CompareAndSwap(cur, ep) {
@@ -390,9 +402,11 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	}
 	r.era, r.connID = era, id
 	r.stats.wipes.Add(1)
-	// Epochs read before the wipe say nothing about the new era's counter.
-	r.seenEpoch.Store(0)
 	r.dropRows()
+	// Epochs read before the wipe say nothing about the new era's counter.
+	// After dropRows: a fill or claim that saw the old generation has
+	// recorded its epoch by now, and later ones see the new one.
+	r.seenEpoch.Store(0)
 	// Sessions are re-read at once: those the wipe took are revoked, those
 	// registered since keep their Owner.
 	r.leaseGen.Add(1)
