@@ -23,7 +23,7 @@ end
 -- A new placement after Redis went back in time would place lost ids a
 -- second time: checked before anything is minted, since a mint raises the
 -- counter past what any node read (regressed in redis_lib.lua).
-local back = regressed(P, ARGV[8], 'r' .. ARGV[2] .. '-' .. ARGV[8])
+local back = regressed(P, ARGV[8], ARGV[2] .. '-r' .. ARGV[8])
 
 -- Cold start: the first placement attempt stamps the bucket and every
 -- placement waits one lease from there, so workers that outlived a wipe

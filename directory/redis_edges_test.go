@@ -129,8 +129,20 @@ func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
 	if !errors.As(err, &q) {
 		t.Fatalf("unexpected first placement after the directory went back; got %v; want the cold-start quarantine", err)
 	}
-	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: later}); !errors.As(err, &q) {
+	era, err := srv.Do("GET", "{lost}:era")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B's revalidator drops its cache by itself, well before its periodic
+	// check (10 s).
+	waitFor(t, 3*time.Second, "node B to take the new era", func() bool { return b.Stats().Wipes > 0 })
+	// A read y's epoch too; the counter B raised keeps A's claim from
+	// starting yet another era (which would be named after its later now).
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: later.Add(time.Millisecond)}); !errors.As(err, &q) {
 		t.Fatalf("unexpected placement through A; got %v; want the quarantine", err)
+	}
+	if again, err := srv.Do("GET", "{lost}:era"); err != nil || again != era {
+		t.Fatalf("the era changed again after A's claim: %q, then %q (%v)", era, again, err)
 	}
 	waitFor(t, 10*time.Second, "node A to take the new era", func() bool {
 		_ = a.Revalidate(ctx)
@@ -140,6 +152,72 @@ func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
 	register(t, a, "a2", 1e6, past)
 	if r, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: past}); err != nil || r.Epoch <= r1.Epoch {
 		t.Fatalf("unexpected placement after the quarantine; got %+v %v; want an epoch above %d", r, err, r1.Epoch)
+	}
+}
+
+// A reconnect after a wipe is not taken for the directory going back in
+// time: what a node read before the wipe is forgotten with it, though the
+// wiped Redis has no epoch counter yet (R-CS-1).
+func TestRedisReconnectAfterWipeIsNoRegression_RCS1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "again", 30*time.Second)
+	now := warmRedis(t, a, time.Now())
+	register(t, a, "a", 1e6, now)
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node A to find the wipe", func() bool { return a.Stats().Wipes > 0 })
+	if _, err := srv.Do("CLIENT", "KILL", "TYPE", "normal"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node A to reconnect", func() bool {
+		_ = a.Revalidate(ctx)
+		return a.Stats().Reconnects > 0 || a.Stats().Wipes > 1
+	})
+	if s := a.Stats(); s.Wipes != 1 {
+		t.Fatalf("unexpected wipes after a reconnect to the wiped directory; got %d; want 1 (reconnects %d)", s.Wipes, s.Reconnects)
+	}
+}
+
+// A dump from before a wipe loaded after it (FLUSHALL, placements resume,
+// then a restart from the old RDB file) brings back an era older than the
+// one the node knew, and the old cold-start stamp: it starts a new era
+// and the quarantine, or the ids placed since would be placed again
+// (R-CS-1).
+func TestRedisOlderEraComesBack_RCS1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	const ttl = 30 * time.Second
+	a := openNode(t, srv.URL(), "old", ttl)
+	now := warmRedis(t, a, time.Now())
+	register(t, a, "a", 1e6, now)
+	if _, err := srv.Do("SAVE"); err != nil { // era E0, stamp long past
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node A to find the wipe", func() bool { return a.Stats().Wipes > 0 })
+	now = warmRedis(t, a, now.Add(time.Millisecond)) // era E1, placements resume
+	register(t, a, "a", 1e6, now)
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Restart(); err != nil { // loads E0's dump
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node A to find the old era", func() bool {
+		_ = a.Revalidate(ctx)
+		return a.Stats().Wipes > 1
+	})
+	_, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now.Add(time.Millisecond)})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected placement after an old dump came back; got %v; want the cold-start quarantine", err)
 	}
 }
 

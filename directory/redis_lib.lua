@@ -52,14 +52,20 @@ end
 -- cleared (the next placement attempt starts the quarantine), and the
 -- counter raised to seen so other nodes' checks find nothing more. Returns
 -- true when it did.
+local function rotate(P, seen, era)
+  if tonumber(redis.call('GET', P .. 'epoch') or '0') < seen then
+    redis.call('SET', P .. 'epoch', fmt(seen))
+  end
+  redis.call('SET', P .. 'era', era)
+  redis.call('DEL', P .. 'stamp')
+end
+
 local function regressed(P, seen, era)
   seen = tonumber(seen) or 0
   if seen <= 0 or tonumber(redis.call('GET', P .. 'epoch') or '0') >= seen then
     return false
   end
-  redis.call('SET', P .. 'epoch', fmt(seen))
-  redis.call('SET', P .. 'era', era)
-  redis.call('DEL', P .. 'stamp')
+  rotate(P, seen, era)
   return true
 end
 

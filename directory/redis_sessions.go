@@ -229,7 +229,7 @@ func (r *Redis) openEra(ctx context.Context) error {
 func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 	k := r.prefix + "era"
 	res := r.c.DoMulti(ctx,
-		r.c.B().Set().Key(k).Value(randomHex(16)).Nx().Build(),
+		r.c.B().Set().Key(k).Value(newEra(r.now())).Nx().Build(),
 		r.c.B().Get().Key(k).Build(),
 		r.c.B().ClientInfo().Build())
 	if err := res[0].Error(); err != nil && !rueidis.IsRedisNil(err) {
@@ -309,13 +309,13 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 // time: this node read an epoch above Redis's epoch counter, or another
 // node found that and started a new era (redis_regress.lua). Callers hold
 // eraMu.
-func (r *Redis) regressed(ctx context.Context) (bool, error) {
+func (r *Redis) regressed(ctx context.Context, force bool) (bool, error) {
 	seen := r.seenEpoch.Load()
-	if seen == 0 {
+	if seen == 0 && !force {
 		return false, nil
 	}
 	reply, err := r.run(ctx, "revalidate.epoch", scriptRegress, r.prefix+"era",
-		[]string{r.prefix, strconv.FormatUint(seen, 10), randomHex(16)}).AsStrSlice()
+		[]string{r.prefix, strconv.FormatUint(seen, 10), newEra(r.now()), flag(force)}).AsStrSlice()
 	if err != nil {
 		return false, err
 	}
@@ -323,6 +323,27 @@ func (r *Redis) regressed(ctx context.Context) (bool, error) {
 		return false, errShortReply
 	}
 	return reply[1] == "1" || reply[0] != r.era, nil
+}
+
+// newEra names a new era: its creation time in microseconds, then random
+// hex. The time orders eras, so a node that finds an era older than the one
+// it knew can tell an old dump came back (eraTime).
+func newEra(now time.Time) string {
+	return strconv.FormatInt(now.UnixMicro(), 10) + "-" + randomHex(8)
+}
+
+// eraTime returns the creation time of an era named by newEra (the claim
+// script's are "<µs>-r<epoch>"), 0 for an era without one.
+func eraTime(era string) int64 {
+	t, _, ok := strings.Cut(era, "-")
+	if !ok {
+		return 0
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return v
 }
 
 // sawEpoch records a placement epoch a claim under kw returned, unless a
@@ -376,7 +397,7 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	regressed := false
 	if kept {
 		var rerr error
-		if regressed, rerr = r.regressed(ctx); rerr != nil {
+		if regressed, rerr = r.regressed(ctx, false); rerr != nil {
 			return rerr
 		}
 	}
@@ -392,6 +413,16 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		r.smu.RUnlock()
 		r.log.Info("directory reconnected: cached placements will be re-read")
 		return nil
+	}
+	if !kept && err == nil && eraTime(cur) < eraTime(r.era) {
+		// An era older than the one this node knew: a dump from before a
+		// wipe was loaded. Its cold-start stamp is old, so without a new
+		// era placements would not wait for the workers that hold ids
+		// placed since.
+		if _, rerr := r.regressed(ctx, true); rerr != nil {
+			return rerr
+		}
+		regressed = true
 	}
 	if regressed {
 		r.log.Warn("directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe")
