@@ -130,10 +130,11 @@ func (r *Redis) fill(kw keyWatch, own uint64, row redisRow) bool {
 	sh, key := kw.sh, kw.key
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if r.connGen.Load() == kw.gen {
-		r.noteEpoch(row.epoch)
+	if r.connGen.Load() != kw.gen {
+		return false
 	}
-	if kw.w.n != kw.base+own || r.connGen.Load() != kw.gen {
+	r.noteEpoch(row.epoch) // read in this generation, even if stale now
+	if kw.w.n != kw.base+own {
 		return false
 	}
 	if _, ok := sh.rows[key]; !ok && len(sh.rows) >= r.maxRows {

@@ -10,17 +10,27 @@ import (
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
+// startDirectory starts a redis-server and n nodes on one directory
+// (prefix, ttl), passes the cold start through the first and registers
+// worker "a" there: the set-up of the tests below.
+func startDirectory(t *testing.T, prefix string, ttl time.Duration, n int) (*redistest.Server, []*directory.Redis, string, time.Time) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	nodes := make([]*directory.Redis, n)
+	for i := range nodes {
+		nodes[i] = openNode(t, srv.URL(), prefix, ttl)
+	}
+	now := warmRedis(t, nodes[0], time.Now())
+	return srv, nodes, register(t, nodes[0], "a", 1e6, now), now
+}
+
 // Release then Place on the same node re-places the id, as on the memory
 // store: the release's own invalidation is handled before Release returns,
 // so the next read through the client cache cannot return the released row
 // (R-PL-2, R-PL-6: a refused id is released and placed again).
 func TestRedisReleaseThenPlaceSameNode_RPL2(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "rel", 10*time.Second)
-	b := openNode(t, srv.URL(), "rel", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
+	_, nodes, wa, now := startDirectory(t, "rel", 10*time.Second, 2)
+	ctx, a, b := ctxT(t), nodes[0], nodes[1]
 	const rounds = 1000
 	for i := range rounds {
 		id := "r" + strconv.Itoa(i)
@@ -52,13 +62,9 @@ func TestRedisReleaseThenPlaceSameNode_RPL2(t *testing.T) {
 // placement attempt starts the cold-start quarantine (R-CS-1), and the
 // epochs minted after it never go back (R-PL-1: workers fence on them).
 func TestRedisSnapshotRestoreIsAWipe_RCS1_RPL1(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
 	const ttl = 30 * time.Second
-	a := openNode(t, srv.URL(), "roll", ttl)
-	b := openNode(t, srv.URL(), "roll", ttl)
-	now := warmRedis(t, a, time.Now())
-	register(t, a, "a", 1e6, now)
+	srv, nodes, _, now := startDirectory(t, "roll", ttl, 2)
+	ctx, a, b := ctxT(t), nodes[0], nodes[1]
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,13 +109,9 @@ func TestRedisSnapshotRestoreIsAWipe_RCS1_RPL1(t *testing.T) {
 // so a node's later revalidation could no longer tell (R-CS-1). The other
 // nodes take the new era at their next check.
 func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
 	const ttl = 30 * time.Second
-	a := openNode(t, srv.URL(), "lost", ttl)
-	b := openNode(t, srv.URL(), "lost", ttl)
-	now := warmRedis(t, a, time.Now())
-	register(t, a, "a", 1e6, now)
+	srv, nodes, _, now := startDirectory(t, "lost", ttl, 2)
+	ctx, a, b := ctxT(t), nodes[0], nodes[1]
 	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
 	if err != nil {
 		t.Fatal(err)
@@ -159,11 +161,8 @@ func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
 // time: what a node read before the wipe is forgotten with it, though the
 // wiped Redis has no epoch counter yet (R-CS-1).
 func TestRedisReconnectAfterWipeIsNoRegression_RCS1(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "again", 30*time.Second)
-	now := warmRedis(t, a, time.Now())
-	register(t, a, "a", 1e6, now)
+	srv, nodes, _, now := startDirectory(t, "again", 30*time.Second, 1)
+	ctx, a := ctxT(t), nodes[0]
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -189,12 +188,9 @@ func TestRedisReconnectAfterWipeIsNoRegression_RCS1(t *testing.T) {
 // and the quarantine, or the ids placed since would be placed again
 // (R-CS-1).
 func TestRedisOlderEraComesBack_RCS1(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
 	const ttl = 30 * time.Second
-	a := openNode(t, srv.URL(), "old", ttl)
-	now := warmRedis(t, a, time.Now())
-	register(t, a, "a", 1e6, now)
+	srv, nodes, _, now := startDirectory(t, "old", ttl, 1)
+	ctx, a := ctxT(t), nodes[0]
 	if _, err := srv.Do("SAVE"); err != nil { // era E0, stamp long past
 		t.Fatal(err)
 	}
@@ -224,11 +220,8 @@ func TestRedisOlderEraComesBack_RCS1(t *testing.T) {
 // A reconnect to a Redis that kept everything (a network blip, a restart
 // from an up-to-date snapshot) is not a wipe: no quarantine (R-CS-1).
 func TestRedisRestartWithCurrentSnapshotIsNoWipe_RCS1(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "keep", 30*time.Second)
-	now := warmRedis(t, a, time.Now())
-	register(t, a, "a", 1e6, now)
+	srv, nodes, _, now := startDirectory(t, "keep", 30*time.Second, 1)
+	ctx, a := ctxT(t), nodes[0]
 	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
 	if err != nil {
 		t.Fatal(err)
@@ -251,11 +244,8 @@ func TestRedisRestartWithCurrentSnapshotIsNoWipe_RCS1(t *testing.T) {
 // EVALSHA with NOSCRIPT; every kind of script call then runs the script
 // with EVAL and succeeds (R-PL-1, R-REG-2, R-REG-3).
 func TestRedisScriptCacheLost_RPL1_RREG2_RREG3(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "nos", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 100, now)
+	srv, nodes, wa, now := startDirectory(t, "nos", 10*time.Second, 1)
+	ctx, a := ctxT(t), nodes[0]
 	flush := func() {
 		t.Helper()
 		if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {

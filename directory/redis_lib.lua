@@ -43,15 +43,9 @@ local function mint(P, now)
   return fmt(e)
 end
 
--- regressed handles a directory that went back in time — a restart from an
--- older snapshot, a promoted replica that lagged: the caller read an epoch
--- (seen) that the counter, which only grows while Redis keeps its data,
--- never reached here. The placements made since are lost while their
--- workers still hold the instances, so it is a wipe (R-CS-1): a new era
--- (every node drops its cache at its next check), the cold-start stamp
--- cleared (the next placement attempt starts the quarantine), and the
--- counter raised to seen so other nodes' checks find nothing more. Returns
--- true when it did.
+-- rotate starts a new era: the epoch counter raised to seen (so other
+-- nodes' checks find nothing more), the era key set, the cold-start stamp
+-- cleared (the next placement attempt starts the quarantine).
 local function rotate(P, seen, era)
   if tonumber(redis.call('GET', P .. 'epoch') or '0') < seen then
     redis.call('SET', P .. 'epoch', fmt(seen))
@@ -60,6 +54,12 @@ local function rotate(P, seen, era)
   redis.call('DEL', P .. 'stamp')
 end
 
+-- regressed handles a directory that went back in time — a restart from an
+-- older snapshot, a promoted replica that lagged: the caller read an epoch
+-- (seen) that the counter, which only grows while Redis keeps its data,
+-- never reached here. The placements made since are lost while their
+-- workers still hold the instances, so it is a wipe (R-CS-1): rotate, and
+-- every node drops its cache at its next check. Returns true when it did.
 local function regressed(P, seen, era)
   seen = tonumber(seen) or 0
   if seen <= 0 or tonumber(redis.call('GET', P .. 'epoch') or '0') >= seen then

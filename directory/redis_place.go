@@ -97,7 +97,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		if len(reply) > 2 && reply[2] == "1" {
 			// This claim found the directory went back in time and
 			// started a new era: the revalidator drops this node's cache.
-			r.log.Warn("directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe")
+			r.log.Warn(msgWentBack)
 			r.flushed()
 		}
 		rem := stamp.Add(r.ttl).Sub(req.Now)

@@ -305,10 +305,14 @@ func (r *Redis) revalidateLoop(ctx context.Context) {
 	}
 }
 
+// msgWentBack is logged by the node that finds the directory went back in
+// time, by a claim or by revalidation.
+const msgWentBack = "directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe"
+
 // regressed reports, after a reconnect, whether the directory went back in
 // time: this node read an epoch above Redis's epoch counter, or another
-// node found that and started a new era (redis_regress.lua). Callers hold
-// eraMu.
+// node found that and started a new era (redis_regress.lua). With force it
+// starts a new era regardless. Callers hold eraMu.
 func (r *Redis) regressed(ctx context.Context, force bool) (bool, error) {
 	seen := r.seenEpoch.Load()
 	if seen == 0 && !force {
@@ -394,12 +398,20 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	if kept && id == r.connID {
 		return nil
 	}
-	regressed := false
-	if kept {
-		var rerr error
-		if regressed, rerr = r.regressed(ctx, false); rerr != nil {
-			return rerr
-		}
+	// Lost data that kept an era key: an epoch this node read is above the
+	// counter, or the era is older than the one it knew (an old dump loaded
+	// after a wipe, whose cold-start stamp would let placements through).
+	var regressed bool
+	var rerr error
+	switch {
+	case kept:
+		regressed, rerr = r.regressed(ctx, false)
+	case err == nil && eraTime(cur) < eraTime(r.era):
+		_, rerr = r.regressed(ctx, true)
+		regressed = true
+	}
+	if rerr != nil {
+		return rerr
 	}
 	if kept && !regressed {
 		r.connID = id
@@ -414,18 +426,8 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		r.log.Info("directory reconnected: cached placements will be re-read")
 		return nil
 	}
-	if !kept && err == nil && eraTime(cur) < eraTime(r.era) {
-		// An era older than the one this node knew: a dump from before a
-		// wipe was loaded. Its cold-start stamp is old, so without a new
-		// era placements would not wait for the workers that hold ids
-		// placed since.
-		if _, rerr := r.regressed(ctx, true); rerr != nil {
-			return rerr
-		}
-		regressed = true
-	}
 	if regressed {
-		r.log.Warn("directory went back in time (a restart from an older snapshot, or a lagging replica promoted): placements made since are lost; handled as a wipe")
+		r.log.Warn(msgWentBack)
 	}
 	era, id, err := r.ensureEra(ctx)
 	if err != nil {

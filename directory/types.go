@@ -87,9 +87,6 @@ func (o *Owner) SetLeaseUntil(t time.Time) {
 // superseded registration, a session gone from Redis).
 func (o *Owner) Revoke() { o.leaseUntil.Store(revokedLease) }
 
-// Revoked reports whether Revoke was called.
-func (o *Owner) Revoked() bool { return o.leaseUntil.Load() == revokedLease }
-
 // Route is a resolved placement: the owning session and the placement epoch
 // the worker fences on (the `pinboard-epoch` header).
 type Route struct {

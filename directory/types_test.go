@@ -12,7 +12,7 @@ import (
 func TestOwnerRevokeIsFinal_RLS2(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	o := NewOwner("s1", "c1", "http://127.0.0.1:1/", nil, now.Add(time.Second))
-	if !o.Live(now) || o.Revoked() {
+	if !o.Live(now) || o.leaseUntil.Load() == revokedLease {
 		t.Fatal("a new owner with a future lease is not live")
 	}
 	o.SetLeaseUntil(now.Add(2 * time.Second))
@@ -21,7 +21,7 @@ func TestOwnerRevokeIsFinal_RLS2(t *testing.T) {
 	}
 	o.Revoke()
 	o.SetLeaseUntil(now.Add(time.Hour))
-	if o.Live(now) || !o.Revoked() {
+	if o.Live(now) || o.leaseUntil.Load() != revokedLease {
 		t.Fatal("a renewal after Revoke revived the owner")
 	}
 	if !o.LeaseUntil().Before(now) {

@@ -300,6 +300,21 @@ var bodyUnattested = []byte(`{"detail":"invalid attestation"}`)
 // worker that keeps refusing (a wrong secret) still gets its 403 through.
 var unattestedWaits = [...]time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond}
 
+// afterGap pauses for step waits of unattestedWaits, the worker not
+// having taken its session yet, and resolves the id again: a
+// re-registration moves it to the new session. A failed resolution is
+// answered here (false).
+func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (directory.Route, time.Time, bool) {
+	time.Sleep(unattestedWaits[waits])
+	now := p.now()
+	route, err := p.resolve(ctx, rq, now)
+	if err != nil {
+		placeFailed(ctx, err)
+		return route, now, false
+	}
+	return route, now, true
+}
+
 // forward sends the request to the route's owner and sets up the relay of
 // its response. A worker refusing an activation in-band (R-PL-6) gets its
 // placement released and the id is placed once more, elsewhere.
@@ -334,16 +349,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		p.prepare(ctx, rq, st, route, now)
 		out := p.roundTrip(ctx, st, now, replayable, replayable && waits < len(unattestedWaits))
 		if out == unattested {
-			// The worker has not taken its session yet (see
-			// unattestedWaits): ask the directory again, since a
-			// re-registration moves the id to the new session.
-			time.Sleep(unattestedWaits[waits])
-			waits++
-			now = p.now()
-			if route, err = p.resolve(ctx, rq, now); err != nil {
-				placeFailed(ctx, err)
+			var ok bool
+			if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
 				break
 			}
+			waits++
 			continue
 		}
 		if out != refused {

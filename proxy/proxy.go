@@ -241,15 +241,11 @@ func (p *Proxy) state(o *directory.Owner) (*ownerState, error) {
 	if err != nil {
 		return nil, err
 	}
-	fresh := &ownerState{up: up}
-	if ok {
-		fresh.born = st.born
-	} else {
-		fresh.born = p.now().UnixNano()
-	}
 	if !ok {
+		fresh := &ownerState{up: up, born: p.now().UnixNano()}
 		return o.SetExtIfAbsent(fresh).(*ownerState), nil
 	}
+	fresh := &ownerState{up: up, born: st.born}
 	if o.CompareAndSwapExt(st, fresh) {
 		return fresh, nil
 	}

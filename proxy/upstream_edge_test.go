@@ -91,18 +91,13 @@ func TestEarlyAnswerDuringIdleUpload_RDP2(t *testing.T) {
 		rw.WriteHeader(401)
 		rw.Write([]byte(`{"detail":"no"}`))
 	})
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := rg.rawStatus("POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
 	if err != nil {
 		t.Fatalf("no answer within 3s although the worker answered 401 at once: %v", err)
 	}
-	t.Logf("got %q", line)
+	if !strings.HasPrefix(line, "HTTP/1.1 401") {
+		t.Fatalf("got %q; want the worker's 401", line)
+	}
 }
 
 // A worker that takes longer than ResponseHeaderTimeout to answer gives
@@ -163,32 +158,34 @@ func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
 		brw.Flush()
 		time.Sleep(500 * time.Millisecond)
 	})
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	line, _ := bufio.NewReader(c).ReadString('\n')
-	if !strings.HasPrefix(line, "HTTP/1.1 101") {
+	if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
 		t.Fatalf("got %q; want the worker's 101", line)
 	}
 }
 
-// upgrade sends a WebSocket handshake for path through the rig and returns
-// the status line of the answer.
-func (rg *rig) upgrade(path string) string {
+// rawStatus sends raw bytes as a request through the rig on a fresh
+// connection and returns the answer's status line, waiting at most 3 s.
+func (rg *rig) rawStatus(req string) (string, error) {
 	rg.t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 	if err != nil {
 		rg.t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", path)
+	if _, err := io.WriteString(c, req); err != nil {
+		return "", err
+	}
 	c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	line, _ := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(line)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// upgrade sends a WebSocket handshake for path through the rig and returns
+// the status line of the answer.
+func (rg *rig) upgrade(path string) string {
+	rg.t.Helper()
+	line, _ := rg.rawStatus("GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	return line
 }
 
 // The reference worker refuses an upgrade it cannot attest with a bare

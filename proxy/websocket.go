@@ -77,10 +77,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		_ = conn.Close()
 		ctx.Response.Reset()
 		p.metrics.UpstreamError("unattested")
-		time.Sleep(unattestedWaits[waits])
-		now = p.now()
-		if route, err = p.resolve(ctx, rq, now); err != nil {
-			placeFailed(ctx, err)
+		if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
 			return
 		}
 	}
