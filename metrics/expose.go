@@ -142,6 +142,9 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 	if s.RegistryRunning != nil {
 		gauge("pinboard_registry_running", "Registry requests being handled.", func() int64 { return int64(s.RegistryRunning()) })
 	}
+	if s.RegistryCap != nil {
+		gauge("pinboard_registry_capacity", "Registry requests that may be handled at once (the governor moves it between PINBOARD_REGISTRY_MIN_WORKERS and PINBOARD_REGISTRY_WORKERS).", func() int64 { return int64(s.RegistryCap()) })
+	}
 }
 
 var workerStates = [...]string{"healthy", "degraded", "draining", "expired"}

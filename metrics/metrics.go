@@ -55,8 +55,8 @@ type Sources struct {
 	OpenStreams, OpenWebSockets func() int64
 	// OpenConnections: client connections to the public listener.
 	OpenConnections func() int64
-	// RegistryQueue, RegistryRunning: the registry pool.
-	RegistryQueue, RegistryRunning func() int
+	// RegistryQueue, RegistryRunning, RegistryCap: the registry pool.
+	RegistryQueue, RegistryRunning, RegistryCap func() int
 }
 
 // Status classes: index status/100; 0 collects anything outside 100..599.

@@ -150,6 +150,7 @@ func TestWorkersByState(t *testing.T) {
 		OpenConnections: func() int64 { return 7 },
 		RegistryQueue:   func() int { return 3 },
 		RegistryRunning: func() int { return 4 },
+		RegistryCap:     func() int { return 12 },
 	})
 	got := scrape(t, m)
 	want(t, got, `pinboard_directory_up`, "1")
@@ -163,6 +164,7 @@ func TestWorkersByState(t *testing.T) {
 	want(t, got, `pinboard_http_open_connections`, "7")
 	want(t, got, `pinboard_registry_queue_depth`, "3")
 	want(t, got, `pinboard_registry_running`, "4")
+	want(t, got, `pinboard_registry_capacity`, "12")
 
 	m.Attach(Sources{Store: fakeStore{err: errors.New("down")}})
 	got = scrape(t, m)

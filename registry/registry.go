@@ -5,7 +5,9 @@
 // Every request runs on a bounded ants pool apart from the data plane, so a
 // heartbeat storm or slow probes queue up here instead of taking CPU and
 // goroutines from proxied traffic; past the queue bound the registry
-// answers 503 with Retry-After.
+// answers 503 with Retry-After. A governor (governor.go) resizes the pool
+// from the process's scheduling latency, so that registry work that is
+// runnable at once stays small while proxied requests wait for a CPU.
 package registry
 
 import (
@@ -13,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -35,8 +38,14 @@ type Options struct {
 	Prober *Prober
 	// ProbeTimeout bounds one challenge probe; default 2s.
 	ProbeTimeout time.Duration
-	// Workers is the ants pool size; default 64.
+	// Workers is the most registry requests handled at once (the ants
+	// pool's largest capacity); default 64.
 	Workers int
+	// MinWorkers is the smallest capacity the governor shrinks the pool to
+	// while the process's scheduling latency is high (governor.go); default
+	// 4×GOMAXPROCS, at most Workers. MinWorkers equal to Workers turns the
+	// governor off.
+	MinWorkers int
 	// Queue is how many registry requests may wait for a pool worker
 	// before the registry answers 503; default 4096.
 	Queue int
@@ -75,6 +84,9 @@ type Registry struct {
 	log      *slog.Logger
 	obs      Observer
 	stopping atomic.Bool
+	gov      *governor
+	stopGov  context.CancelFunc
+	govDone  chan struct{}
 }
 
 // New returns a Registry; Close releases its pool.
@@ -116,16 +128,38 @@ func New(o Options) (*Registry, error) {
 	if queue <= 0 {
 		queue = 4096
 	}
+	minWorkers := o.MinWorkers
+	if minWorkers <= 0 {
+		minWorkers = 4 * runtime.GOMAXPROCS(0)
+	}
+	minWorkers = min(minWorkers, workers)
 	pool, err := ants.NewPool(workers, ants.WithMaxBlockingTasks(queue), ants.WithExpiryDuration(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the registry pool: %w", err)
 	}
 	r.pool = pool
+	if minWorkers < workers {
+		r.gov = &governor{
+			pool: pool, min: minWorkers, max: workers,
+			target: governorTarget, busyWait: governorBusyWait, maxWait: governorMaxWait,
+			sched: newSchedLatency().p99, log: r.log,
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		r.stopGov, r.govDone = cancel, make(chan struct{})
+		go func() {
+			defer close(r.govDone)
+			r.gov.run(ctx, governorInterval)
+		}()
+	}
 	return r, nil
 }
 
 // Close stops the pool, waiting up to timeout for running tasks.
 func (r *Registry) Close(timeout time.Duration) error {
+	if r.stopGov != nil {
+		r.stopGov()
+		<-r.govDone
+	}
 	return r.pool.ReleaseTimeout(timeout)
 }
 
@@ -138,6 +172,10 @@ func (r *Registry) QueueDepth() int { return r.pool.Waiting() }
 
 // Running is the number of registry requests being handled.
 func (r *Registry) Running() int { return r.pool.Running() }
+
+// Capacity is how many registry requests may be handled at once now: the
+// governor moves it between MinWorkers and Workers.
+func (r *Registry) Capacity() int { return r.pool.Cap() }
 
 // ServeHTTP handles /registry/*. path is the request path with the base
 // path removed. The handler waits for the pool task: fasthttp's ctx must
@@ -157,8 +195,12 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		return
 	}
 	done := make(chan struct{})
+	submitted := time.Now()
 	err := r.pool.Submit(func() {
 		defer close(done)
+		if r.gov != nil {
+			r.gov.waited(time.Since(submitted))
+		}
 		h(ctx)
 	})
 	r.obs.QueueDepth(r.pool.Waiting())

@@ -51,8 +51,9 @@ type Options struct {
 	Upstream proxy.UpstreamOptions
 	// ProbeTimeout bounds one challenge probe; default 2s.
 	ProbeTimeout time.Duration
-	// RegistryWorkers and RegistryQueue size the control plane's pool.
-	RegistryWorkers, RegistryQueue int
+	// RegistryWorkers and RegistryQueue size the control plane's pool;
+	// RegistryMinWorkers is the governor's floor (registry.Options).
+	RegistryWorkers, RegistryMinWorkers, RegistryQueue int
 	// ReadTimeout bounds reading one request (header and body) from a
 	// client; 0 means none. IdleTimeout bounds a keep-alive connection
 	// waiting for its next request; default 75s. HeaderTimeout bounds
@@ -149,6 +150,7 @@ func New(o Options) (*Pinboard, error) {
 		Now:          o.Now,
 		ProbeTimeout: o.ProbeTimeout,
 		Workers:      o.RegistryWorkers,
+		MinWorkers:   o.RegistryMinWorkers,
 		Queue:        o.RegistryQueue,
 		BasePath:     base,
 		Logger:       o.Logger,
@@ -219,6 +221,7 @@ func New(o Options) (*Pinboard, error) {
 			OpenConnections: func() int64 { return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) },
 			RegistryQueue:   reg.QueueDepth,
 			RegistryRunning: reg.Running,
+			RegistryCap:     reg.Capacity,
 		})
 	}
 	return pb, nil

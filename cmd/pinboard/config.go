@@ -25,6 +25,7 @@ type config struct {
 	BasePath      string
 	ProbeTimeout  time.Duration
 	RegWorkers    int
+	RegMinWorkers int // 0: registry's default
 	RegQueue      int
 	Upstream      proxy.UpstreamOptions
 	ReadTimeout   time.Duration
@@ -111,6 +112,12 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	}
 	if c.RegWorkers, err = intVar(get, "PINBOARD_REGISTRY_WORKERS", 64, 1); err != nil {
 		return nil, err
+	}
+	if c.RegMinWorkers, err = intVar(get, "PINBOARD_REGISTRY_MIN_WORKERS", 0, 1); err != nil {
+		return nil, err
+	}
+	if c.RegMinWorkers > c.RegWorkers {
+		return nil, bad("PINBOARD_REGISTRY_MIN_WORKERS", "must be at most PINBOARD_REGISTRY_WORKERS (%d), got %d", c.RegWorkers, c.RegMinWorkers)
 	}
 	if c.RegQueue, err = intVar(get, "PINBOARD_REGISTRY_QUEUE", 4096, 1); err != nil {
 		return nil, err

@@ -50,6 +50,8 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"bad grace", map[string]string{"PINBOARD_SHUTDOWN_GRACE_MS": "-1"}, nil, "PINBOARD_SHUTDOWN_GRACE_MS:"},
 		{"access sample above 1", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "1.5"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE: must be a number from 0 to 1"},
 		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
+		{"registry floor above ceiling", map[string]string{"PINBOARD_REGISTRY_WORKERS": "8", "PINBOARD_REGISTRY_MIN_WORKERS": "9"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be at most PINBOARD_REGISTRY_WORKERS (8), got 9"},
+		{"registry floor zero", map[string]string{"PINBOARD_REGISTRY_MIN_WORKERS": "0"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be an integer >= 1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

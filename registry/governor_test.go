@@ -1,0 +1,222 @@
+package registry
+
+import (
+	"log/slog"
+	"math"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakePool records the capacity the governor sets.
+type fakePool struct{ c int }
+
+func (p *fakePool) Cap() int      { return p.c }
+func (p *fakePool) Tune(size int) { p.c = size }
+
+// testGovernor returns a governor over a fake pool at capacity start whose
+// scheduling latency is whatever *p99 holds (ok false when it is negative).
+func testGovernor(start int, p99 *time.Duration) (*governor, *fakePool) {
+	pool := &fakePool{c: start}
+	return &governor{
+		pool: pool, min: 4, max: 64,
+		target: governorTarget, busyWait: governorBusyWait, maxWait: governorMaxWait,
+		sched: func() (time.Duration, bool) { return *p99, *p99 >= 0 },
+		log:   slog.New(slog.DiscardHandler),
+	}, pool
+}
+
+func TestGovernorShrinksWhileGoroutinesWaitForACPU(t *testing.T) {
+	p99 := 5 * time.Millisecond
+	g, pool := testGovernor(64, &p99)
+	want := []int{48, 36, 27, 21, 16, 12, 9, 7, 6, 5, 4, 4}
+	for i, w := range want {
+		if got := g.step(); got != w || pool.c != w {
+			t.Fatalf("unexpected capacity after step %d; got %d (pool %d); want %d", i+1, got, pool.c, w)
+		}
+	}
+	// A queue wait under maxWait does not outweigh a congested scheduler.
+	g.waited(500 * time.Millisecond)
+	if got := g.step(); got != 4 {
+		t.Fatalf("unexpected capacity with a short queue wait and a congested scheduler; got %d; want 4", got)
+	}
+}
+
+func TestGovernorGrowsOnlyWhenTasksQueue(t *testing.T) {
+	p99 := 200 * time.Microsecond
+	g, pool := testGovernor(8, &p99)
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity with nothing queued; got %d; want 8", got)
+	}
+	g.waited(governorBusyWait - time.Microsecond)
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity after a wait under busyWait; got %d; want 8", got)
+	}
+	g.waited(3 * time.Millisecond)
+	g.waited(governorBusyWait) // the longest wait of the window counts
+	g.waited(time.Millisecond)
+	if got := g.step(); got != 9 {
+		t.Fatalf("unexpected capacity after a queued task; got %d; want 9", got)
+	}
+	// The wait is per window: the next step without one holds.
+	if got := g.step(); got != 9 {
+		t.Fatalf("unexpected capacity in a quiet window; got %d; want 9", got)
+	}
+	for range 40 {
+		g.waited(50 * time.Millisecond)
+		g.step()
+	}
+	if pool.c != 64 {
+		t.Fatalf("unexpected capacity after sustained queueing; got %d; want the maximum 64", pool.c)
+	}
+}
+
+func TestGovernorLivenessBeforeLatency(t *testing.T) {
+	p99 := 20 * time.Millisecond
+	g, _ := testGovernor(4, &p99)
+	g.waited(governorMaxWait)
+	if got := g.step(); got != 5 {
+		t.Fatalf("unexpected capacity after a task waited maxWait on a congested node; got %d; want 5", got)
+	}
+}
+
+func TestGovernorHoldsWithoutASignal(t *testing.T) {
+	p99 := time.Duration(-1) // too few goroutines scheduled to tell
+	g, _ := testGovernor(20, &p99)
+	if got := g.step(); got != 20 {
+		t.Fatalf("unexpected capacity on an idle node; got %d; want 20", got)
+	}
+}
+
+func TestGovernorWaitedIsSafeForConcurrentUse(t *testing.T) {
+	p99 := time.Duration(-1)
+	g, _ := testGovernor(4, &p99)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 1000 {
+				g.waited(time.Duration(i*1000 + j))
+			}
+		}()
+	}
+	wg.Wait()
+	if got := g.longestWait.Load(); got != 7999 {
+		t.Fatalf("unexpected longest wait; got %d; want 7999", got)
+	}
+}
+
+func TestHistogramP99(t *testing.T) {
+	buckets := []float64{0, 1e-6, 1e-5, 1e-4, 1e-3, math.Inf(1)}
+	for _, c := range []struct {
+		name   string
+		counts []uint64
+		want   time.Duration
+		ok     bool
+	}{
+		{"too few to tell", []uint64{0, 10, 10, 0, 0}, 0, false},
+		{"all fast", []uint64{0, 1000, 0, 0, 0}, 10 * time.Microsecond, true},
+		{"one percent slow stays under", []uint64{0, 990, 0, 0, 10}, 10 * time.Microsecond, true},
+		{"two percent slow", []uint64{0, 980, 0, 20, 0}, time.Millisecond, true},
+		{"open last bucket reads its lower bound", []uint64{0, 900, 0, 0, 100}, time.Millisecond, true},
+	} {
+		var total uint64
+		for _, n := range c.counts {
+			total += n
+		}
+		got, ok := histogramP99(c.counts, buckets, total)
+		if got != c.want || ok != c.ok {
+			t.Errorf("%s: unexpected p99; got %v %v; want %v %v", c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestSchedLatencyReadsTheRuntime(t *testing.T) {
+	s := newSchedLatency()
+	if len(s.prev) == 0 {
+		t.Fatal("unexpected empty /sched/latencies:seconds histogram")
+	}
+	// Enough goroutine transitions for a window to tell.
+	var wg sync.WaitGroup
+	for range 4 * minScheduled * 8 {
+		wg.Add(1)
+		go func() { defer wg.Done(); runtime.Gosched() }()
+	}
+	wg.Wait()
+	p99, ok := s.p99()
+	if !ok || p99 <= 0 || p99 > time.Minute {
+		t.Fatalf("unexpected scheduling-latency p99; got %v %v; want a positive duration", p99, ok)
+	}
+	// The next window starts empty.
+	if _, ok := s.p99(); ok {
+		t.Fatal("unexpected p99 from a window with no scheduling events")
+	}
+}
+
+func TestRegistryGovernorBounds(t *testing.T) {
+	for _, c := range []struct {
+		workers, min int
+		floor        int // 0: no governor
+	}{
+		{64, 0, min(64, 4*runtime.GOMAXPROCS(0))},
+		{64, 3, 3},
+		{64, 64, 0}, // MinWorkers = Workers turns the governor off
+		{8, 100, 0}, // and so does a larger one (clamped)
+	} {
+		r, err := New(Options{Passport: testPassport(t), Workers: c.workers, MinWorkers: c.min, LeaseTTL: testTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Capacity(); got != c.workers {
+			t.Errorf("unexpected starting capacity; got %d; want Workers=%d", got, c.workers)
+		}
+		floor := 0
+		if r.gov != nil {
+			floor = r.gov.min
+		}
+		if floor != c.floor {
+			t.Errorf("Workers=%d MinWorkers=%d: unexpected governor floor; got %d; want %d", c.workers, c.min, floor, c.floor)
+		}
+		if err := r.Close(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The registry reports each task's queue wait to the governor: a request
+// that waited behind a busy pool worker shows up in the next step.
+func TestRegistryReportsQueueWait(t *testing.T) {
+	h := newHarness(t)
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 2, MinWorkers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	// Stop the governor's own steps: the test reads the wait they reset.
+	r.stopGov()
+	<-r.govDone
+	r.stopGov = nil
+	r.pool.Tune(1)
+	block := make(chan struct{})
+	started := make(chan struct{})
+	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	r.gov.longestWait.Store(0)
+	done := make(chan response)
+	go func() { done <- h.do(r, "GET", "/registry/health", operatorToken, "") }()
+	for r.pool.Waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(block)
+	if res := <-done; res.status != 200 {
+		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+	}
+	if got := time.Duration(r.gov.longestWait.Load()); got < 20*time.Millisecond {
+		t.Fatalf("unexpected recorded queue wait; got %v; want at least 20ms", got)
+	}
+}
