@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -47,13 +46,14 @@ func readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 // decode parses a JSON body into v. Syntax errors are errInvalidJSON;
 // well-formed JSON of the wrong shape (a wrong type, a non-object) is
 // errShape, answered with the endpoint's "expected { … }" message.
+//
+// One json.Unmarshal does both: it checks the whole input before it
+// decodes anything, and a syntax error is its own type.
 func decode(b []byte, v any) error {
-	if !json.Valid(b) {
-		return errInvalidJSON
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	if err := dec.Decode(v); err != nil {
+	if err := json.Unmarshal(b, v); err != nil {
+		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+			return errInvalidJSON
+		}
 		return errShape
 	}
 	if !exactKeys(b, reflect.TypeOf(v).Elem()) {
