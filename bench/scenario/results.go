@@ -206,6 +206,18 @@ type Agg struct {
 }
 
 func (r *Results) agg(scenario, phase, target string) Agg {
+	return r.aggWhere(scenario, phase, target, nil)
+}
+
+// otherLoadCores is the CPU other processes must use during a phase for
+// the phase to be flagged as measured under other load.
+const otherLoadCores = 0.2
+
+// quiet keeps the phases measured without other load.
+func quiet(run *Record) bool { return run.ForeignCores < otherLoadCores }
+
+// aggWhere is agg over the rounds keep accepts (nil: all).
+func (r *Results) aggWhere(scenario, phase, target string, keep func(*Record) bool) Agg {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := Agg{Hist: bench.NewHist(), ErrorKinds: map[string]uint64{}}
@@ -213,6 +225,9 @@ func (r *Results) agg(scenario, phase, target string) Agg {
 	var foreign float64
 	for _, run := range r.Runs {
 		if run.Scenario != scenario || run.Target != target || run.Phase != phase {
+			continue
+		}
+		if keep != nil && !keep(run) {
 			continue
 		}
 		a.N++

@@ -398,7 +398,7 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 	if n := s.ErrorCount() + s.Dropped; n > 0 {
 		line += fmt.Sprintf("  errors %d %v", n, s.Errors)
 	}
-	if run.ForeignCores >= 0.2 {
+	if !quiet(run) {
 		line += fmt.Sprintf("  [other load %.1f CPUs]", run.ForeignCores)
 	}
 	r.logf("%s", line)

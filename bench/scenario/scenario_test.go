@@ -204,3 +204,48 @@ func throughJSON(t *testing.T, res *Results) *Results {
 	}
 	return &back
 }
+
+// TestStormImpactLeavesOutLoudWindows: the storm's data-plane impact
+// compares windows measured without other load when each side keeps one,
+// says how many it left out, and falls back to every window otherwise.
+func TestStormImpactLeavesOutLoudWindows(t *testing.T) {
+	window := func(res *Results, phase string, round int, p99us, foreign float64) {
+		h := bench.NewHist()
+		h.RecordN(int64(p99us*1000), 100)
+		res.add(&Record{Scenario: "storm", Target: pinboard, Phase: phase, Round: round, ForeignCores: foreign,
+			Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h)}})
+		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10})
+	}
+	res := &Results{Rounds: 2}
+	window(res, "storm-on", 1, 8000, 0)
+	window(res, "storm-off", 1, 4000, 0)
+	window(res, "storm-off", 2, 9000, 0.5) // another tenant took half a CPU
+	window(res, "storm-on", 2, 8000, 0.1)
+	st := stormSummary(res)
+	if st.loud != 1 || st.onAgg.N != 2 || st.offAgg.N != 1 {
+		t.Fatalf("unexpected windows; got %d left out, %d on, %d off; want 1, 2, 1", st.loud, st.onAgg.N, st.offAgg.N)
+	}
+	if st.impact < 0.9 || st.impact > 1.1 {
+		t.Fatalf("unexpected impact; got %+.0f%%; want about +100%% (8 ms on vs 4 ms off)", st.impact*100)
+	}
+	var g Goal
+	for _, x := range Goals(res) {
+		if x.Name == "Heartbeat storm: data-plane p99 impact" {
+			g = x
+		}
+	}
+	if g.Met || !strings.Contains(g.Measured, "; 1 window under other load left out") {
+		t.Fatalf("unexpected goal; got %+v", g)
+	}
+	if md := Markdown(res, nil, nil); !strings.Contains(md, "| storm off (1 window) |") || !strings.Contains(md, "left out of both rows (1 here)") {
+		t.Fatalf("unexpected storm section:\n%s", md)
+	}
+
+	// Every off window loud: compare them all rather than nothing.
+	res = &Results{Rounds: 1}
+	window(res, "storm-on", 1, 8000, 0)
+	window(res, "storm-off", 1, 8000, 0.5)
+	if st := stormSummary(res); st.loud != 0 || st.offAgg.N != 1 || st.impact > 0.1 {
+		t.Fatalf("unexpected fallback; got %d left out, %d off, impact %+.0f%%", st.loud, st.offAgg.N, st.impact*100)
+	}
+}
