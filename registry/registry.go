@@ -44,7 +44,7 @@ type Options struct {
 	// MinWorkers is the smallest capacity the governor shrinks the pool to
 	// while the process's scheduling latency is high (governor.go); default
 	// 4×GOMAXPROCS, at most Workers. MinWorkers equal to Workers turns the
-	// governor off.
+	// governor off (so do the defaults from GOMAXPROCS 16 up).
 	MinWorkers int
 	// Queue is how many registry requests may wait for a pool worker
 	// before the registry answers 503; default 4096.
