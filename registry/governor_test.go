@@ -9,18 +9,20 @@ import (
 	"time"
 )
 
-// fakePool records the capacity the governor sets.
-type fakePool struct{ c int }
+// fakePool records the capacity the governor sets; waiting is how many
+// tasks it says are queued.
+type fakePool struct{ c, waiting int }
 
 func (p *fakePool) Cap() int      { return p.c }
 func (p *fakePool) Tune(size int) { p.c = size }
+func (p *fakePool) Waiting() int  { return p.waiting }
 
 // testGovernor returns a governor over a fake pool at capacity start whose
 // scheduling latency is whatever *p99 holds (ok false when it is negative).
 func testGovernor(start int, p99 *time.Duration) (*governor, *fakePool) {
 	pool := &fakePool{c: start}
 	return &governor{
-		pool: pool, min: 4, max: 64,
+		pool: pool, min: 4, max: 64, interval: governorInterval,
 		target: governorTarget, busyWait: governorBusyWait, maxWait: governorMaxWait,
 		sched: func() (time.Duration, bool) { return *p99, *p99 >= 0 },
 		log:   slog.New(slog.DiscardHandler),
@@ -76,8 +78,33 @@ func TestGovernorLivenessBeforeLatency(t *testing.T) {
 	p99 := 20 * time.Millisecond
 	g, _ := testGovernor(4, &p99)
 	g.waited(governorMaxWait)
-	if got := g.step(); got != 5 {
-		t.Fatalf("unexpected capacity after a task waited maxWait on a congested node; got %d; want 5", got)
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity after a task waited maxWait on a congested node; got %d; want 8", got)
+	}
+}
+
+// Every worker stuck (probes to unreachable workers): no wait ends to be
+// recorded, but a queue that stays non-empty for maxWait doubles the pool.
+func TestGovernorGrowsWhenTheQueueNeverDrains(t *testing.T) {
+	p99 := 20 * time.Millisecond
+	g, pool := testGovernor(8, &p99)
+	pool.waiting = 3
+	steps := int(governorMaxWait / governorInterval)
+	for i := 1; i < steps; i++ {
+		g.step() // congested: shrinks while the queue is young
+	}
+	if pool.c != 4 {
+		t.Fatalf("unexpected capacity before the queue is maxWait old; got %d; want the floor 4", pool.c)
+	}
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity once the queue is maxWait old; got %d; want 8", got)
+	}
+	if got := g.step(); got != 16 {
+		t.Fatalf("unexpected capacity while the queue stays; got %d; want 16", got)
+	}
+	pool.waiting = 0
+	if got := g.step(); got != 12 {
+		t.Fatalf("unexpected capacity once the queue drained on a congested node; got %d; want 12", got)
 	}
 }
 
@@ -116,7 +143,7 @@ func TestHistogramP99(t *testing.T) {
 		want   time.Duration
 		ok     bool
 	}{
-		{"too few to tell", []uint64{0, 10, 10, 0, 0}, 0, false},
+		{"too few to tell", []uint64{0, 10, 89, 0, 0}, 0, false},
 		{"all fast", []uint64{0, 1000, 0, 0, 0}, 10 * time.Microsecond, true},
 		{"one percent slow stays under", []uint64{0, 990, 0, 0, 10}, 10 * time.Microsecond, true},
 		{"two percent slow", []uint64{0, 980, 0, 20, 0}, time.Millisecond, true},
@@ -155,12 +182,21 @@ func TestSchedLatencyReadsTheRuntime(t *testing.T) {
 	}
 }
 
+// defaultFloor is the governor floor New picks for Workers without
+// MinWorkers: 4×GOMAXPROCS, or no governor (0) when that reaches Workers.
+func defaultFloor(workers int) int {
+	if f := 4 * runtime.GOMAXPROCS(0); f < workers {
+		return f
+	}
+	return 0
+}
+
 func TestRegistryGovernorBounds(t *testing.T) {
 	for _, c := range []struct {
 		workers, min int
 		floor        int // 0: no governor
 	}{
-		{64, 0, min(64, 4*runtime.GOMAXPROCS(0))},
+		{64, 0, defaultFloor(64)},
 		{64, 3, 3},
 		{64, 64, 0}, // MinWorkers = Workers turns the governor off
 		{8, 100, 0}, // and so does a larger one (clamped)

@@ -133,14 +133,19 @@ func New(o Options) (*Registry, error) {
 		minWorkers = 4 * runtime.GOMAXPROCS(0)
 	}
 	minWorkers = min(minWorkers, workers)
-	pool, err := ants.NewPool(workers, ants.WithMaxBlockingTasks(queue), ants.WithExpiryDuration(10*time.Second))
+	// Idle pool workers expire after a second: ants hands a task to an idle
+	// worker before it checks the capacity, so after the governor shrinks
+	// the pool, workers left idle from before would run the next burst at
+	// the old size. A second is shorter than the 3 s between a worker's
+	// heartbeats; a new worker goroutine costs about a microsecond.
+	pool, err := ants.NewPool(workers, ants.WithMaxBlockingTasks(queue), ants.WithExpiryDuration(time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the registry pool: %w", err)
 	}
 	r.pool = pool
 	if minWorkers < workers {
 		r.gov = &governor{
-			pool: pool, min: minWorkers, max: workers,
+			pool: pool, min: minWorkers, max: workers, interval: governorInterval,
 			target: governorTarget, busyWait: governorBusyWait, maxWait: governorMaxWait,
 			sched: newSchedLatency().p99, log: r.log,
 		}
@@ -148,7 +153,7 @@ func New(o Options) (*Registry, error) {
 		r.stopGov, r.govDone = cancel, make(chan struct{})
 		go func() {
 			defer close(r.govDone)
-			r.gov.run(ctx, governorInterval)
+			r.gov.run(ctx)
 		}()
 	}
 	return r, nil
@@ -198,11 +203,13 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	submitted := time.Now()
 	err := r.pool.Submit(func() {
 		defer close(done)
-		if r.gov != nil {
-			r.gov.waited(time.Since(submitted))
-		}
 		h(ctx)
 	})
+	if err == nil && r.gov != nil {
+		// Submit returns once a pool worker took the task: this is the
+		// wait for the pool alone.
+		r.gov.waited(time.Since(submitted))
+	}
 	r.obs.QueueDepth(r.pool.Waiting())
 	if err != nil {
 		if errors.Is(err, ants.ErrPoolOverload) {

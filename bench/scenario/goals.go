@@ -104,37 +104,67 @@ type stormStats struct {
 	on, off           bench.Percentiles
 	impact            float64
 	coresOn, coresOff float64
-	// on and off compare the windows measured without other load when
-	// each side has one; loud is how many windows that left out. The
-	// impact is a ratio of two tails, and a window in which another
-	// tenant took CPUs moves a tail more than the storm does.
-	onAgg, offAgg Agg
-	loud          int
+	// onAgg and offAgg compare the rounds whose on and off windows were
+	// both measured without other load, when there is one; loud is how
+	// many windows that left out, or, when no round was quiet, loudKept
+	// is how many loud windows the comparison had to keep. The impact is
+	// a ratio of two tails, and a window in which another tenant took
+	// CPUs moves a tail more than the storm does. Whole rounds go, so
+	// that the on-off order alternating per round still cancels drift.
+	onAgg, offAgg  Agg
+	loud, loudKept int
 }
 
-// loudNote says how many windows the comparison left out.
+// loudNote says which windows under other load the comparison left out
+// or had to keep.
 func (st *stormStats) loudNote() string {
-	switch st.loud {
-	case 0:
-		return ""
-	case 1:
-		return "; 1 window under other load left out"
+	plural := func(n int) string {
+		if n == 1 {
+			return "1 window"
+		}
+		return fmt.Sprintf("%d windows", n)
 	}
-	return fmt.Sprintf("; %d windows under other load left out", st.loud)
+	switch {
+	case st.loud > 0:
+		return "; the rounds of " + plural(st.loud) + " under other load left out"
+	case st.loudKept > 0:
+		return "; no round without other load, " + plural(st.loudKept) + " under it kept"
+	}
+	return ""
 }
 
 func stormSummary(res *Results) stormStats {
 	var st stormStats
+	// A round is quiet when every one of its data-plane windows is.
+	loudRounds := map[int]bool{}
+	loudWindows := 0
+	for _, run := range res.Runs {
+		if run.Scenario == "storm" && run.Target == pinboard && !quiet(run) {
+			loudRounds[run.Round] = true
+			loudWindows++
+		}
+	}
+	rounds := map[int]bool{}
+	for _, p := range res.Storm {
+		rounds[p.Round] = true
+	}
+	keepAll := len(loudRounds) == len(rounds)
+	keep := func(round int) bool { return keepAll || !loudRounds[round] }
 	ack := bench.NewHist()
 	var coresOn, coresOff []float64
 	for _, p := range res.Storm {
 		st.workers = p.Workers
 		if !p.On {
-			coresOff = append(coresOff, p.ProxyCores)
+			if keep(p.Round) {
+				coresOff = append(coresOff, p.ProxyCores)
+			}
 			continue
 		}
+		// Acks are the storm fleet's, not the data plane's: every window.
 		st.phasesOn++
-		coresOn = append(coresOn, p.ProxyCores)
+		if keep(p.Round) {
+			coresOn = append(coresOn, p.ProxyCores)
+		}
 		ack.Merge(bench.HistOf(p.Acks.AckHist))
 		st.beats += p.Acks.Heartbeats
 		st.degraded += p.Acks.Degraded
@@ -145,12 +175,14 @@ func stormSummary(res *Results) stormStats {
 		}
 	}
 	st.ack = bench.PercentilesOf(ack)
-	on, off := res.aggWhere("storm", "storm-on", pinboard, quiet), res.aggWhere("storm", "storm-off", pinboard, quiet)
-	allOn, allOff := res.agg("storm", "storm-on", pinboard), res.agg("storm", "storm-off", pinboard)
-	if on.N == 0 || off.N == 0 {
-		on, off = allOn, allOff
+	inKept := func(run *Record) bool { return keep(run.Round) }
+	on, off := res.aggWhere("storm", "storm-on", pinboard, inKept), res.aggWhere("storm", "storm-off", pinboard, inKept)
+	if keepAll {
+		st.loudKept = loudWindows
+	} else {
+		all := res.agg("storm", "storm-on", pinboard).N + res.agg("storm", "storm-off", pinboard).N
+		st.loud = all - on.N - off.N
 	}
-	st.loud = allOn.N + allOff.N - on.N - off.N
 	st.onAgg, st.offAgg = on, off
 	st.on, st.off = on.Latency, off.Latency
 	if off.Latency.P99 > 0 {

@@ -279,9 +279,14 @@ func stormSection(b *strings.Builder, res *Results) {
 	}
 	b.WriteString(dt.Markdown())
 	loud := ""
-	if st.loud > 0 {
-		loud = fmt.Sprintf(" Windows in which other processes used %.1f CPUs or more are left out of both rows (%d here) "+
-			"when each row keeps one: the impact is a ratio of two tails, and another tenant moves a tail more than the storm does.", otherLoadCores, st.loud)
+	switch {
+	case st.loud > 0:
+		loud = fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during either window are left out of both rows "+
+			"(%d windows here): the impact is a ratio of two tails, and another tenant moves a tail more than the storm does; "+
+			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, st.loud)
+	case st.loudKept > 0:
+		loud = fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (%d windows); all are kept.",
+			otherLoadCores, st.loudKept)
 	}
 	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%%.%s The storm fleet (sending the heartbeats and answering the probes) runs "+
 		"on the same two CPUs.\n", st.impact*100, loud)

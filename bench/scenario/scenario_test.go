@@ -205,28 +205,29 @@ func throughJSON(t *testing.T, res *Results) *Results {
 	return &back
 }
 
-// TestStormImpactLeavesOutLoudWindows: the storm's data-plane impact
-// compares windows measured without other load when each side keeps one,
-// says how many it left out, and falls back to every window otherwise.
-func TestStormImpactLeavesOutLoudWindows(t *testing.T) {
-	window := func(res *Results, phase string, round int, p99us, foreign float64) {
+// TestStormImpactLeavesOutLoudRounds: the storm's data-plane impact
+// compares the rounds whose windows were all measured without other
+// load, says how many windows it left out, and keeps every window (and
+// says so) when no round was quiet.
+func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
+	window := func(res *Results, phase string, round int, p99us, foreign, cores float64) {
 		h := bench.NewHist()
 		h.RecordN(int64(p99us*1000), 100)
 		res.add(&Record{Scenario: "storm", Target: pinboard, Phase: phase, Round: round, ForeignCores: foreign,
 			Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h)}})
-		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10})
+		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10, ProxyCores: cores})
 	}
 	res := &Results{Rounds: 2}
-	window(res, "storm-on", 1, 8000, 0)
-	window(res, "storm-off", 1, 4000, 0)
-	window(res, "storm-off", 2, 9000, 0.5) // another tenant took half a CPU
-	window(res, "storm-on", 2, 8000, 0.1)
+	window(res, "storm-on", 1, 8000, 0, 0.6)
+	window(res, "storm-off", 1, 4000, 0, 0.2)
+	window(res, "storm-off", 2, 9000, 0.5, 0.9) // another tenant took half a CPU
+	window(res, "storm-on", 2, 3000, 0.1, 0.9)  // its round goes with it
 	st := stormSummary(res)
-	if st.loud != 1 || st.onAgg.N != 2 || st.offAgg.N != 1 {
-		t.Fatalf("unexpected windows; got %d left out, %d on, %d off; want 1, 2, 1", st.loud, st.onAgg.N, st.offAgg.N)
+	if st.loud != 2 || st.loudKept != 0 || st.onAgg.N != 1 || st.offAgg.N != 1 {
+		t.Fatalf("unexpected windows; got %d left out, %d kept loud, %d on, %d off; want 2, 0, 1, 1", st.loud, st.loudKept, st.onAgg.N, st.offAgg.N)
 	}
-	if st.impact < 0.9 || st.impact > 1.1 {
-		t.Fatalf("unexpected impact; got %+.0f%%; want about +100%% (8 ms on vs 4 ms off)", st.impact*100)
+	if st.impact < 0.9 || st.impact > 1.1 || st.coresOn != 0.6 || st.coresOff != 0.2 {
+		t.Fatalf("unexpected comparison; got %+.0f%% and cores %.1f/%.1f; want about +100%% (8 ms on vs 4 ms off) and 0.6/0.2", st.impact*100, st.coresOn, st.coresOff)
 	}
 	var g Goal
 	for _, x := range Goals(res) {
@@ -234,18 +235,22 @@ func TestStormImpactLeavesOutLoudWindows(t *testing.T) {
 			g = x
 		}
 	}
-	if g.Met || !strings.Contains(g.Measured, "; 1 window under other load left out") {
+	if g.Met || !strings.Contains(g.Measured, "; the rounds of 2 windows under other load left out") {
 		t.Fatalf("unexpected goal; got %+v", g)
 	}
-	if md := Markdown(res, nil, nil); !strings.Contains(md, "| storm off (1 window) |") || !strings.Contains(md, "left out of both rows (1 here)") {
+	if md := Markdown(res, nil, nil); !strings.Contains(md, "| storm off (1 window) |") || !strings.Contains(md, "left out of both rows (2 windows here)") {
 		t.Fatalf("unexpected storm section:\n%s", md)
 	}
 
-	// Every off window loud: compare them all rather than nothing.
+	// No quiet round: compare them all rather than nothing, and say so.
 	res = &Results{Rounds: 1}
-	window(res, "storm-on", 1, 8000, 0)
-	window(res, "storm-off", 1, 8000, 0.5)
-	if st := stormSummary(res); st.loud != 0 || st.offAgg.N != 1 || st.impact > 0.1 {
-		t.Fatalf("unexpected fallback; got %d left out, %d off, impact %+.0f%%", st.loud, st.offAgg.N, st.impact*100)
+	window(res, "storm-on", 1, 8000, 0, 0.6)
+	window(res, "storm-off", 1, 8000, 0.5, 0.2)
+	st = stormSummary(res)
+	if st.loud != 0 || st.loudKept != 1 || st.offAgg.N != 1 || st.impact > 0.1 {
+		t.Fatalf("unexpected fallback; got %d left out, %d kept, %d off, impact %+.0f%%", st.loud, st.loudKept, st.offAgg.N, st.impact*100)
+	}
+	if n := st.loudNote(); n != "; no round without other load, 1 window under it kept" {
+		t.Fatalf("unexpected note; got %q", n)
 	}
 }
