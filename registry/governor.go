@@ -30,9 +30,10 @@ import (
 // the process's goroutine scheduling latency (runtime/metrics
 // /sched/latencies:seconds, the time runnable goroutines wait for a P):
 //
-//   - a registry task waited past maxWait in the queue, or tasks have been
-//     queued at every step for maxWait (every worker stuck, say on probes
-//     to unreachable workers, so no wait has ended to be recorded): double,
+//   - a registry task waited past maxWait in the queue, or the queue has
+//     not moved for maxWait — tasks waiting and none leaving it at any
+//     step (every worker stuck, say on probes to unreachable workers, so
+//     no wait has ended to be recorded): double,
 //     whatever the scheduling latency — leases must not lapse because the
 //     control plane was throttled (liveness comes before latency);
 //   - the window's scheduling-latency p99 is over target: shrink by a
@@ -62,8 +63,9 @@ type governor struct {
 	log *slog.Logger
 	// longestWait is the longest queue wait seen since the last step, in ns.
 	longestWait atomic.Int64
-	// queuedSteps counts consecutive steps that found tasks queued; only
-	// the step goroutine uses it.
+	// queuedSteps counts consecutive steps that found tasks queued and
+	// none taken from the queue since the step before; only the step
+	// goroutine uses it.
 	queuedSteps int
 }
 
@@ -99,7 +101,9 @@ func (g *governor) step() int {
 	c := g.pool.Cap()
 	wait := time.Duration(g.longestWait.Swap(0))
 	p99, ok := g.sched()
-	if g.pool.Waiting() > 0 {
+	// Every task that left the queue recorded a wait, however short: none
+	// recorded while tasks wait means the queue did not move.
+	if wait == 0 && g.pool.Waiting() > 0 {
 		g.queuedSteps++
 	} else {
 		g.queuedSteps = 0

@@ -102,9 +102,23 @@ func TestGovernorGrowsWhenTheQueueNeverDrains(t *testing.T) {
 	if got := g.step(); got != 16 {
 		t.Fatalf("unexpected capacity while the queue stays; got %d; want 16", got)
 	}
-	pool.waiting = 0
+	// A queue that moves (a task left it, after a short wait) is not stuck.
+	g.waited(time.Millisecond)
 	if got := g.step(); got != 12 {
-		t.Fatalf("unexpected capacity once the queue drained on a congested node; got %d; want 12", got)
+		t.Fatalf("unexpected capacity while the queue moves on a congested node; got %d; want 12", got)
+	}
+	for i := 1; i < steps; i++ {
+		g.step() // 9, 7, 6, 5: the queue is stuck again, not yet for maxWait
+	}
+	if pool.c != 5 {
+		t.Fatalf("unexpected capacity before the queue is stuck maxWait again; got %d; want 5", pool.c)
+	}
+	if got := g.step(); got != 10 {
+		t.Fatalf("unexpected capacity once the queue is stuck maxWait again; got %d; want 10", got)
+	}
+	pool.waiting = 0
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity once the queue drained on a congested node; got %d; want 8", got)
 	}
 }
 
