@@ -28,6 +28,13 @@ func TestDecodeExactKeys_RREG7(t *testing.T) {
 		{"array other case", `[{"sessionId":"s"},{"ID":"x"}]`, &[]item{}, errShape},
 		{"array with null", `[null,{"Id":"x"}]`, &[]item{}, errShape},
 		{"invalid", `{"sessionId":`, &item{}, errInvalidJSON},
+		{"empty", ``, &item{}, errInvalidJSON},
+		{"trailing data", `{"id":"x"} {}`, &item{}, errInvalidJSON},
+		{"wrong type", `{"id":1}`, &item{}, errShape},
+		{"not an object", `"x"`, &item{}, errShape},
+		{"number out of range", `{"n":1e400}`, &struct {
+			N *float64 `json:"n"`
+		}{}, errShape},
 		{"escaped key, other case", `{"\u0053essionId":"s"}`, &item{}, errShape},
 		{"escaped key, exact", `{"\u0073essionId":"s","i\u0064":"x"}`, &item{}, nil},
 		{"braces and quotes inside strings", `{"sessionId":"{\"ID\":1,[","id":"}]"}`, &item{}, nil},
@@ -48,16 +55,31 @@ func TestDecodeExactKeys_RREG7(t *testing.T) {
 	}
 }
 
+// benchHeartbeatBody is a heartbeat body as the reference sends it.
+var benchHeartbeatBody = []byte(`{"sessionId":"0123456789abcdef0123456789abcdef","headroom":12.5,"draining":false,` +
+	`"challenge":"c0ffee00c0ffee00c0ffee00c0ffee00","challengeValue":"deadbeefdeadbeefdeadbeefdeadbeef","acks":["0123456789abcdef"]}`)
+
 // BenchmarkExactKeys is the schema check on a heartbeat body; it runs on
 // every heartbeat (10,000 workers: 3,333 a second).
 func BenchmarkExactKeys(b *testing.B) {
-	body := []byte(`{"sessionId":"0123456789abcdef0123456789abcdef","headroom":12.5,"draining":false,` +
-		`"challenge":"c0ffee00c0ffee00c0ffee00c0ffee00","challengeValue":"deadbeefdeadbeefdeadbeefdeadbeef","acks":["0123456789abcdef"]}`)
+	body := benchHeartbeatBody
 	t := reflect.TypeFor[heartbeatBody]()
 	b.ReportAllocs()
 	for b.Loop() {
 		if !exactKeys(body, t) {
 			b.Fatal("exact keys refused")
+		}
+	}
+}
+
+// BenchmarkDecodeHeartbeat is the whole of decode on a heartbeat body:
+// syntax, decoding and the schema check.
+func BenchmarkDecodeHeartbeat(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		var hb heartbeatBody
+		if err := decode(benchHeartbeatBody, &hb); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
