@@ -6,6 +6,7 @@ require (
 	github.com/panjf2000/ants/v2 v2.12.1
 	github.com/redis/rueidis v1.0.79
 	github.com/valyala/fasthttp v1.78.0
+	go.yaml.in/yaml/v3 v3.0.5
 	gonum.org/v1/plot v0.17.0
 )
 

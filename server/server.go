@@ -335,9 +335,11 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	return pb.Shutdown(grace, errc)
 }
 
-// closeWait bounds the end of a shutdown: the WebSocket closing handshakes
-// and the last bytes of ended streams.
-const closeWait = 2 * time.Second
+// CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
+// and the last bytes of ended streams. A shutdown takes at most the grace
+// plus CloseWait, which is what an orchestrator's kill timeout must exceed
+// (deploy/, checked by cmd/pinboard's deploy tests).
+const CloseWait = 2 * time.Second
 
 // Shutdown stops the node in three steps:
 //
@@ -368,7 +370,7 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	finished := pb.drain(grace, done, &err)
 	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
 		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
-	cctx, ccancel := context.WithTimeout(context.Background(), closeWait)
+	cctx, ccancel := context.WithTimeout(context.Background(), CloseWait)
 	pb.proxy.CloseStreamsContext(cctx)
 	if !finished {
 		select {

@@ -1,0 +1,645 @@
+package main
+
+// The deployment files in deploy/ are checked against this binary: every
+// variable they set is one pinboard reads, their configuration loads, the
+// probes they point an orchestrator at answer on the port they name, and
+// the numbers that must agree across files (ports, the shutdown budget,
+// the configuration-error exit code, the image's user) do. A renamed
+// variable or a changed default then fails here instead of in a cluster.
+// docs/OPERATIONS.md ("Deployment files") says what is checked and what
+// cannot be here (no Docker engine, no Kubernetes API server).
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/pinboard-go/pinboard/server"
+)
+
+// childEnv makes the test binary run pinboard's main instead of the tests,
+// so a test starts the real binary with exactly the environment a
+// deployment file gives it.
+const childEnv = "PINBOARD_TEST_RUN_AS_BINARY"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(run(nil, os.LookupEnv, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+const deployDir = "../../deploy"
+
+// readVars returns the variables loadConfig reads (it reads every one,
+// set or not) plus the passport's token variables.
+func readVars(t *testing.T, kv map[string]string) map[string]bool {
+	t.Helper()
+	seen := map[string]bool{}
+	lookup := func(k string) (string, bool) {
+		seen[k] = true
+		v, ok := kv[k]
+		return v, ok
+	}
+	if _, err := loadConfig(lookup); err != nil {
+		t.Fatalf("loadConfig: %v", err)
+	}
+	return seen
+}
+
+// checkKnown fails for every variable in kv that pinboard does not read.
+func checkKnown(t *testing.T, file string, kv map[string]string) {
+	t.Helper()
+	known := readVars(t, kv)
+	for k := range kv {
+		if !known[k] {
+			t.Errorf("%s sets %s, which pinboard does not read (a typo, or a variable renamed?)", file, k)
+		}
+	}
+}
+
+// loadFrom runs loadConfig over kv, failing the test on an error.
+func loadFrom(t *testing.T, file string, kv map[string]string) *config {
+	t.Helper()
+	cfg, err := loadConfig(env(kv))
+	if err != nil {
+		t.Fatalf("the configuration in %s does not load: %v", file, err)
+	}
+	return cfg
+}
+
+// Every variable loadConfig reads is in OPERATIONS.md's table, and every
+// variable the table lists is read (R-SRV-2, R-SRV-3).
+func TestOperationsTableListsEveryVariable_RSRV3(t *testing.T) {
+	read := readVars(t, base())
+	delete(read, "PINBOARD_TOKEN") // the passport's token.env, not a setting
+	doc, err := os.ReadFile("../../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rows of the environment table: "| `NAME` | default | meaning |",
+	// or several names in the first cell.
+	row := regexp.MustCompile("(?m)^\\| (`[A-Z][A-Z0-9_]*`(?:, `[A-Z][A-Z0-9_]*`)*) \\|")
+	name := regexp.MustCompile("`([A-Z][A-Z0-9_]*)`")
+	listed := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
+		for _, n := range name.FindAllStringSubmatch(m[1], -1) {
+			listed[n[1]] = true
+		}
+	}
+	// Read by Go's crypto/x509, not by loadConfig; documented for rediss://.
+	goOwn := []string{"SSL_CERT_FILE", "SSL_CERT_DIR"}
+	for k := range read {
+		if !listed[k] {
+			t.Errorf("pinboard reads %s but docs/OPERATIONS.md's table does not list it", k)
+		}
+	}
+	for k := range listed {
+		if !read[k] && !slices.Contains(goOwn, k) {
+			t.Errorf("docs/OPERATIONS.md lists %s, which pinboard does not read", k)
+		}
+	}
+	if len(listed) < 20 {
+		t.Fatalf("found only %d variables in docs/OPERATIONS.md: has the table's format changed?", len(listed))
+	}
+}
+
+// ---- Kubernetes ----------------------------------------------------------
+
+// yamlDocs decodes every document of a multi-document YAML file.
+func yamlDocs(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var docs []map[string]any
+	dec := yaml.NewDecoder(f)
+	for {
+		var d map[string]any
+		err := dec.Decode(&d)
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if d != nil {
+			docs = append(docs, d)
+		}
+	}
+}
+
+// dig walks maps by string keys and slices by int indices; nil when a
+// step is missing.
+func dig(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(map[string]any)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		case int:
+			s, ok := v.([]any)
+			if !ok || k >= len(s) {
+				return nil
+			}
+			v = s[k]
+		}
+	}
+	return v
+}
+
+func str(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int:
+		return strconv.Itoa(x)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
+}
+
+// object finds the document of kind and name.
+func object(t *testing.T, docs []map[string]any, kind, name string) map[string]any {
+	t.Helper()
+	for _, d := range docs {
+		if str(d["kind"]) == kind && str(dig(d, "metadata", "name")) == name {
+			return d
+		}
+	}
+	t.Fatalf("no %s %q in the manifests", kind, name)
+	return nil
+}
+
+// stringMap converts a YAML mapping of strings.
+func stringMap(t *testing.T, v any, what string) map[string]string {
+	t.Helper()
+	m, ok := v.(map[string]any)
+	if !ok {
+		t.Fatalf("%s is not a mapping", what)
+	}
+	out := map[string]string{}
+	for k, x := range m {
+		s, ok := x.(string)
+		if !ok {
+			t.Fatalf("%s.%s is %T, not a string (Kubernetes refuses it)", what, k, x)
+		}
+		out[k] = s
+	}
+	return out
+}
+
+// containerPort returns the port named name in the container.
+func containerPort(c any, name string) int {
+	for _, p := range asSlice(dig(c, "ports")) {
+		if str(dig(p, "name")) == name {
+			n, _ := dig(p, "containerPort").(int)
+			return n
+		}
+	}
+	return 0
+}
+
+func asSlice(v any) []any { s, _ := v.([]any); return s }
+
+func portOf(t *testing.T, hostport, what string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Fatalf("%s %q: %v", what, hostport, err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatalf("%s %q: %v", what, hostport, err)
+	}
+	return n
+}
+
+// The Kubernetes manifests configure a pinboard that starts, answers its
+// probes on the ports they name, and fits its shutdown in the pod's
+// termination budget (R-SRV-2, R-SRV-3; docs/OPERATIONS.md).
+func TestKubernetesManifests_RSRV3(t *testing.T) {
+	dir := filepath.Join(deployDir, "kubernetes")
+	docs := yamlDocs(t, filepath.Join(dir, "pinboard.yaml"))
+	redisDocs := yamlDocs(t, filepath.Join(dir, "redis.yaml"))
+
+	kust := yamlDocs(t, filepath.Join(dir, "kustomization.yaml"))
+	for _, r := range asSlice(dig(kust[0], "resources")) {
+		if _, err := os.Stat(filepath.Join(dir, str(r))); err != nil {
+			t.Errorf("kustomization.yaml lists %v: %v", r, err)
+		}
+	}
+
+	dep := object(t, docs, "Deployment", "pinboard")
+	pod := dig(dep, "spec", "template")
+	podLabels := stringMap(t, dig(pod, "metadata", "labels"), "pod labels")
+	matches := func(sel any, what string) {
+		for k, v := range stringMap(t, sel, what) {
+			if podLabels[k] != v {
+				t.Errorf("%s selects %s=%s; the pod template's labels are %v", what, k, v, podLabels)
+			}
+		}
+	}
+	matches(dig(dep, "spec", "selector", "matchLabels"), "the Deployment's selector")
+	matches(dig(object(t, docs, "PodDisruptionBudget", "pinboard"), "spec", "selector", "matchLabels"), "the PodDisruptionBudget")
+	svc := object(t, docs, "Service", "pinboard")
+	matches(dig(svc, "spec", "selector"), "the Service")
+
+	c := dig(pod, "spec", "containers", 0)
+	// The container's environment, as the kubelet assembles it: envFrom
+	// first, then env.
+	kv := map[string]string{}
+	for _, from := range asSlice(dig(c, "envFrom")) {
+		switch {
+		case dig(from, "configMapRef") != nil:
+			cm := object(t, docs, "ConfigMap", str(dig(from, "configMapRef", "name")))
+			for k, v := range stringMap(t, cm["data"], "the ConfigMap's data") {
+				kv[k] = v
+			}
+		case dig(from, "secretRef") != nil:
+			sec := object(t, docs, "Secret", str(dig(from, "secretRef", "name")))
+			for k, v := range stringMap(t, sec["stringData"], "the Secret's stringData") {
+				kv[k] = v
+			}
+		}
+	}
+	for _, e := range asSlice(dig(c, "env")) {
+		v, ok := dig(e, "value").(string)
+		if !ok {
+			t.Fatalf("env %v: the value must be a string", dig(e, "name"))
+		}
+		kv[str(dig(e, "name"))] = v
+	}
+	const file = "deploy/kubernetes/pinboard.yaml"
+	checkKnown(t, file, kv)
+	cfg := loadFrom(t, file, kv)
+
+	// Ports: the container's named ports are the ones pinboard listens on.
+	if got, want := containerPort(c, "http"), portOf(t, cfg.Addr, "PORT"); got != want {
+		t.Errorf("container port http is %d, PORT is %d", got, want)
+	}
+	if cfg.MetricsAddr == "" {
+		t.Fatal("PINBOARD_METRICS_ADDR is not set: the probes need the admin listener")
+	}
+	if got, want := containerPort(c, "admin"), portOf(t, cfg.MetricsAddr, "PINBOARD_METRICS_ADDR"); got != want {
+		t.Errorf("container port admin is %d, PINBOARD_METRICS_ADDR's port is %d", got, want)
+	}
+	for _, p := range asSlice(dig(svc, "spec", "ports")) {
+		if containerPort(c, str(dig(p, "targetPort"))) == 0 {
+			t.Errorf("the Service targets port %v, which the container does not name", dig(p, "targetPort"))
+		}
+	}
+
+	// REDIS_URL reaches the example Redis's Service.
+	u, err := url.Parse(cfg.RedisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsvc := object(t, redisDocs, "Service", u.Hostname())
+	if got := str(dig(rsvc, "spec", "ports", 0, "port")); got != u.Port() {
+		t.Errorf("REDIS_URL's port is %s, the redis Service's is %s", u.Port(), got)
+	}
+
+	// The image runs as distroless's nonroot user (deploy/Dockerfile).
+	if got := dig(pod, "spec", "securityContext", "runAsUser"); got != 65532 {
+		t.Errorf("runAsUser is %v, the image's nonroot user is 65532", got)
+	}
+
+	// Shutdown budget: the preStop sleep, the grace, and server.CloseWait for the
+	// streams' closing must fit before the kubelet's SIGKILL.
+	preStop, _ := dig(c, "lifecycle", "preStop", "sleep", "seconds").(int)
+	budget, _ := dig(pod, "spec", "terminationGracePeriodSeconds").(int)
+	need := time.Duration(preStop)*time.Second + cfg.Grace + server.CloseWait
+	if time.Duration(budget)*time.Second <= need {
+		t.Errorf("terminationGracePeriodSeconds %d is not more than preStop %ds + grace %v + %v", budget, preStop, cfg.Grace, server.CloseWait)
+	}
+
+	// The probes: on the admin port, at paths that answer 200 on a
+	// started pinboard with this very environment (the store made local).
+	probes := map[string]string{}
+	for _, name := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
+		p := dig(c, name, "httpGet")
+		if p == nil {
+			t.Errorf("%s: no httpGet probe", name)
+			continue
+		}
+		if got := str(dig(p, "port")); got != "admin" {
+			t.Errorf("%s is on port %q; the admin listener keeps answering during a shutdown, the public one does not", name, got)
+		}
+		probes[name] = str(dig(p, "path"))
+	}
+	kv["REDIS_URL"] = "memory:"
+	admin := startBinary(t, kv)
+	for name, path := range probes {
+		if code, body := get(t, "http://"+admin+path); code != http.StatusOK {
+			t.Errorf("%s GET %s: %d %s", name, path, code, body)
+		}
+	}
+}
+
+// ---- systemd -------------------------------------------------------------
+
+// envFile parses a systemd EnvironmentFile: KEY=VALUE lines, # and ;
+// comments, a value in single or double quotes taken as it is inside.
+func envFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == ';' {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s:%d: not KEY=VALUE: %q", path, n, line)
+		}
+		if len(v) >= 2 && (v[0] == '\'' || v[0] == '"') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		}
+		kv[strings.TrimSpace(k)] = v
+	}
+	return kv
+}
+
+// unitKeys returns the [Service] section's keys (the last value of each).
+func unitKeys(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	section := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || line[0] == '#' || line[0] == ';':
+		case line[0] == '[':
+			section = line
+		case section == "[Service]":
+			k, v, _ := strings.Cut(line, "=")
+			keys[k] = v
+		}
+	}
+	return keys
+}
+
+// The systemd unit and its environment file configure a pinboard that
+// starts and fits its shutdown in TimeoutStopSec; systemd itself accepts
+// the unit (R-SRV-2, R-SRV-3; docs/OPERATIONS.md).
+func TestSystemdUnit_RSRV2(t *testing.T) {
+	dir := filepath.Join(deployDir, "systemd")
+	const file = "deploy/systemd/pinboard.env.example"
+	kv := envFile(t, filepath.Join(dir, "pinboard.env.example"))
+	checkKnown(t, file, kv)
+	cfg := loadFrom(t, file, kv)
+
+	unit := unitKeys(t, filepath.Join(dir, "pinboard.service"))
+	if got := unit["ExecStart"]; got != "/usr/local/bin/pinboard" {
+		t.Errorf("ExecStart=%s; the unit's install notes put the binary at /usr/local/bin/pinboard", got)
+	}
+	if got := unit["EnvironmentFile"]; got != "/etc/pinboard/pinboard.env" {
+		t.Errorf("EnvironmentFile=%s; the environment file's header says /etc/pinboard/pinboard.env", got)
+	}
+	if got := unit["KillSignal"]; got != "SIGTERM" {
+		t.Errorf("KillSignal=%s; the graceful shutdown starts on SIGTERM", got)
+	}
+	stop, err := strconv.Atoi(strings.TrimSuffix(unit["TimeoutStopSec"], "s"))
+	if err != nil {
+		t.Fatalf("TimeoutStopSec=%q: %v", unit["TimeoutStopSec"], err)
+	}
+	if time.Duration(stop)*time.Second <= cfg.Grace+server.CloseWait {
+		t.Errorf("TimeoutStopSec=%d is not more than grace %v + %v", stop, cfg.Grace, server.CloseWait)
+	}
+	// No restart on a configuration error: that is exit code 2.
+	if got := unit["RestartPreventExitStatus"]; got != "2" {
+		t.Errorf("RestartPreventExitStatus=%s, want 2", got)
+	}
+	if code := run(nil, env(map[string]string{}), io.Discard); code != 2 {
+		t.Errorf("a configuration error exits %d; the unit expects 2", code)
+	}
+
+	// systemd's own check, with the paths pointed at files that exist
+	// here; it prints a line for anything it does not accept (an unknown
+	// key exits 0 with a warning, so any output fails).
+	if sa, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Logf("systemd-analyze not installed: the unit was not verified by systemd")
+	} else {
+		exe, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := os.ReadFile(filepath.Join(dir, "pinboard.service"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		envPath, _ := filepath.Abs(filepath.Join(dir, "pinboard.env.example"))
+		s := strings.Replace(string(src), "ExecStart=/usr/local/bin/pinboard", "ExecStart="+exe, 1)
+		s = strings.Replace(s, "EnvironmentFile=/etc/pinboard/pinboard.env", "EnvironmentFile="+envPath, 1)
+		tmp := filepath.Join(t.TempDir(), "pinboard.service")
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(sa, "verify", tmp).CombinedOutput()
+		if err != nil || len(bytes.TrimSpace(out)) > 0 {
+			t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+		}
+	}
+
+	// The binary starts with this environment (the store made local, the
+	// ports free) and answers on the admin listener it configures.
+	kv["REDIS_URL"] = "memory:"
+	admin := startBinary(t, kv)
+	for _, path := range []string{"/livez", "/readyz"} {
+		if code, body := get(t, "http://"+admin+path); code != http.StatusOK {
+			t.Errorf("GET %s: %d %s", path, code, body)
+		}
+	}
+}
+
+// ---- Docker --------------------------------------------------------------
+
+// The Dockerfile builds the commands that exist, with the Go release
+// go.mod names, exposes the ports its environment configures, and runs
+// as the user the Kubernetes manifest expects. The image is not built
+// here (no Docker engine): docs/OPERATIONS.md.
+func TestDockerfile_RSRV3(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(deployDir, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := string(b)
+	// The build stage's Go is go.mod's release.
+	gomod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))
+	from := regexp.MustCompile(`(?m)^FROM golang:(\d+\.\d+)\S* AS build`).FindStringSubmatch(src)
+	if goLine == nil || from == nil || goLine[1] != from[1] {
+		t.Errorf("the build stage's Go (%v) is not go.mod's (%v)", from, goLine)
+	}
+	// Every package built exists.
+	for _, m := range regexp.MustCompile(`go build[^\n]*?(\./cmd/\S+)`).FindAllStringSubmatch(strings.ReplaceAll(src, "\\\n", " "), -1) {
+		if _, err := os.Stat(filepath.Join("../..", m[1], "main.go")); err != nil {
+			t.Errorf("the Dockerfile builds %s: %v", m[1], err)
+		}
+	}
+	// ENV: known variables; with a passport they load; EXPOSE matches.
+	kv := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^ENV (.+)$`).FindAllStringSubmatch(src, -1) {
+		for _, f := range strings.Fields(m[1]) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				t.Fatalf("ENV %q: use KEY=VALUE", f)
+			}
+			kv[k] = v
+		}
+	}
+	const file = "deploy/Dockerfile"
+	for k, v := range base() {
+		if _, set := kv[k]; !set {
+			kv[k] = v
+		}
+	}
+	checkKnown(t, file, kv)
+	cfg := loadFrom(t, file, kv)
+	var exposed []int
+	for _, m := range regexp.MustCompile(`(?m)^EXPOSE (.+)$`).FindAllStringSubmatch(src, -1) {
+		for _, f := range strings.Fields(m[1]) {
+			n, err := strconv.Atoi(f)
+			if err != nil {
+				t.Fatalf("EXPOSE %q: %v", f, err)
+			}
+			exposed = append(exposed, n)
+		}
+	}
+	for _, want := range []int{portOf(t, cfg.Addr, "PORT"), portOf(t, cfg.MetricsAddr, "PINBOARD_METRICS_ADDR")} {
+		if !slices.Contains(exposed, want) {
+			t.Errorf("the image listens on %d but EXPOSE says %v", want, exposed)
+		}
+	}
+	if !regexp.MustCompile(`(?m)^USER nonroot:nonroot$`).MatchString(src) ||
+		!strings.Contains(src, "distroless/static-debian12:nonroot") {
+		t.Error("the image must run as distroless's nonroot (uid 65532), as the Kubernetes manifest's runAsUser says")
+	}
+	if !regexp.MustCompile(`(?m)^ENTRYPOINT \["/usr/local/bin/pinboard"\]$`).MatchString(src) {
+		t.Error("ENTRYPOINT is not the copied /usr/local/bin/pinboard")
+	}
+}
+
+// ---- the binary ------------------------------------------------------------
+
+// startBinary starts pinboard (this test binary in its main mode) with kv
+// as its whole environment, the public and admin listeners moved to free
+// loopback ports, waits until the admin listener answers, and stops it
+// with SIGTERM at the end of the test, expecting exit 0. It returns the
+// admin address.
+func startBinary(t *testing.T, kv map[string]string) string {
+	t.Helper()
+	public, admin := freePort(t), freePort(t)
+	envv := []string{childEnv + "=1", "HOST=127.0.0.1", "PORT=" + strconv.Itoa(public),
+		"PINBOARD_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(admin)}
+	for k, v := range kv {
+		switch k {
+		case "HOST", "PORT", "PINBOARD_METRICS_ADDR":
+		default:
+			envv = append(envv, k+"="+v)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = envv
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("pinboard did not exit 0 after SIGTERM: %v\n%s", err, out.String())
+			}
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("pinboard did not stop within 15 s of SIGTERM\n%s", out.String())
+		}
+	})
+	addr := "127.0.0.1:" + strconv.Itoa(admin)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("pinboard exited at start-up: %v\n%s", err, out.String())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return addr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pinboard's admin listener %s did not open within 10 s\n%s", addr, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func get(t *testing.T, u string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
