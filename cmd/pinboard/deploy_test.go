@@ -1,6 +1,7 @@
 package main
 
-// The deployment files in deploy/ are checked against this binary: every
+// The deployment files in deploy/ (and the README's production command)
+// are checked against this binary: every
 // variable they set is one pinboard reads, their configuration loads, the
 // probes they point an orchestrator at answer on the port they name, and
 // the numbers that must agree across files (ports, the shutdown budget,
@@ -642,4 +643,36 @@ func get(t *testing.T, u string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// The README's "Run it for real" command sets variables pinboard reads,
+// and its passport loads: it is the first configuration most operators
+// copy (R-SRV-2).
+func TestReadmeConfiguration_RSRV2(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(b), "## Run it for real")
+	if !ok {
+		t.Fatal(`README.md has no "## Run it for real" section`)
+	}
+	_, block, ok := strings.Cut(after, "```sh\n")
+	if ok {
+		block, _, ok = strings.Cut(block, "```")
+	}
+	if !ok {
+		t.Fatal(`"## Run it for real" has no sh block`)
+	}
+	// NAME='value' or NAME=value, up to the command.
+	assign := regexp.MustCompile(`([A-Z][A-Z0-9_]*)=('[^']*'|\S+)`)
+	kv := map[string]string{}
+	for _, m := range assign.FindAllStringSubmatch(strings.ReplaceAll(block, "\\\n", " "), -1) {
+		kv[m[1]] = strings.Trim(m[2], "'")
+	}
+	if kv["PINBOARD_PASSPORT"] == "" || kv["REDIS_URL"] == "" {
+		t.Fatalf("found %v in the README's command: want at least PINBOARD_PASSPORT and REDIS_URL", kv)
+	}
+	checkKnown(t, "README.md", kv)
+	loadFrom(t, "README.md", kv)
 }
