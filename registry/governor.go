@@ -23,16 +23,17 @@ import (
 // acks of the small pools (14–18 ms p99 against 22–29 ms at 2×GOMAXPROCS)
 // for the same data-plane p99.
 //
-// A fixed small pool is wrong too: a handler spends most of its time waiting
-// for the probe (and, with Redis, the store), so the concurrency a node needs
-// is the heartbeat rate times that wait — a few here, dozens across zones.
+// A fixed small pool is wrong too: a handler waits on the store (Redis round
+// trips; the challenge probe waits outside the pool, see probeCall), so the
+// concurrency a node needs is the request rate times that wait — a few
+// here, more with Redis a zone away.
 // The governor adapts between the two with AIMD on the signal that matters,
 // the process's goroutine scheduling latency (runtime/metrics
 // /sched/latencies:seconds, the time runnable goroutines wait for a P):
 //
 //   - a registry task waited past maxWait in the queue, or the queue has
 //     not moved for maxWait — tasks waiting and none leaving it at any
-//     step (every worker stuck, say on probes to unreachable workers, so
+//     step (every worker stuck, say on a store that stopped answering, so
 //     no wait has ended to be recorded): double,
 //     whatever the scheduling latency — leases must not lapse because the
 //     control plane was throttled (liveness comes before latency);

@@ -41,28 +41,41 @@ type ackMessage struct {
 	Deadline *float64 `json:"deadline"`
 }
 
-// heartbeat handles POST /registry/heartbeat (R-REG-2, R-LS-1..3, R-CM-1).
-func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) {
+// heartbeat handles POST /registry/heartbeat (R-REG-2, R-LS-1..3, R-CM-1):
+// it checks the request and looks the session up, then hands the
+// challenge probe to ServeHTTP (probeCall); beat goes on with its result.
+func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) *probeCall {
 	start := time.Now()
-	outcome := r.doHeartbeat(ctx)
-	r.obs.Heartbeat(time.Since(start), outcome)
+	pr, body, info, outcome := r.checkHeartbeat(ctx)
+	if info == nil {
+		r.obs.Heartbeat(time.Since(start), outcome)
+		return nil
+	}
+	return &probeCall{
+		url: info.AdvertiseURL, secret: info.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
+		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, perr error) {
+			r.obs.Heartbeat(time.Since(start), r.beat(ctx, pr, body, info, res, perr))
+		},
+	}
 }
 
-func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
+// checkHeartbeat answers every error row that comes before the probe
+// (credentials, body, session) and returns the session to probe, or nil
+// and the outcome.
+func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, *heartbeatBody, *directory.SessionInfo, string) {
 	pr := r.principal(ctx, attest.ScopeWorker)
 	if pr == nil {
-		return "auth"
+		return nil, nil, nil, "auth"
 	}
-	var body heartbeatBody
-	if !readJSON(ctx, &body, bodyHeartbeatShape) {
-		return "bad_request"
+	body := &heartbeatBody{}
+	if !readJSON(ctx, body, bodyHeartbeatShape) {
+		return nil, nil, nil, "bad_request"
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
 		(body.Acks != nil && slices.Contains(*body.Acks, "")) { // [null] decodes to ""
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
-		return "bad_request"
+		return nil, nil, nil, "bad_request"
 	}
-	headroom := *body.Headroom
 	c, cancel := r.opContext()
 	defer cancel()
 	info, err := r.store.Session(c, *body.SessionID, r.now())
@@ -71,23 +84,29 @@ func (r *Registry) doHeartbeat(ctx *fasthttp.RequestCtx) string {
 		if errors.As(err, &se) {
 			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
 			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
-			return "superseded"
+			return nil, nil, nil, "superseded"
 		}
 		if errors.Is(err, directory.ErrUnknownSession) {
 			reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
-			return "unknown_session"
+			return nil, nil, nil, "unknown_session"
 		}
 		r.storeFailed(ctx, "heartbeat", err)
-		return "unavailable"
+		return nil, nil, nil, "unavailable"
 	}
 	// Same account, and its claims must still cover the registration.
 	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
-		return "forbidden"
+		return nil, nil, nil, "forbidden"
 	}
-	pstart := time.Now()
-	res, perr := r.prober.Probe(info.AdvertiseURL, info.Secret, *body.Challenge, *body.ChallengeValue)
-	r.obs.Probe(time.Since(pstart), res)
+	return pr, body, info, ""
+}
+
+// beat applies a probed heartbeat: void on a mismatch, else renew the
+// lease (degraded when the probe failed) and answer the ack.
+func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *heartbeatBody, info *directory.SessionInfo, res ProbeResult, perr error) string {
+	c, cancel := r.opContext()
+	defer cancel()
+	headroom := *body.Headroom
 	if res == ProbeMismatch {
 		// The URL reaches another process: this registration is void.
 		now := r.now()

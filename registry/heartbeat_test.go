@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,5 +299,78 @@ func TestProbeBurstOneHost(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// Probes that hang do not hold the registry's pool: with every pool slot's
+// worth of heartbeats waiting on advertise URLs that never answer, another
+// worker's heartbeat is still answered at once, and its lease renewed
+// (R-LS-1, R-REG-2). Before, each hung probe held a slot for the probe
+// timeout, and a few hundred such workers kept every other heartbeat
+// queued until the workers gave up and their leases lapsed.
+func TestHungProbesDoNotBlockHeartbeats_RLS1(t *testing.T) {
+	h := newHarness(t)
+	// Probes may hang for a minute: only the pool's slots could end them.
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Minute, Workers: 2, MinWorkers: 2, Queue: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(time.Second) })
+	h.r = r
+	healthy := h.register(nil)
+
+	stuck := newFakeWorker(t)
+	orig := h.fw
+	h.fw = stuck
+	var bodies []string
+	for range 6 {
+		s := h.register(map[string]any{"advertiseUrl": stuck.srv.URL})
+		bodies = append(bodies, h.beatBody(s, nil))
+	}
+	h.fw = orig
+	stuck.mode.Store("hang")
+	before := stuck.probes.Load()
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stuck.hang); wg.Wait() })
+	for _, b := range bodies {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.do(r, "POST", "/registry/heartbeat", workerToken, b) }()
+	}
+	// Three times the pool's size are waiting on their probes at once.
+	for deadline := time.Now().Add(10 * time.Second); stuck.probes.Load()-before < int64(len(bodies)); {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d hung probes started: the others wait for a pool slot", stuck.probes.Load()-before, len(bodies))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := make(chan response, 1)
+	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
+	select {
+	case res := <-got:
+		if res.status != 200 || !strings.Contains(res.body, `"expiresInMs":15000`) {
+			t.Fatalf("unexpected reply to the healthy worker; got %d %s", res.status, res.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a healthy worker's heartbeat waited behind hung probes")
+	}
+}
+
+// A superseded worker keeps its session id: it releases each instance it
+// aborts and deregisters at shutdown. Both succeed with nothing to free,
+// byte for byte like a lapsed session, instead of 503 "directory
+// unavailable" retried until the worker gives up (R-LS-4, R-REG-3).
+func TestSupersededReleaseAndDeregister_RLS4_RREG3(t *testing.T) {
+	h := newHarness(t)
+	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
+		"instances": map[string][]string{"/counters": {"alice"}}})
+	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
+	res := h.post("/registry/release", workerToken, `[{"sessionId":"`+old+`","namespace":"/counters","id":"alice","epoch":"1"}]`)
+	if res.status != 200 || res.body != `{"released":0}` {
+		t.Fatalf("unexpected reply to release; got %d %s; want 200 {\"released\":0}", res.status, res.body)
+	}
+	res = h.post("/registry/deregister", workerToken, `{"sessionId":"`+old+`"}`)
+	if res.status != 200 || res.body != `{"ok":true}` {
+		t.Fatalf("unexpected reply to deregister; got %d %s; want 200 {\"ok\":true}", res.status, res.body)
 	}
 }

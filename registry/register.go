@@ -7,7 +7,6 @@ import (
 	"math"
 	"regexp"
 	"slices"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -129,34 +128,42 @@ type registerAck struct {
 	Duplicates    []directory.NSID `json:"duplicates,omitempty"`
 }
 
-// register handles POST /registry/register (R-REG-1).
-func (r *Registry) register(ctx *fasthttp.RequestCtx) {
+// register handles POST /registry/register (R-REG-1): it checks the
+// request, then hands the challenge probe to ServeHTTP (probeCall);
+// admit goes on with its result.
+func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 	pr := r.principal(ctx, attest.ScopeWorker)
 	if pr == nil {
-		return
+		return nil
 	}
 	var body registerBody
 	if !readJSON(ctx, &body, bodyRegisterShape) {
-		return
+		return nil
 	}
 	reg := body.validate()
 	if reg == nil {
 		reply(ctx, fasthttp.StatusBadRequest, bodyRegisterShape)
-		return
+		return nil
 	}
 	reg.Sub = pr.Sub
 	if msg := coverage(pr, reg.Namespaces, reg.Hostname, reg.Env, reg.Envs); msg != "" {
 		reply(ctx, fasthttp.StatusForbidden, errorBody("forbidden: "+msg))
-		return
+		return nil
 	}
 	// R-TR-3: no registering a worker at an arbitrary internal host.
 	if err := pr.Claims.CheckBackend(reg.AdvertiseURL); err != nil {
 		reply(ctx, fasthttp.StatusForbidden, errorBody("forbidden: "+err.Error()))
-		return
+		return nil
 	}
-	start := time.Now()
-	res, err := r.prober.Probe(reg.AdvertiseURL, reg.Secret, *body.Challenge, *body.ChallengeValue)
-	r.obs.Probe(time.Since(start), res)
+	return &probeCall{
+		url: reg.AdvertiseURL, secret: reg.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
+		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, err error) { r.admit(ctx, reg, res, err) },
+	}
+}
+
+// admit answers a probed registration: refused or deferred by the probe,
+// else stored and acked.
+func (r *Registry) admit(ctx *fasthttp.RequestCtx, reg *directory.Registration, res ProbeResult, err error) {
 	switch res {
 	case ProbeOK:
 	case ProbeUnreachable:

@@ -186,8 +186,8 @@ func (r *Registry) Capacity() int { return r.pool.Cap() }
 // path removed. The handler waits for the pool task: fasthttp's ctx must
 // not be touched after ServeHTTP returns.
 func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
-	h, scope := r.route(ctx, path)
-	if h == nil {
+	h, p, scope := r.route(ctx, path)
+	if h == nil && p == nil {
 		return
 	}
 	if r.stopping.Load() {
@@ -199,11 +199,30 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		}
 		return
 	}
+	if h != nil {
+		r.submit(ctx, func() *probeCall { h(ctx); return nil })
+		return
+	}
+	call, ok := r.submit(ctx, func() *probeCall { return p(ctx) })
+	if !ok || call == nil {
+		return
+	}
+	// The probe runs here, on the request's own goroutine, holding no
+	// pool slot (see probeCall); its answer goes back to the pool.
+	start := time.Now()
+	res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
+	r.obs.Probe(time.Since(start), res)
+	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+}
+
+// submit runs task on the pool and waits for it, answering 503 itself
+// when the pool refuses it (ok false).
+func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall) (call *probeCall, ok bool) {
 	done := make(chan struct{})
 	submitted := time.Now()
 	err := r.pool.Submit(func() {
 		defer close(done)
-		h(ctx)
+		call = task()
 	})
 	if err == nil && r.gov != nil {
 		// Submit returns once a pool worker took the task: this is the
@@ -217,26 +236,47 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		} else {
 			replyRetry(ctx, bodyNotServing, 1)
 		}
-		return
+		return nil, false
 	}
 	<-done
+	return call, true
 }
 
+// handler serves one registry endpoint on the pool.
 type handler func(ctx *fasthttp.RequestCtx)
 
-// route picks the handler for path and the scope it requires, answering
+// probing serves an endpoint that must probe the worker's advertise URL
+// (register, heartbeat): it checks the request on the pool and, to go on,
+// returns the probe to make instead of making it, or nil once it has
+// answered.
+type probing func(ctx *fasthttp.RequestCtx) *probeCall
+
+// probeCall is a challenge probe a handler needs, and what to do with its
+// result. A probe waits on the network for up to the probe timeout; made
+// on the pool it would hold a slot all that time, and a few hundred
+// workers whose advertise URLs hang (a firewall, a wrong ADVERTISE_URL)
+// would fill the pool and hold every other worker's heartbeat in the
+// queue until their leases lapsed. So the pool does the CPU work before
+// and after (then), and the probe waits on the request's own goroutine.
+type probeCall struct {
+	url, secret, challenge, value string
+	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
+}
+
+// route picks the handler (h or p) for path and the scope it requires, answering
 // 404/405 itself (nil).
-func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, string) {
+func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, probing, string) {
 	post := ctx.IsPost()
 	get := ctx.IsGet() || ctx.IsHead()
 	var h handler
+	var p probing
 	var wantPost bool
 	scope := attest.ScopeOperator
 	switch string(path) {
 	case "/registry/register":
-		h, wantPost, scope = r.register, true, attest.ScopeWorker
+		p, wantPost, scope = r.register, true, attest.ScopeWorker
 	case "/registry/heartbeat":
-		h, wantPost, scope = r.heartbeat, true, attest.ScopeWorker
+		p, wantPost, scope = r.heartbeat, true, attest.ScopeWorker
 	case "/registry/release":
 		h, wantPost, scope = r.release, true, attest.ScopeWorker
 	case "/registry/deregister":
@@ -255,7 +295,7 @@ func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, string
 		h = r.placement
 	default:
 		reply(ctx, fasthttp.StatusNotFound, bodyNotFound)
-		return nil, ""
+		return nil, nil, ""
 	}
 	if (wantPost && !post) || (!wantPost && !get) {
 		if wantPost {
@@ -264,9 +304,9 @@ func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, string
 			ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD")
 		}
 		reply(ctx, fasthttp.StatusMethodNotAllowed, bodyMethod)
-		return nil, ""
+		return nil, nil, ""
 	}
-	return h, scope
+	return h, p, scope
 }
 
 // principal authenticates the request and checks scope (R-TR-2): 401

@@ -49,7 +49,8 @@ func testPassport(t testing.TB) *attest.Passport {
 type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
-	mode   atomic.Value // "ok", "mismatch", "404", "500", "nobody"
+	mode   atomic.Value // "ok", "slow", "hang", "mismatch", "404", "500", "nobody"
+	hang   chan struct{} // "hang" answers once this closes
 	mu     sync.Mutex
 	value  map[string]string // challenge -> value
 	probes atomic.Int64
@@ -57,7 +58,7 @@ type fakeWorker struct {
 
 func newFakeWorker(t testing.TB) *fakeWorker {
 	t.Helper()
-	fw := &fakeWorker{secret: "s3cret", value: map[string]string{}}
+	fw := &fakeWorker{secret: "s3cret", value: map[string]string{}, hang: make(chan struct{})}
 	fw.mode.Store("ok")
 	fw.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fw.probes.Add(1)
@@ -76,6 +77,8 @@ func newFakeWorker(t testing.TB) *fakeWorker {
 		switch fw.mode.Load().(string) {
 		case "slow":
 			time.Sleep(50 * time.Millisecond)
+		case "hang":
+			<-fw.hang
 		case "mismatch":
 			v = "something-else"
 		case "404":

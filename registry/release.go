@@ -90,8 +90,8 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 		if !seen {
 			info, err := r.store.Session(c, rr.SessionID, now)
 			switch {
-			case errors.Is(err, directory.ErrUnknownSession):
-				ok = false // lapsed: its rows are re-placeable anyway
+			case sessionGone(err):
+				ok = false // lapsed or superseded: its rows are re-placeable anyway
 			case err != nil:
 				r.storeFailed(ctx, "release", err)
 				return
@@ -144,7 +144,7 @@ func (r *Registry) deregister(ctx *fasthttp.RequestCtx) {
 	now := r.now()
 	info, err := r.store.Session(c, *body.SessionID, now)
 	switch {
-	case errors.Is(err, directory.ErrUnknownSession):
+	case sessionGone(err):
 		replyJSON(ctx, fasthttp.StatusOK, struct {
 			OK bool `json:"ok"`
 		}{true})
@@ -164,4 +164,14 @@ func (r *Registry) deregister(ctx *fasthttp.RequestCtx) {
 	replyJSON(ctx, fasthttp.StatusOK, struct {
 		OK bool `json:"ok"`
 	}{true})
+}
+
+// sessionGone: the session has no records left to free — its lease
+// lapsed, or a higher epoch superseded it (R-LS-4 drops its records). A
+// superseded worker still releases each instance it aborts and
+// deregisters at shutdown, retrying what fails; those calls succeed
+// with nothing to do rather than answer 503 as if the store were down.
+func sessionGone(err error) bool {
+	var se *directory.SupersededError
+	return errors.Is(err, directory.ErrUnknownSession) || errors.As(err, &se)
 }
