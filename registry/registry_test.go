@@ -49,7 +49,7 @@ func testPassport(t testing.TB) *attest.Passport {
 type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
-	mode   atomic.Value // "ok", "slow", "hang", "mismatch", "404", "500", "nobody"
+	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "500", "nobody"
 	hang   chan struct{} // "hang" answers once this closes
 	mu     sync.Mutex
 	value  map[string]string // challenge -> value
