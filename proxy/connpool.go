@@ -260,6 +260,13 @@ func (p *connPool) putWriter(bw *bufio.Writer) {
 
 // put returns a healthy connection whose last response was fully read.
 func (p *connPool) put(pc *pconn, now time.Time) {
+	if pc.br.Buffered() > 0 {
+		// Bytes past the end of the answer (a worker that sent more than
+		// it framed): the next request on this connection would read
+		// them as its response.
+		p.discard(pc)
+		return
+	}
 	pc.lastUsed = now
 	pc.reused = true
 	p.mu.Lock()

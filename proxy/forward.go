@@ -61,6 +61,7 @@ type request struct {
 	uri       []byte
 	num       []byte
 	xff       []byte
+	tmp       []byte // scratch for a header value kept across a deletion
 	att       []byte
 	body      []byte
 	principal *attest.Principal
@@ -400,32 +401,90 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 }
 
 // setForwarded sets X-Forwarded-For/-Proto/-Host. A peer that is not a
-// trusted proxy cannot smuggle in its own values.
+// trusted proxy cannot smuggle in its own values: every copy it sent is
+// replaced — a second X-Forwarded-For or -Proto line would otherwise reach
+// the worker beside pinboard's, and uvicorn's proxy-headers middleware
+// joins the For lines and takes the last Proto — and its Forwarded and
+// X-Real-IP go too. A trusted proxy's For lines are joined in order before
+// the peer is appended, and its last Proto and Host line are kept. One pass
+// over the header finds them all; nothing is deleted unless there is a
+// copy to remove.
 func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	h := &ctx.Request.Header
 	peer := addrOf(ctx.RemoteAddr())
 	trusted := p.trusted.Trusted(peer)
 	rq.xff = rq.xff[:0]
-	if trusted {
-		if prior := h.PeekCanonical(hdrXFF); len(prior) > 0 {
-			rq.xff = append(append(rq.xff, prior...), ", "...)
+	var nFor, nProto, nHost, nOther int
+	var proto, host []byte
+	for k, v := range h.All() {
+		switch len(k) {
+		case len(hdrXFF):
+			if asciiEqualFold(k, "X-Forwarded-For") {
+				nFor++
+				if trusted && len(v) > 0 {
+					rq.xff = append(append(rq.xff, v...), ", "...)
+				}
+			}
+		case len(hdrXFProto):
+			if asciiEqualFold(k, "X-Forwarded-Proto") {
+				nProto++
+				proto = v
+			}
+		case len(hdrXFHost):
+			if asciiEqualFold(k, "X-Forwarded-Host") {
+				nHost++
+				host = v
+			}
+		case len("Forwarded"): // and len("X-Real-IP")
+			if asciiEqualFold(k, "Forwarded") || asciiEqualFold(k, "X-Real-IP") {
+				nOther++
+			}
 		}
+	}
+	if trusted && (nProto > 1 || nHost > 1) {
+		// The values alias the header's storage: copied before any
+		// deletion moves it.
+		rq.tmp = append(append(rq.tmp[:0], proto...), host...)
+		proto, host = rq.tmp[:len(proto)], rq.tmp[len(proto):]
+	}
+	if nFor > 1 {
+		h.DelBytes(hdrXFF)
 	}
 	if peer.IsValid() {
 		rq.xff = peer.AppendTo(rq.xff)
 	}
 	h.SetCanonical(hdrXFF, rq.xff)
-	if !trusted || len(h.PeekCanonical(hdrXFProto)) == 0 {
+	if trusted && nProto > 0 {
+		if nProto > 1 {
+			h.DelBytes(hdrXFProto)
+			h.SetCanonical(hdrXFProto, proto)
+		}
+	} else {
+		if nProto > 1 {
+			h.DelBytes(hdrXFProto)
+		}
 		if ctx.IsTLS() {
 			h.SetCanonical(hdrXFProto, valHTTPS)
 		} else {
 			h.SetCanonical(hdrXFProto, valHTTP)
 		}
 	}
-	if !trusted || len(h.PeekCanonical(hdrXFHost)) == 0 {
+	if trusted && nHost > 0 {
+		if nHost > 1 {
+			h.DelBytes(hdrXFHost)
+			h.SetCanonical(hdrXFHost, host)
+		}
+	} else {
+		if nHost > 0 {
+			h.DelBytes(hdrXFHost)
+		}
 		if host := h.Host(); len(host) > 0 {
 			h.SetCanonical(hdrXFHost, host)
 		}
+	}
+	if !trusted && nOther > 0 {
+		h.Del("Forwarded")
+		h.Del("X-Real-IP")
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"iter"
 
 	"github.com/valyala/fasthttp"
 )
@@ -89,11 +90,19 @@ func hopBit(k []byte) uint16 {
 
 // stripHop is the slow path of header stripping: found (from one pass of
 // hopBit over the header) holds something to remove. It deletes the
-// headers the Connection header names, Connection itself, and every found
-// hop-by-hop header not in keep.
-func stripHop(found, keep uint16, peek func(string) []byte, del func(string)) {
+// headers every Connection header names (a message may carry several),
+// Connection itself, and every found hop-by-hop header not in keep.
+func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) {
 	if found&hopConnection != 0 {
-		stripConnectionNamed(peek(fasthttp.HeaderConnection), del)
+		var named []string
+		for k, v := range all {
+			if asciiEqualFold(k, "Connection") {
+				named = appendConnectionNamed(named, v)
+			}
+		}
+		for _, n := range named {
+			del(n)
+		}
 		del(fasthttp.HeaderConnection)
 	}
 	for i, name := range hopBitNames {
@@ -125,15 +134,21 @@ func stripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	stripHop(found, keep, h.Peek, h.Del)
+	stripHop(found, keep, h.All(), h.Del)
 	if found&hopReserved != 0 {
 		stripReserved(h)
 	}
 }
 
-// stripConnectionNamed deletes each header listed in a Connection value
-// (RFC 9110 §7.6.1), except the tokens that are not header names.
-func stripConnectionNamed(v []byte, del func(string)) {
+// appendConnectionNamed appends the header names a Connection value lists
+// (RFC 9110 §7.6.1), except the tokens that are not header names and the
+// headers that frame or route the message: Content-Length and
+// Transfer-Encoding are how this hop reads the body — a worker answer
+// whose Connection names Content-Length would otherwise lose its length
+// after pinboard decided how much to read, leave the body on a pooled
+// connection and hand it to the next client as its answer — and Host is
+// how the request is routed.
+func appendConnectionNamed(dst []string, v []byte) []string {
 	for len(v) > 0 {
 		var tok []byte
 		if i := bytes.IndexByte(v, ','); i >= 0 {
@@ -142,11 +157,13 @@ func stripConnectionNamed(v []byte, del func(string)) {
 			tok, v = v, nil
 		}
 		tok = bytes.TrimSpace(tok)
-		if len(tok) == 0 || asciiEqualFold(tok, "close") || asciiEqualFold(tok, "keep-alive") || asciiEqualFold(tok, "upgrade") {
+		if len(tok) == 0 || asciiEqualFold(tok, "close") || asciiEqualFold(tok, "keep-alive") || asciiEqualFold(tok, "upgrade") ||
+			asciiEqualFold(tok, "content-length") || asciiEqualFold(tok, "transfer-encoding") || asciiEqualFold(tok, "host") {
 			continue
 		}
-		del(string(tok))
+		dst = append(dst, string(tok))
 	}
+	return dst
 }
 
 func stripReserved(h *fasthttp.RequestHeader) {
@@ -183,7 +200,7 @@ func stripResponseHop(h *fasthttp.ResponseHeader) {
 		found |= hopBit(k)
 	}
 	if found&^(hopExpect|hopReserved) != 0 {
-		stripHop(found, hopExpect, h.Peek, h.Del)
+		stripHop(found, hopExpect, h.All(), h.Del)
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"iter"
 	"strings"
 	"testing"
 
@@ -12,7 +13,7 @@ import (
 // replaced (one deletion per hop-by-hop name, always): the single-pass
 // version must leave every header exactly as this one does.
 func referenceStripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
-	stripConnectionNamed(h.Peek(fasthttp.HeaderConnection), h.Del)
+	referenceConnectionNamed(h.All(), h.Del)
 	h.Del(fasthttp.HeaderConnection)
 	for _, name := range []string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
 		if keepUpgrade && name == "Upgrade" {
@@ -25,10 +26,23 @@ func referenceStripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
 }
 
 func referenceStripResponseHop(h *fasthttp.ResponseHeader) {
-	stripConnectionNamed(h.Peek(fasthttp.HeaderConnection), h.Del)
+	referenceConnectionNamed(h.All(), h.Del)
 	h.Del(fasthttp.HeaderConnection)
 	for _, name := range []string{"Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"} {
 		h.Del(name)
+	}
+}
+
+// referenceConnectionNamed deletes what every Connection header names.
+func referenceConnectionNamed(all iter.Seq2[[]byte, []byte], del func(string)) {
+	var named []string
+	for k, v := range all {
+		if strings.EqualFold(string(k), "Connection") {
+			named = appendConnectionNamed(named, v)
+		}
+	}
+	for _, n := range named {
+		del(n)
 	}
 }
 
