@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,13 +44,18 @@ type upstreamBody struct {
 	keep      bool  // the worker allows reuse (no Connection: close)
 	sse       bool  // text/event-stream: shutdown may end it cleanly
 	stopped   atomic.Bool
+
+	client  net.Conn      // the client's connection: stall deadline on writes to it
+	stall   time.Duration // see UpstreamOptions.StallTimeout; 0: none
+	renewed time.Time     // when the client's write deadline was last pushed back
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
 
-func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload) *upstreamBody {
+func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload, client net.Conn) *upstreamBody {
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
+	b.client, b.stall, b.renewed = client, pool.stall, time.Time{}
 	b.remaining, b.done, b.broken = 0, false, false
 	b.stopped.Store(false)
 	if mode == bodyFixed {
@@ -82,6 +88,9 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 			return n, io.EOF
 		}
 	}
+	if n > 0 {
+		b.renew()
+	}
 	if err != nil && err != io.EOF {
 		b.broken = true
 		if b.stopped.Load() {
@@ -92,6 +101,23 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// renew pushes back the deadline of the write the server makes next with
+// what Read returned, at most once a second (see upload.renew): a client
+// that stops reading a stream with bytes pending is cut after the stall
+// timeout, and its worker connection freed. An idle stream makes no write
+// and is never cut.
+func (b *upstreamBody) renew() {
+	if b.stall <= 0 || b.client == nil {
+		return
+	}
+	now := time.Now()
+	if now.Sub(b.renewed) < time.Second {
+		return
+	}
+	b.renewed = now
+	_ = b.client.SetWriteDeadline(now.Add(b.stall))
 }
 
 // cleanStop reports whether a stream stopped by shutdown can end as if the
@@ -238,6 +264,11 @@ func (b *upstreamBody) skipTrailers() error {
 // client abandoned.
 func (b *upstreamBody) CloseWithError(err error) error {
 	b.tracker.remove(b)
+	if !b.renewed.IsZero() {
+		// The client's connection may carry more requests: no stale
+		// write deadline may fire on a later response.
+		_ = b.client.SetWriteDeadline(time.Time{})
+	}
 	reuse := err == nil && b.done && !b.broken && b.keep
 	if up := b.up; up != nil {
 		// The server recycles the request stream once this returns: the
@@ -260,7 +291,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 			b.pool.discard(b.pc)
 		}
 	}
-	b.pool, b.pc, b.up, b.tracker = nil, nil, nil, nil
+	b.pool, b.pc, b.up, b.tracker, b.client = nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
 }

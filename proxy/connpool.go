@@ -77,6 +77,9 @@ type connPool struct {
 	connWait    time.Duration
 	// headerTimeout bounds the wait for a response header.
 	headerTimeout time.Duration
+	// stall bounds a streamed body's lack of progress (0: none); see
+	// UpstreamOptions.StallTimeout.
+	stall time.Duration
 
 	tokens chan struct{} // one per open connection
 	// writers holds *bufio.Writer of bufSize for requests going out.
@@ -104,6 +107,7 @@ func newConnPool(addr string, dial func(string) (net.Conn, error), o UpstreamOpt
 		idleTimeout:   o.IdleTimeout,
 		connWait:      o.ConnWait,
 		headerTimeout: o.ResponseHeaderTimeout,
+		stall:         o.StallTimeout,
 		tokens:        make(chan struct{}, o.MaxConns),
 		idleReady:     make(chan struct{}, 1),
 	}

@@ -609,7 +609,7 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 		pool.putWriter(bw)
 		return nil, err
 	}
-	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter, ctx.Conn(), pc, pool.headerTimeout), nil
+	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter, ctx.Conn(), pc, pool.headerTimeout, pool.stall), nil
 }
 
 // readResponseHeader reads the final response header, skipping 1xx
@@ -686,7 +686,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		pc.clearDeadline()
 		pool.streamReader(pc)
 		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
-		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up)
+		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up, ctx.Conn())
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {
 			// Unsized bodies are usually streams (SSE): send the header now

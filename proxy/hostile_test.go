@@ -52,6 +52,12 @@ func (l *capLn) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.buf
 // newCapRig is a rig with one stand-in worker for /counters, alice placed
 // on it, and the bytes it receives recorded.
 func newCapRig(t *testing.T, opts func(*Options)) (*rig, *capLn) {
+	rg, _, cl := newCapRigWorker(t, opts)
+	return rg, cl
+}
+
+// newCapRigWorker is newCapRig that also returns the worker, to add routes.
+func newCapRigWorker(t *testing.T, opts func(*Options)) (*rig, *standin, *capLn) {
 	t.Helper()
 	rg := newRig(t, opts)
 	rg.warm()
@@ -68,7 +74,7 @@ func newCapRig(t *testing.T, opts func(*Options)) (*rig, *capLn) {
 	}
 	real := time.Now()
 	rg.clock.Store(&real)
-	return rg, cl
+	return rg, s, cl
 }
 
 // raw sends req on a fresh connection and returns what comes back within d.
@@ -212,4 +218,131 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 			}
 		}
 	})
+}
+
+// stallRig is a capture rig whose worker has two pooled connections at
+// most, a one-second stall timeout, and a long wait for a free connection:
+// a request that finds both held waits until a stalled body lets one go.
+func stallRig(t *testing.T) *rig {
+	rg, _ := newCapRig(t, func(o *Options) {
+		o.Upstream.MaxConns = 2
+		o.Upstream.ConnWait = 10 * time.Second
+		o.Upstream.StallTimeout = time.Second
+	})
+	return rg
+}
+
+// holdConns opens n client connections that each send req and then go
+// silent; they close with the test.
+func holdConns(t *testing.T, rg *rig, n int, req string, rcvbuf int) {
+	t.Helper()
+	for range n {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if rcvbuf > 0 {
+			_ = c.(*net.TCPConn).SetReadBuffer(rcvbuf)
+		}
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A client whose upload goes silent is cut after the stall timeout and
+// its worker connection freed: idle uploads cannot hold every connection
+// to a worker (R-DP-2, R-DP-3).
+func TestStalledUploadFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
+	rg := stallRig(t)
+	// Chunked, so the handler runs at once and the upload streams; one
+	// byte, then silence.
+	holdConns(t, rg, 2, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n", 0)
+	time.Sleep(200 * time.Millisecond) // both uploads hold their connection
+	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
+		t.Fatalf("unexpected answer behind two stalled uploads; got %d %s; want 200 once they are cut", res.StatusCode, body)
+	}
+}
+
+// A client that stops reading a streamed response is cut after the stall
+// timeout and its worker connection freed (R-DP-2, R-DP-3).
+func TestStalledReaderFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
+		o.Upstream.MaxConns = 2
+		o.Upstream.ConnWait = 10 * time.Second
+		o.Upstream.StallTimeout = time.Second
+	})
+	big := strings.Repeat("x", 16<<20) // more than the sockets buffer
+	w.route("/big", func(rw http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(rw, big) })
+	holdConns(t, rg, 2, "GET /counters/alice/big HTTP/1.1\r\nHost: x\r\n\r\n", 4096)
+	time.Sleep(200 * time.Millisecond)
+	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
+		t.Fatalf("unexpected answer behind two clients that stopped reading; got %d %s; want 200 once they are cut", res.StatusCode, body)
+	}
+}
+
+// A worker that froze mid-upload (its socket open, nothing read) gets the
+// request answered after the stall timeout instead of holding it for
+// ever; with a small body the response-header timeout does it (R-DP-3).
+func TestFrozenWorkerUploadAnswered_RDP3(t *testing.T) {
+	rg := newRig(t, func(o *Options) {
+		o.Upstream.ResponseHeaderTimeout = time.Second
+		o.Upstream.StallTimeout = time.Second
+	})
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // frozen: never read, never answered
+			mu.Unlock()
+		}
+	}()
+	s := &standin{name: "frozen", secret: "s", srv: &httptest.Server{URL: "http://" + ln.Addr().String()}}
+	s.session.Store("")
+	rg.add(s, 1, "/counters")
+	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
+		t.Fatal(err)
+	}
+	real := time.Now()
+	rg.clock.Store(&real)
+	// Raw: the answer comes while the client still sends, and Go's client
+	// would report its write's reset instead of the answer.
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 32 << 20
+	if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = c.Write(make([]byte, size)) }()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("a 32 MiB upload to a frozen worker got no answer: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode < 500 {
+		t.Fatalf("unexpected status for an upload to a frozen worker; got %d; want 5xx", res.StatusCode)
+	}
 }

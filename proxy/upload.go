@@ -28,7 +28,9 @@ import (
 // worker connection is closed at once: the worker would wait for the rest
 // for ever, and the handler's read of the answer ends with it. When the
 // handler must end an upload still waiting for the client (the worker
-// answered early), stop interrupts the client read.
+// answered early), stop interrupts the client read. While it runs, the
+// client's reads and the writes to the worker may each stall for at most
+// the pool's StallTimeout (renew).
 type upload struct {
 	done chan struct{}
 	err  error
@@ -40,17 +42,46 @@ type upload struct {
 
 	mu         sync.Mutex
 	headerRead bool // the handler has the response header: arm nothing
+	stopping   bool // stop interrupted the client's read: renew no deadline
+
+	stall   time.Duration // see UpstreamOptions.StallTimeout; 0: none
+	renewed time.Time     // when the stall deadlines were last pushed back
+}
+
+// renew pushes the stall deadlines back — on the client's read and on the
+// write to the worker — at most once a second: a timer operation per
+// 32 KiB copied would cost more than the copy. The deadlines then fire
+// between stall−1s and stall after the last progress.
+func (u *upload) renew() {
+	if u.stall <= 0 {
+		return
+	}
+	now := time.Now()
+	if now.Sub(u.renewed) < time.Second {
+		return
+	}
+	u.renewed = now
+	d := now.Add(u.stall)
+	u.mu.Lock()
+	if !u.stopping && u.client != nil {
+		_ = u.client.SetReadDeadline(d)
+	}
+	u.mu.Unlock()
+	_ = u.worker.c.SetWriteDeadline(d)
 }
 
 var errUploadShort = errors.New("client request body ended early")
 
-// errReader remembers the error of the reader it wraps.
+// errReader remembers the error of the reader it wraps, and renews the
+// upload's stall deadlines before each read.
 type errReader struct {
 	r   io.Reader
+	u   *upload
 	err error
 }
 
 func (e *errReader) Read(p []byte) (int, error) {
+	e.u.renew()
 	n, err := e.r.Read(p)
 	if err != nil && err != io.EOF {
 		e.err = err
@@ -64,14 +95,14 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retur
 // are, or chunked when cl < 0. The caller already wrote the header. bw
 // goes to release when the upload ends.
 func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer),
-	client net.Conn, worker *pconn, headerTimeout time.Duration) *upload {
-	u := &upload{done: make(chan struct{}), client: client, worker: worker}
+	client net.Conn, worker *pconn, headerTimeout, stall time.Duration) *upload {
+	u := &upload{done: make(chan struct{}), client: client, worker: worker, stall: stall}
 	go func() {
 		defer close(u.done)
 		defer release(bw)
 		bp := uploadBufPool.Get().(*[]byte)
 		defer uploadBufPool.Put(bp)
-		er := &errReader{r: body}
+		er := &errReader{r: body, u: u}
 		if cl >= 0 {
 			u.err = copyFixed(bw, er, int64(cl), *bp)
 		} else {
@@ -84,6 +115,11 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 		if u.err != nil {
 			_ = worker.c.Close()
 			return
+		}
+		if stall > 0 {
+			// The connection goes back to the pool: no stale write
+			// deadline may fire on a later request's write.
+			_ = worker.c.SetWriteDeadline(time.Time{})
 		}
 		u.mu.Lock()
 		if !u.headerRead {
@@ -115,7 +151,10 @@ func (u *upload) wait() bool {
 // another request after a body cut short, and the server closes it).
 func (u *upload) stop() {
 	if !u.finished() && u.client != nil {
+		u.mu.Lock()
+		u.stopping = true
 		_ = u.client.SetReadDeadline(time.Now())
+		u.mu.Unlock()
 	}
 	<-u.done
 }

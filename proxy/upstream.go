@@ -33,6 +33,17 @@ type UpstreamOptions struct {
 	// BufferSize is the read and write buffer per connection, which also
 	// caps a worker's response header size; default 16 KiB.
 	BufferSize int
+	// StallTimeout bounds how long a streamed body may make no progress
+	// while pinboard has bytes to move: reading a client's upload,
+	// writing it to the worker, writing a streamed response (SSE, a large
+	// download) to a client that stopped reading. Without it one idle
+	// upload or one client that never reads holds a worker connection
+	// for ever, and a few hundred of them exhaust MaxConns; a worker that
+	// froze mid-upload held the request for ever too. It never cuts an
+	// idle stream: an SSE stream with no events is not stalled. nginx's
+	// client_body_timeout, send_timeout and proxy_send_timeout do the
+	// same, 60 s each. Default 60s; negative turns it off.
+	StallTimeout time.Duration
 }
 
 func (o *UpstreamOptions) withDefaults() UpstreamOptions {
@@ -54,6 +65,11 @@ func (o *UpstreamOptions) withDefaults() UpstreamOptions {
 	}
 	if d.BufferSize <= 0 {
 		d.BufferSize = 16 << 10
+	}
+	if d.StallTimeout == 0 {
+		d.StallTimeout = 60 * time.Second
+	} else if d.StallTimeout < 0 {
+		d.StallTimeout = 0
 	}
 	return d
 }

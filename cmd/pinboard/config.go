@@ -137,6 +137,12 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	if c.Upstream.ConnWait, err = durationMs(get, "PINBOARD_UPSTREAM_CONN_WAIT_MS", 2000, 1); err != nil {
 		return nil, err
 	}
+	if c.Upstream.StallTimeout, err = durationMs(get, "PINBOARD_STALL_TIMEOUT_MS", 60000, 0); err != nil {
+		return nil, err
+	}
+	if c.Upstream.StallTimeout == 0 {
+		c.Upstream.StallTimeout = -1 // 0 turns it off; the proxy's 0 means its default
+	}
 	if c.ReadTimeout, err = durationMs(get, "PINBOARD_READ_TIMEOUT_MS", 0, 0); err != nil {
 		return nil, err
 	}

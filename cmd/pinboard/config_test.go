@@ -51,6 +51,7 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"access sample above 1", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "1.5"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE: must be a number from 0 to 1"},
 		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
 		{"registry floor above ceiling", map[string]string{"PINBOARD_REGISTRY_WORKERS": "8", "PINBOARD_REGISTRY_MIN_WORKERS": "9"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be at most PINBOARD_REGISTRY_WORKERS (8), got 9"},
+		{"bad stall timeout", map[string]string{"PINBOARD_STALL_TIMEOUT_MS": "1m"}, nil, "PINBOARD_STALL_TIMEOUT_MS: must be an integer"},
 		{"registry floor zero", map[string]string{"PINBOARD_REGISTRY_MIN_WORKERS": "0"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be an integer >= 1"},
 	}
 	for _, tc := range cases {
@@ -85,6 +86,12 @@ func TestConfigDefaults_RSRV3(t *testing.T) {
 	}
 	if c.MetricsAddr != "" || c.AccessSample != 0 || c.LogFormat != "text" || c.LogLevel != "info" {
 		t.Fatalf("unexpected operations defaults: %+v", c)
+	}
+	if c.Upstream.StallTimeout != time.Minute {
+		t.Fatalf("unexpected stall timeout; got %v; want 1m", c.Upstream.StallTimeout)
+	}
+	if c, err := loadConfig(env(map[string]string{"PINBOARD_PASSPORT": goodPassport, "PINBOARD_TOKEN": "t", "REDIS_URL": "memory:", "PINBOARD_STALL_TIMEOUT_MS": "0"})); err != nil || c.Upstream.StallTimeout >= 0 {
+		t.Fatalf("PINBOARD_STALL_TIMEOUT_MS=0 must turn it off (a negative proxy option); got %v, %v", c, err)
 	}
 	kv := base()
 	kv["PORT"], kv["HOST"], kv["PINBOARD_LEASE_TTL_MS"] = "9000", "127.0.0.1", "3000"
