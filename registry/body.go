@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"reflect"
 	"strings"
 
@@ -50,13 +51,73 @@ func readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 // One json.Unmarshal does both: it checks the whole input before it
 // decodes anything, and a syntax error is its own type.
 func decode(b []byte, v any) error {
+	t := reflect.TypeOf(v).Elem()
 	if err := json.Unmarshal(b, v); err != nil {
 		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
 			return errInvalidJSON
 		}
+		if exactKeys(b, t) {
+			return errShape
+		}
+		// The wrong type may be under a key in another case, which the
+		// reference never reads.
+		return decodeExact(b, v, t)
+	}
+	if !exactKeys(b, t) {
+		return decodeExact(b, v, t)
+	}
+	return nil
+}
+
+// decodeExact decodes b into v as the reference reads it (body.sessionId):
+// members whose key names a field only in another case are dropped, so
+// they neither fill the field (encoding/json would match them) nor
+// replace the exactly named member. A rare path: a body exactKeys found
+// such a key in.
+func decodeExact(b []byte, v any, t reflect.Type) error {
+	var names []string
+	if t.Kind() == reflect.Slice {
+		names = jsonNames(t.Elem())
+	} else {
+		names = jsonNames(t)
+	}
+	variant := func(k string) bool {
+		for _, n := range names {
+			if k == n {
+				return false
+			}
+		}
+		for _, n := range names {
+			if strings.EqualFold(k, n) {
+				return true
+			}
+		}
+		return false
+	}
+	var clean []byte
+	var err error
+	if t.Kind() == reflect.Slice {
+		var elems []map[string]json.RawMessage
+		if json.Unmarshal(b, &elems) != nil {
+			return errShape
+		}
+		for _, m := range elems {
+			maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool { return variant(k) })
+		}
+		clean, err = json.Marshal(elems)
+	} else {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(b, &m) != nil {
+			return errShape
+		}
+		maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool { return variant(k) })
+		clean, err = json.Marshal(m)
+	}
+	if err != nil {
 		return errShape
 	}
-	if !exactKeys(b, reflect.TypeOf(v).Elem()) {
+	reflect.ValueOf(v).Elem().SetZero()
+	if json.Unmarshal(clean, v) != nil {
 		return errShape
 	}
 	return nil
@@ -65,8 +126,10 @@ func decode(b []byte, v any) error {
 // exactKeys reports whether no object key in b (top level, or in each
 // element of a top-level array) names one of t's fields in another case.
 // encoding/json matches keys case-insensitively; the reference reads
-// body.sessionId, so {"SESSIONID":…} is a body without sessionId there:
-// a schema failure, not a heartbeat. b is valid JSON (decode checked).
+// body.sessionId, so {"SESSIONID":…} is a body without sessionId there (a
+// schema failure, not a heartbeat), and {"sessionId":"a","SessionId":"b"}
+// is session a: decode then goes the slow way (decodeExact). b is valid
+// JSON (decode checked).
 //
 // One pass over the bytes, no tokens: it runs on every heartbeat, and
 // encoding/json's token stream cost as much as the rest of the heartbeat's

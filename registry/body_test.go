@@ -1,14 +1,17 @@
 package registry
 
 import (
+	"encoding/json"
 	"errors"
 	"reflect"
 	"testing"
 )
 
 // decode's schema check (R-REG-7): keys are matched exactly, as the
-// reference reads them; unknown keys are ignored; arrays of objects are
-// checked element by element.
+// reference reads them (body.sessionId): unknown keys are ignored, and so
+// are keys naming a field in another case — they neither fill it (as
+// encoding/json alone would) nor replace the exact key; arrays of objects
+// are read element by element. out is the decoded value, marshalled.
 func TestDecodeExactKeys_RREG7(t *testing.T) {
 	type item struct {
 		SessionID *string `json:"sessionId"`
@@ -19,37 +22,48 @@ func TestDecodeExactKeys_RREG7(t *testing.T) {
 		body string
 		into any
 		want error
+		out  string
 	}{
-		{"exact", `{"sessionId":"s","id":"x"}`, &item{}, nil},
-		{"unknown key ignored", `{"sessionId":"s","id":"x","extra":{"SessionId":1}}`, &item{}, nil},
-		{"other case", `{"sessionid":"s"}`, &item{}, errShape},
-		{"other case later", `{"id":"x","SessionID":"s"}`, &item{}, errShape},
-		{"array exact", `[{"sessionId":"s"},{"id":"x"}]`, &[]item{}, nil},
-		{"array other case", `[{"sessionId":"s"},{"ID":"x"}]`, &[]item{}, errShape},
-		{"array with null", `[null,{"Id":"x"}]`, &[]item{}, errShape},
-		{"invalid", `{"sessionId":`, &item{}, errInvalidJSON},
-		{"empty", ``, &item{}, errInvalidJSON},
-		{"trailing data", `{"id":"x"} {}`, &item{}, errInvalidJSON},
-		{"wrong type", `{"id":1}`, &item{}, errShape},
-		{"not an object", `"x"`, &item{}, errShape},
+		{"exact", `{"sessionId":"s","id":"x"}`, &item{}, nil, `{"sessionId":"s","id":"x"}`},
+		{"unknown key ignored", `{"sessionId":"s","id":"x","extra":{"SessionId":1}}`, &item{}, nil, `{"sessionId":"s","id":"x"}`},
+		{"other case is not the field", `{"sessionid":"s"}`, &item{}, nil, `{"sessionId":null,"id":null}`},
+		{"other case later", `{"id":"x","SessionID":"s"}`, &item{}, nil, `{"sessionId":null,"id":"x"}`},
+		{"other case beside the exact key", `{"sessionId":"a","SessionId":"b"}`, &item{}, nil, `{"sessionId":"a","id":null}`},
+		{"other case before the exact key", `{"SessionId":"b","sessionId":"a"}`, &item{}, nil, `{"sessionId":"a","id":null}`},
+		{"other case of another type", `{"sessionId":"a","SESSIONID":1}`, &item{}, nil, `{"sessionId":"a","id":null}`},
+		{"array exact", `[{"sessionId":"s"},{"id":"x"}]`, &[]item{}, nil, `[{"sessionId":"s","id":null},{"sessionId":null,"id":"x"}]`},
+		{"array other case", `[{"sessionId":"s"},{"ID":"x","id":"y"}]`, &[]item{}, nil, `[{"sessionId":"s","id":null},{"sessionId":null,"id":"y"}]`},
+		{"array with null", `[null,{"Id":"x"}]`, &[]item{}, nil, `[{"sessionId":null,"id":null},{"sessionId":null,"id":null}]`},
+		{"invalid", `{"sessionId":`, &item{}, errInvalidJSON, ""},
+		{"empty", ``, &item{}, errInvalidJSON, ""},
+		{"trailing data", `{"id":"x"} {}`, &item{}, errInvalidJSON, ""},
+		{"wrong type", `{"id":1}`, &item{}, errShape, ""},
+		{"not an object", `"x"`, &item{}, errShape, ""},
 		{"number out of range", `{"n":1e400}`, &struct {
 			N *float64 `json:"n"`
-		}{}, errShape},
-		{"escaped key, other case", `{"\u0053essionId":"s"}`, &item{}, errShape},
-		{"escaped key, exact", `{"\u0073essionId":"s","i\u0064":"x"}`, &item{}, nil},
-		{"braces and quotes inside strings", `{"sessionId":"{\"ID\":1,[","id":"}]"}`, &item{}, nil},
-		{"key after a nested object", `{"x":{"a":[1,{"b":2}]},"Id":"x"}`, &item{}, errShape},
-		{"key after a nested array", `{"x":[{"Id":1}],"id":"x"}`, &item{}, nil},
-		{"value that looks like a key", `{"id":"SessionId","sessionId":"ID"}`, &item{}, nil},
-		{"whitespace", " {\n \"id\" : \"x\" ,\t\"SESSIONID\" : 1 } ", &item{}, errShape},
+		}{}, errShape, ""},
+		{"escaped key, other case", `{"\u0053essionId":"s"}`, &item{}, nil, `{"sessionId":null,"id":null}`},
+		{"escaped key, exact", `{"\u0073essionId":"s","i\u0064":"x"}`, &item{}, nil, `{"sessionId":"s","id":"x"}`},
+		{"braces and quotes inside strings", `{"sessionId":"{\"ID\":1,[","id":"}]"}`, &item{}, nil, `{"sessionId":"{\"ID\":1,[","id":"}]"}`},
+		{"key after a nested object", `{"x":{"a":[1,{"b":2}]},"Id":"x"}`, &item{}, nil, `{"sessionId":null,"id":null}`},
+		{"key after a nested array", `{"x":[{"Id":1}],"id":"x"}`, &item{}, nil, `{"sessionId":null,"id":"x"}`},
+		{"value that looks like a key", `{"id":"SessionId","sessionId":"ID"}`, &item{}, nil, `{"sessionId":"ID","id":"SessionId"}`},
+		{"whitespace", " {\n \"id\" : \"x\" ,\t\"SESSIONID\" : 1 } ", &item{}, nil, `{"sessionId":null,"id":"x"}`},
 		{"Kelvin sign folds to k", `{"\u212Aey":1}`, &struct {
 			Key *int `json:"key"`
-		}{}, errShape},
+		}{}, nil, `{"key":null}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := decode([]byte(tc.body), tc.into); !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+			err := decode([]byte(tc.body), tc.into)
+			if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
 				t.Fatalf("unexpected result; got %v; want %v", err, tc.want)
+			}
+			if tc.want != nil {
+				return
+			}
+			if out, _ := json.Marshal(tc.into); string(out) != tc.out {
+				t.Fatalf("unexpected value; got %s; want %s", out, tc.out)
 			}
 		})
 	}

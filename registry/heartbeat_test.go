@@ -374,3 +374,15 @@ func TestSupersededReleaseAndDeregister_RLS4_RREG3(t *testing.T) {
 		t.Fatalf("unexpected reply to deregister; got %d %s; want 200 {\"ok\":true}", res.status, res.body)
 	}
 }
+
+// A key naming a field in another case beside the exact one is ignored,
+// as the reference reads body.sessionId (R-REG-7): the heartbeat is
+// answered for the exact key's session.
+func TestHeartbeatCaseVariantKeyIgnored_RREG7(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(nil)
+	body := strings.TrimSuffix(h.beatBody(s, nil), "}") + `,"SessionId":"zzz","HEADROOM":"x"}`
+	if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || !strings.Contains(res.body, `"expiresInMs":15000`) {
+		t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
+	}
+}
