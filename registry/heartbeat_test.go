@@ -386,3 +386,16 @@ func TestHeartbeatCaseVariantKeyIgnored_RREG7(t *testing.T) {
 		t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
 	}
 }
+
+// Epochs as large as a nanosecond timestamp register (PinnedWorker takes
+// any int >= 0), and order bindings as the reference's doubles do
+// (R-LS-4).
+func TestLargeEpochs_RLS4(t *testing.T) {
+	h := newHarness(t)
+	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_000_000_000})
+	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_100_000_000})
+	res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
+	if res.status != 409 || !strings.Contains(res.body, `"superseded":true`) {
+		t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 superseded", res.status, res.body)
+	}
+}

@@ -90,7 +90,11 @@ func (b *registerBody) validate() *directory.Registration {
 	}
 	if b.Epoch != nil {
 		e := *b.Epoch
-		if e < 0 || e != math.Trunc(e) || e > 1<<53 {
+		// Any integer the worker may send (PinnedWorker takes any int ≥ 0;
+		// a nanosecond timestamp is common). Above 2^53 it is a double's
+		// value, as JSON.parse gives the reference: epochs compare as
+		// the reference compares them.
+		if e < 0 || e != math.Trunc(e) || e >= 1<<63 {
 			return nil
 		}
 		reg.Epoch = int64(e)

@@ -61,6 +61,7 @@ func TestRegisterSchema_RREG7(t *testing.T) {
 		{"takeover", "steal"},
 		{"epoch", -1},
 		{"epoch", 1.5},
+		{"epoch", 1e19},
 		{"instances", map[string]any{"/counters": "alice"}},
 		{"instances", map[string]any{"nope": []string{"a"}}},
 		{"envs", []string{"x"}},
