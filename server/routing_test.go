@@ -66,6 +66,15 @@ func TestRouting_RSRV1(t *testing.T) {
 				t.Fatalf("unexpected reply for %s (base %q); got %d %s; want %d %s", tc.uri, base, status, body, tc.status, tc.body)
 			}
 		}
+		if base != "" {
+			// Outside the base path nothing answers but the 404, the
+			// registry and the probes included.
+			for _, uri := range []string{"/registry/health", "/registry/workers", "/livez", "/readyz", "/pbx/registry/health", base} {
+				if status, body := call(pb, "GET", uri, "tok"); status != 404 || body != `{"error":"not found"}` {
+					t.Fatalf("unexpected reply for %s outside the base path %s; got %d %s; want 404", uri, base, status, body)
+				}
+			}
+		}
 		// The first placement attempt started the quarantine: /readyz says so.
 		if status, body := call(pb, "GET", base+"/readyz", ""); status != 503 || !strings.Contains(body, `"quarantineMs":1000`) {
 			t.Fatalf("unexpected readiness during the quarantine; got %d %s", status, body)

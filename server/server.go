@@ -258,7 +258,13 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	if i := bytes.IndexByte(uri, '?'); i >= 0 {
 		path = uri[:i]
 	}
-	if len(pb.base) > 0 && bytes.HasPrefix(path, pb.base) {
+	if len(pb.base) > 0 {
+		if len(path) <= len(pb.base) || path[len(pb.base)] != '/' || !bytes.HasPrefix(path, pb.base) {
+			// Outside the base path nothing is served (R-SRV-4): the data
+			// plane answers it 404 like any unroutable path.
+			pb.proxy.ServeHTTP(ctx)
+			return
+		}
 		path = path[len(pb.base):]
 	}
 	switch {
