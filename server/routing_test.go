@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,3 +122,54 @@ func TestServeAndShutdown(t *testing.T) {
 		t.Fatalf("unexpected registry reply after shutdown; got %d %s", status, body)
 	}
 }
+
+// downStore is a store that does not answer.
+type downStore struct{ directory.Store }
+
+func (downStore) Quarantine(context.Context, time.Time) (time.Duration, error) {
+	return 0, context.DeadlineExceeded
+}
+
+// Readiness checks can be left out, as kube-apiserver's ?exclude=: the
+// store and the quarantine are shared by every node, and a Service that
+// is the only way to the fleet must not lose every node to them at once
+// (R-CS-1; docs/OPERATIONS.md). Shutdown is never left out.
+func TestReadinessExclusions_RCS1(t *testing.T) {
+	pb, _ := testPinboard(t, "")
+	call(pb, "GET", "/counters/alice/value", "") // stamps the quarantine
+	cases := []struct {
+		uri    string
+		status int
+		body   string
+	}{
+		{"/readyz", 503, `{"ok":false,"quarantineMs":1000}`},
+		{"/readyz?exclude=quarantine", 200, `{"ok":true,"quarantineMs":1000}`},
+		{"/readyz?exclude=store", 503, `{"ok":false,"quarantineMs":1000}`},
+		{"/readyz?exclude=store&exclude=quarantine", 200, `{"ok":true}`},
+		{"/readyz?exclude=redis", 400, `{"error":"unknown readiness check \"redis\": exclude store or quarantine","ok":false}`},
+	}
+	for _, tc := range cases {
+		if status, body := call(pb, "GET", tc.uri, ""); status != tc.status || body != tc.body {
+			t.Fatalf("unexpected reply for %s; got %d %s; want %d %s", tc.uri, status, body, tc.status, tc.body)
+		}
+	}
+
+	down, _ := testPinboard(t, "")
+	down.store = downStore{down.store}
+	for uri, want := range map[string]string{
+		"/readyz":                    `503 {"ok":false,"error":"directory unavailable"}`,
+		"/readyz?exclude=quarantine": `503 {"ok":false,"error":"directory unavailable"}`,
+		"/readyz?exclude=store":      `200 {"ok":true,"error":"directory unavailable"}`,
+	} {
+		if status, body := call(down, "GET", uri, ""); itoa(status)+" "+body != want {
+			t.Fatalf("unexpected reply for %s with the store down; got %d %s; want %s", uri, status, body, want)
+		}
+	}
+
+	pb.stopping.Store(true)
+	if status, body := call(pb, "GET", "/readyz?exclude=store&exclude=quarantine", ""); status != 503 || body != `{"ok":false,"shuttingDown":true}` {
+		t.Fatalf("unexpected readiness while stopping; got %d %s", status, body)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -8,6 +8,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -289,25 +290,53 @@ func (pb *Pinboard) livez(ctx *fasthttp.RequestCtx) {
 // readyz answers 200 when the store answers and the cold-start quarantine
 // is over; 503 otherwise, and from the moment a graceful shutdown begins.
 // Orchestrators route traffic by it.
+//
+// ?exclude=store and ?exclude=quarantine (repeatable, as kube-apiserver's
+// /readyz?exclude=…) leave a check out. Both are shared by every node on
+// one store: behind a load balancer that is the only way to reach the
+// fleet, failing them takes every node out at once — clients lose the
+// cached routes that keep working through a Redis outage, and workers
+// cannot re-register during the quarantine that waits for them. The
+// shutdown check is the node's own and is never left out.
 func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("application/json")
+	var noStore, noQuarantine bool
+	for _, v := range ctx.QueryArgs().PeekMulti("exclude") {
+		switch string(v) {
+		case "store":
+			noStore = true
+		case "quarantine":
+			noQuarantine = true
+		default:
+			ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			b, _ := json.Marshal(map[string]any{"ok": false, "error": fmt.Sprintf("unknown readiness check %q: exclude store or quarantine", v)})
+			ctx.SetBody(b)
+			return
+		}
+	}
 	if pb.stopping.Load() {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"ok":false,"shuttingDown":true}`)
+		return
+	}
+	if noStore && noQuarantine {
+		ctx.SetBodyString(`{"ok":true}`)
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	q, err := pb.store.Quarantine(c, pb.now())
 	switch {
+	case err != nil && noStore:
+		ctx.SetBodyString(`{"ok":true,"error":"directory unavailable"}`)
 	case err != nil:
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(`{"ok":false,"error":"directory unavailable"}`)
-	case q > 0:
+	case q > 0 && !noQuarantine:
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString(fmt.Sprintf(`{"ok":false,"quarantineMs":%d}`, q.Milliseconds()))
 	default:
-		ctx.SetBodyString(`{"ok":true,"quarantineMs":0}`)
+		ctx.SetBodyString(fmt.Sprintf(`{"ok":true,"quarantineMs":%d}`, q.Milliseconds()))
 	}
 }
 

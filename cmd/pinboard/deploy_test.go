@@ -353,11 +353,20 @@ func TestKubernetesManifests_RSRV3(t *testing.T) {
 		probes[name] = str(dig(p, "path"))
 	}
 	kv["REDIS_URL"] = "memory:"
-	admin := startBinary(t, kv)
+	admin, public := startBinary(t, kv)
 	for name, path := range probes {
 		if code, body := get(t, "http://"+admin+path); code != http.StatusOK {
 			t.Errorf("%s GET %s: %d %s", name, path, code, body)
 		}
+	}
+	// The readiness the Service routes by must hold through the cold-start
+	// quarantine, which every node shares: workers re-register through
+	// that Service during it (docs/OPERATIONS.md, "Health endpoints").
+	if code, _ := get(t, "http://"+public+"/counters/alice/value"); code != http.StatusServiceUnavailable {
+		t.Fatalf("the first placement did not start the quarantine: %d", code)
+	}
+	if code, body := get(t, "http://"+admin+probes["readinessProbe"]); code != http.StatusOK {
+		t.Errorf("readinessProbe during the cold-start quarantine: %d %s; the Service would lose every node at once", code, body)
 	}
 }
 
@@ -478,7 +487,7 @@ func TestSystemdUnit_RSRV2(t *testing.T) {
 	// The binary starts with this environment (the store made local, the
 	// ports free) and answers on the admin listener it configures.
 	kv["REDIS_URL"] = "memory:"
-	admin := startBinary(t, kv)
+	admin, _ := startBinary(t, kv)
 	for _, path := range []string{"/livez", "/readyz"} {
 		if code, body := get(t, "http://"+admin+path); code != http.StatusOK {
 			t.Errorf("GET %s: %d %s", path, code, body)
@@ -563,12 +572,12 @@ func TestDockerfile_RSRV3(t *testing.T) {
 // as its whole environment, the public and admin listeners moved to free
 // loopback ports, waits until the admin listener answers, and stops it
 // with SIGTERM at the end of the test, expecting exit 0. It returns the
-// admin address.
-func startBinary(t *testing.T, kv map[string]string) string {
+// admin and public addresses.
+func startBinary(t *testing.T, kv map[string]string) (admin, public string) {
 	t.Helper()
-	public, admin := freePort(t), freePort(t)
-	envv := []string{childEnv + "=1", "HOST=127.0.0.1", "PORT=" + strconv.Itoa(public),
-		"PINBOARD_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(admin)}
+	publicPort, adminPort := freePort(t), freePort(t)
+	envv := []string{childEnv + "=1", "HOST=127.0.0.1", "PORT=" + strconv.Itoa(publicPort),
+		"PINBOARD_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(adminPort)}
 	for k, v := range kv {
 		switch k {
 		case "HOST", "PORT", "PINBOARD_METRICS_ADDR":
@@ -602,7 +611,8 @@ func startBinary(t *testing.T, kv map[string]string) string {
 			t.Errorf("pinboard did not stop within 15 s of SIGTERM\n%s", out.String())
 		}
 	})
-	addr := "127.0.0.1:" + strconv.Itoa(admin)
+	addr := "127.0.0.1:" + strconv.Itoa(adminPort)
+	public = "127.0.0.1:" + strconv.Itoa(publicPort)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
@@ -614,7 +624,7 @@ func startBinary(t *testing.T, kv map[string]string) string {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-			return addr
+			return addr, public
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("pinboard's admin listener %s did not open within 10 s\n%s", addr, out.String())
