@@ -93,20 +93,48 @@ func ParseTarget(uri, basePath []byte) (Target, error) {
 	if string(t.NS) == "/." || string(t.NS) == "/.." {
 		return t, errDotSegment
 	}
-	// The rest must not climb out of the instance.
-	seg := idEnd
-	for seg < len(path) {
-		next := seg + 1
-		for next < len(path) && path[next] != '/' {
-			next++
-		}
-		s := path[seg+1 : next]
-		if string(s) == "." || string(s) == ".." {
-			return t, errDotSegment
-		}
-		seg = next
+	// Nothing may climb out of the instance: the namespace and the rest
+	// are checked (the id's charset has no escapes or separators).
+	if climbs(path) {
+		return t, errDotSegment
 	}
 	return t, nil
+}
+
+// climbs reports whether path holds a dot segment ("." or ".."), also
+// spelt with percent-escapes: a worker's server decodes the path before
+// routing (uvicorn's scope["path"]), so "%2e%2e", ".%2E" and segments cut
+// by "%2f", "%5c" or "\" are dot segments to anything that normalises
+// after it — a proxy or router in front of the worker — and could reach
+// the worker's own routes (/_pinned/…) with pinboard's attestation.
+func climbs(path []byte) bool {
+	dots, other := 0, false
+	for i := 0; i <= len(path); {
+		sep := i == len(path)
+		step := 1
+		if !sep {
+			switch c := path[i]; {
+			case c == '/' || c == '\\':
+				sep = true
+			case c == '%' && i+2 < len(path) && (path[i+1] == '2' && (path[i+2]|0x20) == 'f' || path[i+1] == '5' && (path[i+2]|0x20) == 'c'):
+				sep, step = true, 3
+			case c == '%' && i+2 < len(path) && path[i+1] == '2' && (path[i+2]|0x20) == 'e':
+				dots, step = dots+1, 3
+			case c == '.':
+				dots++
+			default:
+				other = true
+			}
+		}
+		if sep {
+			if !other && (dots == 1 || dots == 2) {
+				return true
+			}
+			dots, other = 0, false
+		}
+		i += step
+	}
+	return false
 }
 
 func checkID(id []byte) error {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -36,6 +37,18 @@ func TestParseTarget_RDP1(t *testing.T) {
 		{uri: "/counters/alice/./x", err: errDotSegment},
 		{uri: "/../x/y", err: errDotSegment},
 		{uri: "/counters/alice/..x", ns: "/counters", id: "alice", path: "/counters/alice/..x"},
+		// Dot segments spelt with escapes: the worker's server decodes the
+		// path, and anything normalising after it would climb.
+		{uri: "/counters/alice/%2e%2e/%2e%2e/_pinned/stats", err: errDotSegment},
+		{uri: "/counters/alice/.%2E/x", err: errDotSegment},
+		{uri: "/counters/alice/%2E", err: errDotSegment},
+		{uri: "/counters/alice/a%2f..%2f..%2f_pinned", err: errDotSegment},
+		{uri: "/counters/alice/a%5C..%5Cb", err: errDotSegment},
+		{uri: "/counters/alice/a\\..\\b", err: errDotSegment},
+		{uri: "/counters/alice/x?next=/../..", ns: "/counters", id: "alice", path: "/counters/alice/x", query: "?next=/../.."},
+		{uri: "/counters/alice/%2e%2e%2e", ns: "/counters", id: "alice", path: "/counters/alice/%2e%2e%2e"},
+		{uri: "/counters/alice/a%2fb%2e", ns: "/counters", id: "alice", path: "/counters/alice/a%2fb%2e"},
+		{uri: "/counters/alice/%2", ns: "/counters", id: "alice", path: "/counters/alice/%2"},
 		{uri: "http://host/counters/a", err: errPathMalformed},
 		{uri: "*", err: errPathMalformed},
 	}
@@ -61,7 +74,7 @@ func TestParseTargetAllocs(t *testing.T) {
 }
 
 func FuzzParseTarget(f *testing.F) {
-	for _, s := range []string{"/counters/alice/value", "/a/b/../c", "/x//y", "/%2e%2e/a"} {
+	for _, s := range []string{"/counters/alice/value", "/a/b/../c", "/x//y", "/%2e%2e/a", "/a/b/.%2e/c", "/a/b/x%2F%2E%2E"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, uri string) {
@@ -72,7 +85,13 @@ func FuzzParseTarget(f *testing.F) {
 		if checkID(tg.ID) != nil || len(tg.NS) < 2 || tg.NS[0] != '/' {
 			t.Fatalf("accepted an invalid target %q: %+v", uri, tg)
 		}
-		for _, seg := range strings.Split(string(tg.Path), "/") {
+		// Decoded as the worker's server decodes it, with "\\" as a
+		// separator too: no dot segment.
+		decoded, err := url.PathUnescape(string(tg.Path))
+		if err != nil {
+			decoded = string(tg.Path)
+		}
+		for _, seg := range strings.FieldsFunc(decoded, func(r rune) bool { return r == '/' || r == '\\' }) {
 			if seg == "." || seg == ".." {
 				t.Fatalf("accepted a dot segment in %q", uri)
 			}
