@@ -23,10 +23,10 @@ import (
 // acks of the small pools (14–18 ms p99 against 22–29 ms at 2×GOMAXPROCS)
 // for the same data-plane p99.
 //
-// A fixed small pool is wrong too: a handler waits on the store (Redis round
-// trips; the challenge probe waits outside the pool, see probeCall), so the
-// concurrency a node needs is the request rate times that wait — a few
-// here, more with Redis a zone away.
+// A fixed small pool is wrong too: a handler waits on its challenge probe
+// (up to probeHandoff; a slower one finishes outside the pool, see
+// probeCall) and on the store, so the concurrency a node needs is the
+// request rate times that wait — a few here, dozens across zones.
 // The governor adapts between the two with AIMD on the signal that matters,
 // the process's goroutine scheduling latency (runtime/metrics
 // /sched/latencies:seconds, the time runnable goroutines wait for a P):

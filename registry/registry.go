@@ -203,16 +203,47 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		r.submit(ctx, func() *probeCall { h(ctx); return nil })
 		return
 	}
-	call, ok := r.submit(ctx, func() *probeCall { return p(ctx) })
+	call, ok := r.submit(ctx, func() *probeCall {
+		call := p(ctx)
+		if call == nil || r.probe(call) {
+			return nil // answered, probe and all, in this one pool task
+		}
+		return call // the probe is slow: it finishes outside the pool
+	})
 	if !ok || call == nil {
 		return
 	}
-	// The probe runs here, on the request's own goroutine, holding no
-	// pool slot (see probeCall); its answer goes back to the pool.
-	start := time.Now()
-	res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
-	r.obs.Probe(time.Since(start), res)
-	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+	<-call.done
+	r.submit(ctx, func() *probeCall { call.then(ctx, call.res, call.err); return nil })
+}
+
+// probeHandoff is how long a pool task waits for its challenge probe
+// before it gives its slot back (see probeCall). A probe answers in
+// milliseconds even across zones; one that takes longer is waiting on a
+// slow or unreachable worker, not using a CPU.
+const probeHandoff = 100 * time.Millisecond
+
+// probe starts call's challenge probe on its own goroutine and waits up to
+// probeHandoff for it. Done in time, it runs call.then here, in the pool
+// task, and reports true; otherwise the probe goes on and call.done closes
+// when it ends.
+func (r *Registry) probe(call *probeCall) bool {
+	call.done = make(chan struct{})
+	go func() {
+		start := time.Now()
+		call.res, call.err = r.prober.Probe(call.url, call.secret, call.challenge, call.value)
+		r.obs.Probe(time.Since(start), call.res)
+		close(call.done)
+	}()
+	t := time.NewTimer(probeHandoff)
+	select {
+	case <-call.done:
+		t.Stop()
+		call.then(call.ctx, call.res, call.err)
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // submit runs task on the pool and waits for it, answering 503 itself
@@ -252,15 +283,25 @@ type handler func(ctx *fasthttp.RequestCtx)
 type probing func(ctx *fasthttp.RequestCtx) *probeCall
 
 // probeCall is a challenge probe a handler needs, and what to do with its
-// result. A probe waits on the network for up to the probe timeout; made
-// on the pool it would hold a slot all that time, and a few hundred
-// workers whose advertise URLs hang (a firewall, a wrong ADVERTISE_URL)
-// would fill the pool and hold every other worker's heartbeat in the
-// queue until their leases lapsed. So the pool does the CPU work before
-// and after (then), and the probe waits on the request's own goroutine.
+// result. A probe waits on the network for up to the probe timeout. Made
+// on the pool the whole time, it would hold a slot all that time, and a
+// few hundred workers whose advertise URLs hang (a firewall, a wrong
+// ADVERTISE_URL) would fill the pool and hold every other worker's
+// heartbeat in the queue until their leases lapsed. Made off the pool
+// altogether, every probe of a storm would be in flight at once and
+// their answers would make that many goroutines runnable together,
+// which is what the pool bounds (governor.go). So the pool task waits
+// probeHandoff for its probe and finishes the request when it answers in
+// time — nearly always — and otherwise gives the slot back: the request's
+// own goroutine waits for the slow probe, and then goes back to the pool.
 type probeCall struct {
+	ctx                           *fasthttp.RequestCtx
 	url, secret, challenge, value string
 	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
+
+	done chan struct{} // closed when the probe ended
+	res  ProbeResult
+	err  error
 }
 
 // route picks the handler (h or p) for path and the scope it requires, answering
