@@ -399,3 +399,60 @@ func TestLargeEpochs_RLS4(t *testing.T) {
 		t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 superseded", res.status, res.body)
 	}
 }
+
+// A degraded session's probe waits off the pool from the start: its last
+// probe failed, so this one most likely waits for its timeout too, and
+// thousands of workers cut off from pinboard must not hold slots for the
+// hand-off time each (R-LS-3). The hand-off is made endless here: only
+// the degraded rule lets the healthy heartbeat through.
+func TestDegradedProbesWaitOffPool_RLS3(t *testing.T) {
+	h := newHarness(t)
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(time.Second) })
+	r.handoff = time.Hour
+	h.r = r
+	healthy := h.register(nil)
+
+	stuck := newFakeWorker(t)
+	orig := h.fw
+	h.fw = stuck
+	var bodies []string
+	for range 4 {
+		s := h.register(map[string]any{"advertiseUrl": stuck.srv.URL})
+		stuck.mode.Store("404")
+		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)); res.status != 200 || !strings.Contains(res.body, `"degraded":true`) {
+			t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)
+		}
+		stuck.mode.Store("ok")
+		bodies = append(bodies, h.beatBody(s, nil))
+	}
+	h.fw = orig
+	stuck.mode.Store("hang")
+	before := stuck.probes.Load()
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stuck.hang); wg.Wait() })
+	for _, b := range bodies {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.do(r, "POST", "/registry/heartbeat", workerToken, b) }()
+	}
+	for deadline := time.Now().Add(10 * time.Second); stuck.probes.Load()-before < int64(len(bodies)); {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d degraded sessions' probes started: the others wait for the pool", stuck.probes.Load()-before, len(bodies))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := make(chan response, 1)
+	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
+	select {
+	case res := <-got:
+		if res.status != 200 {
+			t.Fatalf("unexpected reply to the healthy worker; got %d %s", res.status, res.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a healthy worker's heartbeat waited behind degraded sessions' probes")
+	}
+}

@@ -85,6 +85,7 @@ type Registry struct {
 	obs      Observer
 	stopping atomic.Bool
 	gov      *governor
+	handoff  time.Duration // probeHandoff; tests change it
 	stopGov  context.CancelFunc
 	govDone  chan struct{}
 }
@@ -101,6 +102,7 @@ func New(o Options) (*Registry, error) {
 		base:     o.BasePath,
 		log:      o.Logger,
 		obs:      o.Observer,
+		handoff:  probeHandoff,
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -235,7 +237,10 @@ func (r *Registry) probe(call *probeCall) bool {
 		r.obs.Probe(time.Since(start), call.res)
 		close(call.done)
 	}()
-	t := time.NewTimer(probeHandoff)
+	if call.offPool {
+		return false
+	}
+	t := time.NewTimer(r.handoff)
 	select {
 	case <-call.done:
 		t.Stop()
@@ -298,6 +303,12 @@ type probeCall struct {
 	ctx                           *fasthttp.RequestCtx
 	url, secret, challenge, value string
 	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
+
+	// offPool: wait for the probe off the pool from the start — the
+	// session's last probe failed (it is degraded), so this one most
+	// likely waits for its timeout too. Thousands of workers cut off
+	// from pinboard then hold no slot at all.
+	offPool bool
 
 	done chan struct{} // closed when the probe ended
 	res  ProbeResult
