@@ -215,8 +215,12 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	if !ok || call == nil {
 		return
 	}
-	<-call.done
-	r.submit(ctx, func() *probeCall { call.then(ctx, call.res, call.err); return nil })
+	// The probe off the pool, on the request's own goroutine, with what is
+	// left of the probe timeout; then back to the pool with its answer.
+	start := time.Now()
+	res, err := r.prober.ProbeWithin(call.url, call.secret, call.challenge, call.value, call.left)
+	r.obs.Probe(time.Since(start)+r.prober.Timeout()-call.left, res)
+	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
 }
 
 // probeHandoff is how long a pool task waits for its challenge probe
@@ -225,30 +229,28 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 // slow or unreachable worker, not using a CPU.
 const probeHandoff = 100 * time.Millisecond
 
-// probe starts call's challenge probe on its own goroutine and waits up to
-// probeHandoff for it. Done in time, it runs call.then here, in the pool
-// task, and reports true; otherwise the probe goes on and call.done closes
-// when it ends.
+// probe makes call's challenge probe in the pool task, for up to the
+// hand-off time, and when it is answered in time runs call.then there and
+// reports true. A probe unanswered by then is dropped and made again off
+// the pool by ServeHTTP, with what is left of the probe timeout (call.left):
+// a slow worker sees a second GET of the same challenge, which it answers
+// the same. No goroutine or timer is added to the common case.
 func (r *Registry) probe(call *probeCall) bool {
-	call.done = make(chan struct{})
-	go func() {
-		start := time.Now()
-		call.res, call.err = r.prober.Probe(call.url, call.secret, call.challenge, call.value)
-		r.obs.Probe(time.Since(start), call.res)
-		close(call.done)
-	}()
+	timeout := r.prober.Timeout()
 	if call.offPool {
+		call.left = timeout
 		return false
 	}
-	t := time.NewTimer(r.handoff)
-	select {
-	case <-call.done:
-		t.Stop()
-		call.then(call.ctx, call.res, call.err)
-		return true
-	case <-t.C:
+	within := min(r.handoff, timeout)
+	start := time.Now()
+	res, err := r.prober.ProbeWithin(call.url, call.secret, call.challenge, call.value, within)
+	if within < timeout && res == ProbeUnreachable && timedOut(err) {
+		call.left = timeout - within
 		return false
 	}
+	r.obs.Probe(time.Since(start), res)
+	call.then(call.ctx, res, err)
+	return true
 }
 
 // submit runs task on the pool and waits for it, answering 503 itself
@@ -295,10 +297,11 @@ type probing func(ctx *fasthttp.RequestCtx) *probeCall
 // heartbeat in the queue until their leases lapsed. Made off the pool
 // altogether, every probe of a storm would be in flight at once and
 // their answers would make that many goroutines runnable together,
-// which is what the pool bounds (governor.go). So the pool task waits
-// probeHandoff for its probe and finishes the request when it answers in
-// time — nearly always — and otherwise gives the slot back: the request's
-// own goroutine waits for the slow probe, and then goes back to the pool.
+// which is what the pool bounds (governor.go). So the pool task probes
+// for up to probeHandoff and finishes the request when the probe answers
+// in time — nearly always — and otherwise gives the slot back: the
+// request's own goroutine probes again with the time left, and then goes
+// back to the pool.
 type probeCall struct {
 	ctx                           *fasthttp.RequestCtx
 	url, secret, challenge, value string
@@ -310,9 +313,7 @@ type probeCall struct {
 	// from pinboard then hold no slot at all.
 	offPool bool
 
-	done chan struct{} // closed when the probe ended
-	res  ProbeResult
-	err  error
+	left time.Duration // what is left of the probe timeout off the pool
 }
 
 // route picks the handler (h or p) for path and the scope it requires, answering
