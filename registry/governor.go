@@ -24,9 +24,9 @@ import (
 // for the same data-plane p99.
 //
 // A fixed small pool is wrong too: a handler waits on its challenge probe
-// (up to probeHandoff; a slower one finishes outside the pool, see
-// probeCall) and on the store, so the concurrency a node needs is the
-// request rate times that wait — a few here, dozens across zones.
+// (a degraded session's waits off the pool, see probeCall) and on the
+// store, so the concurrency a node needs is the request rate times that
+// wait — a few here, dozens across zones.
 // The governor adapts between the two with AIMD on the signal that matters,
 // the process's goroutine scheduling latency (runtime/metrics
 // /sched/latencies:seconds, the time runnable goroutines wait for a P):

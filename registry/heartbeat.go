@@ -52,8 +52,8 @@ func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) *probeCall {
 		return nil
 	}
 	return &probeCall{
-		ctx: ctx, offPool: info.Degraded,
-		url: info.AdvertiseURL, secret: info.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
+		offPool: info.Degraded,
+		url:     info.AdvertiseURL, secret: info.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
 		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, perr error) {
 			r.obs.Heartbeat(time.Since(start), r.beat(ctx, pr, body, info, res, perr))
 		},

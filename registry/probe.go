@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -79,25 +78,15 @@ func NewProber(timeout time.Duration) *Prober {
 			MaxConnsPerHost:     64,
 			MaxConnWaitTimeout:  timeout,
 			MaxResponseBodySize: maxProbeBody,
-			// The dial gets what is left of the probe's own timeout
-			// (ProbeWithin), not always the full one.
-			DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			Dial: func(addr string) (net.Conn, error) {
 				return fasthttp.DialTimeout(addr, timeout)
 			},
 		},
 	}
 }
 
-// Timeout is the longest a probe may take.
-func (p *Prober) Timeout() time.Duration { return p.timeout }
-
 // Probe runs one challenge probe.
 func (p *Prober) Probe(advertiseURL, secret, challenge, challengeValue string) (ProbeResult, error) {
-	return p.ProbeWithin(advertiseURL, secret, challenge, challengeValue, p.timeout)
-}
-
-// ProbeWithin runs one challenge probe that gives up after timeout.
-func (p *Prober) ProbeWithin(advertiseURL, secret, challenge, challengeValue string, timeout time.Duration) (ProbeResult, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -106,7 +95,7 @@ func (p *Prober) ProbeWithin(advertiseURL, secret, challenge, challengeValue str
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.Header.Set(ProxySecretHeader, secret)
 	req.Header.Set(fasthttp.HeaderAccept, "application/json")
-	if err := p.client.DoTimeout(req, resp, timeout); err != nil {
+	if err := p.client.DoTimeout(req, resp, p.timeout); err != nil {
 		return ProbeUnreachable, fmt.Errorf("cannot probe %s: %w", advertiseURL, err)
 	}
 	status := resp.StatusCode()
@@ -126,12 +115,4 @@ func (p *Prober) ProbeWithin(advertiseURL, secret, challenge, challengeValue str
 		return ProbeMismatch, errors.New("probe answered a different challenge value")
 	}
 	return ProbeOK, nil
-}
-
-// timedOut reports whether a probe error is the probe running out of time
-// (connecting or waiting for the answer), not a refusal.
-func timedOut(err error) bool {
-	var ne net.Error
-	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
-		errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

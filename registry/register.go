@@ -160,7 +160,6 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 		return nil
 	}
 	return &probeCall{
-		ctx: ctx,
 		url: reg.AdvertiseURL, secret: reg.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
 		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, err error) { r.admit(ctx, reg, res, err) },
 	}

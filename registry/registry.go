@@ -85,7 +85,6 @@ type Registry struct {
 	obs      Observer
 	stopping atomic.Bool
 	gov      *governor
-	handoff  time.Duration // probeHandoff; tests change it
 	stopGov  context.CancelFunc
 	govDone  chan struct{}
 }
@@ -102,7 +101,6 @@ func New(o Options) (*Registry, error) {
 		base:     o.BasePath,
 		log:      o.Logger,
 		obs:      o.Observer,
-		handoff:  probeHandoff,
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -207,50 +205,26 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	}
 	call, ok := r.submit(ctx, func() *probeCall {
 		call := p(ctx)
-		if call == nil || r.probe(call) {
-			return nil // answered, probe and all, in this one pool task
+		if call == nil || call.offPool {
+			return call
 		}
-		return call // the probe is slow: it finishes outside the pool
+		// Probe and all in this one pool task: the pool bounds how many
+		// probe answers can wake goroutines at once (governor.go).
+		start := time.Now()
+		res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
+		r.obs.Probe(time.Since(start), res)
+		call.then(ctx, res, err)
+		return nil
 	})
 	if !ok || call == nil {
 		return
 	}
-	// The probe off the pool, on the request's own goroutine, with what is
-	// left of the probe timeout; then back to the pool with its answer.
+	// A degraded session's probe, off the pool on the request's own
+	// goroutine; then back to the pool with its answer.
 	start := time.Now()
-	res, err := r.prober.ProbeWithin(call.url, call.secret, call.challenge, call.value, call.left)
-	r.obs.Probe(time.Since(start)+r.prober.Timeout()-call.left, res)
-	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
-}
-
-// probeHandoff is how long a pool task waits for its challenge probe
-// before it gives its slot back (see probeCall). A probe answers in
-// milliseconds even across zones; one that takes longer is waiting on a
-// slow or unreachable worker, not using a CPU.
-const probeHandoff = 100 * time.Millisecond
-
-// probe makes call's challenge probe in the pool task, for up to the
-// hand-off time, and when it is answered in time runs call.then there and
-// reports true. A probe unanswered by then is dropped and made again off
-// the pool by ServeHTTP, with what is left of the probe timeout (call.left):
-// a slow worker sees a second GET of the same challenge, which it answers
-// the same. No goroutine or timer is added to the common case.
-func (r *Registry) probe(call *probeCall) bool {
-	timeout := r.prober.Timeout()
-	if call.offPool {
-		call.left = timeout
-		return false
-	}
-	within := min(r.handoff, timeout)
-	start := time.Now()
-	res, err := r.prober.ProbeWithin(call.url, call.secret, call.challenge, call.value, within)
-	if within < timeout && res == ProbeUnreachable && timedOut(err) {
-		call.left = timeout - within
-		return false
-	}
+	res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
 	r.obs.Probe(time.Since(start), res)
-	call.then(call.ctx, res, err)
-	return true
+	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
 }
 
 // submit runs task on the pool and waits for it, answering 503 itself
@@ -290,30 +264,19 @@ type handler func(ctx *fasthttp.RequestCtx)
 type probing func(ctx *fasthttp.RequestCtx) *probeCall
 
 // probeCall is a challenge probe a handler needs, and what to do with its
-// result. A probe waits on the network for up to the probe timeout. Made
-// on the pool the whole time, it would hold a slot all that time, and a
-// few hundred workers whose advertise URLs hang (a firewall, a wrong
-// ADVERTISE_URL) would fill the pool and hold every other worker's
-// heartbeat in the queue until their leases lapsed. Made off the pool
-// altogether, every probe of a storm would be in flight at once and
-// their answers would make that many goroutines runnable together,
-// which is what the pool bounds (governor.go). So the pool task probes
-// for up to probeHandoff and finishes the request when the probe answers
-// in time — nearly always — and otherwise gives the slot back: the
-// request's own goroutine probes again with the time left, and then goes
-// back to the pool.
+// result. The probe is made in the handler's pool task — the pool bounds
+// how many probe answers can wake goroutines at once, which is what keeps
+// a heartbeat storm off the data plane's tail (governor.go) — except for
+// a degraded session: its last probe failed, so this one most likely
+// waits for the whole probe timeout too, and a slot held all that time is
+// a heartbeat another worker cannot get answered. Workers cut off from
+// pinboard (a firewall, a wrong ADVERTISE_URL) thus hold a slot on their
+// first failing heartbeat only; from the next one on, their probes wait
+// on the requests' own goroutines.
 type probeCall struct {
-	ctx                           *fasthttp.RequestCtx
 	url, secret, challenge, value string
 	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
-
-	// offPool: wait for the probe off the pool from the start — the
-	// session's last probe failed (it is degraded), so this one most
-	// likely waits for its timeout too. Thousands of workers cut off
-	// from pinboard then hold no slot at all.
-	offPool bool
-
-	left time.Duration // what is left of the probe timeout off the pool
+	offPool                       bool // probe off the pool: the session is degraded
 }
 
 // route picks the handler (h or p) for path and the scope it requires, answering
