@@ -226,7 +226,11 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 		if p.affinity != nil {
 			rq.pick.Key, rq.pick.HasKey = p.affinity(ctx)
 		} else {
-			ip := p.trusted.ClientIP(addrOf(ctx.RemoteAddr()), ctx.Request.Header.PeekBytes(hdrXFF))
+			// Every X-Forwarded-For line: a trusted proxy that appends its
+			// own line after a client's would otherwise leave the choice to
+			// the client's (R-PL-4).
+			rq.tmp = forwardedFor(&ctx.Request.Header, rq.tmp[:0])
+			ip := p.trusted.ClientIP(addrOf(ctx.RemoteAddr()), rq.tmp)
 			if ip.IsValid() {
 				rq.pick.Key, rq.pick.HasKey = ip.String(), true
 			}
@@ -398,6 +402,20 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 	if err != nil {
 		p.log.Warn("cannot release a refused placement", "ns", string(rq.ns), "id", string(rq.id), "sessionId", route.Owner.SessionID, "err", err)
 	}
+}
+
+// forwardedFor appends every X-Forwarded-For line of h to dst, in order,
+// joined by ", " as one list.
+func forwardedFor(h *fasthttp.RequestHeader, dst []byte) []byte {
+	for k, v := range h.All() {
+		if len(k) == len(hdrXFF) && asciiEqualFold(k, "X-Forwarded-For") && len(v) > 0 {
+			if len(dst) > 0 {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, v...)
+		}
+	}
+	return dst
 }
 
 // setForwarded sets X-Forwarded-For/-Proto/-Host. A peer that is not a

@@ -190,3 +190,21 @@ func TestClientIP_RPL4(t *testing.T) {
 		t.Fatalf("unexpected acceptance of a hostname")
 	}
 }
+
+// The client IP for affinity reads every X-Forwarded-For line: a trusted
+// proxy that appends its own line after a client's must be believed, not
+// the client's line (R-PL-4).
+func TestClientIPEveryForwardedLine_RPL4(t *testing.T) {
+	tp, err := ParseTrustedProxies("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := parseRequest(t, "GET /c/a HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n")
+	xff := forwardedFor(&req.Header, nil)
+	if string(xff) != "1.1.1.1, 6.6.6.6" {
+		t.Fatalf("unexpected joined list; got %q", xff)
+	}
+	if got := tp.ClientIP(netip.MustParseAddr("127.0.0.1"), xff); got != netip.MustParseAddr("6.6.6.6") {
+		t.Fatalf("unexpected client IP; got %v; want 6.6.6.6, the trusted proxy's own line", got)
+	}
+}
