@@ -45,9 +45,9 @@ type upstreamBody struct {
 	sse       bool  // text/event-stream: shutdown may end it cleanly
 	stopped   atomic.Bool
 
-	client  net.Conn      // the client's connection: stall deadline on writes to it
-	stall   time.Duration // see UpstreamOptions.StallTimeout; 0: none
-	renewed time.Time     // when the client's write deadline was last pushed back
+	client   net.Conn      // the client's connection: stall deadline on writes to it
+	stall    time.Duration // see UpstreamOptions.StallTimeout; 0: none
+	stallDue lazyDeadline  // the client's write deadline last set
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
@@ -55,7 +55,7 @@ var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
 func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload, client net.Conn) *upstreamBody {
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
-	b.client, b.stall, b.renewed = client, pool.stall, time.Time{}
+	b.client, b.stall, b.stallDue = client, pool.stall, lazyDeadline{}
 	b.remaining, b.done, b.broken = 0, false, false
 	b.stopped.Store(false)
 	if mode == bodyFixed {
@@ -104,20 +104,17 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 }
 
 // renew pushes back the deadline of the write the server makes next with
-// what Read returned, at most once a second (see upload.renew): a client
-// that stops reading a stream with bytes pending is cut after the stall
-// timeout, and its worker connection freed. An idle stream makes no write
-// and is never cut.
+// what Read returned, when due (lazyDeadline): a client that stops reading
+// a stream with bytes pending is cut about the stall timeout later, and
+// its worker connection freed. An idle stream makes no write and is never
+// cut.
 func (b *upstreamBody) renew() {
 	if b.stall <= 0 || b.client == nil {
 		return
 	}
-	now := time.Now()
-	if now.Sub(b.renewed) < time.Second {
-		return
+	if at, ok := b.stallDue.due(time.Now(), b.stall); ok {
+		_ = b.client.SetWriteDeadline(at)
 	}
-	b.renewed = now
-	_ = b.client.SetWriteDeadline(now.Add(b.stall))
 }
 
 // cleanStop reports whether a stream stopped by shutdown can end as if the
@@ -264,7 +261,7 @@ func (b *upstreamBody) skipTrailers() error {
 // client abandoned.
 func (b *upstreamBody) CloseWithError(err error) error {
 	b.tracker.remove(b)
-	if !b.renewed.IsZero() {
+	if !b.stallDue.at.IsZero() {
 		// The client's connection may carry more requests: no stale
 		// write deadline may fire on a later response.
 		_ = b.client.SetWriteDeadline(time.Time{})

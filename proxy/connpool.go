@@ -27,8 +27,8 @@ type pconn struct {
 	src      *carryReader // set while br is a small stream buffer
 	w        io.Writer    // where pooled write buffers flush to: c
 	lastUsed time.Time
-	// deadline is the read deadline last set on c (zero: none).
-	deadline time.Time
+	// deadline is the read deadline last set on c.
+	deadline lazyDeadline
 	// reused is true once the connection carried a response; a read error
 	// before any response byte on a reused connection usually means the
 	// worker closed it while idle (retryable when the request can be
@@ -36,29 +36,43 @@ type pconn struct {
 	reused bool
 }
 
+// lazyDeadline keeps a connection deadline about d ahead of now without
+// setting it on every call: setting a deadline is a timer operation in the
+// runtime's poller, and a busy connection would pay it per request or per
+// chunk. It is renewed only once it has drifted by more than a slack of
+// min(1s, d/10), so it fires between d minus the slack and d after the
+// last renewal that was due. at is the deadline last set (zero: none).
+type lazyDeadline struct{ at time.Time }
+
+// due reports the deadline to set now, if one is due.
+func (l *lazyDeadline) due(now time.Time, d time.Duration) (time.Time, bool) {
+	want := now.Add(d)
+	if !l.at.Before(want.Add(-min(time.Second, d/10))) {
+		return time.Time{}, false
+	}
+	l.at = want
+	return want, true
+}
+
 // armHeaderDeadline makes sure a read on pc gives up no later than d
 // after now (and no earlier than d minus a small slack): the wait for a
-// worker's response header is bounded. The deadline is renewed only when
-// it has drifted by more than the slack — about once a second on a busy
-// connection instead of twice per request (setting a deadline is a timer
-// operation in the runtime's poller).
+// worker's response header is bounded, renewed about once a second on a
+// busy connection instead of twice per request.
 func (pc *pconn) armHeaderDeadline(now time.Time, d time.Duration) {
-	slack := min(time.Second, d/10)
-	if want := now.Add(d); pc.deadline.Before(want.Add(-slack)) {
-		pc.deadline = want
-		_ = pc.c.SetReadDeadline(want)
+	if at, ok := pc.deadline.due(now, d); ok {
+		_ = pc.c.SetReadDeadline(at)
 	}
 }
 
 // deadlineUnknown marks a deadline set outside pc's bookkeeping (by an
 // upload): the next arm renews it and the next clear clears it.
-var deadlineUnknown = time.Unix(0, 1)
+var deadlineUnknown = lazyDeadline{time.Unix(0, 1)}
 
 // clearDeadline removes the read deadline before a streamed body, which
 // may idle far longer than a header may take (SSE).
 func (pc *pconn) clearDeadline() {
-	if !pc.deadline.IsZero() {
-		pc.deadline = time.Time{}
+	if !pc.deadline.at.IsZero() {
+		pc.deadline = lazyDeadline{}
 		_ = pc.c.SetReadDeadline(time.Time{})
 	}
 }

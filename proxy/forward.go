@@ -423,15 +423,14 @@ func forwardedFor(h *fasthttp.RequestHeader, dst []byte) []byte {
 // replaced — a second X-Forwarded-For or -Proto line would otherwise reach
 // the worker beside pinboard's, and uvicorn's proxy-headers middleware
 // joins the For lines and takes the last Proto — and its Forwarded and
-// X-Real-IP go too. A trusted proxy's For lines are joined in order before
-// the peer is appended, and its last Proto and Host line are kept. One pass
-// over the header finds them all; nothing is deleted unless there is a
-// copy to remove.
+// X-Real-IP go too. A trusted proxy's For lines are joined in order
+// (forwardedFor) before the peer is appended, and its last Proto and Host
+// line are kept. One pass over the header counts them; nothing is deleted
+// unless there is a copy to remove.
 func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	h := &ctx.Request.Header
 	peer := addrOf(ctx.RemoteAddr())
 	trusted := p.trusted.Trusted(peer)
-	rq.xff = rq.xff[:0]
 	var nFor, nProto, nHost, nOther int
 	var proto, host []byte
 	for k, v := range h.All() {
@@ -439,19 +438,14 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 		case len(hdrXFF):
 			if asciiEqualFold(k, "X-Forwarded-For") {
 				nFor++
-				if trusted && len(v) > 0 {
-					rq.xff = append(append(rq.xff, v...), ", "...)
-				}
 			}
 		case len(hdrXFProto):
 			if asciiEqualFold(k, "X-Forwarded-Proto") {
-				nProto++
-				proto = v
+				nProto, proto = nProto+1, v
 			}
 		case len(hdrXFHost):
 			if asciiEqualFold(k, "X-Forwarded-Host") {
-				nHost++
-				host = v
+				nHost, host = nHost+1, v
 			}
 		case len("Forwarded"): // and len("X-Real-IP")
 			if asciiEqualFold(k, "Forwarded") || asciiEqualFold(k, "X-Real-IP") {
@@ -459,50 +453,45 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 			}
 		}
 	}
-	if trusted && (nProto > 1 || nHost > 1) {
-		// The values alias the header's storage: copied before any
+	rq.xff = rq.xff[:0]
+	if trusted {
+		if rq.xff = forwardedFor(h, rq.xff); len(rq.xff) > 0 {
+			rq.xff = append(rq.xff, ", "...)
+		}
+		// The kept values alias the header's storage: copied before a
 		// deletion moves it.
 		rq.tmp = append(append(rq.tmp[:0], proto...), host...)
 		proto, host = rq.tmp[:len(proto)], rq.tmp[len(proto):]
 	}
-	if nFor > 1 {
-		h.DelBytes(hdrXFF)
-	}
 	if peer.IsValid() {
 		rq.xff = peer.AppendTo(rq.xff)
 	}
-	h.SetCanonical(hdrXFF, rq.xff)
-	if trusted && nProto > 0 {
-		if nProto > 1 {
-			h.DelBytes(hdrXFProto)
-			h.SetCanonical(hdrXFProto, proto)
-		}
-	} else {
-		if nProto > 1 {
-			h.DelBytes(hdrXFProto)
-		}
+	if !trusted || nProto == 0 {
+		proto = valHTTP
 		if ctx.IsTLS() {
-			h.SetCanonical(hdrXFProto, valHTTPS)
-		} else {
-			h.SetCanonical(hdrXFProto, valHTTP)
+			proto = valHTTPS
 		}
 	}
-	if trusted && nHost > 0 {
-		if nHost > 1 {
-			h.DelBytes(hdrXFHost)
-			h.SetCanonical(hdrXFHost, host)
-		}
-	} else {
-		if nHost > 0 {
-			h.DelBytes(hdrXFHost)
-		}
-		if host := h.Host(); len(host) > 0 {
-			h.SetCanonical(hdrXFHost, host)
-		}
+	if !trusted || nHost == 0 {
+		host = h.Host()
 	}
+	setOnly(h, hdrXFF, rq.xff, nFor)
+	setOnly(h, hdrXFProto, proto, nProto)
+	setOnly(h, hdrXFHost, host, nHost)
 	if !trusted && nOther > 0 {
 		h.Del("Forwarded")
 		h.Del("X-Real-IP")
+	}
+}
+
+// setOnly leaves key with the single value v (none when v is empty), the
+// header holding n copies of it now; v must not alias one of them.
+func setOnly(h *fasthttp.RequestHeader, key, v []byte, n int) {
+	if n > 1 || (n == 1 && len(v) == 0) {
+		h.DelBytes(key)
+	}
+	if len(v) > 0 {
+		h.SetCanonical(key, v)
 	}
 }
 

@@ -346,3 +346,28 @@ func TestFrozenWorkerUploadAnswered_RDP3(t *testing.T) {
 		t.Fatalf("unexpected status for an upload to a frozen worker; got %d; want 5xx", res.StatusCode)
 	}
 }
+
+// lazyDeadline sets a deadline only once it has drifted by more than its
+// slack, min(1s, d/10): the header deadline, the stall deadlines (R-DP-3).
+func TestLazyDeadline_RDP3(t *testing.T) {
+	var l lazyDeadline
+	t0 := time.Unix(1_800_000_000, 0)
+	if at, ok := l.due(t0, time.Minute); !ok || !at.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("unexpected first deadline; got %v %v", at, ok)
+	}
+	if _, ok := l.due(t0.Add(900*time.Millisecond), time.Minute); ok {
+		t.Fatal("renewed within the 1 s slack")
+	}
+	if at, ok := l.due(t0.Add(1100*time.Millisecond), time.Minute); !ok || !at.Equal(t0.Add(61100*time.Millisecond)) {
+		t.Fatalf("not renewed past the slack; got %v %v", at, ok)
+	}
+	// A short deadline has a tenth of it as slack.
+	var s lazyDeadline
+	s.due(t0, time.Second)
+	if _, ok := s.due(t0.Add(50*time.Millisecond), time.Second); ok {
+		t.Fatal("renewed within a tenth of a 1 s deadline")
+	}
+	if _, ok := s.due(t0.Add(150*time.Millisecond), time.Second); !ok {
+		t.Fatal("not renewed past a tenth of a 1 s deadline")
+	}
+}

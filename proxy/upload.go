@@ -44,24 +44,21 @@ type upload struct {
 	headerRead bool // the handler has the response header: arm nothing
 	stopping   bool // stop interrupted the client's read: renew no deadline
 
-	stall   time.Duration // see UpstreamOptions.StallTimeout; 0: none
-	renewed time.Time     // when the stall deadlines were last pushed back
+	stall    time.Duration // see UpstreamOptions.StallTimeout; 0: none
+	stallDue lazyDeadline  // the stall deadlines last set
 }
 
 // renew pushes the stall deadlines back — on the client's read and on the
-// write to the worker — at most once a second: a timer operation per
-// 32 KiB copied would cost more than the copy. The deadlines then fire
-// between stall−1s and stall after the last progress.
+// write to the worker — when due (lazyDeadline): they fire about the
+// stall timeout after the last progress.
 func (u *upload) renew() {
 	if u.stall <= 0 {
 		return
 	}
-	now := time.Now()
-	if now.Sub(u.renewed) < time.Second {
+	d, ok := u.stallDue.due(time.Now(), u.stall)
+	if !ok {
 		return
 	}
-	u.renewed = now
-	d := now.Add(u.stall)
 	u.mu.Lock()
 	if !u.stopping && u.client != nil {
 		_ = u.client.SetReadDeadline(d)
