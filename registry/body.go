@@ -75,25 +75,8 @@ func decode(b []byte, v any) error {
 // replace the exactly named member. A rare path: a body exactKeys found
 // such a key in.
 func decodeExact(b []byte, v any, t reflect.Type) error {
-	var names []string
-	if t.Kind() == reflect.Slice {
-		names = jsonNames(t.Elem())
-	} else {
-		names = jsonNames(t)
-	}
-	variant := func(k string) bool {
-		for _, n := range names {
-			if k == n {
-				return false
-			}
-		}
-		for _, n := range names {
-			if strings.EqualFold(k, n) {
-				return true
-			}
-		}
-		return false
-	}
+	names := fieldNames(t)
+	variant := func(k string, _ json.RawMessage) bool { return caseVariant(k, names) }
 	var clean []byte
 	var err error
 	if t.Kind() == reflect.Slice {
@@ -102,7 +85,7 @@ func decodeExact(b []byte, v any, t reflect.Type) error {
 			return errShape
 		}
 		for _, m := range elems {
-			maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool { return variant(k) })
+			maps.DeleteFunc(m, variant)
 		}
 		clean, err = json.Marshal(elems)
 	} else {
@@ -110,7 +93,7 @@ func decodeExact(b []byte, v any, t reflect.Type) error {
 		if json.Unmarshal(b, &m) != nil {
 			return errShape
 		}
-		maps.DeleteFunc(m, func(k string, _ json.RawMessage) bool { return variant(k) })
+		maps.DeleteFunc(m, variant)
 		clean, err = json.Marshal(m)
 	}
 	if err != nil {
@@ -135,28 +118,41 @@ func decodeExact(b []byte, v any, t reflect.Type) error {
 // encoding/json's token stream cost as much as the rest of the heartbeat's
 // decoding (BenchmarkExactKeys).
 func exactKeys(b []byte, t reflect.Type) bool {
-	var names []string
-	switch {
-	case t.Kind() == reflect.Struct:
-		names = jsonNames(t)
-	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
-		names = jsonNames(t.Elem())
-	default:
+	names := fieldNames(t)
+	if names == nil {
 		return true
 	}
 	return eachMemberKey(b, t.Kind() == reflect.Slice, func(key []byte) bool {
-		for _, name := range names {
-			if len(name) == len(key) && string(key) == name {
-				return true
-			}
-		}
-		for _, name := range names {
-			if strings.EqualFold(name, string(key)) {
-				return false // the same name in another case
-			}
-		}
-		return true
+		return !caseVariant(string(key), names)
 	})
+}
+
+// fieldNames returns the JSON names of the fields of t, a struct or a
+// slice of structs; nil for anything else.
+func fieldNames(t reflect.Type) []string {
+	switch {
+	case t.Kind() == reflect.Struct:
+		return jsonNames(t)
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
+		return jsonNames(t.Elem())
+	}
+	return nil
+}
+
+// caseVariant reports whether key names one of the fields only in another
+// case: encoding/json would fill the field from it, the reference not.
+func caseVariant(key string, names []string) bool {
+	for _, name := range names {
+		if key == name {
+			return false
+		}
+	}
+	for _, name := range names {
+		if strings.EqualFold(name, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // jsonNames returns the JSON names of t's fields.

@@ -210,9 +210,7 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		}
 		// Probe and all in this one pool task: the pool bounds how many
 		// probe answers can wake goroutines at once (governor.go).
-		start := time.Now()
-		res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
-		r.obs.Probe(time.Since(start), res)
+		res, err := r.probe(call)
 		call.then(ctx, res, err)
 		return nil
 	})
@@ -221,10 +219,16 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	}
 	// A degraded session's probe, off the pool on the request's own
 	// goroutine; then back to the pool with its answer.
+	res, err := r.probe(call)
+	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+}
+
+// probe makes call's challenge probe and records it.
+func (r *Registry) probe(call *probeCall) (ProbeResult, error) {
 	start := time.Now()
 	res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
 	r.obs.Probe(time.Since(start), res)
-	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+	return res, err
 }
 
 // submit runs task on the pool and waits for it, answering 503 itself
