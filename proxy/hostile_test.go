@@ -68,13 +68,29 @@ func newCapRigWorker(t *testing.T, opts func(*Options)) (*rig, *standin, *capLn)
 	s.srv.Listener = cl
 	s.srv.Start()
 	t.Cleanup(s.srv.Close)
+	rg.serveIDs(t, s, "alice")
+	return rg, s, cl
+}
+
+// serveIDs adds s as the only worker for /counters, places ids on it, and
+// moves the rig's clock to real time (deadlines are real).
+func (rg *rig) serveIDs(t *testing.T, s *standin, ids ...string) {
+	t.Helper()
 	rg.add(s, 1, "/counters")
-	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
-		t.Fatal(err)
+	for _, id := range ids {
+		if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: id, Now: rg.now()}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	real := time.Now()
 	rg.clock.Store(&real)
-	return rg, s, cl
+}
+
+// rawWorker is a stand-in whose advertise URL is ln, served by the test.
+func rawWorker(name string, ln net.Listener) *standin {
+	s := &standin{name: name, secret: "secret-" + name, srv: &httptest.Server{URL: "http://" + ln.Addr().String()}}
+	s.session.Store("")
+	return s
 }
 
 // raw sends req on a fresh connection and returns what comes back within d.
@@ -145,16 +161,7 @@ func TestConnectionCannotUnframeResponse_RDP1_RDP3(t *testing.T) {
 			}(c)
 		}
 	}()
-	s := &standin{name: "raw", secret: "secret-raw", srv: &httptest.Server{URL: "http://" + ln.Addr().String()}}
-	s.session.Store("")
-	rg.add(s, 1, "/counters")
-	for _, id := range []string{"alice", "bob", "carol"} {
-		if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: id, Now: rg.now()}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	real := time.Now()
-	rg.clock.Store(&real)
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob", "carol")
 	for _, id := range []string{"alice", "bob", "carol"} {
 		want := "for /counters/" + id + "/x"
 		if id == "alice" {
@@ -316,14 +323,7 @@ func TestFrozenWorkerUploadAnswered_RDP3(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	s := &standin{name: "frozen", secret: "s", srv: &httptest.Server{URL: "http://" + ln.Addr().String()}}
-	s.session.Store("")
-	rg.add(s, 1, "/counters")
-	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
-		t.Fatal(err)
-	}
-	real := time.Now()
-	rg.clock.Store(&real)
+	rg.serveIDs(t, rawWorker("frozen", ln), "alice")
 	// Raw: the answer comes while the client still sends, and Go's client
 	// would report its write's reset instead of the answer.
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
