@@ -69,15 +69,21 @@ func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 	select {
 	case err := <-ended:
 		t.Logf("worker body read ended: %v", err)
+		// The worker has seen the request, so its pool exists; get takes
+		// the lock the proxy's own lookups take.
+		u, err := rg.p.ups.get(w.srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
 		deadline := time.Now().Add(3 * time.Second)
-		for rg.p.ups.m[w.srv.URL].pool.open() != 0 {
+		for u.pool.open() != 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("unexpected worker connection still held 3s after the client left")
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 	case <-time.After(3 * time.Second):
-		t.Fatalf("client gone 3s ago; the worker is still waiting for its body (pool conn %d open)", rg.p.ups.m[w.srv.URL].pool.open())
+		t.Fatalf("client gone 3s ago; the worker is still waiting for its body")
 	}
 }
 
