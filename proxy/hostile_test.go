@@ -371,3 +371,35 @@ func TestLazyDeadline_RDP3(t *testing.T) {
 		t.Fatal("not renewed past a tenth of a 1 s deadline")
 	}
 }
+
+// An absolute-form target is routed like its origin form, with the
+// target's authority as Host (RFC 9112 §3.2.2); one without a path is
+// not an instance, one with userinfo or no host is refused (R-DP-1).
+func TestAbsoluteFormTarget_RDP1(t *testing.T) {
+	rg, cl := newCapRig(t, nil)
+	got := rg.raw("GET HTTP://Pinboard.Example:8080/counters/alice/x?q=1 HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n", 2*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("absolute-form request: got %q; want the worker's 200", got)
+	}
+	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(cl.String())))
+	if err != nil {
+		t.Fatalf("the worker got no request: %v", err)
+	}
+	if req.RequestURI != "/counters/alice/x?q=1" || req.Host != "Pinboard.Example:8080" {
+		t.Fatalf("the worker got target %q, Host %q; want the origin form and the target's authority", req.RequestURI, req.Host)
+	}
+	for target, want := range map[string]string{
+		"http://h":                        "HTTP/1.1 404",
+		"http://h?x=1":                    "HTTP/1.1 404",
+		"http://u@h/counters/alice/x":     "HTTP/1.1 400",
+		"http:///counters/alice/x":        "HTTP/1.1 400",
+		"http://h/nowhere":                "HTTP/1.1 404",
+		"http://h/counters/alice/../_x/y": "HTTP/1.1 400",
+		"ftp://h/counters/alice/x":        "HTTP/1.1 400",
+	} {
+		got := rg.raw("GET "+target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 2*time.Second)
+		if !strings.HasPrefix(got, want) {
+			t.Fatalf("GET %s: got %q; want %s", target, got, want)
+		}
+	}
+}

@@ -15,7 +15,42 @@ var (
 	errDotSegment    = errors.New("path must not contain . or .. segments")
 	errOutsideBase   = errors.New("path is outside the base path")
 	errPathMalformed = errors.New("request target must be an absolute path")
+	errBadAuthority  = errors.New("absolute-form request target needs a host and no userinfo")
 )
+
+// OriginForm splits an absolute-form request target
+// ("http://host:port/counters/alice?x=1", RFC 9112 §3.2.2) into its
+// authority and the origin-form rest ("/counters/alice?x=1"; "/" when the
+// target has no path). A server must accept the form, and edges configured
+// as forward proxies send it. ok is false when uri is not absolute-form
+// (http or https, any case), so the caller reports it as it reports any
+// malformed target. Userinfo is refused: http URIs may not carry it
+// (RFC 9110 §4.2.4). It does not allocate; the results alias uri.
+func OriginForm(uri []byte) (authority, rest []byte, ok bool, err error) {
+	var n int
+	switch {
+	case hasPrefixFold(uri, "http://"):
+		n = len("http://")
+	case hasPrefixFold(uri, "https://"):
+		n = len("https://")
+	default:
+		return nil, nil, false, nil
+	}
+	end := n
+	for end < len(uri) && uri[end] != '/' && uri[end] != '?' && uri[end] != '#' {
+		end++
+	}
+	authority, rest = uri[n:end], uri[end:]
+	if len(authority) == 0 {
+		return nil, nil, true, errBadAuthority
+	}
+	for _, c := range authority {
+		if c == '@' || c <= ' ' || c == 0x7f {
+			return nil, nil, true, errBadAuthority
+		}
+	}
+	return authority, rest, true, nil
+}
 
 // Target is a parsed data-plane request target. Every slice aliases the
 // request URI and lives only as long as the request (fasthttp reuses it).

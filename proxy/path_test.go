@@ -208,3 +208,32 @@ func TestClientIPEveryForwardedLine_RPL4(t *testing.T) {
 		t.Fatalf("unexpected client IP; got %v; want 6.6.6.6, the trusted proxy's own line", got)
 	}
 }
+
+// Absolute-form targets (RFC 9112 §3.2.2) give their authority and the
+// origin-form rest (R-DP-1).
+func TestOriginForm_RDP1(t *testing.T) {
+	cases := []struct {
+		uri, authority, rest string
+		ok                   bool
+		err                  error
+	}{
+		{uri: "/counters/alice", ok: false},
+		{uri: "*", ok: false},
+		{uri: "ftp://h/counters/alice", ok: false},
+		{uri: "http:/counters/alice", ok: false},
+		{uri: "http://h/counters/alice?x=1", authority: "h", rest: "/counters/alice?x=1", ok: true},
+		{uri: "HTTPS://Example.COM:8443/counters/alice", authority: "Example.COM:8443", rest: "/counters/alice", ok: true},
+		{uri: "hTtP://[::1]:80/counters/a/b", authority: "[::1]:80", rest: "/counters/a/b", ok: true},
+		{uri: "http://h", authority: "h", rest: "", ok: true},
+		{uri: "http://h?x=1", authority: "h", rest: "?x=1", ok: true},
+		{uri: "http:///counters/alice", ok: true, err: errBadAuthority},
+		{uri: "http://user:pw@h/counters/alice", ok: true, err: errBadAuthority},
+		{uri: "http://h\x7f/counters/alice", ok: true, err: errBadAuthority},
+	}
+	for _, tc := range cases {
+		a, r, ok, err := OriginForm([]byte(tc.uri))
+		if ok != tc.ok || err != tc.err || string(a) != tc.authority || string(r) != tc.rest {
+			t.Fatalf("OriginForm(%q) = %q, %q, %v, %v; want %q, %q, %v, %v", tc.uri, a, r, ok, err, tc.authority, tc.rest, tc.ok, tc.err)
+		}
+	}
+}
