@@ -41,7 +41,7 @@ func decodeInfo(f []string) (SessionInfo, bool) {
 		Sub:          f[2],
 		Secret:       f[3],
 		AdvertiseURL: f[4],
-		Namespaces:   strings.Fields(f[5]),
+		Namespaces:   splitNamespaces(f[5]),
 		Hostname:     f[6],
 		Env:          f[7],
 		Epoch:        epoch,
@@ -61,6 +61,18 @@ func decodeInfo(f []string) (SessionInfo, bool) {
 		_ = json.Unmarshal([]byte(f[17]), &info.Envs)
 	}
 	return info, true
+}
+
+// splitNamespaces reads the namespaces Register joined with single spaces.
+// Only the space separates them: a namespace may hold any other byte but
+// "/" (the registry's ^/[^/\s]+$ lets a vertical tab or a Unicode space
+// through), so strings.Fields, or Lua's %S, would split one namespace in
+// several (the scripts split on the space alone too).
+func splitNamespaces(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, " ")
 }
 
 // encodeMessage stores a control message as

@@ -129,7 +129,7 @@ local function dropsession(P, sid, out)
   droprows(P, sid, out)
   local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host')
   if s[2] then
-    for ns in string.gmatch(s[2], '%S+') do
+    for ns in string.gmatch(s[2], '[^ ]+') do
       redis.call('SREM', P .. 'n:' .. ns, sid)
       if s[3] and s[3] ~= '' then
         local hb, h = P .. 'hb:' .. ns, string.lower(s[3])

@@ -19,7 +19,7 @@ local host, env, rep, envs, takeover = ARGV[10], ARGV[11], ARGV[12], ARGV[16], A
 -- leaves no trace.
 local plans = {}
 if host ~= '' then
-  for ns in string.gmatch(ARGV[9], '%S+') do
+  for ns in string.gmatch(ARGV[9], '[^ ]+') do
     local e = envof(env, envs, ns)
     local cur = binding(P, host, ns, now)
     local v = decide(cur, e, rep, takeover)
@@ -43,7 +43,7 @@ redis.call('HSET', KEYS[1], 'cid', cid, 'sub', sub, 'sec', ARGV[7], 'url', ARGV[
   'ns', ARGV[9], 'host', host, 'env', env, 'rep', rep, 'reg', ARGV[2], 'envs', envs)
 redis.call('HSET', P .. 'h:' .. sid, 'hr', ARGV[13], 'dr', ARGV[14], 'dg', '0')
 local serves = {}
-for ns in string.gmatch(ARGV[9], '%S+') do
+for ns in string.gmatch(ARGV[9], '[^ ]+') do
   serves[ns] = true
   redis.call('SADD', P .. 'n:' .. ns, sid)
   if host ~= '' then

@@ -57,6 +57,7 @@ func Run(t *testing.T, f Factory) {
 		{"StaleReleaseKeepsNewOwner_RREG3", testStaleRelease},
 		{"ReclaimedOwnerServesDuringQuarantine_RCS1", testReclaimDuringQuarantine},
 		{"LookupDoesNotAllocate", testLookupAllocs},
+		{"NamespaceBytesKept_RREG4_RPL5", testNamespaceBytes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })
