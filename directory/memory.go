@@ -330,7 +330,8 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		serves := slices.Contains(s.info.Namespaces, ns)
 		for _, iid := range reg.Instances[ns] {
 			sh, key, r := m.row(ns, iid)
-			taken := r != nil && r.owner.Live(now) && (prev == nil || r.sess != prev)
+			// r.sess == s: the id was listed twice; it is this session's.
+			taken := r != nil && r.sess != s && r.owner.Live(now) && (prev == nil || r.sess != prev)
 			if !serves || taken {
 				res.Duplicates = append(res.Duplicates, NSID{ns, iid})
 				continue

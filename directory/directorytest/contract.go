@@ -58,6 +58,7 @@ func Run(t *testing.T, f Factory) {
 		{"ReclaimedOwnerServesDuringQuarantine_RCS1", testReclaimDuringQuarantine},
 		{"LookupDoesNotAllocate", testLookupAllocs},
 		{"NamespaceBytesKept_RREG4_RPL5", testNamespaceBytes},
+		{"InstanceListedTwiceIsNoDuplicate_RREG1", testInstanceListedTwice},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

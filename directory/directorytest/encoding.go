@@ -41,3 +41,25 @@ func testNamespaceBytes(t *testing.T, f Factory) {
 		}
 	}
 }
+
+// testInstanceListedTwice: a re-registration listing one id twice hosts
+// it once; the id is not a duplicate of itself (R-REG-1: duplicates are ids
+// another live session owns, and the worker drops them).
+func testInstanceListedTwice(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10,
+		Instances: map[string][]string{"/c": {"x", "x"}},
+	}, fx.now)
+	if err != nil {
+		t.Fatalf("cannot register: %v", err)
+	}
+	if len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected duplicates; got %v; want none", res.Duplicates)
+	}
+	if r := fx.place("/c", "x"); r.Owner.SessionID != res.SessionID || r.Placed {
+		t.Fatalf("unexpected owner of x; got %+v; want the reclaiming session %s", r, res.SessionID)
+	}
+}
