@@ -51,6 +51,7 @@ func Run(t *testing.T, f Factory) {
 		{"SweepRemovesDeadSessions", testSweep},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
 		{"HostnameRoutesNewPlacements_RLS4", testHostRouting},
+		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
 		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
 		{"WindDownNeedsLiveOwner_RCM1", testWindDownDeadOwner},
 		{"DegradedSinceKeepsFirstFailure_RLS3", testDegradedSince},

@@ -2,6 +2,7 @@ package directorytest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -61,5 +62,33 @@ func testInstanceListedTwice(t *testing.T, f Factory) {
 	}
 	if r := fx.place("/c", "x"); r.Owner.SessionID != res.SessionID || r.Placed {
 		t.Fatalf("unexpected owner of x; got %+v; want the reclaiming session %s", r, res.SessionID)
+	}
+}
+
+// testHostnameASCIIFold: hostnames compare by ASCII case only, the DNS
+// rule (RFC 4343) and what Redis's string.lower does, so both stores agree
+// on which Host a binding routes: "ÅPP.example" matches "Åpp.EXAMPLE" but
+// not "åpp.example" (R-LS-4).
+func testHostnameASCIIFold(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	bound, err := fx.registerBound("bound", "ÅPP.example", "blue", 1, "", "/c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another hostname, differing only outside ASCII, holds its own
+	// binding: it is not the same host, so nothing is superseded.
+	other, err := fx.registerBound("other", "åpp.example", "green", 1, "", "/c")
+	if err != nil {
+		t.Fatalf("unexpected refusal of a different (non-ASCII case) hostname: %v", err)
+	}
+	for i, tc := range []struct{ host, want string }{
+		{"Åpp.EXAMPLE", bound},
+		{"åpp.example", other},
+	} {
+		r, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: fmt.Sprintf("h%d", i), Now: fx.now, Host: tc.host})
+		if err != nil || r.Owner.SessionID != tc.want {
+			t.Fatalf("unexpected owner for Host %q; got %+v, %v; want %s", tc.host, r, err, tc.want)
+		}
 	}
 }
