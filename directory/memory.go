@@ -25,6 +25,7 @@ type Memory struct {
 	mu       sync.Mutex
 	sessions map[string]*memSession
 	byNS     map[string]map[string]*memSession
+	byClient map[string]map[string]*memSession
 	drains   map[string]*memDrain
 	queues   map[string]*memQueue
 	bindings map[string]*memBinding
@@ -89,6 +90,7 @@ func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 		ttl:      leaseTTL,
 		sessions: make(map[string]*memSession),
 		byNS:     make(map[string]map[string]*memSession),
+		byClient: make(map[string]map[string]*memSession),
 		drains:   make(map[string]*memDrain),
 		queues:   make(map[string]*memQueue),
 		bindings: make(map[string]*memBinding),
@@ -183,6 +185,12 @@ func (m *Memory) dropSession(s *memSession) {
 		}
 	}
 	delete(m.queues, s.info.SessionID)
+	if set := m.byClient[s.info.ClientID]; set != nil {
+		delete(set, s.info.SessionID)
+		if len(set) == 0 {
+			delete(m.byClient, s.info.ClientID)
+		}
+	}
 }
 
 // Place implements Store.
@@ -309,14 +317,12 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		},
 		rows: make(map[NSID]struct{}),
 	}
-	// Process continuity (R-REG-1): the previous session of the same client
-	// hands its rows over; whatever it held that the worker no longer lists
-	// is freed with it.
-	var prev *memSession
-	if p := m.sessions[reg.PrevSessionID]; p != nil && p.info.ClientID == reg.ClientID && p.info.Sub == reg.Sub {
-		prev = p
-	}
+	earlier := m.earlierSessions(reg)
 	m.sessions[id] = s
+	if m.byClient[reg.ClientID] == nil {
+		m.byClient[reg.ClientID] = make(map[string]*memSession)
+	}
+	m.byClient[reg.ClientID][id] = s
 	for _, ns := range s.info.Namespaces {
 		set := m.byNS[ns]
 		if set == nil {
@@ -331,7 +337,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		for _, iid := range reg.Instances[ns] {
 			sh, key, r := m.row(ns, iid)
 			// r.sess == s: the id was listed twice; it is this session's.
-			taken := r != nil && r.sess != s && r.owner.Live(now) && (prev == nil || r.sess != prev)
+			taken := r != nil && r.sess != s && r.owner.Live(now) && !slices.Contains(earlier, r.sess)
 			if !serves || taken {
 				res.Duplicates = append(res.Duplicates, NSID{ns, iid})
 				continue
@@ -339,9 +345,9 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 			m.setRow(sh, key, ns, iid, s)
 		}
 	}
-	if prev != nil {
-		m.handOverQueue(prev, s, now)
-		m.dropSession(prev)
+	for _, e := range earlier {
+		m.handOverQueue(e, s, now)
+		m.dropSession(e)
 	}
 	m.applyBindings(s, plans, now)
 	if d := m.drains[reg.ClientID]; d != nil {
@@ -353,6 +359,24 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		s.info.LeaseUntil = res.LeaseUntil
 	}
 	return res, nil
+}
+
+// earlierSessions returns the sessions this registration continues
+// (R-REG-1: process continuity). They hand their rows over, and whatever
+// they held that the worker no longer lists is freed with them. clientId
+// is minted per process, so every session of the same client and account
+// is the process's: the one it names as previous, and any other — a
+// registration whose answer was lost (the worker's HTTP timeout) left a
+// session the worker never learnt, whose rows would otherwise come back as
+// duplicates of the worker's own instances, which it would then abort.
+func (m *Memory) earlierSessions(reg *Registration) []*memSession {
+	var out []*memSession
+	for _, o := range m.byClient[reg.ClientID] {
+		if o.info.Sub == reg.Sub {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // spendTimedDrain turns a timed drain whose cap (deadline plus one lease)
@@ -383,9 +407,14 @@ func (m *Memory) handOverQueue(prev, s *memSession, now time.Time) {
 			kept = append(kept, c)
 		}
 	}
-	if len(kept) > 0 {
-		m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
+	if len(kept) == 0 {
+		return
 	}
+	if cur := m.queues[s.info.SessionID]; cur != nil {
+		cur.msgs = append(cur.msgs, kept...)
+		return
+	}
+	m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
 }
 
 // capLease applies the timed drain cap: the lease never runs past the drain

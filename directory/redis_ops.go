@@ -97,8 +97,8 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 		r.forget(r.rowKeys(written))
 	}
 	r.forget(r.rowKeys(freed))
-	if v, _ := reply[6].ToString(); v == "1" {
-		r.kill(reg.PrevSessionID)
+	for _, earlier := range strs(arr(reply[6])) {
+		r.kill(earlier)
 	}
 	for _, displaced := range strs(arr(reply[7])) {
 		r.kill(displaced)

@@ -9,8 +9,8 @@
 --       17 takeover, 18.. instance rows "ns\0id".
 -- Returns {"superseded", host, ns, env, epoch} when a binding refuses the
 -- registration (nothing changed), else {lease, draining (0/1), drain
--- deadline (0: untimed), duplicates, reclaimed rows, freed rows, previous
--- dropped (0/1), superseded sessions}.
+-- deadline (0: untimed), duplicates, reclaimed rows, freed rows, earlier
+-- sessions of this process dropped, superseded sessions}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sid, cid, sub, prev = ARGV[4], ARGV[5], ARGV[6], ARGV[15]
 local host, env, rep, envs, takeover = ARGV[10], ARGV[11], ARGV[12], ARGV[16], ARGV[17]
@@ -30,13 +30,29 @@ if host ~= '' then
   end
 end
 
--- Process continuity: the previous session of the same client and account
--- hands its rows over; whatever it held that the worker no longer lists is
--- freed with it.
-local prevok = false
+-- Process continuity: the earlier sessions of this process hand their rows
+-- over; whatever they held that the worker no longer lists is freed with
+-- them. clientId is minted per process, so every session of this client
+-- and account is the process's: the one it names as previous, and any
+-- other — a registration whose reply was lost (the worker's timeout, a
+-- connection cut after this script ran) left a session the worker never
+-- learnt, whose rows would otherwise come back as duplicates of its own
+-- instances (memory.go earlierSessions).
+local earlier, nearlier = {}, 0
+local function adopt(o)
+  if o ~= sid and not earlier[o] then
+    local p = redis.call('HMGET', P .. 's:' .. o, 'cid', 'sub')
+    if p[1] == cid and p[2] == sub then
+      earlier[o] = true
+      nearlier = nearlier + 1
+    end
+  end
+end
 if prev ~= '' then
-  local p = redis.call('HMGET', P .. 's:' .. prev, 'cid', 'sub')
-  prevok = p[1] == cid and p[2] == sub
+  adopt(prev)
+end
+for _, o in ipairs(redis.call('SMEMBERS', P .. 'k:' .. cid)) do
+  adopt(o)
 end
 
 redis.call('HSET', KEYS[1], 'cid', cid, 'sub', sub, 'sec', ARGV[7], 'url', ARGV[8],
@@ -60,7 +76,7 @@ for i = 18, #ARGV do
   local cur = redis.call('GET', rowkey(P, row))
   if cur then
     local osid = owner(cur)
-    taken = lease(P, osid) > now and not (prevok and osid == prev)
+    taken = lease(P, osid) > now and not earlier[osid]
   end
   if not serves[ns] or taken then
     dups[#dups + 1] = row
@@ -70,29 +86,32 @@ for i = 18, #ARGV do
   end
 end
 
-local freed = {}
-if prevok then
+local freed, dropped = {}, {}
+if nearlier > 0 then
   -- Control messages for the rows this session reclaimed move with them
   -- (R-CM-1: delivered until acked; memory.go handOverQueue).
-  local pq = P .. 'q:' .. prev
-  if #written > 0 and redis.call('EXISTS', pq) == 1 then
-    local mine = {}
-    for _, row in ipairs(written) do
-      mine[row] = true
-    end
-    local q = P .. 'q:' .. sid
-    for _, m in ipairs(redis.call('LRANGE', pq, 0, -1)) do
-      -- "<msgId> <deadline> <ns>\0<id>" (redis_decode.go encodeMessage)
-      local sp = string.find(m, ' ', 18, true)
-      if sp and mine[string.sub(m, sp + 1)] then
-        redis.call('RPUSH', q, m)
+  local mine = {}
+  for _, row in ipairs(written) do
+    mine[row] = true
+  end
+  local q = P .. 'q:' .. sid
+  for o in pairs(earlier) do
+    local pq = P .. 'q:' .. o
+    if #written > 0 and redis.call('EXISTS', pq) == 1 then
+      for _, m in ipairs(redis.call('LRANGE', pq, 0, -1)) do
+        -- "<msgId> <deadline> <ns>\0<id>" (redis_decode.go encodeMessage)
+        local sp = string.find(m, ' ', 18, true)
+        if sp and mine[string.sub(m, sp + 1)] then
+          redis.call('RPUSH', q, m)
+        end
       end
     end
-    if redis.call('EXISTS', q) == 1 then
-      redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))
-    end
+    dropsession(P, o, freed)
+    dropped[#dropped + 1] = o
   end
-  dropsession(P, prev, freed)
+  if redis.call('EXISTS', q) == 1 then
+    redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))
+  end
 end
 
 -- The new session takes its bindings and displaces the sessions that
@@ -132,4 +151,4 @@ if redis.call('EXISTS', d) == 1 then
   l = caplease(l, tonumber(dl), ttl)
 end
 setlease(P, sid, l)
-return { fmt(l), draining, dl, dups, written, freed, prevok and '1' or '0', displaced }
+return { fmt(l), draining, dl, dups, written, freed, dropped, displaced }

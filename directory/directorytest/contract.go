@@ -37,6 +37,7 @@ func Run(t *testing.T, f Factory) {
 		{"HeartbeatRenews_RLS1", testHeartbeatRenews},
 		{"HeartbeatUnknownAndForbidden_RHB", testHeartbeatErrors},
 		{"ReregisterReclaimsAndDuplicates_RREG1", testReregister},
+		{"LostRegisterAnswerIsNoDuplicate_RREG1", testLostRegisterAnswer},
 		{"ReleaseAndDeregister_RREG3", testRelease},
 		{"VoidDropsRecords_RLS3", testVoid},
 		{"EpochsGrowPerID_RPL2", testEpochs},

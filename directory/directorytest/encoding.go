@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
 )
@@ -90,5 +91,64 @@ func testHostnameASCIIFold(t *testing.T, f Factory) {
 		if err != nil || r.Owner.SessionID != tc.want {
 			t.Fatalf("unexpected owner for Host %q; got %+v, %v; want %s", tc.host, r, err, tc.want)
 		}
+	}
+}
+
+// testLostRegisterAnswer: a registration whose answer never reached the
+// worker (its HTTP timeout, a connection cut after the store wrote) left a
+// session the worker does not know. The worker registers again with the
+// same clientId — minted per process — and the same prevSessionId; its
+// instances are its own, not duplicates (which the worker would abort),
+// and the session it never learnt is gone. Another account's rows stay
+// duplicates (R-REG-1).
+func testLostRegisterAnswer(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	fx.place("/c", "x")
+	fx.advance(time.Second)
+	again := func(sub string) *directory.RegisterResult {
+		t.Helper()
+		res, err := fx.s.Register(fx.ctx, &directory.Registration{
+			ClientID: "a", Sub: sub, Secret: "secret-a", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 100, PrevSessionID: a,
+			Instances: map[string][]string{"/c": {"x"}},
+		}, fx.now)
+		if err != nil {
+			t.Fatalf("cannot re-register: %v", err)
+		}
+		return res
+	}
+	lost := again("test:worker")
+	if len(lost.Duplicates) != 0 {
+		t.Fatalf("unexpected duplicates on the first re-registration; got %v", lost.Duplicates)
+	}
+	retry := again("test:worker")
+	if len(retry.Duplicates) != 0 {
+		t.Fatalf("unexpected duplicates after a lost answer; got %v; want x reclaimed from the session the worker never learnt", retry.Duplicates)
+	}
+	if r, ok := fx.lookup("/c", "x"); !ok || r.Owner.SessionID != retry.SessionID {
+		t.Fatalf("unexpected owner of x; got %+v, %v; want %s", r, ok, retry.SessionID)
+	}
+	if _, err := fx.s.Session(fx.ctx, lost.SessionID, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected session the worker never learnt; got %v; want ErrUnknownSession", err)
+	}
+	ws, err := fx.s.Workers(fx.ctx, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, w := range ws {
+		if w.ClientID == "a" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("unexpected sessions of client a; got %d; want 1", n)
+	}
+	// Same clientId, another account: not the same process.
+	other := again("other:account")
+	if len(other.Duplicates) != 1 {
+		t.Fatalf("unexpected duplicates for another account's registration; got %v; want x", other.Duplicates)
 	}
 }
