@@ -238,13 +238,26 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 // stallRig is a capture rig whose worker has two pooled connections at
 // most, a one-second stall timeout, and a long wait for a free connection:
 // a request that finds both held waits until a stalled body lets one go.
-func stallRig(t *testing.T) *rig {
-	rg, _ := newCapRig(t, func(o *Options) {
+func stallRig(t *testing.T) (*rig, *standin) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
 		o.Upstream.MaxConns = 2
 		o.Upstream.ConnWait = 10 * time.Second
 		o.Upstream.StallTimeout = time.Second
 	})
-	return rg
+	return rg, w
+}
+
+// waitHits waits until n requests reached the worker w: the requests a
+// test holds have their worker connections (a fixed sleep may not be long
+// enough on a loaded machine, and the test would then check nothing).
+func waitHits(t *testing.T, w *standin, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); w.hits.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d requests reached the worker after 10s", w.hits.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // holdConns opens n client connections that each send req and then go
@@ -270,11 +283,11 @@ func holdConns(t *testing.T, rg *rig, n int, req string, rcvbuf int) {
 // its worker connection freed: idle uploads cannot hold every connection
 // to a worker (R-DP-2, R-DP-3).
 func TestStalledUploadFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
-	rg := stallRig(t)
+	rg, w := stallRig(t)
 	// Chunked, so the handler runs at once and the upload streams; one
 	// byte, then silence.
 	holdConns(t, rg, 2, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n", 0)
-	time.Sleep(200 * time.Millisecond) // both uploads hold their connection
+	waitHits(t, w, 2) // both uploads hold their connection
 	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
 		t.Fatalf("unexpected answer behind two stalled uploads; got %d %s; want 200 once they are cut", res.StatusCode, body)
 	}
@@ -291,7 +304,7 @@ func TestStalledReaderFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
 	big := strings.Repeat("x", 16<<20) // more than the sockets buffer
 	w.route("/big", func(rw http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(rw, big) })
 	holdConns(t, rg, 2, "GET /counters/alice/big HTTP/1.1\r\nHost: x\r\n\r\n", 4096)
-	time.Sleep(200 * time.Millisecond)
+	waitHits(t, w, 2)
 	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
 		t.Fatalf("unexpected answer behind two clients that stopped reading; got %d %s; want 200 once they are cut", res.StatusCode, body)
 	}
