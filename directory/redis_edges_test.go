@@ -136,8 +136,8 @@ func TestRedisClaimFindsLostPlacements_RCS1(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B's revalidator drops its cache by itself, well before its periodic
-	// check (10 s).
-	waitFor(t, 3*time.Second, "node B to take the new era", func() bool { return b.Stats().Wipes > 0 })
+	// check (10 s); 5 s leaves a loaded machine room.
+	waitFor(t, 5*time.Second, "node B to take the new era", func() bool { return b.Stats().Wipes > 0 })
 	// A read y's epoch too; the counter B raised keeps A's claim from
 	// starting yet another era (which would be named after its later now).
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: later.Add(time.Millisecond)}); !errors.As(err, &q) {

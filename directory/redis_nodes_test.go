@@ -72,7 +72,10 @@ func testInvalidation(t *testing.T, url string) {
 		if err != nil || r2.Owner.SessionID != wb || !r2.Placed || r2.Epoch <= r1.Epoch {
 			t.Fatalf("unexpected re-placement through B; got %+v, %v; want a new placement on %s", r2, err, wb)
 		}
-		delays = append(delays, waitFor(t, 2*time.Second, "A to drop the replaced owner", func() bool {
+		// Bounded at 5 s: generous for a push on a loaded machine, and
+		// still half the lease and the 10 s periodic check that would
+		// hide a lost push.
+		delays = append(delays, waitFor(t, 5*time.Second, "A to drop the replaced owner", func() bool {
 			r, ok := a.Lookup([]byte("/c"), []byte(id), now)
 			return !ok || r.Owner.SessionID != wa
 		}))
@@ -196,8 +199,9 @@ func testWipe(t *testing.T, url string, wipe func() error) {
 		t.Fatalf("unexpected placement after the wipe; got %v; want a quarantine of %v", err, ttl)
 	}
 	// A learns about B's stamp through an invalidation push: allow it the
-	// push's latency.
-	waitFor(t, time.Second, "the stamp to show on the other node", func() bool {
+	// push's latency, on a loaded machine too (below the 10 s periodic
+	// check).
+	waitFor(t, 5*time.Second, "the stamp to show on the other node", func() bool {
 		q, err := a.Quarantine(ctx, now)
 		return err == nil && q == ttl
 	})

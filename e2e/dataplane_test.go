@@ -266,7 +266,8 @@ func TestForwardingHeaders_RDP1(t *testing.T) {
 }
 
 // Server-Sent Events are relayed as they are produced, not buffered: each
-// event reaches the client within 250ms of its emission.
+// event reaches the client within 250ms of its emission (one outlier
+// allowed for a loaded machine).
 func TestSSEStreamsEvents_RDP2(t *testing.T) {
 	f := sharedFleet(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -331,6 +332,10 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 	if len(events) != count {
 		t.Fatalf("unexpected event count; got %d; want %d", len(events), count)
 	}
+	// One event may be late: on a loaded machine any of the three
+	// processes can stall for a scheduling slice. A proxy that holds events
+	// (until the next one, or a buffer fills) delays them all.
+	var late []string
 	for i, ev := range events {
 		emitted := time.Unix(0, int64(ev.T*float64(time.Second)))
 		delay := ev.arrived.Sub(emitted)
@@ -338,9 +343,12 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 			t.Errorf("unexpected event order; got n=%d at position %d", ev.N, i)
 		}
 		if delay > bound {
-			t.Errorf("event %d: unexpected delay; got %v from emission to arrival; want < %v (each event flushed as it comes)", i, delay.Round(time.Millisecond), bound)
+			late = append(late, fmt.Sprintf("event %d after %v", i, delay.Round(time.Millisecond)))
 		}
 		t.Logf("event %d: delay %v", i, delay.Round(time.Microsecond))
+	}
+	if len(late) > 1 {
+		t.Errorf("unexpected delays from emission to arrival: %s; want < %v (each event flushed as it comes)", strings.Join(late, ", "), bound)
 	}
 	lastEmitted := time.Unix(0, int64(events[count-1].T*float64(time.Second)))
 	if !events[0].arrived.Before(lastEmitted) {

@@ -72,7 +72,6 @@ func TestGracefulStopReleasesIDs_RREG3(t *testing.T) {
 func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
 	t.Parallel()
 	const ttl = 3 * time.Second
-	const hb = defaultHeartbeatInterval
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
@@ -93,6 +92,10 @@ func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
 	}
 	t.Logf("owners before the kill: %v; killing %s", owners, victim.Name)
 
+	leaseFloor, err := victim.LeaseFloor(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	victim.Kill()
 	killed := time.Now()
 
@@ -141,10 +144,11 @@ func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
 	if replaced.IsZero() {
 		t.Fatalf("unexpected failover; %s still not re-placed %v after the kill (lease %v)", ids[0], time.Since(killed).Round(time.Millisecond), ttl)
 	}
-	// The last ack came at most one heartbeat before the kill, so the lease
-	// cannot lapse before ttl-hb after it.
-	if early := ttl - hb - 250*time.Millisecond; replaced.Sub(killed) < early {
-		t.Errorf("unexpected early re-placement; %v after the kill; want no sooner than %v (the lease was live: one owner at a time, R-PL-1)", replaced.Sub(killed).Round(time.Millisecond), early)
+	// The lease the registry reported just before the kill must run out
+	// first. (Not "one heartbeat before the kill": on a loaded machine the
+	// worker's last heartbeat can be late, and its lease end earlier.)
+	if replaced.Before(leaseFloor) {
+		t.Errorf("unexpected early re-placement; %v after the kill, %v before the lease the registry reported ended (one owner at a time, R-PL-1)", replaced.Sub(killed).Round(time.Millisecond), leaseFloor.Sub(replaced).Round(time.Millisecond))
 	}
 	t.Logf("re-placed %v after the kill", replaced.Sub(killed).Round(time.Millisecond))
 

@@ -650,6 +650,25 @@ func (w *Worker) WaitUnregistered(ctx context.Context) error {
 	}
 }
 
+// LeaseFloor reads w's lease from the registry: it ends no sooner than
+// the returned time (expiresInMs is computed after the request was sent,
+// truncated to the millisecond, and later heartbeats only extend it). A
+// test that kills w right after may not see its ids re-placed before it:
+// one owner at a time (R-PL-1), however late w's last heartbeat came.
+func (w *Worker) LeaseFloor(ctx context.Context) (time.Time, error) {
+	sent := time.Now()
+	recs, r, err := w.pb.Workers(ctx)
+	if err != nil || r.Status != http.StatusOK {
+		return time.Time{}, fmt.Errorf("cannot list workers: %s %v", r, err)
+	}
+	for _, rec := range recs {
+		if rec.AdvertiseURL == w.URL && rec.ExpiresInMs != nil {
+			return sent.Add(time.Duration(*rec.ExpiresInMs * float64(time.Millisecond))), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s not listed by /registry/workers: %s", w.Name, r)
+}
+
 // ---------------------------------------------------------------------------
 // Fleets: one pinboard and its workers
 

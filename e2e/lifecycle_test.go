@@ -162,11 +162,14 @@ func TestTimedOperatorDrain_RLS5(t *testing.T) {
 			t.Fatalf("no id landed on A")
 		}
 		clientA := f.Records["A"].ClientID
+		sent := time.Now()
 		r, err := do(ctx, http.MethodPost, pb.URL+"/registry/drain", pb.operator(), strings.NewReader(`{"clientId":"`+clientA+`","deadline":2}`))
 		if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"drainDeadline":2`) {
 			t.Fatalf("cannot drain A: %v %s", err, r)
 		}
-		sleepCtx(ctx, 1200*time.Millisecond)
+		// Half a second in, the listing has counted down (1.5 s of slack
+		// for the listing's round trip on a loaded machine).
+		sleepCtx(ctx, 500*time.Millisecond)
 		w := workerView(ctx, t, pb, clientA)
 		if !w.Draining || w.DrainDeadline == nil || *w.DrainDeadline >= 2 || *w.DrainDeadline <= 0 {
 			t.Fatalf("unexpected listing during the timed drain: %+v", w)
@@ -174,8 +177,27 @@ func TestTimedOperatorDrain_RLS5(t *testing.T) {
 		if w.ExpiresInMs > 2000+float64(pb.LeaseTTL.Milliseconds()) {
 			t.Fatalf("unexpected lease past the drain deadline plus one lease: %vms", w.ExpiresInMs)
 		}
-		sleepCtx(ctx, 1500*time.Millisecond)
-		for _, id := range onA {
+		// The first sweep past the deadline (one runs every lease/8)
+		// releases A's placements. Poll for it rather than assume it ran
+		// within a fixed 0.7 s, but give up a second before the lease cap
+		// (deadline plus one lease, counted from before the drain was
+		// sent) would move the ids anyway: a missed release still fails.
+		sleepCtx(ctx, time.Until(sent.Add(2*time.Second)))
+		giveUp := sent.Add(2*time.Second + pb.LeaseTTL - time.Second)
+		for {
+			c := increment(ctx, t, pb, "/counters", onA[0])
+			if c.Worker == "B" {
+				if c.Count != 1 {
+					t.Fatalf("unexpected owner of %s past the drain deadline; got %+v; want a new activation on B", onA[0], c)
+				}
+				break
+			}
+			if time.Now().After(giveUp) {
+				t.Fatalf("unexpected owner of %s %v after the drain (deadline 2s); got %+v; want a new activation on B", onA[0], time.Since(sent).Round(time.Millisecond), c)
+			}
+			sleepCtx(ctx, 50*time.Millisecond)
+		}
+		for _, id := range onA[1:] {
 			if c := increment(ctx, t, pb, "/counters", id); c.Worker != "B" || c.Count != 1 {
 				t.Fatalf("unexpected owner of %s past the drain deadline; got %+v; want a new activation on B", id, c)
 			}

@@ -188,6 +188,10 @@ func testKilledOwnerConverges(t *testing.T, ctx context.Context, f *MultiFleet, 
 			victimIDs = append(victimIDs, id)
 		}
 	}
+	leaseFloor, err := victim.LeaseFloor(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	victim.Kill()
 	killed := time.Now()
 	t.Logf("killed %s owning %d of %d ids", victim.Name, len(victimIDs), len(ids))
@@ -237,10 +241,12 @@ func testKilledOwnerConverges(t *testing.T, ctx context.Context, f *MultiFleet, 
 	}
 	for ni, c := range converged {
 		t.Logf("node %d converged %v after the kill (lease %v)", ni, c.Sub(killed).Round(time.Millisecond), ttl)
-		// The last ack came at most one heartbeat before the kill: no node
-		// may re-place while that lease can still run (one owner, R-PL-1).
-		if early := ttl - defaultHeartbeatInterval - 250*time.Millisecond; c.Sub(killed) < early {
-			t.Errorf("node %d: unexpected early re-placement %v after the kill; want no sooner than %v", ni, c.Sub(killed), early)
+		// No node may re-place while the lease the registry reported just
+		// before the kill can still run (one owner, R-PL-1). Not "one
+		// heartbeat before the kill": on a loaded machine the last
+		// heartbeat can be late, and the lease end earlier.
+		if c.Before(leaseFloor) {
+			t.Errorf("node %d: unexpected early re-placement %v after the kill, %v before the lease the registry reported ended", ni, c.Sub(killed), leaseFloor.Sub(c))
 		}
 	}
 	// Afterwards every node keeps answering from the new owners.

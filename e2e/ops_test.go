@@ -57,6 +57,28 @@ func scrapeMetrics(ctx context.Context, t *testing.T, admin string) map[string]f
 	return out
 }
 
+// resolved is how many data-plane requests pinboard has resolved (the
+// directory lookups counter, hits and misses).
+func resolved(ctx context.Context, t *testing.T, admin string) float64 {
+	t.Helper()
+	m := scrapeMetrics(ctx, t, admin)
+	return m[`pinboard_directory_lookups_total{result="hit"}`] + m[`pinboard_directory_lookups_total{result="miss"}`]
+}
+
+// waitInFlight waits (10 s at most) until pinboard has resolved a request
+// more than before: one sent from another goroutine is then in pinboard's
+// hands, on its way to the worker. A fixed sleep could end, on a loaded
+// machine, before pinboard had even read it.
+func waitInFlight(ctx context.Context, t *testing.T, admin string, before float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); resolved(ctx, t, admin) <= before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the request did not reach pinboard within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestMetricsScrape scripts traffic and checks what the scrape counts: the
 // counters move by exactly what the script did.
 func TestMetricsScrape(t *testing.T) {
@@ -230,6 +252,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("unexpected echo; got %x %q %v", op, msg, err)
 	}
 
+	before := resolved(ctx, t, admin)
 	slowDone := make(chan reply, 1)
 	go func() {
 		r, err := do(ctx, http.MethodGet, fmt.Sprintf("%s/counters/slow1/slow?seconds=%v", base, slow.Seconds()), nil, nil)
@@ -238,7 +261,7 @@ func TestGracefulShutdown(t *testing.T) {
 		}
 		slowDone <- r
 	}()
-	time.Sleep(500 * time.Millisecond) // the slow request is at the worker
+	waitInFlight(ctx, t, admin, before) // the slow request is on its way to the worker
 
 	sigterm := time.Now()
 	pb.proc.signal(syscall.SIGTERM)
@@ -255,10 +278,20 @@ func TestGracefulShutdown(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// New connections are refused.
-	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second); err == nil {
+	// New connections are refused. Readiness turns first and the listener
+	// closes right after, from another goroutine: on a loaded machine a
+	// dial can land in between, so allow the close a moment.
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), time.Second)
+		if err != nil {
+			break
+		}
 		c.Close()
-		t.Errorf("unexpected accepted connection after SIGTERM")
+		if time.Now().After(deadline) {
+			t.Errorf("unexpected accepted connection %v after SIGTERM", time.Since(sigterm).Round(time.Millisecond))
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	// The slow request finishes.
@@ -335,8 +368,9 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	requireSuite(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
+	admin, env := adminEnv(t)
 	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
-		PinboardEnv: []string{"PINBOARD_SHUTDOWN_GRACE_MS=60000"}})
+		PinboardEnv: []string{env, "PINBOARD_SHUTDOWN_GRACE_MS=60000"}})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -344,8 +378,9 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if r, err := getWithRetry(ctx, pb.URL+"/counters/slow2/value"); err != nil || r.Status != http.StatusOK {
 		t.Fatalf("cannot place: %s %v", r, err)
 	}
+	before := resolved(ctx, t, admin)
 	go do(ctx, http.MethodGet, pb.URL+"/counters/slow2/slow?seconds=30", nil, nil)
-	time.Sleep(500 * time.Millisecond)
+	waitInFlight(ctx, t, admin, before)
 	pb.proc.signal(syscall.SIGTERM)
 	if pb.proc.wait(500 * time.Millisecond) {
 		t.Fatalf("unexpected exit while a request is in flight (grace 60s)")

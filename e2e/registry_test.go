@@ -111,11 +111,13 @@ func TestColdStartQuarantine_RCS1_RREG5(t *testing.T) {
 	}
 
 	url := pb.URL + "/counters/cold/value"
+	// The quarantine starts when pinboard gets the first attempt: not
+	// before it was sent, however long its answer takes to come back.
+	sent := time.Now()
 	first, err := do(ctx, http.MethodGet, url, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stamped := time.Now()
 	var body errorBody
 	if first.Status != http.StatusServiceUnavailable || first.JSON(&body) != nil || body.Error == "" {
 		t.Errorf("unexpected first placement after boot; got %s; want 503 {\"error\":…} (R-CS-1)", first)
@@ -139,7 +141,7 @@ func TestColdStartQuarantine_RCS1_RREG5(t *testing.T) {
 	if err != nil || ok.Status != http.StatusOK {
 		t.Fatalf("unexpected placement after the quarantine; got %s (err %v); want 200", ok, err)
 	}
-	if waited := time.Since(stamped); waited < pb.LeaseTTL-500*time.Millisecond {
+	if waited := time.Since(sent); waited < pb.LeaseTTL-10*time.Millisecond { // slack: stores keep milliseconds
 		t.Errorf("unexpected quarantine length; placement worked %v after the first attempt; want about one lease TTL (%v)", waited, pb.LeaseTTL)
 	}
 

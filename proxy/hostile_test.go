@@ -93,7 +93,11 @@ func rawWorker(name string, ln net.Listener) *standin {
 	return s
 }
 
-// raw sends req on a fresh connection and returns what comes back within d.
+// raw sends req on a fresh connection and returns the bytes of the first
+// response, read whole (or what came of it within d). It returns as soon
+// as that response is in, not when d runs out: a kept-alive connection
+// stays open, and the worker has read the request by the time its answer
+// is here, however slow the machine.
 func (rg *rig) raw(req string, d time.Duration) string {
 	rg.t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
@@ -103,8 +107,12 @@ func (rg *rig) raw(req string, d time.Duration) string {
 	defer c.Close()
 	_, _ = io.WriteString(c, req)
 	_ = c.SetReadDeadline(time.Now().Add(d))
-	b, _ := io.ReadAll(bufio.NewReader(c))
-	return string(b)
+	var got bytes.Buffer
+	if res, err := http.ReadResponse(bufio.NewReader(io.TeeReader(c, &got)), nil); err == nil {
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	return got.String()
 }
 
 // headerValues returns every value of name in the request the worker got.
@@ -177,7 +185,7 @@ func TestConnectionCannotUnframeResponse_RDP1_RDP3(t *testing.T) {
 // the first one names (R-DP-1, RFC 9110 §7.6.1).
 func TestEveryConnectionHeaderStripped_RDP1(t *testing.T) {
 	rg, cl := newCapRig(t, nil)
-	rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: s\r\n\r\n", 500*time.Millisecond)
+	rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: s\r\n\r\n", 10*time.Second)
 	if got := headerValues(t, cl.String(), "X-Secret"); len(got) != 0 {
 		t.Fatalf("X-Secret, named by the second Connection header, reached the worker: %q", got)
 	}
@@ -195,7 +203,7 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 		"Forwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n\r\n"
 	t.Run("untrusted", func(t *testing.T) {
 		rg, cl := newCapRig(t, nil)
-		rg.raw(forged, 500*time.Millisecond)
+		rg.raw(forged, 10*time.Second)
 		wire := cl.String()
 		for name, want := range map[string][]string{
 			"X-Forwarded-For": {"127.0.0.1"}, "X-Forwarded-Proto": {"http"}, "X-Forwarded-Host": {"a"},
@@ -214,7 +222,7 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 			}
 			o.TrustedProxies = tp
 		})
-		rg.raw(forged, 500*time.Millisecond)
+		rg.raw(forged, 10*time.Second)
 		wire := cl.String()
 		for name, want := range map[string][]string{
 			"X-Forwarded-For": {"1.1.1.1, 6.6.6.6, 127.0.0.1"}, "X-Forwarded-Proto": {"https"}, "X-Forwarded-Host": {"evil"},
@@ -230,13 +238,26 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 // stallRig is a capture rig whose worker has two pooled connections at
 // most, a one-second stall timeout, and a long wait for a free connection:
 // a request that finds both held waits until a stalled body lets one go.
-func stallRig(t *testing.T) *rig {
-	rg, _ := newCapRig(t, func(o *Options) {
+func stallRig(t *testing.T) (*rig, *standin) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
 		o.Upstream.MaxConns = 2
 		o.Upstream.ConnWait = 10 * time.Second
 		o.Upstream.StallTimeout = time.Second
 	})
-	return rg
+	return rg, w
+}
+
+// waitHits waits until n requests reached the worker w: the requests a
+// test holds have their worker connections (a fixed sleep may not be long
+// enough on a loaded machine, and the test would then check nothing).
+func waitHits(t *testing.T, w *standin, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); w.hits.Load() < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d requests reached the worker after 10s", w.hits.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // holdConns opens n client connections that each send req and then go
@@ -262,11 +283,11 @@ func holdConns(t *testing.T, rg *rig, n int, req string, rcvbuf int) {
 // its worker connection freed: idle uploads cannot hold every connection
 // to a worker (R-DP-2, R-DP-3).
 func TestStalledUploadFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
-	rg := stallRig(t)
+	rg, w := stallRig(t)
 	// Chunked, so the handler runs at once and the upload streams; one
 	// byte, then silence.
 	holdConns(t, rg, 2, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n", 0)
-	time.Sleep(200 * time.Millisecond) // both uploads hold their connection
+	waitHits(t, w, 2) // both uploads hold their connection
 	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
 		t.Fatalf("unexpected answer behind two stalled uploads; got %d %s; want 200 once they are cut", res.StatusCode, body)
 	}
@@ -283,7 +304,7 @@ func TestStalledReaderFreesWorkerConnection_RDP2_RDP3(t *testing.T) {
 	big := strings.Repeat("x", 16<<20) // more than the sockets buffer
 	w.route("/big", func(rw http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(rw, big) })
 	holdConns(t, rg, 2, "GET /counters/alice/big HTTP/1.1\r\nHost: x\r\n\r\n", 4096)
-	time.Sleep(200 * time.Millisecond)
+	waitHits(t, w, 2)
 	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 {
 		t.Fatalf("unexpected answer behind two clients that stopped reading; got %d %s; want 200 once they are cut", res.StatusCode, body)
 	}
@@ -377,7 +398,7 @@ func TestLazyDeadline_RDP3(t *testing.T) {
 // not an instance, one with userinfo or no host is refused (R-DP-1).
 func TestAbsoluteFormTarget_RDP1(t *testing.T) {
 	rg, cl := newCapRig(t, nil)
-	got := rg.raw("GET HTTP://Pinboard.Example:8080/counters/alice/x?q=1 HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n", 2*time.Second)
+	got := rg.raw("GET HTTP://Pinboard.Example:8080/counters/alice/x?q=1 HTTP/1.1\r\nHost: other\r\nConnection: close\r\n\r\n", 10*time.Second)
 	if !strings.HasPrefix(got, "HTTP/1.1 200") {
 		t.Fatalf("absolute-form request: got %q; want the worker's 200", got)
 	}
@@ -397,7 +418,7 @@ func TestAbsoluteFormTarget_RDP1(t *testing.T) {
 		"http://h/counters/alice/../_x/y": "HTTP/1.1 400",
 		"ftp://h/counters/alice/x":        "HTTP/1.1 400",
 	} {
-		got := rg.raw("GET "+target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 2*time.Second)
+		got := rg.raw("GET "+target+" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 10*time.Second)
 		if !strings.HasPrefix(got, want) {
 			t.Fatalf("GET %s: got %q; want %s", target, got, want)
 		}

@@ -18,7 +18,10 @@ import (
 // The response-header deadline starts when the streamed body is out, not
 // when the request header is: a slow upload is not cut by it (R-DP-2).
 func TestSlowUploadNotCutByHeaderTimeout_RDP2(t *testing.T) {
-	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond })
+	// The upload takes ~1.5 s, longer than the header timeout; the worker
+	// answers right after the last byte, well inside it even on a loaded
+	// machine.
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = time.Second })
 	if _, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -53,8 +56,10 @@ func TestSlowUploadNotCutByHeaderTimeout_RDP2(t *testing.T) {
 // pool slot is free (R-DP-2).
 func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
+	started := make(chan struct{}, 1)
 	ended := make(chan error, 1)
 	w.route("/upload", func(rw http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
 		_, err := io.Copy(io.Discard, r.Body)
 		ended <- err
 	})
@@ -64,7 +69,14 @@ func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 	}
 	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 1<<20)
 	c.Write([]byte(strings.Repeat("x", 200<<10)))
-	time.Sleep(200 * time.Millisecond)
+	// The client leaves mid-upload once the worker is reading the body (a
+	// fixed sleep could end before the request even reached the worker).
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upload did not reach the worker within 10s")
+	}
+	time.Sleep(50 * time.Millisecond)
 	c.Close()
 	select {
 	case err := <-ended:
@@ -75,15 +87,17 @@ func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(3 * time.Second)
+		// Bounded well below the 60 s stall timeout that would free it
+		// anyway, and generous for a loaded machine under -race.
+		deadline := time.Now().Add(10 * time.Second)
 		for u.pool.open() != 0 {
 			if time.Now().After(deadline) {
-				t.Fatalf("unexpected worker connection still held 3s after the client left")
+				t.Fatalf("unexpected worker connection still held 10s after the client left")
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-	case <-time.After(3 * time.Second):
-		t.Fatalf("client gone 3s ago; the worker is still waiting for its body")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("client gone 10s ago; the worker is still waiting for its body")
 	}
 }
 
@@ -99,7 +113,7 @@ func TestEarlyAnswerDuringIdleUpload_RDP2(t *testing.T) {
 	})
 	line, err := rg.rawStatus("POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
 	if err != nil {
-		t.Fatalf("no answer within 3s although the worker answered 401 at once: %v", err)
+		t.Fatalf("no answer within 10s although the worker answered 401 at once: %v", err)
 	}
 	if !strings.HasPrefix(line, "HTTP/1.1 401") {
 		t.Fatalf("got %q; want the worker's 401", line)
@@ -170,7 +184,8 @@ func TestLargeWebSocketHandshakeHeader_RDP2(t *testing.T) {
 }
 
 // rawStatus sends raw bytes as a request through the rig on a fresh
-// connection and returns the answer's status line, waiting at most 3 s.
+// connection and returns the answer's status line, waiting at most 10 s
+// (it returns as soon as the line is in).
 func (rg *rig) rawStatus(req string) (string, error) {
 	rg.t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
@@ -181,7 +196,7 @@ func (rg *rig) rawStatus(req string) (string, error) {
 	if _, err := io.WriteString(c, req); err != nil {
 		return "", err
 	}
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimSpace(line), err
 }

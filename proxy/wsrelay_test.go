@@ -166,7 +166,12 @@ func TestRelayShutdownSendsGoingAway(t *testing.T) {
 	for hj.Open() != 1 {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond) // let the relay forward the partial frame
+	// The relay is inside the frame once the client has its first bytes
+	// (a fixed sleep was not always enough on a loaded machine: the
+	// relay, still between frames, sent Close first).
+	if _, err := cbr.Peek(6); err != nil {
+		t.Fatalf("the relay did not forward the partial frame: %v", err)
+	}
 	hj.shutdown(time.Now().Add(5 * time.Second))
 
 	// The worker side is between frames: Close comes at once, masked.
@@ -208,7 +213,12 @@ func TestRelayShutdownDeadline(t *testing.T) {
 	for hj.Open() != 1 {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(50 * time.Millisecond)
+	// The relay is inside the frame once the worker has its first bytes.
+	worker.SetDeadline(time.Now().Add(10 * time.Second))
+	wbr := bufio.NewReader(worker)
+	if _, err := wbr.Peek(5); err != nil {
+		t.Fatalf("the relay did not forward the partial frame: %v", err)
+	}
 	hj.shutdown(time.Now().Add(200 * time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -218,7 +228,7 @@ func TestRelayShutdownDeadline(t *testing.T) {
 	// The worker saw the partial frame and then the connection end, no
 	// Close frame inside the frame.
 	worker.SetDeadline(time.Now().Add(5 * time.Second))
-	rest, _ := io.ReadAll(worker)
+	rest, _ := io.ReadAll(wbr)
 	if want := frame(0x2, []byte("0123456789"), true)[:5]; !bytes.Equal(rest, want) {
 		t.Fatalf("unexpected bytes at the worker; got %x; want %x", rest, want)
 	}

@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -572,8 +573,46 @@ func TestDockerfile_RSRV3(t *testing.T) {
 // as its whole environment, the public and admin listeners moved to free
 // loopback ports, waits until the admin listener answers, and stops it
 // with SIGTERM at the end of the test, expecting exit 0. It returns the
-// admin and public addresses.
+// admin and public addresses. A port freePort found can be taken by
+// another process before pinboard binds it (packages test in parallel):
+// on a bind failure it starts again on fresh ports, three times at most.
 func startBinary(t *testing.T, kv map[string]string) (admin, public string) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		admin, public, out, err := tryStartBinary(t, kv)
+		if err == nil {
+			return admin, public
+		}
+		if attempt < 3 && strings.Contains(out, "address already in use") {
+			t.Logf("pinboard could not bind its ports (attempt %d): %v; trying fresh ones", attempt, err)
+			continue
+		}
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// lockedBuffer is the child's output: written by exec's copying
+// goroutine, read by the test while the child may still run.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// tryStartBinary is one attempt of startBinary: on failure it returns the
+// error and pinboard's output, the process gone.
+func tryStartBinary(t *testing.T, kv map[string]string) (admin, public, output string, err error) {
 	t.Helper()
 	publicPort, adminPort := freePort(t), freePort(t)
 	envv := []string{childEnv + "=1", "HOST=127.0.0.1", "PORT=" + strconv.Itoa(publicPort),
@@ -591,13 +630,34 @@ func startBinary(t *testing.T, kv map[string]string) (admin, public string) {
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = envv
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	addr := "127.0.0.1:" + strconv.Itoa(adminPort)
+	public = "127.0.0.1:" + strconv.Itoa(publicPort)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			return "", "", out.String(), fmt.Errorf("pinboard exited at start-up: %v", err)
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			return "", "", out.String(), fmt.Errorf("pinboard's admin listener %s did not open within 10 s", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -611,26 +671,7 @@ func startBinary(t *testing.T, kv map[string]string) (admin, public string) {
 			t.Errorf("pinboard did not stop within 15 s of SIGTERM\n%s", out.String())
 		}
 	})
-	addr := "127.0.0.1:" + strconv.Itoa(adminPort)
-	public = "127.0.0.1:" + strconv.Itoa(publicPort)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("pinboard exited at start-up: %v\n%s", err, out.String())
-		default:
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return addr, public
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pinboard's admin listener %s did not open within 10 s\n%s", addr, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return addr, public, "", nil
 }
 
 func freePort(t *testing.T) int {
