@@ -102,8 +102,14 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if !strings.HasPrefix(o.url, "http://") && !strings.HasPrefix(o.url, "https://") {
 		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", o.url)
 	}
+	// A token from a file or a Secret often ends in a newline, which no
+	// header may carry: drop surrounding white space, refuse what is left.
+	o.token = strings.TrimSpace(o.token)
 	if o.token == "" {
 		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
+	}
+	if strings.IndexFunc(o.token, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+		return usageError(stderr, "PINBOARD_TOKEN contains white space or a control character")
 	}
 	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout)}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)

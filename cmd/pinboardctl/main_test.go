@@ -141,3 +141,19 @@ func TestParseDeadline(t *testing.T) {
 		}
 	}
 }
+
+// A token read from a file or a Kubernetes Secret often ends in a newline.
+// It cannot go into a header as is: it used to fail as "cannot reach
+// pinboard" (exit 3), sending the operator after the network.
+func TestTokenWithTrailingNewline(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good\n"}
+	code, out, errs := runCtl(t, env, "workers")
+	if code != exitOK || !strings.Contains(out, "c1") {
+		t.Fatalf("unexpected result; got exit %d, stdout %q, stderr %q; want exit 0 with the table", code, out, errs)
+	}
+	env["PINBOARD_TOKEN"] = "go\x00od"
+	if code, _, errs := runCtl(t, env, "workers"); code != exitUsage || !strings.Contains(errs, "PINBOARD_TOKEN") {
+		t.Fatalf("unexpected result for a token with a control character; got exit %d, stderr %q; want exit %d naming PINBOARD_TOKEN", code, errs, exitUsage)
+	}
+}
