@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -281,7 +282,7 @@ func namespace(s string) string {
 // parseDeadline reads a Go duration (5m, 90s, 1h30m) or a number of
 // seconds, and returns seconds.
 func parseDeadline(s string) (float64, error) {
-	if f, err := strconv.ParseFloat(s, 64); err == nil {
+	if f, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
 		if f < 0 {
 			return 0, badUsage("--deadline must not be negative, got %q", s)
 		}

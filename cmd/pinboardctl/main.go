@@ -21,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -96,11 +97,18 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if !ok {
 		return usageError(stderr, "unknown command %q", cmd)
 	}
+	o.url = strings.TrimSpace(o.url)
 	if o.url == "" {
 		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")
 	}
 	if !strings.HasPrefix(o.url, "http://") && !strings.HasPrefix(o.url, "https://") {
 		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", o.url)
+	}
+	if u, err := url.Parse(o.url); err != nil || u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return usageError(stderr, "PINBOARD_URL %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", o.url)
+	}
+	if o.timeout <= 0 {
+		return usageError(stderr, "--timeout must be positive, got %v", o.timeout)
 	}
 	// A token from a file or a Secret often ends in a newline, which no
 	// header may carry: drop surrounding white space, refuse what is left.

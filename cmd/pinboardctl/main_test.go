@@ -144,10 +144,11 @@ func TestParseDeadline(t *testing.T) {
 
 // A token read from a file or a Kubernetes Secret often ends in a newline.
 // It cannot go into a header as is: it used to fail as "cannot reach
-// pinboard" (exit 3), sending the operator after the network.
+// pinboard" (exit 3), sending the operator after the network. The URL is
+// trimmed the same way.
 func TestTokenWithTrailingNewline(t *testing.T) {
 	f := &fake{}
-	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good\n"}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb\n", "PINBOARD_TOKEN": "good\n"}
 	code, out, errs := runCtl(t, env, "workers")
 	if code != exitOK || !strings.Contains(out, "c1") {
 		t.Fatalf("unexpected result; got exit %d, stdout %q, stderr %q; want exit 0 with the table", code, out, errs)
@@ -155,5 +156,32 @@ func TestTokenWithTrailingNewline(t *testing.T) {
 	env["PINBOARD_TOKEN"] = "go\x00od"
 	if code, _, errs := runCtl(t, env, "workers"); code != exitUsage || !strings.Contains(errs, "PINBOARD_TOKEN") {
 		t.Fatalf("unexpected result for a token with a control character; got exit %d, stderr %q; want exit %d naming PINBOARD_TOKEN", code, errs, exitUsage)
+	}
+}
+
+// Bad input is a usage error (exit 2) naming what is wrong, never an
+// unreachable pinboard (3) or an API error (1).
+func TestBadInputIsUsage(t *testing.T) {
+	f := &fake{}
+	url := f.server(t).URL + "/pb"
+	for _, tc := range []struct {
+		url  string
+		args []string
+		err  string
+	}{
+		{url, []string{"--timeout", "0", "workers"}, "--timeout"},
+		{url, []string{"--timeout", "-1s", "workers"}, "--timeout"},
+		{url, []string{"drain", "c1", "--deadline", "NaN"}, "--deadline"},
+		{url, []string{"drain", "c1", "--deadline", "Inf"}, "--deadline"},
+		{url, []string{"wind-down", "ns", "id", "--deadline", "+Inf"}, "--deadline"},
+		{"http://[::1", []string{"health"}, "PINBOARD_URL"},
+		{"http://host /pb", []string{"health"}, "PINBOARD_URL"},
+		{"http://", []string{"health"}, "PINBOARD_URL"},
+		{url + "?x=1", []string{"health"}, "PINBOARD_URL"},
+	} {
+		code, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": tc.url, "PINBOARD_TOKEN": "good"}, tc.args...)
+		if code != exitUsage || !strings.Contains(errs, tc.err) {
+			t.Errorf("unexpected result for %q %v; got exit %d, stderr %q; want exit %d naming %s", tc.url, tc.args, code, errs, exitUsage, tc.err)
+		}
 	}
 }
