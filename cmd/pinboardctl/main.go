@@ -46,7 +46,8 @@ Commands:
   wind-down NS ID --revoke         revoke an earlier wind-down
   where NS ID                      which worker owns NS/ID
 
-Global flags (before or after the command):
+Global flags (before or after the command; "--" ends the flags, for an
+id that starts with "-"):
   --url URL        pinboard base URL (default $PINBOARD_URL)
   --token TOKEN    operator token (default $PINBOARD_TOKEN; prefer the variable:
                    flags show up in process listings)
@@ -152,12 +153,15 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		args = fs.Args()
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			// Parse consumed the terminator: everything after it is
+			// positional, ids starting with "-" included.
+			return append(pos, rest...), nil
+		}
+		args = rest
 		if len(args) == 0 {
 			return pos, nil
-		}
-		if args[0] == "--" {
-			return append(pos, args[1:]...), nil
 		}
 		pos = append(pos, args[0])
 		args = args[1:]

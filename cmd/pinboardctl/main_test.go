@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -184,4 +185,26 @@ func TestBadInputIsUsage(t *testing.T) {
 			t.Errorf("unexpected result for %q %v; got exit %d, stderr %q; want exit %d naming %s", tc.url, tc.args, code, errs, exitUsage, tc.err)
 		}
 	}
+}
+
+// After "--" every argument is positional: a namespace or id that starts
+// with "-" (an id like "-1") must get through. Only the first one did.
+func TestDoubleDashEndsFlags(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	code, _, errs := runCtl(t, env, "wind-down", "--deadline", "5s", "--", "-ns", "-1")
+	if code != exitOK || f.body["namespace"] != "/-ns" || f.body["id"] != "-1" {
+		t.Fatalf("unexpected wind-down after --; got exit %d, stderr %q, body %v; want exit 0 for /-ns and -1", code, errs, f.body)
+	}
+	pos, err := parseInterspersed(newTestFlags(), []string{"--json", "--", "a", "--json", "--"})
+	if err != nil || strings.Join(pos, " ") != "a --json --" {
+		t.Fatalf("unexpected positional arguments; got %q, %v; want %q", pos, err, "a --json --")
+	}
+}
+
+func newTestFlags() *flag.FlagSet {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Bool("json", false, "")
+	return fs
 }
