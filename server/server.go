@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -358,16 +359,33 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
 	// switches per request (internal/rawio, BENCHMARKS.md).
-	ln = rawio.Listener(ln)
+	cln := &onceCloseListener{Listener: rawio.Listener(ln)}
 	errc := make(chan error, 1)
-	go func() { errc <- pb.srv.Serve(ln) }()
+	go func() { errc <- pb.srv.Serve(cln) }()
 	select {
 	case err := <-errc:
 		pb.closeAdmin()
 		return fmt.Errorf("cannot serve: %w", err)
 	case <-ctx.Done():
 	}
-	return pb.Shutdown(grace, errc)
+	return pb.shutdown(grace, errc, cln)
+}
+
+// onceCloseListener closes its listener once; later calls return nil
+// (fasthttp's Shutdown returns its Close error, which would fail a clean
+// shutdown). Serve closes the listener itself at shutdown: fasthttp's
+// Shutdown closes only the listeners its Serve already registered, and
+// does nothing at all before the first one, so a shutdown that started
+// right after Serve was called left the listener open and served on.
+type onceCloseListener struct {
+	net.Listener
+	once sync.Once
+}
+
+func (l *onceCloseListener) Close() error {
+	var err error
+	l.once.Do(func() { err = l.Listener.Close() })
+	return err
 }
 
 // CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
@@ -393,6 +411,12 @@ const CloseWait = 2 * time.Second
 // Then the registry pool and the admin listener stop. errc, if not nil,
 // is the public listener's Serve result, awaited briefly.
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
+	return pb.shutdown(grace, errc, nil)
+}
+
+// shutdown is Shutdown; ln, if not nil, is the public listener, closed
+// here as well as by fasthttp's Shutdown (see onceCloseListener).
+func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
 	pb.stopping.Store(true)
 	pb.registry.Stop()
 	start := time.Now()
@@ -400,6 +424,9 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- pb.srv.ShutdownWithContext(sctx) }()
+	if ln != nil {
+		_ = ln.Close()
+	}
 
 	var err error
 	finished := pb.drain(grace, done, &err)
