@@ -173,3 +173,26 @@ func TestReadinessExclusions_RCS1(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// An absolute-form request target (RFC 9112 §3.2.2: a server must accept
+// it; edges configured as forward proxies send it) routes like its
+// origin form: the data plane took it, but /registry/*, /livez and
+// /readyz went to the data plane as namespaces and answered 404 or 503.
+func TestRoutingAbsoluteForm_RSRV1(t *testing.T) {
+	for _, base := range []string{"", "/pb"} {
+		pb, _ := testPinboard(t, base)
+		for _, tc := range []struct {
+			uri    string
+			status int
+			body   string
+		}{
+			{"http://pinboard.internal" + base + "/livez", 200, `{"ok":true}`},
+			{"HTTP://pinboard.internal:8080" + base + "/readyz?exclude=store", 200, `{"ok":true,"quarantineMs":0}`},
+			{"http://pinboard.internal" + base + "/registry/health", 200, `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":1000,"workers":0}`},
+		} {
+			if status, body := call(pb, "GET", tc.uri, "tok"); status != tc.status || body != tc.body {
+				t.Fatalf("unexpected reply for %s (base %q); got %d %s; want %d %s", tc.uri, base, status, body, tc.status, tc.body)
+			}
+		}
+	}
+}
