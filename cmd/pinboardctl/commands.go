@@ -157,13 +157,17 @@ func cmdDrain(ctx context.Context, c *client, o *options, args []string, w io.Wr
 	if err := c.do(ctx, http.MethodPost, "/registry/drain", nil, body, &raw); err != nil {
 		return withClientHint(err, args[0])
 	}
+	var out struct {
+		ClientID      string   `json:"clientId"`
+		Draining      bool     `json:"draining"`
+		DrainDeadline *float64 `json:"drainDeadline"`
+	}
+	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || !out.Draining {
+		return unexpectedAnswer("POST /registry/drain", raw)
+	}
 	if o.json {
 		return printJSON(w, raw)
 	}
-	var out struct {
-		DrainDeadline *float64 `json:"drainDeadline"`
-	}
-	_ = json.Unmarshal(raw, &out)
 	msg := fmt.Sprintf("draining %s: no new placements", args[0])
 	if out.DrainDeadline != nil {
 		msg += "; its ids are released in " + seconds(*out.DrainDeadline)
@@ -180,11 +184,29 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 	if err := c.do(ctx, http.MethodPost, "/registry/undrain", nil, map[string]any{"clientId": args[0]}, &raw); err != nil {
 		return withClientHint(err, args[0])
 	}
+	var out struct {
+		ClientID string `json:"clientId"`
+		Draining *bool  `json:"draining"`
+	}
+	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || out.Draining == nil || *out.Draining {
+		return unexpectedAnswer("POST /registry/undrain", raw)
+	}
 	if o.json {
 		return printJSON(w, raw)
 	}
 	_, err := fmt.Fprintf(w, "undrained %s: it takes new placements again\n", args[0])
 	return err
+}
+
+// unexpectedAnswer is a 2xx that is not pinboard's answer to a change: a
+// front end's login page or catch-all. Reporting success then would tell
+// the operator a drain happened when nothing did.
+func unexpectedAnswer(req string, raw []byte) error {
+	b := strings.TrimSpace(string(raw))
+	if len(b) > 200 {
+		b = b[:200] + "…"
+	}
+	return fmt.Errorf("%s: unexpected answer %q: nothing was changed as far as pinboardctl can tell (is PINBOARD_URL pinboard itself, with its base path?)", req, b)
 }
 
 // withClientHint explains a 404 on drain and undrain.
@@ -214,14 +236,16 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 	if err := c.do(ctx, http.MethodPost, "/registry/wind-down", nil, body, &raw); err != nil {
 		return withPlacementHint(err, args[0], args[1])
 	}
-	if o.json {
-		return printJSON(w, raw)
-	}
 	var out struct {
 		MsgID     string `json:"msgId"`
 		SessionID string `json:"sessionId"`
 	}
-	_ = json.Unmarshal(raw, &out)
+	if json.Unmarshal(raw, &out) != nil || out.MsgID == "" {
+		return unexpectedAnswer("POST /registry/wind-down", raw)
+	}
+	if o.json {
+		return printJSON(w, raw)
+	}
 	what := "wind-down within " + o.deadline
 	if o.revoke {
 		what = "wind-down revoked"

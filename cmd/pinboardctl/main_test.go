@@ -208,3 +208,34 @@ func newTestFlags() *flag.FlagSet {
 	fs.Bool("json", false, "")
 	return fs
 }
+
+// A drain, undrain or wind-down that did not reach pinboard's operator
+// API must not print a success: a front end that redirects to a login
+// page, or answers 200 with a page of its own, used to get
+// "draining c1: no new placements" and exit 0.
+func TestMutationsNeedPinboardsAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/redirect/") {
+			http.Redirect(w, r, "/login", http.StatusFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, "<html>sign in</html>")
+	}))
+	t.Cleanup(srv.Close)
+	for _, base := range []string{srv.URL + "/redirect", srv.URL + "/page"} {
+		env := map[string]string{"PINBOARD_URL": base, "PINBOARD_TOKEN": "good"}
+		for _, args := range [][]string{
+			{"drain", "c1"},
+			{"drain", "c1", "--deadline", "5m"},
+			{"undrain", "c1"},
+			{"wind-down", "counters", "alice", "--deadline", "30s"},
+			{"wind-down", "counters", "alice", "--revoke"},
+		} {
+			code, out, errs := runCtl(t, env, args...)
+			if code != exitAPI || out != "" {
+				t.Errorf("unexpected result for %v at %s; got exit %d, stdout %q, stderr %q; want exit %d and no output", args, base, code, out, errs, exitAPI)
+			}
+		}
+	}
+}
