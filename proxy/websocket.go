@@ -160,8 +160,13 @@ func readRawHeader(br *bufio.Reader) ([]byte, error) {
 type hijacks struct {
 	mu sync.Mutex
 	m  map[*wsRelay]struct{}
-	n  atomic.Int64
-	wg sync.WaitGroup
+	// closing is set by shutdown, for good: a relay whose 101 arrives
+	// later is told goodbye as soon as the 101 is through, bounded by the
+	// same deadline, instead of outliving the shutdown untracked.
+	closing  bool
+	deadline time.Time
+	n        atomic.Int64
+	wg       sync.WaitGroup
 }
 
 func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
@@ -173,9 +178,13 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	r := newWSRelay(client, upstream)
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
-	hj.mu.Unlock()
+	closing, deadline := hj.closing, hj.deadline
 	hj.n.Add(1)
 	hj.wg.Add(1)
+	hj.mu.Unlock()
+	if closing {
+		r.goAway(deadline)
+	}
 	defer func() {
 		hj.mu.Lock()
 		delete(hj.m, r)
@@ -185,14 +194,19 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	}()
 	defer upstream.Close()
 	defer client.Close()
-	if _, err := client.Write(handshake); err != nil {
+	going, deadline, err := r.writeHandshake(handshake)
+	if err != nil {
 		return
 	}
-	// Frames the worker sent right behind its 101 go through the tracker.
+	// Frames the worker sent right behind its 101 go through the tracker
+	// (and, with a goodbye pending, Close follows them).
 	if len(pending) > 0 {
 		if err := r.down.forward(pending); err != nil {
 			return
 		}
+	}
+	if going {
+		r.shutdown(deadline)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -212,17 +226,19 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	<-done
 }
 
-// shutdown sends Close 1001 both ways on every relay (see wsrelay.go) and
-// lets them finish until deadline.
+// shutdown sends Close 1001 both ways on every relay (see wsrelay.go) —
+// and on every relay that starts later, right after its 101 — and lets
+// them finish until deadline.
 func (hj *hijacks) shutdown(deadline time.Time) {
 	hj.mu.Lock()
+	hj.closing, hj.deadline = true, deadline
 	relays := make([]*wsRelay, 0, len(hj.m))
 	for r := range hj.m {
 		relays = append(relays, r)
 	}
 	hj.mu.Unlock()
 	for _, r := range relays {
-		r.shutdown(deadline)
+		r.goAway(deadline)
 	}
 }
 

@@ -188,6 +188,13 @@ type wsRelay struct {
 	client, upstream net.Conn
 	going            atomic.Bool
 	up, down         wsDir // client→worker, worker→client
+
+	// hs orders the 101 before any Close frame toward the client: a
+	// goodbye that comes while the handshake is not yet written only marks
+	// the relay (going, dl), and the relay sends it once the 101 is out.
+	hs      sync.Mutex
+	started bool      // the 101 went to the client
+	dl      time.Time // the goodbye's deadline, once going
 }
 
 func newWSRelay(client, upstream net.Conn) *wsRelay {
@@ -195,6 +202,29 @@ func newWSRelay(client, upstream net.Conn) *wsRelay {
 	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going}
 	r.down = wsDir{src: upstream, dst: client, going: &r.going}
 	return r
+}
+
+// goAway is shutdown, deferred until the 101 has reached the client when
+// it has not yet (see hs).
+func (r *wsRelay) goAway(deadline time.Time) {
+	r.hs.Lock()
+	r.going.Store(true)
+	r.dl = deadline
+	started := r.started
+	r.hs.Unlock()
+	if started {
+		r.shutdown(deadline)
+	}
+}
+
+// writeHandshake sends the worker's 101 to the client and reports whether
+// a goodbye came before it, and its deadline.
+func (r *wsRelay) writeHandshake(handshake []byte) (going bool, deadline time.Time, err error) {
+	r.hs.Lock()
+	defer r.hs.Unlock()
+	_, err = r.client.Write(handshake)
+	r.started = true
+	return r.going.Load(), r.dl, err
 }
 
 // shutdown starts the closing handshake in both directions and bounds what

@@ -233,3 +233,43 @@ func TestRelayShutdownDeadline(t *testing.T) {
 		t.Fatalf("unexpected bytes at the worker; got %x; want %x", rest, want)
 	}
 }
+
+// A relay whose 101 comes after shutdown began — a handshake the worker
+// answered late — gets its goodbye right after the 101, both ways, and is
+// tracked, instead of outliving the shutdown (R-DP-2).
+func TestRelayStartedAfterShutdownGoesAway_RDP2(t *testing.T) {
+	relayClient, client := tcpPair(t)
+	relayUp, worker := tcpPair(t)
+	hj := newHijacks()
+	hj.shutdown(time.Now().Add(5 * time.Second))
+	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	go hj.relay(relayClient, relayUp, handshake, frame(0x1, []byte("early"), false))
+	cbr, wbr := bufio.NewReader(client), bufio.NewReader(worker)
+	client.SetDeadline(time.Now().Add(10 * time.Second))
+	worker.SetDeadline(time.Now().Add(10 * time.Second))
+
+	got := make([]byte, len(handshake))
+	if _, err := io.ReadFull(cbr, got); err != nil || !bytes.Equal(got, handshake) {
+		t.Fatalf("unexpected handshake; got %q, %v; want the 101 first", got, err)
+	}
+	if op, p := readFrame(t, cbr); op != 0x1 || string(p) != "early" {
+		t.Fatalf("unexpected first frame; got %x %q; want the worker's early text frame", op, p)
+	}
+	if op, p := readFrame(t, cbr); op != 0x8 || !bytes.Equal(p, goingAway) {
+		t.Fatalf("unexpected frame at the client; got %x %q; want close 1001", op, p)
+	}
+	if op, p := readFrame(t, wbr); op != 0x8 || !bytes.Equal(p, goingAway) {
+		t.Fatalf("unexpected frame at the worker; got %x %q; want close 1001", op, p)
+	}
+	if hj.Open() != 1 {
+		t.Fatalf("unexpected open relays; got %d; want 1 (tracked)", hj.Open())
+	}
+	client.Write(frame(0x8, goingAway[:2], true))
+	worker.Write(frame(0x8, goingAway[:2], false))
+	worker.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !hj.wait(ctx) {
+		t.Fatalf("unexpected relay still running after the closing handshake")
+	}
+}
