@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -172,6 +173,23 @@ func TestConfigErrors_LateFailures_RSRV3(t *testing.T) {
 		kv["HOST"] = host
 		if _, err := loadConfig(env(kv)); err != nil {
 			t.Errorf("unexpected error for HOST=%q; got %v; want nil", host, err)
+		}
+	}
+}
+
+// An IPv4 proxy written in its IPv4-mapped IPv6 form must be trusted like
+// its IPv4 form: peers are unmapped before the check, so a mapped entry
+// never matched and its X-Forwarded-For was silently ignored (R-PL-4).
+func TestConfigTrustedProxies_MappedIPv4_RPL4(t *testing.T) {
+	for _, v := range []string{"::ffff:10.0.0.1", "::ffff:10.0.0.0/104"} {
+		kv := base()
+		kv["PINBOARD_TRUSTED_PROXIES"] = v
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Fatalf("unexpected error for %q; got %v; want nil", v, err)
+		}
+		if got := c.Trusted.Trusted(netip.MustParseAddr("10.0.0.1")); !got {
+			t.Errorf("unexpected Trusted(10.0.0.1) for PINBOARD_TRUSTED_PROXIES=%q; got %v; want true", v, got)
 		}
 	}
 }
