@@ -134,3 +134,24 @@ func TestCoversNamespace_ZeroAlloc_RTR3(t *testing.T) {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
 	}
 }
+
+// Host names match case-insensitively in ASCII only (RFC 4343): Unicode
+// folding would let "\u212a" (KELVIN SIGN) stand for "k" and "\u017f" (LONG
+// S) for "s", registering a host that is not the one the claim names.
+func TestClaims_CheckBackend_ASCIIFoldOnly_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"allowedBackendHosts":["worker.internal","svc.local","*.svc.local"]}`)
+	for _, u := range []string{
+		"http://wor\u212aer.internal:8000",
+		"http://\u017fvc.local:8000",
+		"http://a.\u017fvc.local:8000",
+	} {
+		if err := c.CheckBackend(u); err == nil {
+			t.Errorf("unexpected acceptance of %q; got nil; want an allowedBackendHosts error", u)
+		}
+	}
+	for _, u := range []string{"http://WORKER.internal:8000", "http://a.SVC.Local"} {
+		if err := c.CheckBackend(u); err != nil {
+			t.Errorf("unexpected error for %q; got %v; want nil", u, err)
+		}
+	}
+}

@@ -243,6 +243,15 @@ func (pp *passportParser) parseToken(key jsonObject, path string) ([]byte, error
 	case value == "":
 		return nil, fmt.Errorf("token.env names %s, which is empty", env)
 	}
+	// Authenticate reads "Bearer <token>" with the token free of white
+	// space (RFC 6750 §2.1), and a header value carries no control bytes
+	// (RFC 9110 §5.5): a token holding either could never be presented.
+	// The usual cause is a secret file's trailing newline.
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c <= ' ' || c == 0x7f {
+			return nil, fmt.Errorf("token.env names %s, whose value holds white space or a control byte at offset %d (a trailing newline?); no Authorization header could carry it", env, i)
+		}
+	}
 	return []byte(value), nil
 }
 

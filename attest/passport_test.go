@@ -251,3 +251,21 @@ func ExampleParsePassport() {
 	// allow
 	// cannot parse providers[0].keys[0] "deployment": token.env names PINBOARD_TOKEN, which is not set
 }
+
+// A token no Authorization header can carry ("tok\n" from a secret file
+// with its trailing newline, an inner space) would leave its key dead,
+// every request 401, with no hint why; start-up must fail instead (R-TR-1,
+// R-SRV-2).
+func TestParsePassport_TokenWithWhiteSpace_RTR1(t *testing.T) {
+	for _, tok := range []string{"tok-deployment\n", " tok", "tok en", "tok\t", "tok\r\n", "t\x00k"} {
+		p, err := ParsePassport([]byte(withKeys(deploymentKey)), testEnv(map[string]string{"PINBOARD_TOKEN": tok}))
+		if err == nil {
+			_, aerr := p.Authenticate([]byte("Bearer " + tok))
+			t.Errorf("unexpected acceptance of token %q; got nil (Authenticate: %v); want an error naming PINBOARD_TOKEN", tok, aerr)
+			continue
+		}
+		if !strings.Contains(err.Error(), "PINBOARD_TOKEN") || !strings.Contains(err.Error(), `providers[0].keys[0] "deployment"`) {
+			t.Errorf("unexpected error for token %q; got %v; want it to name the key and PINBOARD_TOKEN", tok, err)
+		}
+	}
+}

@@ -88,6 +88,22 @@ func globMatch[T ~string | ~[]byte](pattern string, s T, fold bool) bool {
 	return p == len(pattern)
 }
 
+// equalFoldASCII reports whether s equals lower, a lower-case pattern, with
+// ASCII letters compared case-insensitively (RFC 4343 §3) and every other
+// byte exactly. strings.EqualFold folds Unicode too, so "\u212a" (KELVIN
+// SIGN) would pass for "k": a host name the claim does not name (R-TR-3).
+func equalFoldASCII(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if lowerASCII(s[i]) != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
 func lowerASCII(c byte) byte {
 	if 'A' <= c && c <= 'Z' {
 		return c + ('a' - 'A')
@@ -242,9 +258,9 @@ func (hp *hostPattern) match(host string, addr netip.Addr, isAddr bool, port str
 	case hostAny:
 		return true
 	case hostName:
-		return !isAddr && strings.EqualFold(host, hp.name)
+		return !isAddr && equalFoldASCII(host, hp.name)
 	case hostSuffix:
-		return !isAddr && len(host) > len(hp.name) && strings.EqualFold(host[len(host)-len(hp.name):], hp.name)
+		return !isAddr && len(host) > len(hp.name) && equalFoldASCII(host[len(host)-len(hp.name):], hp.name)
 	case hostAddr:
 		return isAddr && addr == hp.addr
 	case hostPrefix:

@@ -25,6 +25,12 @@ func ParseTrustedProxies(s string) (*TrustedProxies, error) {
 			if err != nil {
 				return nil, fmt.Errorf("cannot parse trusted proxy %q: %w", f, err)
 			}
+			// Trusted unmaps the peer, so an IPv4-mapped entry
+			// ("::ffff:10.0.0.0/104") must be unmapped too or it never
+			// matches.
+			if p.Addr().Is4In6() {
+				p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+			}
 			tp.prefixes = append(tp.prefixes, p.Masked())
 			continue
 		}
@@ -32,6 +38,7 @@ func ParseTrustedProxies(s string) (*TrustedProxies, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot parse trusted proxy %q: %w", f, err)
 		}
+		a = a.Unmap()
 		tp.prefixes = append(tp.prefixes, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return tp, nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -69,7 +70,11 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		return nil, bad("PORT", "must be a port number, got %q", port)
 	}
-	c.Addr = net.JoinHostPort(get("HOST"), port)
+	host := get("HOST")
+	if err := checkListenHost(host); err != nil {
+		return nil, bad("HOST", "%v, got %q", err, host)
+	}
+	c.Addr = net.JoinHostPort(host, port)
 
 	raw, ok := lookup("PINBOARD_PASSPORT")
 	if !ok || strings.TrimSpace(raw) == "" {
@@ -180,9 +185,17 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	}
 	c.MetricsAddr = get("PINBOARD_METRICS_ADDR")
 	if c.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+		h, p, err := net.SplitHostPort(c.MetricsAddr)
+		// The port must be 0..65535 and the host what HOST accepts, or
+		// net.Listen would refuse it only after the store was opened.
+		if _, perr := strconv.ParseUint(p, 10, 16); err != nil || perr != nil || checkListenHost(h) != nil {
 			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
 		}
+	}
+	// pprof is served on the admin listener only: without it the setting
+	// would do nothing, silently.
+	if c.Pprof && c.MetricsAddr == "" {
+		return nil, bad("PINBOARD_PPROF", "needs PINBOARD_METRICS_ADDR (profiles are served on the admin listener only)")
 	}
 	if v := get("PINBOARD_ACCESS_LOG_SAMPLE"); v != "" {
 		f, err := strconv.ParseFloat(v, 64)
@@ -192,6 +205,31 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		c.AccessSample = f
 	}
 	return c, nil
+}
+
+// checkListenHost accepts what net.Listen takes as the host part of an
+// address: empty (all interfaces), an IP literal without brackets ("::1")
+// or a DNS name. A bracketed or host:port value would only fail at listen
+// time, after the store was opened.
+func checkListenHost(h string) error {
+	if h == "" {
+		return nil
+	}
+	if _, err := netip.ParseAddr(h); err == nil {
+		return nil
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" {
+			return fmt.Errorf("must be an IP address (no brackets) or a host name")
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return fmt.Errorf("must be an IP address (no brackets) or a host name")
+			}
+		}
+	}
+	return nil
 }
 
 // checkStoreURL accepts the store schemes; anything else is a start-up

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -116,6 +117,7 @@ func TestRunRejectsArguments(t *testing.T) {
 func TestConfigPprof(t *testing.T) {
 	kv := base()
 	kv["PINBOARD_PPROF"] = "1"
+	kv["PINBOARD_METRICS_ADDR"] = "127.0.0.1:9090"
 	c, err := loadConfig(env(kv))
 	if err != nil || !c.Pprof {
 		t.Fatalf("unexpected config: %+v %v", c, err)
@@ -123,5 +125,71 @@ func TestConfigPprof(t *testing.T) {
 	kv["PINBOARD_PPROF"] = "yes"
 	if _, err := loadConfig(env(kv)); err == nil || !strings.Contains(err.Error(), "PINBOARD_PPROF") {
 		t.Fatalf("unexpected acceptance of PINBOARD_PPROF=yes: %v", err)
+	}
+}
+
+// Values that passed loadConfig but failed or vanished later: HOST and
+// PINBOARD_METRICS_ADDR reached net.Listen only after the store was opened
+// (exit 1, a log line instead of the one-line config error), and
+// PINBOARD_PPROF=1 without the admin listener was silently ignored
+// (R-SRV-3: one line naming the variable, exit 2, nothing started).
+func TestConfigErrors_LateFailures_RSRV3(t *testing.T) {
+	cases := []struct {
+		name string
+		set  map[string]string
+		want string
+	}{
+		{"bracketed HOST", map[string]string{"HOST": "[::1]"}, "HOST:"},
+		{"HOST with port", map[string]string{"HOST": "127.0.0.1:8080"}, "HOST:"},
+		{"HOST with space", map[string]string{"HOST": "local host"}, "HOST:"},
+		{"metrics port not a number", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:metrics"}, "PINBOARD_METRICS_ADDR:"},
+		{"metrics port out of range", map[string]string{"PINBOARD_METRICS_ADDR": ":99999"}, "PINBOARD_METRICS_ADDR:"},
+		{"pprof without admin listener", map[string]string{"PINBOARD_PPROF": "1"}, "PINBOARD_PPROF: needs PINBOARD_METRICS_ADDR"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := base()
+			kv["PORT"] = "0"
+			for k, v := range tc.set {
+				kv[k] = v
+			}
+			// loadConfig first: run would serve forever on a config it accepts.
+			if _, err := loadConfig(env(kv)); err == nil {
+				t.Fatalf("unexpected acceptance; got nil; want an error containing %q", tc.want)
+			}
+			var stderr bytes.Buffer
+			code := run(nil, env(kv), &stderr)
+			out := stderr.String()
+			if code != 2 {
+				t.Fatalf("unexpected exit code; got %d; want 2 (stderr %q)", code, out)
+			}
+			if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "pinboard: ") || !strings.Contains(out, tc.want) {
+				t.Fatalf("unexpected message; got %q; want one line containing %q", out, tc.want)
+			}
+		})
+	}
+	for _, host := range []string{"127.0.0.1", "::1", "localhost", "pinboard-0.pinboard.default.svc"} {
+		kv := base()
+		kv["HOST"] = host
+		if _, err := loadConfig(env(kv)); err != nil {
+			t.Errorf("unexpected error for HOST=%q; got %v; want nil", host, err)
+		}
+	}
+}
+
+// An IPv4 proxy written in its IPv4-mapped IPv6 form must be trusted like
+// its IPv4 form: peers are unmapped before the check, so a mapped entry
+// never matched and its X-Forwarded-For was silently ignored (R-PL-4).
+func TestConfigTrustedProxies_MappedIPv4_RPL4(t *testing.T) {
+	for _, v := range []string{"::ffff:10.0.0.1", "::ffff:10.0.0.0/104"} {
+		kv := base()
+		kv["PINBOARD_TRUSTED_PROXIES"] = v
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Fatalf("unexpected error for %q; got %v; want nil", v, err)
+		}
+		if got := c.Trusted.Trusted(netip.MustParseAddr("10.0.0.1")); !got {
+			t.Errorf("unexpected Trusted(10.0.0.1) for PINBOARD_TRUSTED_PROXIES=%q; got %v; want true", v, got)
+		}
 	}
 }
