@@ -214,6 +214,14 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 		writeError(ctx, fasthttp.StatusBadRequest, "malformed pinboard-from", 0)
 		return false
 	}
+	// The caller is an instance the calling worker hosts, so its namespace
+	// is one the session registered (and its passport key covers):
+	// otherwise a worker could have calls attested as coming from any
+	// instance of the fleet, which the callee may trust.
+	if !servesNamespace(info.Namespaces, from[:slash]) {
+		writeError(ctx, fasthttp.StatusForbidden, "caller namespace not served by the calling session", 0)
+		return false
+	}
 	depth := 1
 	if d := h.PeekBytes(hdrDepth); len(d) > 0 {
 		n, err := strconv.Atoi(string(d))
@@ -232,6 +240,15 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	rq.depth = depth
 	rq.callerSession = info.SessionID
 	return true
+}
+
+func servesNamespace(namespaces []string, ns []byte) bool {
+	for _, n := range namespaces {
+		if n == string(ns) {
+			return true
+		}
+	}
+	return false
 }
 
 // place resolves or claims (ns, id) through the store (R-PL-1). The

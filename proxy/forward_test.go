@@ -454,7 +454,8 @@ func TestNamespacePolicy_RTR4(t *testing.T) {
 }
 
 // Attested cluster calls (R-TR-6): the caller's session secret is checked,
-// the attestation names the caller and depth, and a new id prefers the
+// the caller's namespace must be one the session serves, the attestation
+// names the caller and depth, and a new id prefers the
 // caller's own worker (R-PL-4).
 func TestClusterCall_RTR6_RPL4(t *testing.T) {
 	rg := newRig(t, nil)
@@ -495,6 +496,17 @@ func TestClusterCall_RTR6_RPL4(t *testing.T) {
 	bad["Pinboard-Session"] = "nope"
 	if res, _ := rg.get("/counters/bob/value", bad); res.StatusCode != 403 {
 		t.Fatalf("unexpected reply for an unknown session; got %d", res.StatusCode)
+	}
+	// The caller must be in a namespace the calling session serves.
+	for _, from := range []string{"/admin/root", "/counters/alice/x", "/count/ers"} {
+		forged := map[string]string{}
+		for k, v := range call {
+			forged[k] = v
+		}
+		forged["Pinboard-From"] = from
+		if res, body := rg.get("/counters/bob/value", forged); res.StatusCode != 403 || !strings.Contains(body, "caller namespace") {
+			t.Fatalf("unexpected reply for a caller %s the session does not serve; got %d %s; want 403", from, res.StatusCode, body)
+		}
 	}
 	call["Pinboard-Subrequest-Depth"] = "51"
 	if res, _ := rg.get("/counters/bob/value", call); res.StatusCode != 400 {
