@@ -31,6 +31,7 @@ var (
 	bodyDrainShape      = []byte(`{"error":"expected { clientId, deadline? }"}`)
 	bodyUndrainShape    = []byte(`{"error":"expected { clientId }"}`)
 	bodyWindDownShape   = []byte(`{"error":"expected { namespace, id, deadline }"}`)
+	bodyDeadlineRange   = []byte(`{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`)
 	bodyPlacementShape  = []byte(`{"error":"expected ?namespace=&id="}`)
 	bodyUnavailable     = []byte(`{"error":"directory unavailable"}`)
 	bodyBusy            = []byte(`{"error":"registry busy"}`)

@@ -153,6 +153,10 @@ func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, c
 	return true
 }
 
+// maxDeadline bounds operator drain and wind-down deadlines (seconds): a
+// week covers any deploy, and keeps the arithmetic far from overflow.
+const maxDeadline = 7 * 24 * 3600
+
 // drain handles POST /registry/drain {clientId, deadline?} (R-REG-6): no new
 // placements on the client's sessions; with deadline (seconds) a timed
 // drain whose placements are force-released at the deadline, while the
@@ -177,8 +181,8 @@ func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
 	state := directory.DrainState{Draining: true}
 	if body.Deadline != nil {
 		s := *body.Deadline
-		if s < 0 || s > 7*24*3600 {
-			reply(ctx, fasthttp.StatusBadRequest, bodyDrainShape)
+		if s < 0 || s > maxDeadline {
+			reply(ctx, fasthttp.StatusBadRequest, bodyDeadlineRange)
 			return
 		}
 		state.Deadline = now.Add(time.Duration(s * float64(time.Second)))
@@ -260,8 +264,12 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	var deadline *time.Time
 	if string(body.Deadline) != "null" {
 		var s float64
-		if err := json.Unmarshal(body.Deadline, &s); err != nil || s < 0 || s > 7*24*3600 {
+		if err := json.Unmarshal(body.Deadline, &s); err != nil {
 			reply(ctx, fasthttp.StatusBadRequest, bodyWindDownShape)
+			return
+		}
+		if s < 0 || s > maxDeadline {
+			reply(ctx, fasthttp.StatusBadRequest, bodyDeadlineRange)
 			return
 		}
 		t := now.Add(time.Duration(s * float64(time.Second)))

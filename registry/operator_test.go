@@ -118,7 +118,8 @@ func TestOperatorDrain_RREG6(t *testing.T) {
 		{"/registry/drain", workerToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
 		{"/registry/drain", narrowToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
 		{"/registry/drain", operatorToken, `{}`, 400, `{"error":"expected { clientId, deadline? }"}`},
-		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":-1}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":-1}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
+		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":604801}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
 		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":"5m"}`, 400, `{"error":"expected { clientId, deadline? }"}`},
 		{"/registry/drain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":true}`},
 		{"/registry/undrain", operatorToken, `{}`, 400, `{"error":"expected { clientId }"}`},
@@ -177,6 +178,11 @@ func TestPlacementAndWindDown(t *testing.T) {
 	for _, bad := range []string{`{"namespace":"/counters","id":"alice"}`, `{"namespace":"/counters","id":"alice","deadline":"soon"}`, `{"id":"alice","deadline":1}`} {
 		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
 			t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+		}
+	}
+	for _, bad := range []string{`{"namespace":"/counters","id":"alice","deadline":-1}`, `{"namespace":"/counters","id":"alice","deadline":604801}`} {
+		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}` {
+			t.Fatalf("unexpected reply to %s; got %d %s; want 400 with the deadline's range", bad, res.status, res.body)
 		}
 	}
 	if res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"bob","deadline":1}`); res.status != 404 {
