@@ -179,6 +179,11 @@ func (c *Claims) CheckBackend(advertiseURL string) error {
 	host := strings.TrimSuffix(u.Hostname(), ".")
 	addr, aerr := netip.ParseAddr(host)
 	isAddr := aerr == nil
+	if isAddr && host != u.Hostname() {
+		// "10.0.0.1." is no address to the dialer but a name to resolve:
+		// matching it as the address would let DNS pick the backend.
+		return fmt.Errorf("advertise host %q: an IP address with a trailing dot is a DNS name", u.Host)
+	}
 	if isAddr {
 		addr = addr.Unmap()
 	}

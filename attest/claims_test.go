@@ -76,6 +76,7 @@ func TestClaims_CheckBackend_RTR3(t *testing.T) {
 		{"http://pods.local", `advertise host "pods.local" is not in allowedBackendHosts`},
 		{"http://10.0.3.7:8000", ""},
 		{"http://10.0.3.7", ""},
+		{"http://10.0.3.7.:8000", "an IP address with a trailing dot is a DNS name"},
 		{"http://10.0.3.8:8000", "is not in allowedBackendHosts"},
 		{"http://10.0.4.9:8000", ""},
 		{"http://10.0.4.9:8001", `advertise host "10.0.4.9:8001" is not in allowedBackendHosts`},
