@@ -255,9 +255,10 @@ func durationMs(get func(string) string, name string, def, min int64) (time.Dura
 	if v == "" {
 		return time.Duration(def) * time.Millisecond, nil
 	}
+	const max = 30 * 24 * 3600 * 1000 // 30 days: any timeout past it is a typo
 	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < min || n > 30*24*3600*1000 {
-		return 0, bad(name, "must be an integer number of milliseconds >= %d, got %q", min, v)
+	if err != nil || n < min || n > max {
+		return 0, bad(name, "must be an integer number of milliseconds from %d to %d (30 days), got %q", min, max, v)
 	}
 	return time.Duration(n) * time.Millisecond, nil
 }

@@ -41,6 +41,7 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"no scheme", map[string]string{"REDIS_URL": "localhost:6379"}, nil, "REDIS_URL: unknown scheme"},
 		{"bad lease", map[string]string{"PINBOARD_LEASE_TTL_MS": "15s"}, nil, "PINBOARD_LEASE_TTL_MS: must be an integer"},
 		{"tiny lease", map[string]string{"PINBOARD_LEASE_TTL_MS": "5"}, nil, "PINBOARD_LEASE_TTL_MS:"},
+		{"huge lease", map[string]string{"PINBOARD_LEASE_TTL_MS": "2592000001"}, nil, "PINBOARD_LEASE_TTL_MS: must be an integer number of milliseconds from 100 to 2592000000 (30 days)"},
 		{"bad balance factor", map[string]string{"PINBOARD_AFFINITY_BALANCE_FACTOR": "0.5"}, nil, "PINBOARD_AFFINITY_BALANCE_FACTOR: must be a number >= 1"},
 		{"bad trusted proxies", map[string]string{"PINBOARD_TRUSTED_PROXIES": "10.0.0.0/33"}, nil, "PINBOARD_TRUSTED_PROXIES:"},
 		{"bad port", map[string]string{"PORT": "http"}, nil, "PORT: must be a port number"},
