@@ -191,7 +191,8 @@ type wsRelay struct {
 
 	// hs orders the 101 before any Close frame toward the client: a
 	// goodbye that comes while the handshake is not yet written only marks
-	// the relay (going, dl), and the relay sends it once the 101 is out.
+	// the relay (going, dl) and bounds the connections by dl, and the
+	// relay sends it once the 101 is out.
 	hs      sync.Mutex
 	started bool      // the 101 went to the client
 	dl      time.Time // the goodbye's deadline, once going
@@ -214,15 +215,22 @@ func (r *wsRelay) goAway(deadline time.Time) {
 	r.hs.Unlock()
 	if started {
 		r.shutdown(deadline)
+		return
 	}
+	// The 101 is not through yet: its write, which a client that does not
+	// read can hold for ever, is bounded by the deadline like the rest of
+	// the relay; the relay sends the Close frames once it is through.
+	_ = r.client.SetDeadline(deadline)
+	_ = r.upstream.SetDeadline(deadline)
 }
 
 // writeHandshake sends the worker's 101 to the client and reports whether
-// a goodbye came before it, and its deadline.
+// a goodbye came before it was through, and its deadline. hs is not held
+// across the write: goAway must not wait behind it.
 func (r *wsRelay) writeHandshake(handshake []byte) (going bool, deadline time.Time, err error) {
+	_, err = r.client.Write(handshake)
 	r.hs.Lock()
 	defer r.hs.Unlock()
-	_, err = r.client.Write(handshake)
 	r.started = true
 	return r.going.Load(), r.dl, err
 }

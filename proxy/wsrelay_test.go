@@ -273,3 +273,43 @@ func TestRelayStartedAfterShutdownGoesAway_RDP2(t *testing.T) {
 		t.Fatalf("unexpected relay still running after the closing handshake")
 	}
 }
+
+// A client that does not read (its receive window full) blocks the 101's
+// write. Shutdown must still return and bound the relay by its deadline:
+// it cannot wait for that write to finish (R-DP-2).
+func TestRelayShutdownWithHandshakeWriteBlocked_RDP2(t *testing.T) {
+	relayClient, _ := tcpPair(t)
+	relayUp, _ := tcpPair(t)
+	// Fill the path to the client, which never reads.
+	for _, size := range []int{64 << 10, 1 << 10, 16, 1} {
+		chunk := make([]byte, size)
+		relayClient.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		for {
+			if _, err := relayClient.Write(chunk); err != nil {
+				break
+			}
+		}
+	}
+	relayClient.SetWriteDeadline(time.Time{})
+	hj := newHijacks()
+	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil)
+	for hj.Open() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // the relay is inside the 101's write
+	done := make(chan struct{})
+	go func() {
+		hj.shutdown(time.Now().Add(200 * time.Millisecond))
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatalf("unexpected shutdown still blocked behind a 101 the client does not read")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if !hj.wait(ctx) {
+		t.Fatalf("unexpected relay still running past the shutdown deadline")
+	}
+}
