@@ -68,7 +68,7 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 			if p == "" {
 				return Claims{}, fmt.Errorf("hostnames[%d]: empty hostname pattern", i)
 			}
-			c.hostnames = append(c.hostnames, strings.ToLower(p))
+			c.hostnames = append(c.hostnames, lowerASCIIString(p))
 		}
 	}
 	if raw, ok := obj["envs"]; ok {

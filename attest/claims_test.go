@@ -52,6 +52,13 @@ func TestClaims_CoversHostnameAndEnv_RTR3(t *testing.T) {
 			t.Errorf("unexpected CoversHostname(%q); got %v; want %v", h, got, want)
 		}
 	}
+	// Patterns fold ASCII case only, like the names they match (R-LS-4).
+	u := claimsOf(t, `{"hostnames":["ÅPP.example"]}`)
+	for h, want := range map[string]bool{"ÅPP.example": true, "Åpp.EXAMPLE": true, "åpp.example": false} {
+		if got := u.CoversHostname(h); got != want {
+			t.Errorf("unexpected CoversHostname(%q) under ÅPP.example; got %v; want %v", h, got, want)
+		}
+	}
 	for e, want := range map[string]bool{"prod": true, "Prod": false, "stage-2": true, "stage": false, "": false} {
 		if got := c.CoversEnv(e); got != want {
 			t.Errorf("unexpected CoversEnv(%q); got %v; want %v", e, got, want)

@@ -104,6 +104,17 @@ func equalFoldASCII(s, lower string) bool {
 	return true
 }
 
+// lowerASCIIString lower-cases ASCII letters only: patterns are matched
+// with ASCII folding (DNS names, RFC 4343), so a pattern lowered by Unicode
+// rules would stop matching the very name it spells ("ÅPP.example").
+func lowerASCIIString(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		b[i] = lowerASCII(c)
+	}
+	return string(b)
+}
+
 func lowerASCII(c byte) byte {
 	if 'A' <= c && c <= 'Z' {
 		return c + ('a' - 'A')
