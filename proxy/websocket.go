@@ -165,8 +165,11 @@ type hijacks struct {
 	// same deadline, instead of outliving the shutdown untracked.
 	closing  bool
 	deadline time.Time
-	n        atomic.Int64
-	wg       sync.WaitGroup
+	// idle is closed when the last relay ends (nil: none waited for).
+	// Not a WaitGroup: relays may start while wait waits (after shutdown
+	// began), which a WaitGroup at zero does not allow.
+	idle chan struct{}
+	n    atomic.Int64
 }
 
 func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
@@ -180,7 +183,6 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	hj.m[r] = struct{}{}
 	closing, deadline := hj.closing, hj.deadline
 	hj.n.Add(1)
-	hj.wg.Add(1)
 	hj.mu.Unlock()
 	if closing {
 		r.goAway(deadline)
@@ -188,9 +190,12 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	defer func() {
 		hj.mu.Lock()
 		delete(hj.m, r)
-		hj.mu.Unlock()
 		hj.n.Add(-1)
-		hj.wg.Done()
+		if len(hj.m) == 0 && hj.idle != nil {
+			close(hj.idle)
+			hj.idle = nil
+		}
+		hj.mu.Unlock()
 	}()
 	defer upstream.Close()
 	defer client.Close()
@@ -254,15 +259,21 @@ func (hj *hijacks) closeAll() {
 
 // wait blocks until every relay finished or ctx ends.
 func (hj *hijacks) wait(ctx context.Context) bool {
-	done := make(chan struct{})
-	go func() {
-		hj.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		return false
+	for {
+		hj.mu.Lock()
+		if len(hj.m) == 0 {
+			hj.mu.Unlock()
+			return true
+		}
+		if hj.idle == nil {
+			hj.idle = make(chan struct{})
+		}
+		idle := hj.idle
+		hj.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return false
+		}
 	}
 }

@@ -313,3 +313,42 @@ func TestRelayShutdownWithHandshakeWriteBlocked_RDP2(t *testing.T) {
 		t.Fatalf("unexpected relay still running past the shutdown deadline")
 	}
 }
+
+// wait covers relays that start while it waits (after shutdown began,
+// a late 101): it returns once every relay ended, not when the ones it
+// first saw did (R-DP-2).
+func TestWaitCoversRelaysStartedDuringIt_RDP2(t *testing.T) {
+	hj := newHijacks()
+	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	start := func() (client, worker net.Conn) {
+		relayClient, client := tcpPair(t)
+		relayUp, worker := tcpPair(t)
+		n := hj.Open()
+		go hj.relay(relayClient, relayUp, handshake, nil)
+		for hj.Open() != n+1 {
+			time.Sleep(time.Millisecond)
+		}
+		return client, worker
+	}
+	_, w1 := start()
+	done := make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done <- hj.wait(ctx)
+	}()
+	_, w2 := start()
+	w1.Close()
+	for hj.Open() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-done:
+		t.Fatalf("unexpected wait return with a relay still open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	w2.Close()
+	if ok := <-done; !ok {
+		t.Fatalf("unexpected wait result; got false; want true once every relay ended")
+	}
+}
