@@ -186,9 +186,10 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	c.MetricsAddr = get("PINBOARD_METRICS_ADDR")
 	if c.MetricsAddr != "" {
 		h, p, err := net.SplitHostPort(c.MetricsAddr)
-		// The port must be 0..65535 and the host what HOST accepts, or
-		// net.Listen would refuse it only after the store was opened.
-		if _, perr := strconv.ParseUint(p, 10, 16); err != nil || perr != nil || checkListenHost(h) != nil {
+		// The port must be 0..65535 or a service name, and the host what
+		// HOST accepts, or net.Listen would refuse it only after the store
+		// was opened.
+		if _, perr := net.LookupPort("tcp", p); err != nil || perr != nil || checkListenHost(h) != nil {
 			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
 		}
 	}

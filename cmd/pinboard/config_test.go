@@ -176,6 +176,14 @@ func TestConfigErrors_LateFailures_RSRV3(t *testing.T) {
 			t.Errorf("unexpected error for HOST=%q; got %v; want nil", host, err)
 		}
 	}
+	// What net.Listen takes keeps working: a service name for the port.
+	for _, addr := range []string{"127.0.0.1:9090", ":0", "[::1]:http", "localhost:https"} {
+		kv := base()
+		kv["PINBOARD_METRICS_ADDR"] = addr
+		if _, err := loadConfig(env(kv)); err != nil {
+			t.Errorf("unexpected error for PINBOARD_METRICS_ADDR=%q; got %v; want nil", addr, err)
+		}
+	}
 }
 
 // An IPv4 proxy written in its IPv4-mapped IPv6 form must be trusted like
