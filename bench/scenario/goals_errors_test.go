@@ -1,0 +1,34 @@
+package scenario
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/pinboard-go/pinboard/bench"
+)
+
+// TestGoalsNotMetWithFailedRequests: a target that answered part of its
+// requests with errors (or dropped arrivals) has not met a latency or CPU
+// goal, however fast its failures were.
+func TestGoalsNotMetWithFailedRequests(t *testing.T) {
+	run := func(res *Results, phase, target string, latUs float64, ok uint64, errs map[string]uint64, dropped uint64) {
+		h := bench.NewHist()
+		h.RecordN(int64(latUs*1000), ok+dropped)
+		for _, n := range errs {
+			h.RecordN(50_000, n) // a fast 502
+		}
+		res.add(&Record{Scenario: "hot", Target: target, Phase: phase, Round: 1, ProxyCPUus: 10,
+			Summary: bench.Summary{Rate: 3000, RPS: 30000, OK: ok, Errors: errs, Dropped: dropped, LatHist: bench.BucketsOf(h)}})
+	}
+	res := &Results{Rounds: 1}
+	run(res, "peak", nginx, 2000, 1000, nil, 0)
+	run(res, "peak", pinboard, 2000, 1000, nil, 0)
+	run(res, "latency", nginx, 4000, 1000, nil, 0)
+	// A fifth of pinboard's requests failed fast: its p99 is of the rest.
+	run(res, "latency", pinboard, 3000, 800, map[string]uint64{"http_502": 200}, 0)
+	for _, g := range Goals(res) {
+		if strings.HasPrefix(g.Name, "Hot ids: p99") && g.Met {
+			t.Fatalf("goal met despite 20%% failed requests: %+v", g)
+		}
+	}
+}
