@@ -103,25 +103,11 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
-	uri := ctx.Request.Header.RequestURI()
-	if len(uri) > 0 && uri[0] != '/' {
-		authority, rest, ok, err := OriginForm(uri)
-		if err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-			return
-		}
-		if ok {
-			// The target's authority replaces Host (RFC 9112 §3.2.2); the
-			// worker gets the origin form. A target without a path is "/".
-			ctx.Request.Header.SetHostBytes(authority)
-			if len(rest) == 0 || rest[0] == '?' {
-				writeError(ctx, fasthttp.StatusNotFound, "not found", 0)
-				return
-			}
-			uri = rest
-		}
+	if err := ToOriginForm(&ctx.Request); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		return
 	}
-	t, err := ParseTarget(uri, p.base)
+	t, err := ParseTarget(ctx.Request.Header.RequestURI(), p.base)
 	if err != nil {
 		if err == errNotInstance || err == errOutsideBase {
 			writeError(ctx, fasthttp.StatusNotFound, "not found", 0)

@@ -1,6 +1,10 @@
 package proxy
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/valyala/fasthttp"
+)
 
 // maxIDLength matches the reference worker's id limit: longer ids would be
 // rejected by every worker anyway, after a placement was wasted on them.
@@ -50,6 +54,31 @@ func OriginForm(uri []byte) (authority, rest []byte, ok bool, err error) {
 		}
 	}
 	return authority, rest, true, nil
+}
+
+// ToOriginForm rewrites an absolute-form request target to its origin
+// form in place, the target's authority replacing Host (RFC 9112 §3.2.2);
+// a target without a path becomes "/". The node's router and the data
+// plane both call it first, and only the first call has work to do: an
+// origin-form target costs one byte compare. Any other target is left
+// for ParseTarget to refuse; a malformed absolute form is an error.
+func ToOriginForm(req *fasthttp.Request) error {
+	uri := req.Header.RequestURI()
+	if len(uri) == 0 || uri[0] == '/' {
+		return nil
+	}
+	authority, rest, ok, err := OriginForm(uri)
+	if !ok || err != nil {
+		return err
+	}
+	req.Header.SetHostBytes(authority)
+	if len(rest) == 0 || rest[0] != '/' {
+		rest = append([]byte{'/'}, rest...)
+	}
+	// Request's setter, not the header's: it also drops a URI parsed
+	// from the absolute form.
+	req.SetRequestURIBytes(rest)
+	return nil
 }
 
 // Target is a parsed data-plane request target. Every slice aliases the

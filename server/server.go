@@ -255,14 +255,10 @@ var (
 // /livez and /readyz for orchestrators, everything else to the data plane.
 // A namespace called "registry" is therefore reserved.
 func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
+	// Absolute form (RFC 9112 §3.2.2) routes by its path; a malformed one
+	// is left for the data plane to refuse.
+	_ = proxy.ToOriginForm(&ctx.Request)
 	uri := ctx.Request.Header.RequestURI()
-	if len(uri) > 0 && uri[0] != '/' {
-		// Absolute form (RFC 9112 §3.2.2) routes by its path; the data
-		// plane handles the authority itself.
-		if _, rest, ok, err := proxy.OriginForm(uri); ok && err == nil {
-			uri = rest
-		}
-	}
 	path := uri
 	if i := bytes.IndexByte(uri, '?'); i >= 0 {
 		path = uri[:i]
