@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // ErrUnauthorized is returned by Authenticate for a credential that is
@@ -47,7 +49,7 @@ func bearerToken(h []byte) ([]byte, bool) {
 		return nil, false
 	}
 	for i := 0; i < len(scheme); i++ {
-		if lowerASCII(h[i]) != scheme[i] {
+		if ascii.LowerByte(h[i]) != scheme[i] {
 			return nil, false
 		}
 	}

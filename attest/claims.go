@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // Claims is the compiled claims.pinboard object of a passport key: what a
@@ -68,7 +70,7 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 			if p == "" {
 				return Claims{}, fmt.Errorf("hostnames[%d]: empty hostname pattern", i)
 			}
-			c.hostnames = append(c.hostnames, lowerASCIIString(p))
+			c.hostnames = append(c.hostnames, ascii.Lower(p))
 		}
 	}
 	if raw, ok := obj["envs"]; ok {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // Pattern grammar shared by passport claims and namespace policies (R-TR-3,
@@ -67,7 +69,7 @@ func globMatch[T ~string | ~[]byte](pattern string, s T, fold bool) bool {
 			}
 			c := s[i]
 			if fold {
-				c = lowerASCII(c)
+				c = ascii.LowerByte(c)
 			}
 			if pc == c {
 				p++
@@ -86,40 +88,6 @@ func globMatch[T ~string | ~[]byte](pattern string, s T, fold bool) bool {
 		p++
 	}
 	return p == len(pattern)
-}
-
-// equalFoldASCII reports whether s equals lower, a lower-case pattern, with
-// ASCII letters compared case-insensitively (RFC 4343 §3) and every other
-// byte exactly. strings.EqualFold folds Unicode too, so "\u212a" (KELVIN
-// SIGN) would pass for "k": a host name the claim does not name (R-TR-3).
-func equalFoldASCII(s, lower string) bool {
-	if len(s) != len(lower) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if lowerASCII(s[i]) != lower[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// lowerASCIIString lower-cases ASCII letters only: patterns are matched
-// with ASCII folding (DNS names, RFC 4343), so a pattern lowered by Unicode
-// rules would stop matching the very name it spells ("ÅPP.example").
-func lowerASCIIString(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		b[i] = lowerASCII(c)
-	}
-	return string(b)
-}
-
-func lowerASCII(c byte) byte {
-	if 'A' <= c && c <= 'Z' {
-		return c + ('a' - 'A')
-	}
-	return c
 }
 
 // hostKind says how a hostPattern matches.
@@ -269,9 +237,9 @@ func (hp *hostPattern) match(host string, addr netip.Addr, isAddr bool, port str
 	case hostAny:
 		return true
 	case hostName:
-		return !isAddr && equalFoldASCII(host, hp.name)
+		return !isAddr && ascii.EqualFold(host, hp.name)
 	case hostSuffix:
-		return !isAddr && len(host) > len(hp.name) && equalFoldASCII(host[len(host)-len(hp.name):], hp.name)
+		return !isAddr && len(host) > len(hp.name) && ascii.EqualFold(host[len(host)-len(hp.name):], hp.name)
 	case hostAddr:
 		return isAddr && addr == hp.addr
 	case hostPrefix:

@@ -1,5 +1,7 @@
 package directory
 
+import "github.com/pinboard-go/pinboard/internal/ascii"
+
 // Hostname-aware bindings (R-LS-4). A worker registering with a hostname
 // binds {hostname}{ns} — for each of its namespaces — to its env at its
 // registration epoch (pinned's PinnedWorker(hostname=, env=, epoch=,
@@ -66,27 +68,9 @@ func DecideBinding(cur BindingState, env string, epoch int64, takeover string) B
 	}
 }
 
-// sameHost compares hostnames by ASCII case only: DNS names fold ASCII
-// letters alone (RFC 4343), and the Redis store's scripts lower-case with
-// Lua's string.lower, which does the same; Unicode folding here would make
-// memory: and Redis disagree on non-ASCII hostnames.
-func sameHost(a, b string) bool { return a != "" && lowerASCII(a) == lowerASCII(b) }
-
-// lowerASCII lower-cases ASCII letters only (see sameHost).
-func lowerASCII(s string) string {
-	for i := 0; i < len(s); i++ {
-		if 'A' <= s[i] && s[i] <= 'Z' {
-			b := []byte(s)
-			for j := i; j < len(b); j++ {
-				if 'A' <= b[j] && b[j] <= 'Z' {
-					b[j] += 'a' - 'A'
-				}
-			}
-			return string(b)
-		}
-	}
-	return s
-}
+// sameHost compares hostnames by ASCII case only (package ascii says why:
+// the Redis store's scripts lower-case with Lua's string.lower).
+func sameHost(a, b string) bool { return a != "" && ascii.EqualFold(a, b) }
 
 // holdsBinding reports whether a session with this hostname, epoch and
 // envs holds the {hostname}{ns} binding at (env, epoch).
@@ -102,5 +86,5 @@ func holdsBinding(info *SessionInfo, hostname, ns, env string, epoch int64) bool
 }
 
 func bindingKey(hostname, ns string) string {
-	return lowerASCII(hostname) + "\x00" + ns
+	return ascii.Lower(hostname) + "\x00" + ns
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 var (
@@ -72,7 +74,7 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 	dups, written, freed := strs(arr(reply[3])), strs(arr(reply[4])), strs(arr(reply[5]))
 	lease := fromMicros(head[0])
 	s := r.adopt(sid, &redisSession{owner: NewOwner(sid, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
-		host: lowerASCII(reg.Hostname)})
+		host: ascii.Lower(reg.Hostname)})
 
 	if keys != nil {
 		wrote := make(map[string]bool, len(written))

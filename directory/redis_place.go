@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // Place implements Store: the slow path behind a Lookup miss.
@@ -67,7 +69,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 		return Route{}, err
 	}
 	args := make([]string, 0, 8+len(ranked))
-	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, lowerASCII(req.Host),
+	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, ascii.Lower(req.Host),
 		strconv.FormatUint(r.seenEpoch.Load(), 10))
 	args = append(args, ranked...)
 	r.stats.claims.Add(1)
@@ -152,7 +154,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 // node's own knowledge (live lease, not excluded, host binding, R-LS-4),
 // and the cached reads of their headroom and drain flags.
 func (r *Redis) view(req *PlaceRequest, members []string, ss map[string]*redisSession) ([]*redisSession, []rueidis.CacheableTTL) {
-	host := lowerASCII(req.Host)
+	host := ascii.Lower(req.Host)
 	bound := false
 	for _, s := range ss {
 		bound = bound || (host != "" && s.host == host && s.owner.Live(req.Now))

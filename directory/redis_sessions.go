@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // redisSession is this node's view of one worker session: the *Owner the
@@ -109,7 +111,7 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 		if len(f) < 4 || f[0] == "" || l == "" {
 			continue // gone
 		}
-		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l)), host: lowerASCII(f[3])}
+		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l)), host: ascii.Lower(f[3])}
 		if r.leaseGen.Load() != gen {
 			s.dirty.Store(true)
 		}

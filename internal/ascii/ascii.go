@@ -1,0 +1,43 @@
+// Package ascii compares and lower-cases host names the DNS way: ASCII
+// letters fold, every other byte is itself (RFC 4343). strings.EqualFold
+// and strings.ToLower fold Unicode too — "\u212a" (KELVIN SIGN) passes for
+// "k" — and Redis's Lua string.lower does not, so a Go side that folded
+// Unicode would match host names that are not the same, and disagree with
+// the scripts.
+package ascii
+
+// Lower lower-cases the ASCII letters of s; s itself when it has none.
+func Lower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if 'A' <= s[i] && s[i] <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				b[j] = LowerByte(b[j])
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
+// EqualFold reports whether a and b are equal with ASCII letters compared
+// case-insensitively and every other byte exactly. It does not allocate.
+func EqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if LowerByte(a[i]) != LowerByte(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// LowerByte lower-cases c if it is an ASCII capital letter.
+func LowerByte(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}

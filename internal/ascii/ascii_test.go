@@ -1,0 +1,29 @@
+package ascii
+
+import "testing"
+
+func TestLowerAndEqualFold(t *testing.T) {
+	for _, tc := range []struct{ in, lower string }{
+		{"", ""}, {"app.example", "app.example"}, {"APP.Example", "app.example"},
+		{"ÅPP.example", "Åpp.example"}, {"wor\u212aer", "wor\u212aer"}, {"A-1_Z", "a-1_z"},
+	} {
+		if got := Lower(tc.in); got != tc.lower {
+			t.Errorf("unexpected Lower(%q); got %q; want %q", tc.in, got, tc.lower)
+		}
+	}
+	for _, tc := range []struct {
+		a, b string
+		want bool
+	}{
+		{"app.example", "APP.EXAMPLE", true}, {"ÅPP.example", "Åpp.EXAMPLE", true},
+		{"ÅPP.example", "åpp.example", false}, {"worker", "wor\u212aer", false},
+		{"svc", "\u017fvc", false}, {"a", "ab", false}, {"@", "`", false}, {"", "", true},
+	} {
+		if got := EqualFold(tc.a, tc.b); got != tc.want {
+			t.Errorf("unexpected EqualFold(%q, %q); got %v; want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = EqualFold("App.Example", "app.EXAMPLE"); _ = Lower("app.example") }); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}
