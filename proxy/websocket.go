@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -169,20 +168,22 @@ type hijacks struct {
 	// Not a WaitGroup: relays may start while wait waits (after shutdown
 	// began), which a WaitGroup at zero does not allow.
 	idle chan struct{}
-	n    atomic.Int64
 }
 
 func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
 
 // Open returns the number of relayed connections.
-func (hj *hijacks) Open() int64 { return hj.n.Load() }
+func (hj *hijacks) Open() int64 {
+	hj.mu.Lock()
+	defer hj.mu.Unlock()
+	return int64(len(hj.m))
+}
 
 func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	r := newWSRelay(client, upstream)
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
 	closing, deadline := hj.closing, hj.deadline
-	hj.n.Add(1)
 	hj.mu.Unlock()
 	if closing {
 		r.goAway(deadline)
@@ -190,7 +191,6 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	defer func() {
 		hj.mu.Lock()
 		delete(hj.m, r)
-		hj.n.Add(-1)
 		if len(hj.m) == 0 && hj.idle != nil {
 			close(hj.idle)
 			hj.idle = nil
