@@ -140,19 +140,8 @@ func readFrame(t *testing.T, br *bufio.Reader) (byte, []byte) {
 // "going away"; a direction inside a frame gets it right after the frame,
 // never inside it.
 func TestRelayShutdownSendsGoingAway(t *testing.T) {
-	relayClient, client := tcpPair(t)
-	relayUp, worker := tcpPair(t)
 	hj := newHijacks()
-	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
-	go hj.relay(relayClient, relayUp, handshake, frame(0x1, []byte("early"), false))
-	cbr, wbr := bufio.NewReader(client), bufio.NewReader(worker)
-	client.SetDeadline(time.Now().Add(10 * time.Second))
-	worker.SetDeadline(time.Now().Add(10 * time.Second))
-
-	got := make([]byte, len(handshake))
-	if _, err := io.ReadFull(cbr, got); err != nil || !bytes.Equal(got, handshake) {
-		t.Fatalf("unexpected handshake; got %q, %v", got, err)
-	}
+	client, worker, cbr, wbr := relayed(t, hj, frame(0x1, []byte("early"), false))
 	if op, p := readFrame(t, cbr); op != 0x1 || string(p) != "early" {
 		t.Fatalf("unexpected first frame; got %x %q; want text early", op, p)
 	}
@@ -195,10 +184,36 @@ func TestRelayShutdownSendsGoingAway(t *testing.T) {
 	if _, err := cbr.ReadByte(); err != io.EOF {
 		t.Fatalf("unexpected client read after the close handshake; got %v; want EOF", err)
 	}
+	waitRelays(t, hj, "after the closing handshake")
+}
+
+// relayed starts a relay on hj between a fresh client and worker, the
+// worker's 101 followed by pending, and returns the test's ends of both
+// with readers, the 101 already read off the client's (the first thing
+// the client must get).
+func relayed(t *testing.T, hj *hijacks, pending []byte) (client, worker net.Conn, cbr, wbr *bufio.Reader) {
+	t.Helper()
+	relayClient, client := tcpPair(t)
+	relayUp, worker := tcpPair(t)
+	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	go hj.relay(relayClient, relayUp, handshake, pending)
+	cbr, wbr = bufio.NewReader(client), bufio.NewReader(worker)
+	client.SetDeadline(time.Now().Add(10 * time.Second))
+	worker.SetDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(handshake))
+	if _, err := io.ReadFull(cbr, got); err != nil || !bytes.Equal(got, handshake) {
+		t.Fatalf("unexpected handshake; got %q, %v; want the 101 first", got, err)
+	}
+	return client, worker, cbr, wbr
+}
+
+// waitRelays fails unless every relay on hj ends within 5 s.
+func waitRelays(t *testing.T, hj *hijacks, when string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if !hj.wait(ctx) {
-		t.Fatalf("unexpected relay still running after the closing handshake")
+		t.Fatalf("unexpected relay still running %s", when)
 	}
 }
 
@@ -220,11 +235,7 @@ func TestRelayShutdownDeadline(t *testing.T) {
 		t.Fatalf("the relay did not forward the partial frame: %v", err)
 	}
 	hj.shutdown(time.Now().Add(200 * time.Millisecond))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if !hj.wait(ctx) {
-		t.Fatalf("unexpected relay still running past the deadline")
-	}
+	waitRelays(t, hj, "past the deadline")
 	// The worker saw the partial frame and then the connection end, no
 	// Close frame inside the frame.
 	worker.SetDeadline(time.Now().Add(5 * time.Second))
@@ -238,20 +249,9 @@ func TestRelayShutdownDeadline(t *testing.T) {
 // answered late — gets its goodbye right after the 101, both ways, and is
 // tracked, instead of outliving the shutdown (R-DP-2).
 func TestRelayStartedAfterShutdownGoesAway_RDP2(t *testing.T) {
-	relayClient, client := tcpPair(t)
-	relayUp, worker := tcpPair(t)
 	hj := newHijacks()
 	hj.shutdown(time.Now().Add(5 * time.Second))
-	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
-	go hj.relay(relayClient, relayUp, handshake, frame(0x1, []byte("early"), false))
-	cbr, wbr := bufio.NewReader(client), bufio.NewReader(worker)
-	client.SetDeadline(time.Now().Add(10 * time.Second))
-	worker.SetDeadline(time.Now().Add(10 * time.Second))
-
-	got := make([]byte, len(handshake))
-	if _, err := io.ReadFull(cbr, got); err != nil || !bytes.Equal(got, handshake) {
-		t.Fatalf("unexpected handshake; got %q, %v; want the 101 first", got, err)
-	}
+	client, worker, cbr, wbr := relayed(t, hj, frame(0x1, []byte("early"), false))
 	if op, p := readFrame(t, cbr); op != 0x1 || string(p) != "early" {
 		t.Fatalf("unexpected first frame; got %x %q; want the worker's early text frame", op, p)
 	}
@@ -267,11 +267,7 @@ func TestRelayStartedAfterShutdownGoesAway_RDP2(t *testing.T) {
 	client.Write(frame(0x8, goingAway[:2], true))
 	worker.Write(frame(0x8, goingAway[:2], false))
 	worker.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if !hj.wait(ctx) {
-		t.Fatalf("unexpected relay still running after the closing handshake")
-	}
+	waitRelays(t, hj, "after the closing handshake")
 }
 
 // A client that does not read (its receive window full) blocks the 101's
@@ -307,11 +303,7 @@ func TestRelayShutdownWithHandshakeWriteBlocked_RDP2(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatalf("unexpected shutdown still blocked behind a 101 the client does not read")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if !hj.wait(ctx) {
-		t.Fatalf("unexpected relay still running past the shutdown deadline")
-	}
+	waitRelays(t, hj, "past the shutdown deadline")
 }
 
 // wait covers relays that start while it waits (after shutdown began,
