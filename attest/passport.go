@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"unicode/utf8"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 // Passport is the parsed PINBOARD_PASSPORT: the credentials pinboard accepts
@@ -247,10 +249,8 @@ func (pp *passportParser) parseToken(key jsonObject, path string) ([]byte, error
 	// space (RFC 6750 §2.1), and a header value carries no control bytes
 	// (RFC 9110 §5.5): a token holding either could never be presented.
 	// The usual cause is a secret file's trailing newline.
-	for i := 0; i < len(value); i++ {
-		if c := value[i]; c <= ' ' || c == 0x7f {
-			return nil, fmt.Errorf("token.env names %s, whose value holds white space or a control byte at offset %d (a trailing newline?); no Authorization header could carry it", env, i)
-		}
+	if i := ascii.IndexSpaceOrCtl(value); i >= 0 {
+		return nil, fmt.Errorf("token.env names %s, whose value holds white space or a control byte at offset %d (a trailing newline?); no Authorization header could carry it", env, i)
 	}
 	return []byte(value), nil
 }

@@ -25,6 +25,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 func main() {
@@ -117,7 +119,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if o.token == "" {
 		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
 	}
-	if strings.IndexFunc(o.token, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+	if ascii.IndexSpaceOrCtl(o.token) >= 0 {
 		return usageError(stderr, "PINBOARD_TOKEN contains white space or a control character")
 	}
 	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout)}

@@ -41,3 +41,16 @@ func LowerByte(c byte) byte {
 	}
 	return c
 }
+
+// IndexSpaceOrCtl returns the index of the first byte of s that no HTTP
+// token or credential may hold — a space, a control byte or DEL (RFC 9110
+// §5.5, RFC 6750 §2.1) — or -1. A token read from a secret file usually
+// fails it on its trailing newline.
+func IndexSpaceOrCtl(s string) int {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f {
+			return i
+		}
+	}
+	return -1
+}

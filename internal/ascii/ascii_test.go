@@ -27,3 +27,11 @@ func TestLowerAndEqualFold(t *testing.T) {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
 	}
 }
+
+func TestIndexSpaceOrCtl(t *testing.T) {
+	for s, want := range map[string]int{"": -1, "tok-en_1": -1, "tok\n": 3, " tok": 0, "t\x00k": 1, "t\x7fk": 1, "ünï": -1} {
+		if got := IndexSpaceOrCtl(s); got != want {
+			t.Errorf("unexpected IndexSpaceOrCtl(%q); got %d; want %d", s, got, want)
+		}
+	}
+}
