@@ -162,7 +162,7 @@ func TestUndrainWithoutLiveSession_RREG6(t *testing.T) {
 	}
 }
 
-func TestPlacementAndWindDown(t *testing.T) {
+func TestPlacementAndWindDown_RCM1(t *testing.T) {
 	h := newHarness(t)
 	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
 	res := h.get("/registry/placement?namespace=/counters&id=alice", operatorToken)

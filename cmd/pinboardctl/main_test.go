@@ -213,7 +213,7 @@ func newTestFlags() *flag.FlagSet {
 // API must not print a success: a front end that redirects to a login
 // page, or answers 200 with a page of its own, used to get
 // "draining c1: no new placements" and exit 0.
-func TestMutationsNeedPinboardsAnswer(t *testing.T) {
+func TestMutationsNeedPinboardsAnswer_RREG6_RCM1(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/redirect/") {
 			http.Redirect(w, r, "/login", http.StatusFound)
