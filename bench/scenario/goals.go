@@ -20,21 +20,31 @@ type Goal struct {
 func Goals(res *Results) []Goal {
 	var out []Goal
 	add := func(g Goal) { out = append(out, g) }
+	// measured adds a goal evaluated on requests of which failed did not
+	// succeed (errors, dropped arrivals, non-200 acks): the figures of the
+	// rest do not meet it alone — fast failures would pull a tail down.
+	measured := func(g Goal, failed uint64) {
+		if failed > 0 {
+			g.Measured += fmt.Sprintf("; %s failed", bench.FmtRate(float64(failed)))
+			g.Met = false
+		}
+		add(g)
+	}
 
 	hp, hn := res.agg("hot", "peak", pinboard), res.agg("hot", "peak", nginx)
 	if hp.N > 0 && hn.N > 0 {
-		add(Goal{"Hot ids: peak throughput", "≥ nginx",
-			fmt.Sprintf("%s vs %s req/s (%.2f×)%s", bench.FmtRate(hp.RPS), bench.FmtRate(hn.RPS), hp.RPS/hn.RPS, failNote(hp.Errors)), hp.RPS >= hn.RPS && hp.Errors == 0, true})
+		measured(Goal{"Hot ids: peak throughput", "≥ nginx",
+			fmt.Sprintf("%s vs %s req/s (%.2f×)", bench.FmtRate(hp.RPS), bench.FmtRate(hn.RPS), hp.RPS/hn.RPS), hp.RPS >= hn.RPS, true}, hp.Errors)
 	} else {
 		add(Goal{Name: "Hot ids: peak throughput", Target: "≥ nginx"})
 	}
 	lp, ln := res.agg("hot", "latency", pinboard), res.agg("hot", "latency", nginx)
 	if lp.N > 0 && ln.N > 0 {
-		add(Goal{fmt.Sprintf("Hot ids: p99 at %s req/s", bench.FmtRate(lp.Rate)), "≤ nginx",
-			fmt.Sprintf("%s vs %s%s", bench.FmtUs(lp.Latency.P99), bench.FmtUs(ln.Latency.P99), failNote(lp.Errors)), lp.Latency.P99 <= ln.Latency.P99 && lp.Errors == 0, true})
-		add(Goal{"Hot ids: proxy CPU per request", "≤ nginx",
+		measured(Goal{fmt.Sprintf("Hot ids: p99 at %s req/s", bench.FmtRate(lp.Rate)), "≤ nginx",
+			fmt.Sprintf("%s vs %s", bench.FmtUs(lp.Latency.P99), bench.FmtUs(ln.Latency.P99)), lp.Latency.P99 <= ln.Latency.P99, true}, lp.Errors)
+		measured(Goal{"Hot ids: proxy CPU per request", "≤ nginx",
 			fmt.Sprintf("%.1f vs %.1f µs at peak; %.1f vs %.1f µs at %s req/s", hp.ProxyCPUus, hn.ProxyCPUus, lp.ProxyCPUus, ln.ProxyCPUus, bench.FmtRate(lp.Rate)),
-			hp.ProxyCPUus <= hn.ProxyCPUus && lp.ProxyCPUus <= ln.ProxyCPUus && hp.Errors == 0 && lp.Errors == 0, true})
+			hp.ProxyCPUus <= hn.ProxyCPUus && lp.ProxyCPUus <= ln.ProxyCPUus, true}, hp.Errors+lp.Errors)
 	} else {
 		add(Goal{Name: "Hot ids: p99", Target: "≤ nginx"})
 		add(Goal{Name: "Hot ids: proxy CPU per request", Target: "≤ nginx"})
@@ -49,12 +59,12 @@ func Goals(res *Results) []Goal {
 	}
 
 	if st := stormSummary(res); st.phasesOn > 0 {
-		add(Goal{fmt.Sprintf("Heartbeat storm (%s workers): ack p99", bench.FmtRate(float64(st.workers))), "< 50 ms",
-			fmt.Sprintf("%s (%s heartbeats, %d not 200, %d degraded)", bench.FmtUs(st.ack.P99), bench.FmtRate(float64(st.beats)), st.non200, st.degraded),
-			st.ack.P99 < 50_000 && st.workers >= 10000 && st.non200 == 0, true})
-		add(Goal{"Heartbeat storm: data-plane p99 impact", "≤ +10%",
-			fmt.Sprintf("%s on vs %s off (%+.0f%%%s)%s", bench.FmtUs(st.onAgg.Latency.P99), bench.FmtUs(st.offAgg.Latency.P99), st.impact*100, st.loudNote(), failNote(st.onAgg.Errors)),
-			st.impact <= 0.10 && st.onAgg.Errors == 0, true})
+		measured(Goal{fmt.Sprintf("Heartbeat storm (%s workers): ack p99", bench.FmtRate(float64(st.workers))), "< 50 ms",
+			fmt.Sprintf("%s (%s heartbeats, %d degraded)", bench.FmtUs(st.ack.P99), bench.FmtRate(float64(st.beats)), st.degraded),
+			st.ack.P99 < 50_000 && st.workers >= 10000, true}, st.non200)
+		measured(Goal{"Heartbeat storm: data-plane p99 impact", "≤ +10%",
+			fmt.Sprintf("%s on vs %s off (%+.0f%%%s)", bench.FmtUs(st.onAgg.Latency.P99), bench.FmtUs(st.offAgg.Latency.P99), st.impact*100, st.loudNote()),
+			st.impact <= 0.10, true}, st.onAgg.Errors)
 	} else {
 		add(Goal{Name: "Heartbeat storm: ack p99", Target: "< 50 ms"})
 		add(Goal{Name: "Heartbeat storm: data-plane p99 impact", Target: "≤ +10%"})
@@ -63,8 +73,8 @@ func Goals(res *Results) []Goal {
 	sp, sd := res.agg("sse", "delay", pinboard), res.agg("sse", "delay", direct)
 	if sp.N > 0 && sd.N > 0 {
 		added := sp.Latency.P99 - sd.Latency.P99
-		add(Goal{"SSE: added delay per event, p99", "< 1 ms",
-			fmt.Sprintf("%s (p99 %s through pinboard, %s direct)%s", bench.FmtUs(added), bench.FmtUs(sp.Latency.P99), bench.FmtUs(sd.Latency.P99), failNote(sp.Errors)), added < 1000 && sp.Errors == 0, true})
+		measured(Goal{"SSE: added delay per event, p99", "< 1 ms",
+			fmt.Sprintf("%s (p99 %s through pinboard, %s direct)", bench.FmtUs(added), bench.FmtUs(sp.Latency.P99), bench.FmtUs(sd.Latency.P99)), added < 1000, true}, sp.Errors)
 	} else {
 		add(Goal{Name: "SSE: added delay per event, p99", Target: "< 1 ms"})
 	}
@@ -95,15 +105,6 @@ func Goals(res *Results) []Goal {
 		add(Goal{Name: "Large bodies: pinboard RSS growth", Target: "< 32 MiB"})
 	}
 	return out
-}
-
-// failNote says how many of a target's requests failed (errors and
-// dropped arrivals): the latency of the rest does not meet a goal alone.
-func failNote(n uint64) string {
-	if n == 0 {
-		return ""
-	}
-	return fmt.Sprintf("; %s failed", bench.FmtRate(float64(n)))
 }
 
 type stormStats struct {
