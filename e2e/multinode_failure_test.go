@@ -98,7 +98,7 @@ func TestMultiNodeReplacementSeenByOtherNode_RPL1(t *testing.T) {
 			stale++
 			t.Errorf("%s: unexpected answer through A after B's re-placement; got %s; want w2", id, r)
 			for w != "w2" && time.Since(placed) < time.Second {
-				w, r, _ = answerOf(ctx, a, id)
+				w, _, _ = answerOf(ctx, a, id)
 			}
 		}
 		delays = append(delays, time.Since(placed))

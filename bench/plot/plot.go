@@ -60,7 +60,7 @@ func spectrumPoints(h *bench.Hist, maxNines float64) plotter.XYs {
 	return pts
 }
 
-type ninesTicks struct{ max float64 }
+type ninesTicks struct{}
 
 func (t ninesTicks) Ticks(lo, hi float64) []plot.Tick {
 	labels := []string{"0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"}

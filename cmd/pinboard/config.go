@@ -241,14 +241,14 @@ func checkStoreURL(u string) error {
 	}
 	scheme, _, ok := strings.Cut(u, "://")
 	if !ok {
-		return fmt.Errorf("unknown scheme in %q: use redis://, rediss://, redis+cluster://, redis+sentinel:// or memory:", u)
+		return fmt.Errorf("unknown scheme in %q: use memory: or redis://, rediss://, redis+cluster://, redis+sentinel://", u)
 	}
 	switch scheme {
 	case "redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel":
 		_, err := directory.ParseRedisURL(u)
 		return err
 	}
-	return fmt.Errorf("unknown scheme %q: use redis://, rediss://, redis+cluster://, redis+sentinel:// or memory:", scheme)
+	return fmt.Errorf("unknown scheme %q: use memory: or redis://, rediss://, redis+cluster://, redis+sentinel://", scheme)
 }
 
 func durationMs(get func(string) string, name string, def, min int64) (time.Duration, error) {
