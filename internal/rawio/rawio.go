@@ -33,6 +33,10 @@ type rawConn struct {
 	rc syscall.RawConn
 	r  rawOp
 	w  rawOp
+	// peek and one serve WaitReadable: the bound callback and the byte
+	// MSG_PEEK copies into (it is never read).
+	peek func(fd uintptr) bool
+	one  [1]byte
 }
 
 // rawOp is one direction's state. fn is bound once, so no call allocates
@@ -61,6 +65,7 @@ func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	x := &rawConn{rc: rc}
 	x.r.fn = x.read
 	x.w.fn = x.write
+	x.peek = x.ready
 	return rawReader{x}, rawWriter{x}
 }
 
@@ -140,6 +145,45 @@ func (x *rawConn) write(fd uintptr) bool {
 		op.n += int(m)
 	}
 	return true
+}
+
+// ready is the RawConn read callback of WaitReadable: true once a read
+// would not wait — data, the end of the stream or an error to report.
+func (x *rawConn) ready(fd uintptr) bool {
+	for {
+		_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&x.one[0])), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		return true
+	}
+}
+
+// WaitReadable blocks until a read on c would not wait: data arrived, the
+// peer closed, or an error is pending (the read reports it). It consumes
+// nothing. Read deadlines apply as to a read, and a deadline that passes
+// returns its error. It lets a goroutine that relays a long-idle stream
+// wait without holding a read buffer, taking one from a pool only once
+// there is something to read: thousands of idle event streams then pin no
+// buffers. Connections without raw access (TLS) return nil at once; their
+// caller reads as usual.
+func WaitReadable(c net.Conn) error {
+	rc, ok := c.(*Conn)
+	if !ok {
+		return nil
+	}
+	r, ok := rc.r.(rawReader)
+	if !ok {
+		return nil
+	}
+	if err := r.rc.Read(r.peek); err != nil {
+		return &net.OpError{Op: "read", Net: "tcp", Err: err}
+	}
+	return nil
 }
 
 // Listener wraps a TCP listener so that the connections it accepts are

@@ -204,3 +204,49 @@ func TestPeerClosed_RDP1(t *testing.T) {
 		t.Fatal("unexpected open after the peer reset")
 	}
 }
+
+// TestWaitReadable: WaitReadable returns only once data is there, takes
+// none of it, honours the read deadline, and returns for a peer's close
+// (the read that follows reports EOF). A connection without raw access
+// returns at once.
+func TestWaitReadable(t *testing.T) {
+	client, server := rawTCPPair(t)
+	r := Wrap(client)
+	done := make(chan error, 1)
+	go func() { done <- WaitReadable(r) }()
+	select {
+	case err := <-done:
+		t.Fatalf("unexpected return before any data; got %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := server.Write([]byte("event")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("unexpected error once data arrived; got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected wait past the data's arrival")
+	}
+	buf := make([]byte, 64)
+	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "event" {
+		t.Fatalf("unexpected read after the wait; got %q, %v; want all of the data", buf[:n], err)
+	}
+	r.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if err := WaitReadable(r); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected error at the deadline; got %v", err)
+	}
+	r.SetReadDeadline(time.Time{})
+	server.Close()
+	if err := WaitReadable(r); err != nil {
+		t.Fatalf("unexpected error after the peer closed; got %v; want nil", err)
+	}
+	if _, err := r.Read(buf); err != io.EOF {
+		t.Fatalf("unexpected read after the peer closed; got %v; want EOF", err)
+	}
+	if err := WaitReadable(client); err != nil {
+		t.Fatalf("unexpected error for a connection without raw access; got %v", err)
+	}
+}
