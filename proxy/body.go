@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -43,6 +44,7 @@ type upstreamBody struct {
 	broken    bool  // the connection cannot be reused
 	keep      bool  // the worker allows reuse (no Connection: close)
 	sse       bool  // text/event-stream: shutdown may end it cleanly
+	relayed   bool  // relayed off the server (events.go), not read by it
 	stopped   atomic.Bool
 
 	client   net.Conn      // the client's connection: stall deadline on writes to it
@@ -56,7 +58,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.client, b.stall, b.stallDue = client, pool.stall, lazyDeadline{}
-	b.remaining, b.done, b.broken = 0, false, false
+	b.remaining, b.done, b.broken, b.relayed = 0, false, false, false
 	b.stopped.Store(false)
 	if mode == bodyFixed {
 		b.remaining = size
@@ -115,6 +117,25 @@ func (b *upstreamBody) renew() {
 	if at, ok := b.stallDue.due(time.Now(), b.stall); ok {
 		_ = b.client.SetWriteDeadline(at)
 	}
+}
+
+// writeClient writes p to the client of a relayed stream, with the stall
+// deadline (a client that stopped reading is cut).
+func (b *upstreamBody) writeClient(p []byte) error {
+	if b.stall > 0 {
+		if at, ok := b.stallDue.due(time.Now(), b.stall); ok {
+			_ = b.client.SetWriteDeadline(at)
+		}
+	}
+	_, err := b.client.Write(p)
+	return err
+}
+
+// idle reports whether the next Read must wait for the worker: nothing
+// of the stream is buffered on this side.
+func (b *upstreamBody) idle() bool {
+	pc := b.pc
+	return pc.br.Buffered() == 0 && (pc.src == nil || len(pc.src.pending) == 0)
 }
 
 // cleanStop reports whether a stream stopped by shutdown can end as if the
@@ -304,11 +325,18 @@ func (b *upstreamBody) stop(now time.Time) {
 
 // streams tracks open upstream bodies so shutdown can end them: fasthttp's
 // Shutdown waits for open responses and an idle SSE stream never ends.
+// Event streams relayed off the server (events.go) are counted apart:
+// fasthttp no longer sees their connections, so shutdown waits for them
+// here.
 type streams struct {
 	mu  sync.Mutex
 	m   map[*upstreamBody]struct{}
 	n   atomic.Int64
 	sse atomic.Int64
+	// relays counts relayed event streams, from hijackEvents until their
+	// connection is closed or back with the server.
+	relays int
+	idle   idleSignal
 }
 
 func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})} }
@@ -330,6 +358,57 @@ func (s *streams) remove(b *upstreamBody) {
 	s.n.Add(-1)
 	if b.sse {
 		s.sse.Add(-1)
+	}
+}
+
+// relayStart counts a relay off the server (its body is tracked already).
+func (s *streams) relayStart() {
+	s.mu.Lock()
+	s.relays++
+	s.mu.Unlock()
+}
+
+// relayEnd ends a relay's count once its client connection is dealt with.
+func (s *streams) relayEnd() {
+	s.mu.Lock()
+	s.relays--
+	s.idle.check(s.relays)
+	s.mu.Unlock()
+}
+
+// Relays returns the number of event streams relayed off the server.
+func (s *streams) Relays() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int64(s.relays)
+}
+
+// waitRelays waits until no relay is left or ctx ends, and reports
+// whether none is left.
+func (s *streams) waitRelays(ctx context.Context) bool {
+	s.mu.Lock()
+	idle := s.idle.wait(s.relays)
+	s.mu.Unlock()
+	if idle == nil {
+		return true
+	}
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// cutRelays closes the client connection of every relay still writing:
+// its write fails and the relay ends.
+func (s *streams) cutRelays() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for b := range s.m {
+		if b.relayed {
+			_ = b.client.Close()
+		}
 	}
 }
 

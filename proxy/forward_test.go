@@ -118,7 +118,10 @@ func newRig(t *testing.T, opts func(*Options)) *rig {
 	now := time.Now()
 	rg.clock.Store(&now)
 	rg.store = directory.NewMemory(10*time.Second, now)
-	o := Options{Store: rg.store, Passport: rigPassport(t), Now: rg.now}
+	// Relayed event streams resume on the rig's server, as on a node.
+	var srv *fasthttp.Server
+	o := Options{Store: rg.store, Passport: rigPassport(t), Now: rg.now,
+		Resume: func(c net.Conn) error { return srv.ServeConn(c) }}
 	if opts != nil {
 		opts(&o)
 	}
@@ -127,7 +130,7 @@ func newRig(t *testing.T, opts func(*Options)) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{
+	srv = &fasthttp.Server{
 		Handler: rg.p.ServeHTTP, StreamRequestBody: true, DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
 		MaxRequestBodySize: 1 << 40, KeepHijackedConns: true,

@@ -11,6 +11,7 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -48,6 +49,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics receives counters; nil records nothing.
 	Metrics Metrics
+	// Resume serves further requests on a client connection an event
+	// stream was relayed on (events.go), once the worker ended the stream
+	// cleanly: fasthttp.Server.ServeConn of the server the proxy runs in.
+	// It owns the connection and closes it when done. Nil closes such
+	// connections, and event streams then answer with Connection: close.
+	Resume func(net.Conn) error
 }
 
 // Metrics is the data plane's view of the metrics registry. Implementations
@@ -93,6 +100,8 @@ type Proxy struct {
 	streams *streams
 	hijacks *hijacks
 
+	resume func(net.Conn) error
+
 	reqPool sync.Pool
 	opCtx   opContexts
 }
@@ -113,6 +122,7 @@ func New(o Options) *Proxy {
 		metrics:   o.Metrics,
 		streams:   newStreams(),
 		hijacks:   newHijacks(),
+		resume:    o.Resume,
 	}
 	if p.now == nil {
 		p.now = time.Now
@@ -168,6 +178,11 @@ func (p *Proxy) OpenWebSockets() int64 { return p.hijacks.Open() }
 // OpenStreams: responses that never end by themselves.
 func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
 
+// RelayedEventStreams is the number of event streams among
+// OpenEventStreams relayed off the server, on hijacked connections the
+// server no longer counts as open (events.go).
+func (p *Proxy) RelayedEventStreams() int64 { return p.streams.Relays() }
+
 // DefaultCloseWait bounds CloseStreams, and CloseStreamsContext when ctx
 // has no deadline.
 const DefaultCloseWait = 2 * time.Second
@@ -194,8 +209,12 @@ func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	p.streams.stopAll(now)
+	// A read deadline is wall-clock time, whatever clock p runs on.
+	p.streams.stopAll(time.Now())
 	p.hijacks.shutdown(deadline)
+	if !p.streams.waitRelays(ctx) {
+		p.streams.cutRelays()
+	}
 	if !p.hijacks.wait(ctx) {
 		p.hijacks.closeAll()
 	}

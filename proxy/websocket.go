@@ -164,10 +164,8 @@ type hijacks struct {
 	// same deadline, instead of outliving the shutdown untracked.
 	closing  bool
 	deadline time.Time
-	// idle is closed when the last relay ends (nil: none waited for).
-	// Not a WaitGroup: relays may start while wait waits (after shutdown
-	// began), which a WaitGroup at zero does not allow.
-	idle chan struct{}
+	// idle tells wait when the last relay ended.
+	idle idleSignal
 }
 
 func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
@@ -191,10 +189,7 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	defer func() {
 		hj.mu.Lock()
 		delete(hj.m, r)
-		if len(hj.m) == 0 && hj.idle != nil {
-			close(hj.idle)
-			hj.idle = nil
-		}
+		hj.idle.check(len(hj.m))
 		hj.mu.Unlock()
 	}()
 	defer upstream.Close()
@@ -257,23 +252,46 @@ func (hj *hijacks) closeAll() {
 	hj.mu.Unlock()
 }
 
-// wait blocks until every relay finished or ctx ends.
+// wait blocks until every relay finished or ctx ends, and reports
+// whether they all did.
 func (hj *hijacks) wait(ctx context.Context) bool {
 	for {
 		hj.mu.Lock()
-		if len(hj.m) == 0 {
-			hj.mu.Unlock()
+		idle := hj.idle.wait(len(hj.m))
+		hj.mu.Unlock()
+		if idle == nil {
 			return true
 		}
-		if hj.idle == nil {
-			hj.idle = make(chan struct{})
-		}
-		idle := hj.idle
-		hj.mu.Unlock()
 		select {
 		case <-idle:
 		case <-ctx.Done():
 			return false
 		}
 	}
+}
+
+// idleSignal tells a waiter when a count of things in flight drops to
+// zero. Not a WaitGroup: things may start while someone waits (relays
+// after shutdown began), which a WaitGroup at zero does not allow. The
+// owner's mutex guards it.
+type idleSignal struct{ ch chan struct{} }
+
+// check wakes the waiters once n, the count after a change, is zero.
+func (s *idleSignal) check(n int) {
+	if n == 0 && s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+}
+
+// wait returns a channel closed when the count, now n, drops to zero, or
+// nil when it is zero already.
+func (s *idleSignal) wait(n int) <-chan struct{} {
+	if n == 0 {
+		return nil
+	}
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
 }

@@ -182,6 +182,9 @@ func New(o Options) (*Pinboard, error) {
 		Upstream:       o.Upstream,
 		Logger:         o.Logger,
 		Metrics:        o.ProxyMetrics,
+		// An event stream that ended cleanly hands its connection back
+		// for the client's next request; during shutdown it is closed.
+		Resume: pb.resume,
 	})
 	handler := pb.Handle
 	if pb.access.on() {
@@ -374,6 +377,16 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	return pb.shutdown(grace, errc, cln)
 }
 
+// resume serves the client's further requests on a connection an event
+// stream was relayed on (proxy.Options.Resume), or closes it once the
+// node is stopping.
+func (pb *Pinboard) resume(c net.Conn) error {
+	if pb.stopping.Load() {
+		return c.Close()
+	}
+	return pb.srv.ServeConn(c)
+}
+
 // onceCloseListener closes its listener once; later calls return nil
 // (fasthttp's Shutdown returns its Close error, which would fail a clean
 // shutdown). Serve closes the listener itself at shutdown: fasthttp's
@@ -477,9 +490,10 @@ func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bo
 		case <-timer.C:
 			return false
 		case <-tick.C:
-			// Each event stream holds one connection; a connection doing
+			// Each event stream the server still writes holds one
+			// connection (relayed ones left it); a connection doing
 			// anything else is an in-flight request.
-			if int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams() {
+			if int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams()-pb.proxy.RelayedEventStreams() {
 				return false
 			}
 		}

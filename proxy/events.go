@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
+)
+
+// An event stream (text/event-stream, R-DP-2) is relayed off the fasthttp
+// server: the client connection is hijacked once the response header is
+// known and a goroutine of its own copies events from the worker, writing
+// each as one HTTP/1.1 chunk the moment it arrives.
+//
+// Why: streams idle for minutes or hours, and thousands are open at once.
+// Inside the server a stream holds the connection's 16 KiB read and write
+// buffers, a 4 KiB copy buffer, the request context and the deep stack of
+// the connection's goroutine until it ends. Hijacked, it holds the worker
+// connection's 4 KiB stream buffer and a shallow goroutine, and waits for
+// the next event without a buffer (rawio.WaitReadable): an event's bytes
+// pass through a pooled buffer only while they move. Measured with
+// BenchmarkIdleSSEStreamMemory (server/) and the bench harness's idle
+// streams (BENCHMARKS.md).
+//
+// The connection stays the client's keep-alive connection: when the worker
+// ends the stream cleanly, the connection goes back to the server for the
+// next request (Options.Resume). It is closed instead, and the response
+// says Connection: close, when the client asked for that, when the client
+// already sent bytes past its request (pipelining: those are not this
+// relay's to read), and when there is no Resume.
+
+// chunkRoom is the space before an event's bytes in a relay buffer: its
+// chunk-size line, at most 16 hex digits and CRLF.
+const chunkRoom = 18
+
+// eventBufSize is a relay buffer: a chunk-size line, up to 4 KiB of event
+// bytes (the worker connection's stream buffer, streamBufSize) and the
+// chunk's closing CRLF.
+const eventBufSize = chunkRoom + streamBufSize + 2
+
+var eventBufs = sync.Pool{New: func() any { b := make([]byte, eventBufSize); return &b }}
+
+// lastChunk ends a chunked body without trailers.
+var lastChunk = []byte("0\r\n\r\n")
+
+// relayable reports whether a response body may be relayed as an event
+// stream off the server: an unsized text/event-stream body to an HTTP/1.1
+// client whose request has gone up whole. HTTP/1.0 clients read
+// close-delimited bodies, and a request body still going up ties the
+// response to the server's request stream; both stay on the server's path.
+func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool {
+	return sse && size < 0 && up == nil && ctx.Request.Header.IsHTTP11()
+}
+
+// hijackEvents hands the client connection and b to an event relay once
+// the handler returns. The server writes nothing itself: the relay writes
+// the response header (with chunked framing) and then the events.
+func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
+	b.relayed = true
+	p.streams.relayStart()
+	closeAfter := ctx.Request.Header.ConnectionClose() || p.resume == nil
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(hc net.Conn) {
+		// ctx is valid until this returns, and then released along with
+		// the server's read buffer: the relay keeps neither.
+		rh := &ctx.Response.Header
+		rh.SetContentLength(-1) // chunked
+		if closeAfter || pipelined(hc) {
+			rh.SetConnectionClose()
+		}
+		keep := !rh.ConnectionClose()
+		if err := b.writeClient(rh.Header()); err != nil {
+			p.endRelay(b, err, false)
+			return
+		}
+		go p.relayEvents(b, keep)
+	})
+}
+
+// pipelined reports whether the client sent bytes past its request (a
+// pipelined request, or a body the worker did not read): hc reads what
+// the server had buffered first. It consumes one byte when there is one,
+// so the connection cannot be served further and must close. An already
+// passed deadline makes the read return at once when nothing is there.
+func pipelined(hc net.Conn) bool {
+	if hc.SetReadDeadline(time.Unix(1, 0)) != nil {
+		return true
+	}
+	var one [1]byte
+	n, _ := hc.Read(one[:])
+	return n > 0 || hc.SetReadDeadline(time.Time{}) != nil
+}
+
+// relayEvents copies the worker's events to the client until either side
+// ends the stream or shutdown stops it (cleanly, between events).
+func (p *Proxy) relayEvents(b *upstreamBody, keep bool) {
+	for {
+		if b.idle() {
+			// Any error is the next Read's to report, a shutdown's
+			// deadline included (it ends the stream cleanly).
+			_ = rawio.WaitReadable(b.pc.c)
+		}
+		bp := eventBufs.Get().(*[]byte)
+		buf := *bp
+		n, err := b.Read(buf[chunkRoom : chunkRoom+streamBufSize])
+		var werr error
+		if n > 0 {
+			werr = b.writeClient(appendChunk(buf, n))
+		}
+		eventBufs.Put(bp)
+		switch {
+		case werr != nil:
+			p.endRelay(b, werr, false)
+			return
+		case err == io.EOF:
+			werr = b.writeClient(lastChunk)
+			p.endRelay(b, werr, werr == nil && keep && !b.stopped.Load())
+			return
+		case err != nil:
+			// The worker's stream broke mid-way: the client sees a
+			// truncated body (no last chunk), as from the server's path.
+			p.endRelay(b, err, false)
+			return
+		}
+	}
+}
+
+// appendChunk frames the n event bytes at buf[chunkRoom:] as one chunk
+// and returns it: the size line written just before them, CRLF after.
+func appendChunk(buf []byte, n int) []byte {
+	end := chunkRoom + n
+	buf[end], buf[end+1] = '\r', '\n'
+	i := chunkRoom - 2
+	buf[i], buf[i+1] = '\r', '\n'
+	for v := n; ; v >>= 4 {
+		i--
+		buf[i] = "0123456789abcdef"[v&0xf]
+		if v < 16 {
+			break
+		}
+	}
+	return buf[i : end+2]
+}
+
+// endRelay lets go of the stream and of the client connection: back to
+// the server for its next request when resume, closed otherwise.
+func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
+	client := b.client
+	_ = b.CloseWithError(err) // also clears the client's write deadline
+	p.streams.relayEnd()
+	if resume {
+		// A cleanly ended stream: the connection serves the client's
+		// next request, as it would have on the server's path.
+		_ = p.resume(client)
+		return
+	}
+	_ = client.Close()
+}

@@ -1,0 +1,278 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// eventWorker is a stand-in worker whose /events route sends one event
+// per value received on next and ends the stream when next is closed; it
+// reports on gone when a write failed (its client left).
+func eventWorker(t *testing.T, rg *rig) (next chan string, gone chan struct{}) {
+	t.Helper()
+	w := newStandin(t, "w")
+	next, gone = make(chan string), make(chan struct{}, 1)
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(200)
+		rw.(http.Flusher).Flush()
+		for ev := range next {
+			_, err := fmt.Fprintf(rw, "data: %s\n\n", ev)
+			rw.(http.Flusher).Flush()
+			if err != nil {
+				gone <- struct{}{}
+				return
+			}
+		}
+	})
+	rg.add(w, 1, "/t")
+	return next, gone
+}
+
+// streamConn is a raw client connection reading one chunked response at a
+// time.
+type streamConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialStream(t *testing.T, rg *rig) *streamConn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &streamConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+func (s *streamConn) line() string {
+	s.t.Helper()
+	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	l, err := s.br.ReadString('\n')
+	if err != nil {
+		s.t.Fatalf("cannot read a line: %v (got %q)", err, l)
+	}
+	return strings.TrimRight(l, "\r\n")
+}
+
+// header reads a response header and returns its status line and fields
+// (lower-case names).
+func (s *streamConn) header() (string, map[string]string) {
+	s.t.Helper()
+	status := s.line()
+	h := map[string]string{}
+	for l := s.line(); l != ""; l = s.line() {
+		k, v, _ := strings.Cut(l, ":")
+		h[strings.ToLower(k)] = strings.TrimSpace(v)
+	}
+	return status, h
+}
+
+// chunk reads one chunk and returns its data ("" for the last chunk,
+// whose empty trailer section it reads too).
+func (s *streamConn) chunk() string {
+	s.t.Helper()
+	n, err := strconv.ParseInt(s.line(), 16, 64)
+	if err != nil {
+		s.t.Fatalf("cannot parse a chunk size: %v", err)
+	}
+	buf := make([]byte, n+2)
+	if _, err := io.ReadFull(s.br, buf); err != nil {
+		s.t.Fatalf("cannot read a chunk of %d bytes: %v", n, err)
+	}
+	if string(buf[n:]) != "\r\n" {
+		s.t.Fatalf("unexpected chunk end %q", buf[n:])
+	}
+	return string(buf[:n])
+}
+
+// eof reports whether the server closed the connection (within 10s).
+func (s *streamConn) eof() bool {
+	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := s.br.ReadByte()
+	return err == io.EOF
+}
+
+// sendUntilGone has the worker send ev until its write fails (within
+// 20s): the relay closed its connection after what happened to its client.
+func sendUntilGone(t *testing.T, next chan<- string, gone <-chan struct{}, ev, what string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case next <- ev:
+		case <-gone:
+			return
+		case <-deadline:
+			t.Fatalf("unexpected worker stream still open 20s after %s", what)
+		}
+	}
+}
+
+func waitEventRelays(t *testing.T, p *Proxy, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); p.RelayedEventStreams() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected relayed event streams; got %d; want %d", p.RelayedEventStreams(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An event stream is relayed off the server, each event as one chunk the
+// moment the worker sends it, and when the worker ends it the client's
+// connection serves the next request: keep-alive as on any response
+// (R-DP-2).
+func TestEventStreamRelayedKeepsConnection_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	next, _ := eventWorker(t, rg)
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /t/x/events HTTP/1.1\r\nHost: pb\r\nAccept: text/event-stream\r\n\r\n")
+	status, h := s.header()
+	if status != "HTTP/1.1 200 OK" || h["content-type"] != "text/event-stream" || h["transfer-encoding"] != "chunked" || h["connection"] != "" {
+		t.Fatalf("unexpected response header; got %q %v; want 200, text/event-stream, chunked, no Connection", status, h)
+	}
+	waitEventRelays(t, rg.p, 1)
+	for i := 0; i < 3; i++ {
+		ev := fmt.Sprint("event-", i)
+		next <- ev
+		if got := s.chunk(); got != "data: "+ev+"\n\n" {
+			t.Fatalf("unexpected chunk; got %q; want event %d", got, i)
+		}
+	}
+	close(next)
+	if got := s.chunk(); got != "" {
+		t.Fatalf("unexpected chunk after the worker ended the stream; got %q; want the last chunk", got)
+	}
+	waitEventRelays(t, rg.p, 0)
+	fmt.Fprint(s.c, "GET /t/x/value HTTP/1.1\r\nHost: pb\r\n\r\n")
+	var res fasthttp.Response
+	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if err := res.Read(s.br); err != nil || res.StatusCode() != 200 {
+		t.Fatalf("unexpected answer to the next request on the connection; got %d, %v; want 200", res.StatusCode(), err)
+	}
+	if rg.p.OpenStreams() != 0 {
+		t.Fatalf("unexpected open streams after the stream ended; got %d; want 0", rg.p.OpenStreams())
+	}
+}
+
+// Without a server to resume on, and when the client asked for it, a
+// relayed stream says Connection: close and closes the connection at its
+// end (R-DP-2).
+func TestEventStreamConnectionClose_RDP2(t *testing.T) {
+	for name, c := range map[string]struct {
+		opts func(*Options)
+		req  string
+	}{
+		"no resume":         {func(o *Options) { o.Resume = nil }, ""},
+		"client asked":      {nil, "Connection: close\r\n"},
+		"pipelined request": {nil, "\r\nGET /t/x/value HTTP/1.1\r\nHost: pb"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg := newRig(t, c.opts)
+			rg.warm()
+			next, _ := eventWorker(t, rg)
+			s := dialStream(t, rg)
+			fmt.Fprintf(s.c, "GET /t/x/events HTTP/1.1\r\nHost: pb\r\n%s\r\n", c.req)
+			if _, h := s.header(); h["connection"] != "close" || h["transfer-encoding"] != "chunked" {
+				t.Fatalf("unexpected response header; got %v; want Connection: close, chunked", h)
+			}
+			next <- "only"
+			if got := s.chunk(); got != "data: only\n\n" {
+				t.Fatalf("unexpected chunk; got %q", got)
+			}
+			close(next)
+			if got := s.chunk(); got != "" {
+				t.Fatalf("unexpected chunk; got %q; want the last chunk", got)
+			}
+			if !s.eof() {
+				t.Fatal("unexpected open connection after a Connection: close stream ended")
+			}
+			waitEventRelays(t, rg.p, 0)
+		})
+	}
+}
+
+// A client that leaves mid-stream frees the worker: the next event's
+// write fails and the relay closes the worker connection (R-DP-2).
+func TestEventStreamClientGone_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	next, gone := eventWorker(t, rg)
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /t/x/events HTTP/1.1\r\nHost: pb\r\n\r\n")
+	s.header()
+	next <- "one"
+	s.chunk()
+	_ = s.c.Close()
+	sendUntilGone(t, next, gone, "more", "its client left")
+	waitEventRelays(t, rg.p, 0)
+	if rg.p.OpenStreams() != 0 {
+		t.Fatalf("unexpected open streams after the client left; got %d; want 0", rg.p.OpenStreams())
+	}
+}
+
+// A client that stops reading a relayed stream is cut after the stall
+// timeout, and its worker connection freed (R-DP-2, R-DP-3).
+func TestEventStreamStalledReader_RDP2_RDP3(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
+	rg.warm()
+	next, gone := eventWorker(t, rg)
+	s := dialStream(t, rg)
+	_ = s.c.(*net.TCPConn).SetReadBuffer(4096)
+	fmt.Fprint(s.c, "GET /t/x/events HTTP/1.1\r\nHost: pb\r\n\r\n")
+	sendUntilGone(t, next, gone, strings.Repeat("x", 64<<10), "its client stopped reading")
+	waitEventRelays(t, rg.p, 0)
+}
+
+// Shutdown ends a relayed event stream cleanly between events (the last
+// chunk, then the connection closes) and waits for it (R-DP-2).
+func TestEventStreamShutdown_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	next, _ := eventWorker(t, rg)
+	defer close(next)
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /t/x/events HTTP/1.1\r\nHost: pb\r\n\r\n")
+	s.header()
+	next <- "one"
+	s.chunk()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rg.p.CloseStreamsContext(ctx)
+	if n := rg.p.RelayedEventStreams(); n != 0 {
+		t.Fatalf("unexpected relays left when CloseStreams returned; got %d; want 0", n)
+	}
+	if got := s.chunk(); got != "" {
+		t.Fatalf("unexpected chunk at shutdown; got %q; want the last chunk", got)
+	}
+	if !s.eof() {
+		t.Fatal("unexpected open connection after shutdown ended the stream")
+	}
+}
+
+func TestAppendChunk(t *testing.T) {
+	for _, n := range []int{1, 9, 15, 16, 255, 256, 4095, 4096} {
+		buf := make([]byte, eventBufSize)
+		for i := range n {
+			buf[chunkRoom+i] = 'e'
+		}
+		want := fmt.Sprintf("%x\r\n%s\r\n", n, strings.Repeat("e", n))
+		if got := string(appendChunk(buf, n)); got != want {
+			t.Errorf("unexpected chunk of %d bytes; got %q; want %q", n, got[:min(len(got), 20)], want[:min(len(want), 20)])
+		}
+	}
+}
