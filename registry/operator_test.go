@@ -262,3 +262,15 @@ func TestReleaseBatchForbiddenFreesNothing_RREG3(t *testing.T) {
 		}
 	}
 }
+
+// A release body of null is neither the array workers send nor one item:
+// a schema failure, like every other endpoint's null body (R-REG-7).
+func TestReleaseNullBody_RREG7(t *testing.T) {
+	h := newHarness(t)
+	want := `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`
+	for _, body := range []string{`null`, ` null `} {
+		if res := h.post("/registry/release", workerToken, body); res.status != 400 || res.body != want {
+			t.Fatalf("unexpected reply for %q; got %d %s; want 400 %s", body, res.status, res.body, want)
+		}
+	}
+}

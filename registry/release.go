@@ -57,7 +57,7 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
-	if len(items) > maxReleaseItems {
+	if items == nil || len(items) > maxReleaseItems { // nil: the body was null
 		reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
 		return
 	}
