@@ -85,7 +85,7 @@ func (b *registerBody) validate() *directory.Registration {
 		reg.Env = *b.Env
 	}
 	// NUL separates names in the stores' keys and records.
-	if strings.IndexByte(reg.Hostname, 0) >= 0 || strings.IndexByte(reg.Env, 0) >= 0 {
+	if strings.IndexByte(reg.ClientID, 0) >= 0 || strings.IndexByte(reg.Hostname, 0) >= 0 || strings.IndexByte(reg.Env, 0) >= 0 {
 		return nil
 	}
 	for _, e := range b.Envs {

@@ -231,8 +231,8 @@ func TestReregisterDuplicates_RREG1(t *testing.T) {
 	}
 }
 
-// A register body with a NUL byte in a namespace, hostname or env is a
-// schema failure: both stores use NUL as their separator (rows "ns\0id",
+// A register body with a NUL byte in its clientId, a namespace, hostname
+// or env is a schema failure: both stores use NUL as their separator (rows "ns\0id",
 // binding keys "host\0ns", Redis tombs), and such a name split at it
 // answered a wrong duplicate, a 503 for a superseded session's heartbeat
 // instead of its 409, and let the sweep free a live binding (R-REG-7).
@@ -242,6 +242,7 @@ func TestRegisterRefusesNULBytes_RREG7(t *testing.T) {
 		field string
 		value any
 	}{
+		{"clientId", "c\x00d"},
 		{"namespaces", []string{"/a\x00b"}},
 		{"instances", map[string][]string{"/a\x00b": {"x"}}},
 		{"hostname", "app\x00example"},
