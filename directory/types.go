@@ -106,7 +106,10 @@ type Candidate struct {
 	Headroom  float64
 }
 
-// Registration is a validated register request (R-REG-1).
+// Registration is a validated register request (R-REG-1). Its client id,
+// namespaces, hostname and envs hold no NUL byte (the registry refuses
+// them): the stores separate names with NUL in row names ("ns\x00id"),
+// binding keys and Redis tombs.
 type Registration struct {
 	ClientID      string
 	Sub           string // principal that registered; heartbeats must match

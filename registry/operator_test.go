@@ -233,3 +233,44 @@ func TestRegistrySaturated(t *testing.T) {
 		t.Fatalf("unexpected reply from a saturated registry; got %d %s", res.status, res.body)
 	}
 }
+
+// A release batch naming a session of another account is refused whole:
+// the items before it stay placed, not freed before the 403 (R-REG-3: bad
+// input gets its error and loses nothing).
+func TestReleaseBatchForbiddenFreesNothing_RREG3(t *testing.T) {
+	h := newHarness(t)
+	mine := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x"}}})
+	c, v := h.fw.pair("other")
+	res := h.post("/registry/register", otherToken, mustJSON(t, map[string]any{
+		"clientId": "other-client", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		"instances": map[string][]string{"/counters": {"y"}},
+	}))
+	if res.status != 200 {
+		t.Fatalf("unexpected register reply; got %d %s; want 200", res.status, res.body)
+	}
+	var ack struct{ SessionID string }
+	_ = json.Unmarshal([]byte(res.body), &ack)
+	body := `[{"sessionId":"` + mine + `","namespace":"/counters","id":"x"},{"sessionId":"` + ack.SessionID + `","namespace":"/counters","id":"y"}]`
+	if res := h.post("/registry/release", workerToken, body); res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected reply; got %d %s; want 403 %s", res.status, res.body, `{"error":"forbidden"}`)
+	}
+	for id, owner := range map[string]string{"x": mine, "y": ack.SessionID} {
+		p, err := h.store.Placement(t.Context(), "/counters", id, h.clock())
+		if err != nil || p.SessionID != owner {
+			t.Fatalf("unexpected placement of %s after a refused release; got %+v, %v; want owner %s", id, p, err, owner)
+		}
+	}
+}
+
+// A release body of null is neither the array workers send nor one item:
+// a schema failure, like every other endpoint's null body (R-REG-7).
+func TestReleaseNullBody_RREG7(t *testing.T) {
+	h := newHarness(t)
+	want := `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`
+	for _, body := range []string{`null`, ` null `} {
+		if res := h.post("/registry/release", workerToken, body); res.status != 400 || res.body != want {
+			t.Fatalf("unexpected reply for %q; got %d %s; want 400 %s", body, res.status, res.body, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -35,8 +36,9 @@ type registerBody struct {
 }
 
 // namespaceRE is the reference host's namespace rule (pinned.hosting.host:
-// "'/' plus a single path segment").
-var namespaceRE = regexp.MustCompile(`^/[^/\s]+$`)
+// "'/' plus a single path segment"), less NUL: the stores separate names
+// with it (directory.Registration).
+var namespaceRE = regexp.MustCompile(`^/[^/\s\x00]+$`)
 
 const (
 	maxIDLen       = 256
@@ -81,6 +83,15 @@ func (b *registerBody) validate() *directory.Registration {
 	}
 	if b.Env != nil {
 		reg.Env = *b.Env
+	}
+	// NUL separates names in the stores' keys and records.
+	if strings.IndexByte(reg.ClientID, 0) >= 0 || strings.IndexByte(reg.Hostname, 0) >= 0 || strings.IndexByte(reg.Env, 0) >= 0 {
+		return nil
+	}
+	for _, e := range b.Envs {
+		if strings.IndexByte(e, 0) >= 0 {
+			return nil
+		}
 	}
 	if b.Takeover != nil {
 		if *b.Takeover != "wind_down" && *b.Takeover != "deny" {

@@ -230,3 +230,38 @@ func TestReregisterDuplicates_RREG1(t *testing.T) {
 		t.Fatalf("unexpected duplicates wire shape: %s", res.body)
 	}
 }
+
+// A register body with a NUL byte in its clientId, a namespace, hostname
+// or env is a schema failure: both stores use NUL as their separator (rows "ns\0id",
+// binding keys "host\0ns", Redis tombs), and such a name split at it
+// answered a wrong duplicate, a 503 for a superseded session's heartbeat
+// instead of its 409, and let the sweep free a live binding (R-REG-7).
+func TestRegisterRefusesNULBytes_RREG7(t *testing.T) {
+	h := newHarness(t)
+	cases := []struct {
+		field string
+		value any
+	}{
+		{"clientId", "c\x00d"},
+		{"namespaces", []string{"/a\x00b"}},
+		{"instances", map[string][]string{"/a\x00b": {"x"}}},
+		{"hostname", "app\x00example"},
+		{"env", "blue\x00green"},
+		{"envs", map[string]string{"/counters": "blue\x00green"}},
+	}
+	for _, tc := range cases {
+		c, v := h.fw.pair(tc.field)
+		body := map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		}
+		body[tc.field] = tc.value
+		res := h.post("/registry/register", workerToken, mustJSON(t, body))
+		if res.status != 400 || res.body != string(bodyRegisterShape) {
+			t.Fatalf("unexpected reply for a NUL in %s; got %d %s; want 400 %s", tc.field, res.status, res.body, bodyRegisterShape)
+		}
+	}
+	if n := h.fw.probes.Load(); n != 0 {
+		t.Fatalf("unexpected probes; got %d; want 0", n)
+	}
+}

@@ -57,7 +57,7 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
-	if len(items) > maxReleaseItems {
+	if items == nil || len(items) > maxReleaseItems { // nil: the body was null
 		reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
 		return
 	}
@@ -81,32 +81,36 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 	c, cancel := r.opContext()
 	defer cancel()
 	now := r.now()
-	// Only the account that registered a session may free its rows.
+	// Only the account that registered a session may free its rows. Every
+	// session is checked before anything is freed: a batch naming another
+	// account's session is refused whole, not after freeing the items
+	// before it.
 	owners := map[string]bool{}
-	released := 0
 	for i := range reqs {
-		rr := &reqs[i]
-		ok, seen := owners[rr.SessionID]
-		if !seen {
-			info, err := r.store.Session(c, rr.SessionID, now)
-			switch {
-			case sessionGone(err):
-				ok = false // lapsed or superseded: its rows are re-placeable anyway
-			case err != nil:
-				r.storeFailed(ctx, "release", err)
-				return
-			case info.Sub != pr.Sub:
-				reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
-				return
-			default:
-				ok = true
-			}
-			owners[rr.SessionID] = ok
-		}
-		if !ok {
+		sid := reqs[i].SessionID
+		if _, seen := owners[sid]; seen {
 			continue
 		}
-		freed, err := r.store.Release(c, rr, now)
+		info, err := r.store.Session(c, sid, now)
+		switch {
+		case sessionGone(err):
+			owners[sid] = false // lapsed or superseded: its rows are re-placeable anyway
+		case err != nil:
+			r.storeFailed(ctx, "release", err)
+			return
+		case info.Sub != pr.Sub:
+			reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+			return
+		default:
+			owners[sid] = true
+		}
+	}
+	released := 0
+	for i := range reqs {
+		if !owners[reqs[i].SessionID] {
+			continue
+		}
+		freed, err := r.store.Release(c, &reqs[i], now)
 		if err != nil {
 			r.storeFailed(ctx, "release", err)
 			return
