@@ -40,6 +40,11 @@ type registerBody struct {
 // with it (directory.Registration).
 var namespaceRE = regexp.MustCompile(`^/[^/\s\x00]+$`)
 
+// reservedNamespace is the namespace the registry API's paths take.
+const reservedNamespace = "/registry"
+
+var bodyReservedNamespace = errorBody("namespace /registry is reserved: pinboard serves its registry API there")
+
 const (
 	maxIDLen       = 256
 	maxTokenLen    = 512
@@ -158,6 +163,12 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 	reg := body.validate()
 	if reg == nil {
 		reply(ctx, fasthttp.StatusBadRequest, bodyRegisterShape)
+		return nil
+	}
+	if slices.Contains(reg.Namespaces, reservedNamespace) {
+		// /registry/{id}/… is the registry API: such a namespace would
+		// register and then never receive a request.
+		reply(ctx, fasthttp.StatusBadRequest, bodyReservedNamespace)
 		return nil
 	}
 	reg.Sub = pr.Sub

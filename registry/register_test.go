@@ -265,3 +265,21 @@ func TestRegisterRefusesNULBytes_RREG7(t *testing.T) {
 		t.Fatalf("unexpected probes; got %d; want 0", n)
 	}
 }
+
+// A worker serving /registry is told so at register: every request to it
+// would reach the registry API instead (R-REG-7).
+func TestRegisterRefusesRegistryNamespace_RREG7(t *testing.T) {
+	h := newHarness(t)
+	c, v := h.fw.pair("reserved")
+	body := map[string]any{
+		"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters", "/registry"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	}
+	res := h.post("/registry/register", workerToken, mustJSON(t, body))
+	if want := `{"error":"namespace /registry is reserved: pinboard serves its registry API there"}`; res.status != 400 || res.body != want {
+		t.Fatalf("unexpected reply for namespace /registry; got %d %s; want 400 %s", res.status, res.body, want)
+	}
+	if n := h.fw.probes.Load(); n != 0 {
+		t.Fatalf("unexpected probes; got %d; want 0", n)
+	}
+}
