@@ -31,16 +31,31 @@ import (
 // 1x. Inside the HTTP server a stream held about 50 KB of heap and 8 KiB
 // of stack; relayed off it (proxy/events.go), about 8 KB and 2 KiB.
 func BenchmarkIdleSSEStreamMemory(b *testing.B) {
-	const streams = 2000
+	benchIdleMemory(b, "GET /events/id-%d/stream HTTP/1.1\r\nHost: pinboard\r\nAccept: text/event-stream\r\n\r\n", []byte("data: x\n\n"))
+}
 
-	worker, workerAddr := sseWorker(b)
+// BenchmarkIdleWebSocketMemory is BenchmarkIdleSSEStreamMemory for
+// relayed WebSockets: 2,000 open through the node, each having relayed
+// one message from the worker, then idle.
+func BenchmarkIdleWebSocketMemory(b *testing.B) {
+	benchIdleMemory(b, "GET /events/id-%d/ws HTTP/1.1\r\nHost: pinboard\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", wsHello)
+}
+
+// benchIdleMemory opens 2,000 idle streams with reqf (a format taking the
+// stream's number) straight to the stand-in worker and then through a
+// node, each read until first arrived, and reports what the node's
+// streams added per stream.
+func benchIdleMemory(b *testing.B, reqf string, first []byte) {
+	const streams = 2000
+	worker, workerAddr := idleWorker(b)
 	url, stop := streamNode(b, worker)
 	defer stop()
 	// The stand-in worker and the clients live in this process too: what
 	// streams opened straight to the worker cost is measured first and
 	// taken off.
-	direct := openStreams(b, workerAddr, "/events/direct-%d/stream", streams)
-	proxied := openStreams(b, url, "/events/id-%d/stream", streams)
+	direct := openStreams(b, workerAddr, reqf, first, streams)
+	proxied := openStreams(b, url, reqf, first, streams)
 	b.ReportMetric((proxied.heap-direct.heap)/streams, "heap-B/stream")
 	b.ReportMetric((proxied.stack-direct.stack)/streams, "stack-B/stream")
 }
@@ -48,14 +63,13 @@ func BenchmarkIdleSSEStreamMemory(b *testing.B) {
 // memDelta is what opening streams added to the heap and stacks in use.
 type memDelta struct{ heap, stack float64 }
 
-// openStreams opens n event streams to addr, reads each one's first
-// event, and returns what they added; they stay open until b ends.
-func openStreams(b *testing.B, addr, pathf string, n int) memDelta {
+// openStreams opens n streams to addr with reqf, reads each until first
+// arrived, and returns what they added; they stay open until b ends.
+func openStreams(b *testing.B, addr, reqf string, first []byte, n int) memDelta {
 	b.Helper()
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	event := []byte("data: x\n\n")
 	buf := make([]byte, 4096)
 	for i := 0; i < n; i++ {
 		c, err := net.Dial("tcp", addr)
@@ -63,13 +77,13 @@ func openStreams(b *testing.B, addr, pathf string, n int) memDelta {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = c.Close() })
-		fmt.Fprintf(c, "GET "+pathf+" HTTP/1.1\r\nHost: pinboard\r\nAccept: text/event-stream\r\n\r\n", i)
+		fmt.Fprintf(c, reqf, i)
 		var got []byte
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for !bytes.Contains(got, event) {
+		for !bytes.Contains(got, first) {
 			m, err := c.Read(buf)
 			if err != nil {
-				b.Fatalf("stream %d to %s: cannot read its first event: %v (got %q)", i, addr, err, got)
+				b.Fatalf("stream %d to %s: cannot read its first message: %v (got %q)", i, addr, err, got)
 			}
 			got = append(got, buf[:m]...)
 		}
@@ -83,10 +97,14 @@ func openStreams(b *testing.B, addr, pathf string, n int) memDelta {
 	}
 }
 
-// sseWorker is a stand-in worker whose every answer is an endless
-// chunked event stream: one event, then silence until the connection
+// wsHello is a WebSocket text frame "hi" from a server (unmasked).
+var wsHello = []byte{0x81, 0x02, 'h', 'i'}
+
+// idleWorker is a stand-in worker whose every answer is an endless
+// stream: a WebSocket 101 and one message for an upgrade, otherwise a
+// chunked event stream with one event; then silence until the connection
 // closes. It checks nothing (memory, not attestation, is measured).
-func sseWorker(tb testing.TB) (url, addr string) {
+func idleWorker(tb testing.TB) (url, addr string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -106,6 +124,7 @@ func sseWorker(tb testing.TB) (url, addr string) {
 				defer wg.Done()
 				defer c.Close()
 				br := bufio.NewReader(c)
+				upgrade := false
 				for {
 					line, err := br.ReadSlice('\n')
 					if err != nil {
@@ -114,8 +133,14 @@ func sseWorker(tb testing.TB) (url, addr string) {
 					if len(line) <= 2 {
 						break
 					}
+					upgrade = upgrade || bytes.HasPrefix(bytes.ToLower(line), []byte("upgrade: websocket"))
 				}
-				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: x\n\n\r\n")
+				if upgrade {
+					_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+						"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"+string(wsHello))
+				} else {
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: x\n\n\r\n")
+				}
 				_, _ = io.Copy(io.Discard, br)
 			}()
 		}
