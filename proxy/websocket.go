@@ -215,11 +215,15 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	}
 	done := make(chan struct{})
 	go func() {
-		_ = r.up.copy()
-		// The client finished sending: pass the half-close on, and stop
-		// the other direction if the worker does not end it.
-		if tc := rawio.TCP(upstream); tc != nil {
+		err := r.up.copy()
+		// The client finished sending. A FIN is passed on, and the worker,
+		// which should close its end now (RFC 6455 §7.1.1), gets
+		// DefaultCloseWait to do so. A client gone (a reset, a dead peer)
+		// or a worker that failed ends the relay at once: the worker may
+		// have nothing to send for hours, and the relay would wait for it.
+		if tc := rawio.TCP(upstream); tc != nil && errors.Is(err, io.EOF) {
 			_ = tc.CloseWrite()
+			_ = upstream.SetReadDeadline(time.Now().Add(DefaultCloseWait))
 		} else {
 			_ = upstream.Close()
 		}
