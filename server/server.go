@@ -56,8 +56,8 @@ type Options struct {
 	// RegistryWorkers and RegistryQueue size the control plane's pool;
 	// RegistryMinWorkers is the governor's floor (registry.Options).
 	RegistryWorkers, RegistryMinWorkers, RegistryQueue int
-	// ReadTimeout bounds reading one request (header and body) from a
-	// client; 0 means none. IdleTimeout bounds a keep-alive connection
+	// ReadTimeout bounds reading one request body from a client; 0 leaves
+	// it to Upstream.StallTimeout (a body must keep moving). IdleTimeout bounds a keep-alive connection
 	// waiting for its next request; default 75s. HeaderTimeout bounds
 	// reading a request header; default 30s (slowloris).
 	ReadTimeout, IdleTimeout, HeaderTimeout time.Duration
@@ -183,6 +183,7 @@ func New(o Options) (*Pinboard, error) {
 		Logger:         o.Logger,
 		Metrics:        o.ProxyMetrics,
 	})
+	bodyRead := bodyTimeout(o.ReadTimeout, pb.proxy.StallTimeout())
 	handler := pb.Handle
 	if pb.access.on() {
 		// Sampling wraps the handler only when asked for: off, requests
@@ -205,9 +206,9 @@ func New(o Options) (*Pinboard, error) {
 		ReadTimeout:                  o.HeaderTimeout,
 		IdleTimeout:                  o.IdleTimeout,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
-			// The header arrived in time; the body gets ReadTimeout (none by
-			// default: a 1 GiB upload must not be cut at the header limit).
-			return fasthttp.RequestConfig{ReadTimeout: bodyTimeout(o.ReadTimeout)}
+			// The header arrived in time; the body gets ReadTimeout, or by
+			// default the stall timeout (see bodyTimeout).
+			return fasthttp.RequestConfig{ReadTimeout: bodyRead}
 		},
 		// WebSocket relays close their own connections and are tracked by
 		// the proxy for shutdown.
@@ -229,11 +230,21 @@ func New(o Options) (*Pinboard, error) {
 	return pb, nil
 }
 
-// bodyTimeout maps "no body timeout" onto a deadline far enough away:
-// fasthttp keeps the header deadline unless the config sets another one.
-func bodyTimeout(d time.Duration) time.Duration {
-	if d > 0 {
-		return d
+// bodyTimeout is the client read deadline from the end of a request
+// header on: ReadTimeout when set. Otherwise the stall timeout: fasthttp
+// reads the first 8 KiB of a body before the handler runs and drains an
+// unread one after it, and the proxy reads a small body whole, none of it
+// renewing the deadline — a client silent after its header would hold a
+// goroutine and a descriptor as long as this allows. A streamed upload is
+// not cut by it: the proxy renews the deadline while the body moves. With
+// the stall timeout off too, a deadline far enough away stands for none
+// (fasthttp keeps the header deadline unless the config sets another one).
+func bodyTimeout(read, stall time.Duration) time.Duration {
+	switch {
+	case read > 0:
+		return read
+	case stall > 0:
+		return stall
 	}
 	return 365 * 24 * time.Hour
 }
