@@ -204,7 +204,22 @@ func New(o Options) (*Pinboard, error) {
 		ReadBufferSize:               o.MaxHeaderBytes,
 		WriteBufferSize:              16 << 10,
 		ReadTimeout:                  o.HeaderTimeout,
-		IdleTimeout:                  o.IdleTimeout,
+		// A response must reach the client's socket within the stall
+		// timeout (none when it is off), or a client that never reads
+		// holds its connection for ever; a streamed body renews the
+		// deadline as it moves (proxy's upstreamBody), so an idle event
+		// stream is not cut.
+		WriteTimeout: pb.proxy.StallTimeout(),
+		// fasthttp writes a 100 Continue before it sets a response's write
+		// deadline, under the last response's, long past on a connection
+		// that idled: the 100 gets its own.
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if d := pb.proxy.StallTimeout(); d > 0 {
+				_ = ctx.Conn().SetWriteDeadline(time.Now().Add(d))
+			}
+			return fasthttp.StatusContinue
+		},
+		IdleTimeout: o.IdleTimeout,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			// The header arrived in time; the body gets ReadTimeout, or by
 			// default the stall timeout (see bodyTimeout).
