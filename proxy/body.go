@@ -62,6 +62,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 		b.remaining = size
 		b.done = size == 0
 	}
+	pc.watch(client, &b.stopped)
 	tr.add(b)
 	return b
 }
@@ -261,6 +262,7 @@ func (b *upstreamBody) skipTrailers() error {
 // client abandoned.
 func (b *upstreamBody) CloseWithError(err error) error {
 	b.tracker.remove(b)
+	b.pc.unwatch()
 	if !b.stallDue.at.IsZero() {
 		// The client's connection may carry more requests: no stale
 		// write deadline may fire on a later response.
@@ -347,3 +349,7 @@ func (s *streams) stopAll(now time.Time) {
 		b.stop(now)
 	}
 }
+
+// clientCheckEvery is how long a streamed body's read from the worker
+// waits before it checks the client is still there (a var for tests).
+var clientCheckEvery = 5 * time.Second
