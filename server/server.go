@@ -388,7 +388,7 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
 	// switches per request (internal/rawio, BENCHMARKS.md).
-	cln := &onceCloseListener{Listener: rawio.Listener(ln)}
+	cln := &onceCloseListener{Listener: patientListener{rawio.Listener(ln), pb.log}}
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {
