@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -63,7 +64,23 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			_, _ = io.ReadFull(br, pending)
 			ctx.Response.Reset()
 			ctx.HijackSetNoResponse(true)
+			// fasthttp skips the hijack handler when it cannot flush an
+			// answer held back before this one (pipelined requests, a
+			// client gone): nothing would ever close the worker's
+			// connection then. The handler or hijackWait, whichever comes
+			// first, owns it.
+			var owned atomic.Bool
+			orphan := time.AfterFunc(hijackWait, func() {
+				if owned.CompareAndSwap(false, true) {
+					_ = conn.Close()
+				}
+			})
 			ctx.Hijack(func(client net.Conn) {
+				if !owned.CompareAndSwap(false, true) {
+					_ = client.Close()
+					return
+				}
+				orphan.Stop()
 				p.hijacks.relay(client, conn, raw, pending)
 			})
 			return
@@ -281,3 +298,8 @@ func (hj *hijacks) wait(ctx context.Context) bool {
 		}
 	}
 }
+
+// hijackWait bounds the wait for fasthttp to run a hijack handler once
+// the handler returned: it flushes answers held back for pipelining
+// first (a var for tests).
+var hijackWait = handshakeTimeout
