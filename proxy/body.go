@@ -64,6 +64,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 		b.remaining = size
 		b.done = size == 0
 	}
+	pc.watch(client, &b.stopped)
 	tr.add(b)
 	return b
 }
@@ -132,10 +133,9 @@ func (b *upstreamBody) writeClient(p []byte) error {
 }
 
 // idle reports whether the next Read must wait for the worker: nothing
-// of the stream is buffered on this side.
+// of the stream is buffered on this side. Streamed bodies only (pc.src).
 func (b *upstreamBody) idle() bool {
-	pc := b.pc
-	return pc.br.Buffered() == 0 && (pc.src == nil || len(pc.src.pending) == 0)
+	return b.pc.br.Buffered() == 0 && len(b.pc.src.pending) == 0
 }
 
 // cleanStop reports whether a stream stopped by shutdown can end as if the
@@ -282,6 +282,7 @@ func (b *upstreamBody) skipTrailers() error {
 // client abandoned.
 func (b *upstreamBody) CloseWithError(err error) error {
 	b.tracker.remove(b)
+	b.pc.unwatch()
 	if !b.stallDue.at.IsZero() {
 		// The client's connection may carry more requests: no stale
 		// write deadline may fire on a later response.
@@ -426,3 +427,7 @@ func (s *streams) stopAll(now time.Time) {
 		b.stop(now)
 	}
 }
+
+// clientCheckEvery is how long a streamed body's read from the worker
+// waits before it checks the client is still there (a var for tests).
+var clientCheckEvery = 5 * time.Second

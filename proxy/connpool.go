@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -247,10 +248,23 @@ func (p *connPool) endStream(pc *pconn) bool {
 
 // carryReader reads pending (bytes a header buffer had already read past
 // the header) and then the connection.
+//
+// While client is set (a body being relayed to it, see watch), a read
+// that waits clientCheckEvery without a byte checks the client is still
+// there: a client that left is noticed only by the next write to it,
+// and an idle stream (SSE) makes none until its next event, which may be
+// hours away; meanwhile the worker connection is held. The check is
+// below the bufio.Reader, so a timeout never splits a chunk-size line.
 type carryReader struct {
 	c       net.Conn
 	pending []byte
+
+	client  net.Conn
+	stopped *atomic.Bool // the body's: a deadline shutdown set is not ours
+	check   lazyDeadline // the read deadline last set for the check
 }
+
+var errClientGone = errors.New("client went away during a streamed response")
 
 func (r *carryReader) Read(p []byte) (int, error) {
 	if len(r.pending) > 0 {
@@ -258,7 +272,72 @@ func (r *carryReader) Read(p []byte) (int, error) {
 		r.pending = r.pending[n:]
 		return n, nil
 	}
-	return r.c.Read(p)
+	if r.client == nil {
+		return r.c.Read(p)
+	}
+	for {
+		if at, ok := r.check.due(time.Now(), clientCheckEvery); ok {
+			_ = r.c.SetReadDeadline(at)
+			// Shutdown's stop sets its flag, then its deadline (now): read
+			// after ours went in, the flag is seen or stop's deadline wins.
+			if r.stopped.Load() {
+				return 0, errStreamEnded
+			}
+		}
+		n, err := r.c.Read(p)
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
+			return n, err
+		}
+		if rawio.PeerClosed(r.client) {
+			return 0, errClientGone
+		}
+	}
+}
+
+// waitReadable waits until a read would not block (rawio.WaitReadable),
+// checking on the watched client as Read does: it returns errClientGone
+// when the client left, and nil when there is something to read or an
+// error the next Read reports (shutdown's stop included).
+func (r *carryReader) waitReadable() error {
+	if len(r.pending) > 0 {
+		return nil
+	}
+	if r.client == nil {
+		_ = rawio.WaitReadable(r.c)
+		return nil
+	}
+	for {
+		if at, ok := r.check.due(time.Now(), clientCheckEvery); ok {
+			_ = r.c.SetReadDeadline(at)
+		}
+		if r.stopped.Load() {
+			return nil
+		}
+		err := rawio.WaitReadable(r.c)
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
+			return nil
+		}
+		if rawio.PeerClosed(r.client) {
+			return errClientGone
+		}
+	}
+}
+
+// watch makes reads through pc's stream buffer check on client (see
+// carryReader) until unwatch; stopped is the body's shutdown flag.
+func (pc *pconn) watch(client net.Conn, stopped *atomic.Bool) {
+	if pc.src != nil && client != nil {
+		pc.src.client, pc.src.stopped, pc.src.check = client, stopped, lazyDeadline{}
+	}
+}
+
+// unwatch ends watch. A check deadline may be left on the connection:
+// the next request's arm or clear resets it.
+func (pc *pconn) unwatch() {
+	if pc.src != nil && pc.src.client != nil {
+		pc.src.client, pc.src.stopped = nil, nil
+		pc.deadline = deadlineUnknown
+	}
 }
 
 // writer returns a pooled write buffer onto pc; give it back with

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // An event stream (text/event-stream, R-DP-2) is relayed off the fasthttp
@@ -21,7 +19,7 @@ import (
 // buffers, a 4 KiB copy buffer, the request context and the deep stack of
 // the connection's goroutine until it ends. Hijacked, it holds the worker
 // connection's 4 KiB stream buffer and a shallow goroutine, and waits for
-// the next event without a buffer (rawio.WaitReadable): an event's bytes
+// the next event without a buffer (carryReader.waitReadable): an event's bytes
 // pass through a pooled buffer only while they move. Measured with
 // BenchmarkIdleSSEStreamMemory (server/) and the bench harness's idle
 // streams (BENCHMARKS.md).
@@ -100,9 +98,14 @@ func pipelined(hc net.Conn) bool {
 func (p *Proxy) relayEvents(b *upstreamBody, keep bool) {
 	for {
 		if b.idle() {
-			// Any error is the next Read's to report, a shutdown's
-			// deadline included (it ends the stream cleanly).
-			_ = rawio.WaitReadable(b.pc.c)
+			// Wait for the worker without a buffer, checking on the
+			// client every few seconds (carryReader). Other errors are
+			// the next Read's to report, a shutdown's deadline included
+			// (it ends the stream cleanly).
+			if err := b.pc.src.waitReadable(); err != nil {
+				p.endRelay(b, err, false)
+				return
+			}
 		}
 		bp := eventBufs.Get().(*[]byte)
 		buf := *bp

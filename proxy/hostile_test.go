@@ -424,3 +424,62 @@ func TestAbsoluteFormTarget_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// A client that goes away from an event stream between events frees the
+// worker's connection (and the stream) without waiting for the next
+// event, which may be hours away: a client opening streams and resetting
+// them would otherwise take a worker's whole pool while holding no
+// socket itself (R-DP-2, R-DP-3).
+func TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 200 * time.Millisecond
+	for name, leave := range map[string]func(c *net.TCPConn){
+		"reset": func(c *net.TCPConn) { c.SetLinger(0); c.Close() },
+		"close": func(c *net.TCPConn) { c.Close() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg, w, _ := newCapRigWorker(t, nil)
+			gone, stop := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(stop) }) // before the worker's Close waits for it
+			w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+				rw.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(rw, "data: 0\n\n")
+				rw.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done(): // pinboard closed the connection
+					close(gone)
+				case <-stop:
+				}
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+			br := bufio.NewReader(c)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("the first event never came: %v", err)
+				}
+				if line == "data: 0\n" {
+					break
+				}
+			}
+			leave(c.(*net.TCPConn))
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("unexpected worker connection still open 5s after the client left; got %d open streams; want 0", rg.p.OpenStreams())
+			}
+			for deadline := time.Now().Add(5 * time.Second); rg.p.OpenStreams() != 0; {
+				if time.Now().After(deadline) {
+					t.Fatalf("unexpected open streams after the client left; got %d; want 0", rg.p.OpenStreams())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -168,6 +168,10 @@ func (p *Proxy) Run(ctx context.Context) {
 	}
 }
 
+// StallTimeout is UpstreamOptions.StallTimeout with its default applied;
+// 0 when it is off.
+func (p *Proxy) StallTimeout() time.Duration { return p.ups.opts.StallTimeout }
+
 // OpenStreams is the number of streaming responses in flight.
 func (p *Proxy) OpenStreams() int64 { return p.streams.Open() }
 

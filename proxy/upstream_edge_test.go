@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -306,5 +307,51 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 	}
 	if n := posts.Load(); n != 2 {
 		t.Fatalf("unexpected POST count at the worker; got %d; want 2", n)
+	}
+}
+
+// A 101 whose hijack fasthttp never runs — the client reset its
+// connection while a pipelined answer before the upgrade still waited in
+// the write buffer, whose flush then fails — must not leave the worker's
+// WebSocket open: nothing else would ever close it (R-DP-2).
+func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
+	defer func(d time.Duration) { hijackWait = d }(hijackWait)
+	hijackWait = 500 * time.Millisecond
+	rg, w := newRigWorker(t, nil)
+	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		close(asked)
+		<-answer
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = brw.ReadByte()
+		closed <- err
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// One write: both requests reach pinboard's read buffer together, so
+	// the first answer is held back for the second.
+	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upgrade never reached the worker")
+	}
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // the reset reaches pinboard's socket
+	close(answer)
+	if err := <-closed; !errors.Is(err, io.EOF) {
+		t.Fatalf("unexpected worker read after the client's reset; got %v; want %v", err, io.EOF)
 	}
 }

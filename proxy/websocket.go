@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -63,7 +64,23 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			_, _ = io.ReadFull(br, pending)
 			ctx.Response.Reset()
 			ctx.HijackSetNoResponse(true)
+			// fasthttp skips the hijack handler when it cannot flush an
+			// answer held back before this one (pipelined requests, a
+			// client gone): nothing would ever close the worker's
+			// connection then. The handler or hijackWait, whichever comes
+			// first, owns it.
+			var owned atomic.Bool
+			orphan := time.AfterFunc(hijackWait, func() {
+				if owned.CompareAndSwap(false, true) {
+					_ = conn.Close()
+				}
+			})
 			ctx.Hijack(func(client net.Conn) {
+				if !owned.CompareAndSwap(false, true) {
+					_ = client.Close()
+					return
+				}
+				orphan.Stop()
 				p.hijacks.relay(client, conn, raw, pending)
 			})
 			return
@@ -210,11 +227,15 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	}
 	done := make(chan struct{})
 	go func() {
-		_ = r.up.copy()
-		// The client finished sending: pass the half-close on, and stop
-		// the other direction if the worker does not end it.
-		if tc := rawio.TCP(upstream); tc != nil {
+		err := r.up.copy()
+		// The client finished sending. A FIN is passed on, and the worker,
+		// which should close its end now (RFC 6455 §7.1.1), gets
+		// DefaultCloseWait to do so. A client gone (a reset, a dead peer)
+		// or a worker that failed ends the relay at once: the worker may
+		// have nothing to send for hours, and the relay would wait for it.
+		if tc := rawio.TCP(upstream); tc != nil && errors.Is(err, io.EOF) {
 			_ = tc.CloseWrite()
+			_ = upstream.SetReadDeadline(time.Now().Add(DefaultCloseWait))
 		} else {
 			_ = upstream.Close()
 		}
@@ -295,3 +316,8 @@ func (s *idleSignal) wait(n int) <-chan struct{} {
 	}
 	return s.ch
 }
+
+// hijackWait bounds the wait for fasthttp to run a hijack handler once
+// the handler returned: it flushes answers held back for pipelining
+// first (a var for tests).
+var hijackWait = handshakeTimeout

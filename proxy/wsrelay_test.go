@@ -344,3 +344,32 @@ func TestWaitCoversRelaysStartedDuringIt_RDP2(t *testing.T) {
 		t.Fatalf("unexpected wait result; got false; want true once every relay ended")
 	}
 }
+
+// A client that goes away ends its relay and the worker's connection even
+// when the worker has nothing to send and ignores the half-close: the
+// relay's goroutines and both descriptors must not wait for the worker's
+// next frame, which may never come. A reset (or a dead peer found by TCP
+// keep-alive) ends it at once; a FIN is passed on, and the worker, which
+// should close its end then (RFC 6455 §7.1.1), gets DefaultCloseWait
+// (R-DP-2).
+func TestClientGoneEndsRelay_RDP2(t *testing.T) {
+	for name, leave := range map[string]func(c *net.TCPConn){
+		"reset":      func(c *net.TCPConn) { c.SetLinger(0); c.Close() },
+		"half-close": func(c *net.TCPConn) { c.CloseWrite() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			hj := newHijacks()
+			client, worker, _, wbr := relayed(t, hj, nil)
+			leave(client.(*net.TCPConn)) // the worker stays silent, its end open
+			ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseWait+3*time.Second)
+			defer cancel()
+			if !hj.wait(ctx) {
+				t.Fatalf("unexpected open relays after the client left; got %d; want 0", hj.Open())
+			}
+			worker.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := wbr.ReadByte(); err != io.EOF {
+				t.Fatalf("unexpected worker read after the client left; got %v; want %v", err, io.EOF)
+			}
+		})
+	}
+}

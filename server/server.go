@@ -56,8 +56,8 @@ type Options struct {
 	// RegistryWorkers and RegistryQueue size the control plane's pool;
 	// RegistryMinWorkers is the governor's floor (registry.Options).
 	RegistryWorkers, RegistryMinWorkers, RegistryQueue int
-	// ReadTimeout bounds reading one request (header and body) from a
-	// client; 0 means none. IdleTimeout bounds a keep-alive connection
+	// ReadTimeout bounds reading one request body from a client; 0 leaves
+	// it to Upstream.StallTimeout (a body must keep moving). IdleTimeout bounds a keep-alive connection
 	// waiting for its next request; default 75s. HeaderTimeout bounds
 	// reading a request header; default 30s (slowloris).
 	ReadTimeout, IdleTimeout, HeaderTimeout time.Duration
@@ -186,6 +186,7 @@ func New(o Options) (*Pinboard, error) {
 		// for the client's next request; during shutdown it is closed.
 		Resume: pb.resume,
 	})
+	bodyRead := bodyTimeout(o.ReadTimeout, pb.proxy.StallTimeout())
 	handler := pb.Handle
 	if pb.access.on() {
 		// Sampling wraps the handler only when asked for: off, requests
@@ -206,11 +207,26 @@ func New(o Options) (*Pinboard, error) {
 		ReadBufferSize:               o.MaxHeaderBytes,
 		WriteBufferSize:              16 << 10,
 		ReadTimeout:                  o.HeaderTimeout,
-		IdleTimeout:                  o.IdleTimeout,
+		// A response must reach the client's socket within the stall
+		// timeout (none when it is off), or a client that never reads
+		// holds its connection for ever; a streamed body renews the
+		// deadline as it moves (proxy's upstreamBody), so an idle event
+		// stream is not cut.
+		WriteTimeout: pb.proxy.StallTimeout(),
+		// fasthttp writes a 100 Continue before it sets a response's write
+		// deadline, under the last response's, long past on a connection
+		// that idled: the 100 gets its own.
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if d := pb.proxy.StallTimeout(); d > 0 {
+				_ = ctx.Conn().SetWriteDeadline(time.Now().Add(d))
+			}
+			return fasthttp.StatusContinue
+		},
+		IdleTimeout: o.IdleTimeout,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
-			// The header arrived in time; the body gets ReadTimeout (none by
-			// default: a 1 GiB upload must not be cut at the header limit).
-			return fasthttp.RequestConfig{ReadTimeout: bodyTimeout(o.ReadTimeout)}
+			// The header arrived in time; the body gets ReadTimeout, or by
+			// default the stall timeout (see bodyTimeout).
+			return fasthttp.RequestConfig{ReadTimeout: bodyRead}
 		},
 		// WebSocket relays close their own connections and are tracked by
 		// the proxy for shutdown.
@@ -232,11 +248,21 @@ func New(o Options) (*Pinboard, error) {
 	return pb, nil
 }
 
-// bodyTimeout maps "no body timeout" onto a deadline far enough away:
-// fasthttp keeps the header deadline unless the config sets another one.
-func bodyTimeout(d time.Duration) time.Duration {
-	if d > 0 {
-		return d
+// bodyTimeout is the client read deadline from the end of a request
+// header on: ReadTimeout when set. Otherwise the stall timeout: fasthttp
+// reads the first 8 KiB of a body before the handler runs and drains an
+// unread one after it, and the proxy reads a small body whole, none of it
+// renewing the deadline — a client silent after its header would hold a
+// goroutine and a descriptor as long as this allows. A streamed upload is
+// not cut by it: the proxy renews the deadline while the body moves. With
+// the stall timeout off too, a deadline far enough away stands for none
+// (fasthttp keeps the header deadline unless the config sets another one).
+func bodyTimeout(read, stall time.Duration) time.Duration {
+	switch {
+	case read > 0:
+		return read
+	case stall > 0:
+		return stall
 	}
 	return 365 * 24 * time.Hour
 }
@@ -365,7 +391,7 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
 	// switches per request (internal/rawio, BENCHMARKS.md).
-	cln := &onceCloseListener{Listener: rawio.Listener(ln)}
+	cln := &onceCloseListener{Listener: patientListener{rawio.Listener(ln), pb.log}}
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {

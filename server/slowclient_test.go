@@ -1,0 +1,200 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/proxy"
+)
+
+// A client that sends a whole header with a small Content-Length and then
+// goes silent is cut after the stall timeout: fasthttp reads the start of
+// a body (and the proxy a small one whole) before anything else happens,
+// and with no read timeout set (PINBOARD_READ_TIMEOUT_MS, 0 by default)
+// that read waited a year — a slowloris past the header timeout, one
+// goroutine and descriptor held per silent connection (R-DP-2).
+func TestSilentSmallBodyCut_RDP2(t *testing.T) {
+	_, public, _, _ := node(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}})
+	// Silent within fasthttp's 8 KiB pre-read, within the rest of a body
+	// the proxy reads whole (64 KiB), and before an upload streams.
+	for _, tc := range []struct{ cl, sent int }{{100, 10}, {32 << 10, 9000}, {1 << 20, 10}} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "POST /counters/a/x HTTP/1.1\r\nHost: a\r\nContent-Length: "+strconv.Itoa(tc.cl)+"\r\n\r\n"+strings.Repeat("x", tc.sent)); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("unexpected connection state 5s after a silent %d-byte body began (stall timeout 1s); got %v; want closed", tc.cl, err)
+		}
+	}
+}
+
+// A client that sends requests and never reads the answers is cut after
+// the stall timeout once pinboard cannot write to it: a response read
+// whole (not streamed) had no write deadline at all, and the connection's
+// goroutine and descriptor were held for ever (R-DP-2).
+func TestClientNotReadingCut_RDP2(t *testing.T) {
+	pb, public, _, _ := node(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}})
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	// Pipelined requests whose answers fill both sockets' buffers; the
+	// writes stop once pinboard stops reading, or fail once it closes.
+	go func() {
+		req := []byte(strings.Repeat("GET /livez HTTP/1.1\r\nHost: a\r\n\r\n", 1000))
+		for range 1000 {
+			if _, err := c.Write(req); err != nil {
+				return
+			}
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); pb.srv.GetOpenConnectionsCount() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the connection never opened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(6 * time.Second); pb.srv.GetOpenConnectionsCount() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected open connections 6s after a client stopped reading (stall timeout 1s); got %d; want 0", pb.srv.GetOpenConnectionsCount())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// workerNode starts a node on 127.0.0.1 whose /counters is served by
+// worker, the id alice placed on it and the cold-start quarantine over.
+// The node's clock stands still past the quarantine; deadlines are real.
+func workerNode(t *testing.T, o Options, worker http.Handler) (*Pinboard, string) {
+	t.Helper()
+	ws := httptest.NewServer(worker)
+	t.Cleanup(ws.Close)
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
+		func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	store := directory.NewMemory(time.Minute, now)
+	var q *directory.QuarantineError
+	if _, err := store.Place(t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now}); errors.As(err, &q) {
+		now = now.Add(q.Remaining)
+	}
+	if _, err := store.Register(t.Context(), &directory.Registration{
+		ClientID: "w", Sub: "p:w", Secret: "s", Namespaces: []string{"/counters"}, AdvertiseURL: ws.URL, Headroom: 1,
+	}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	o.Store, o.Passport, o.Now = store, pp, func() time.Time { return now }
+	pb, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("unexpected Serve still running 10s after cancel")
+		}
+	})
+	return pb, "http://" + ln.Addr().String()
+}
+
+// The write deadline that cuts a client not reading does not cut an
+// event stream that idles longer than it: each event renews it (R-DP-2).
+func TestIdleEventStreamOutlivesWriteDeadline_RDP2(t *testing.T) {
+	_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: 500 * time.Millisecond}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 3 {
+				if i > 0 {
+					time.Sleep(time.Second) // idle past the stall timeout
+				}
+				fmt.Fprintf(w, "data: %d\n\n", i)
+				w.(http.Flusher).Flush()
+			}
+		}))
+	res, err := http.Get(public + "/counters/alice/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if want := "data: 0\n\ndata: 1\n\ndata: 2\n\n"; err != nil || string(b) != want {
+		t.Fatalf("unexpected event stream; got %q, %v; want %q", b, err, want)
+	}
+}
+
+// A keep-alive connection idle longer than the stall timeout still takes
+// a request with Expect: 100-continue: fasthttp writes the 100 before it
+// sets the response's write deadline, so the last response's deadline
+// must not be left on the connection (R-DP-2).
+func TestExpectContinueAfterIdle_RDP2(t *testing.T) {
+	_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: 300 * time.Millisecond}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(w, r.Body) }))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	for i, req := range []string{
+		"POST /counters/alice/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi",
+		"POST /counters/alice/x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
+	} {
+		if i > 0 {
+			time.Sleep(time.Second) // idle past the stall timeout
+		}
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			line, err := br.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+				t.Fatalf("unexpected interim answer after an idle wait; got %q, %v; want 100 Continue", line, err)
+			}
+			_, _ = br.ReadString('\n')
+			_, _ = io.WriteString(c, "ho")
+		}
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("unexpected answer to request %d; got %v; want 200", i, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("unexpected status of request %d; got %d; want 200", i, res.StatusCode)
+		}
+	}
+}
