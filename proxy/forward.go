@@ -641,13 +641,21 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 }
 
 // readResponseHeader reads the final response header, skipping 1xx
-// interim responses (100 Continue, 103 Early Hints); 101 is final.
+// interim responses (100 Continue, 103 Early Hints). A 101 is an error:
+// WebSocket handshakes never come this way (websocket.go), and a server
+// must not switch to a protocol the request did not ask for (RFC 9110
+// §15.2.2) — the bytes after it are not HTTP, so its connection must
+// neither be relayed as a response nor go back to the pool.
 func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	for i := 0; ; i++ {
 		if err := rh.Read(br); err != nil {
 			return err
 		}
-		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
+		s := rh.StatusCode()
+		if s == fasthttp.StatusSwitchingProtocols {
+			return errUnaskedSwitch
+		}
+		if s >= 200 {
 			return nil
 		}
 		if i == 8 {
@@ -656,7 +664,10 @@ func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 }
 
-var errTooManyInterim = errors.New("too many interim responses from worker")
+var (
+	errTooManyInterim = errors.New("too many interim responses from worker")
+	errUnaskedSwitch  = errors.New("worker switched protocols on a request that asked for no upgrade")
+)
 
 // relay sets up the response body: read whole when small and sized (still
 // under the header deadline), streamed otherwise (no deadline: streams

@@ -424,3 +424,62 @@ func TestAbsoluteFormTarget_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// A worker answering 101 to a request that asked for no upgrade has left
+// HTTP on that connection (RFC 9110 §15.2.2): the client gets 502 and the
+// connection is never used again — pooled, it would carry the next
+// client's request, and its answer would be whatever the worker sent
+// after the switch (R-DP-1, R-DP-3).
+func TestUnaskedSwitchingProtocols_RDP1_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	reused := make(chan string, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for switched := false; ; {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if switched {
+						reused <- r.URL.Path
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+						continue
+					}
+					if strings.Contains(r.URL.Path, "alice") {
+						_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\n\r\n")
+						switched = true
+						continue
+					}
+					body := "for " + r.URL.Path
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}(c)
+		}
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unexpected answer to a 101 nobody asked for; got %d %q; want 502", res.StatusCode, body)
+	}
+	if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+	}
+	select {
+	case path := <-reused:
+		t.Fatalf("unexpected request on the connection switched by 101; got %v; want none", path)
+	default:
+	}
+}
