@@ -726,6 +726,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		pool.streamReader(pc)
 		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
 		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up, ctx.Conn())
+		if size < 0 && !ctx.Request.Header.IsHTTP11() {
+			relayUntilClose(ctx, b)
+			break
+		}
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {
 			// Unsized bodies are usually streams (SSE): send the header now
