@@ -402,14 +402,28 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	}
 }
 
-// bufferBody reads a small streamed body into rq's scratch buffer.
+// bufferBody reads a small streamed body into rq's scratch buffer. A
+// client that stops sending is cut after the stall timeout, as a streamed
+// upload is (upload.renew); the server clears the deadline after the
+// request (RequestCtx.SetReadDeadline).
 func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 	if cap(rq.body) < cl {
 		rq.body = make([]byte, cl)
 	}
 	b := rq.body[:cl]
-	if _, err := io.ReadFull(ctx.RequestBodyStream(), b); err != nil {
-		return false
+	r, stall := ctx.RequestBodyStream(), p.ups.opts.StallTimeout
+	var due lazyDeadline
+	for n := 0; n < cl; {
+		if stall > 0 {
+			if d, ok := due.due(time.Now(), stall); ok {
+				_ = ctx.SetReadDeadline(d)
+			}
+		}
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil && (err != io.EOF || n < cl) {
+			return false
+		}
 	}
 	ctx.Request.SetBodyRaw(b)
 	return true

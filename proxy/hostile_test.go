@@ -483,3 +483,20 @@ func TestUnaskedSwitchingProtocols_RDP1_RDP3(t *testing.T) {
 	default:
 	}
 }
+
+// A client whose small body (read whole before the worker is called) goes
+// silent is answered 400 after the stall timeout, like a streamed upload,
+// instead of holding its connection and a body buffer for as long as the
+// server's body timeout (a year by default). Past the 8 KiB fasthttp reads
+// before the handler runs (server.Options covers those) (R-DP-2).
+func TestStalledSmallBodyCut_RDP2(t *testing.T) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
+	start := time.Now()
+	line, err := rg.rawStatus("POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: 20480\r\n\r\n" + strings.Repeat("x", 10240))
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 400") {
+		t.Fatalf("unexpected answer to a small body gone silent, after %v; got %q, %v; want 400", time.Since(start), line, err)
+	}
+	if n := w.hits.Load(); n != 0 {
+		t.Fatalf("unexpected requests at the worker; got %d; want 0", n)
+	}
+}
