@@ -158,6 +158,9 @@ func (p *Proxy) Run(ctx context.Context) {
 	}
 }
 
+// StallTimeout is the effective UpstreamOptions.StallTimeout (0: none).
+func (p *Proxy) StallTimeout() time.Duration { return p.ups.opts.StallTimeout }
+
 // OpenStreams is the number of streaming responses in flight.
 func (p *Proxy) OpenStreams() int64 { return p.streams.Open() }
 

@@ -57,7 +57,8 @@ type Options struct {
 	// RegistryMinWorkers is the governor's floor (registry.Options).
 	RegistryWorkers, RegistryMinWorkers, RegistryQueue int
 	// ReadTimeout bounds reading one request (header and body) from a
-	// client; 0 means none. IdleTimeout bounds a keep-alive connection
+	// client; 0 means none, though a body that stops arriving is still cut
+	// after Upstream.StallTimeout. IdleTimeout bounds a keep-alive connection
 	// waiting for its next request; default 75s. HeaderTimeout bounds
 	// reading a request header; default 30s (slowloris).
 	ReadTimeout, IdleTimeout, HeaderTimeout time.Duration
@@ -189,6 +190,7 @@ func New(o Options) (*Pinboard, error) {
 		// take the plain handler and pay nothing for it.
 		handler = pb.handleLogged
 	}
+	bodyWait := bodyTimeout(o.ReadTimeout, pb.proxy.StallTimeout())
 	pb.srv = &fasthttp.Server{
 		Handler: handler,
 		// A proxy adds nothing of its own to what workers answer.
@@ -207,7 +209,7 @@ func New(o Options) (*Pinboard, error) {
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			// The header arrived in time; the body gets ReadTimeout (none by
 			// default: a 1 GiB upload must not be cut at the header limit).
-			return fasthttp.RequestConfig{ReadTimeout: bodyTimeout(o.ReadTimeout)}
+			return fasthttp.RequestConfig{ReadTimeout: bodyWait}
 		},
 		// WebSocket relays close their own connections and are tracked by
 		// the proxy for shutdown.
@@ -229,11 +231,20 @@ func New(o Options) (*Pinboard, error) {
 	return pb, nil
 }
 
-// bodyTimeout maps "no body timeout" onto a deadline far enough away:
-// fasthttp keeps the header deadline unless the config sets another one.
-func bodyTimeout(d time.Duration) time.Duration {
-	if d > 0 {
-		return d
+// bodyTimeout is the read deadline a request body starts with, once its
+// header is in: ReadTimeout when set. Without one, the stall timeout: the
+// server reads up to 8 KiB of the body before any handler runs, and a
+// client going silent there would otherwise hold its connection for ever;
+// the data plane pushes the deadline back while the body moves (a 1 GiB
+// upload is not cut by it), and the registry's bodies are small. With
+// neither, "none" is a deadline far enough away: fasthttp keeps the header
+// deadline unless the config sets another one.
+func bodyTimeout(read, stall time.Duration) time.Duration {
+	switch {
+	case read > 0:
+		return read
+	case stall > 0:
+		return stall
 	}
 	return 365 * 24 * time.Hour
 }
