@@ -17,7 +17,6 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
-	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Wire names from the reference worker (pinned.pinboard.wire), in
@@ -566,13 +565,6 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			return failed
 		}
 		reused := pc.reused
-		if reused && !idempotent && rawio.PeerClosed(pc.c) {
-			// A request that must not run twice is never replayed after
-			// an error, so a pooled connection the worker already closed
-			// is found before it is used (one peek, only for these).
-			pool.discard(pc)
-			continue
-		}
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}

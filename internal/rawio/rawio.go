@@ -197,12 +197,16 @@ func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // Write implements net.Conn.
 func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }
 
-// PeerClosed reports whether the peer has closed c or reset it, without
-// waiting and without consuming data: one recv(2) with MSG_PEEK and
-// MSG_DONTWAIT. A pooled connection that passes may still be closed an
-// instant later; one that fails surely is. Connections without a socket
-// (TLS, pipes) report false.
-func PeerClosed(c net.Conn) bool {
+// Readable reports whether a read on c would return at once — the peer
+// closed c or reset it, or sent data — without waiting and without
+// consuming anything: one recv(2) with MSG_PEEK and MSG_DONTWAIT. For a
+// pooled connection idle between requests each means it cannot carry
+// another: bytes no request asked for would be read as the next one's
+// answer (nginx closes an idle upstream connection that turns readable).
+// A connection that passes may still be closed an instant later; one that
+// fails surely is unusable. Connections without a socket (TLS, pipes)
+// report false.
+func Readable(c net.Conn) bool {
 	tc := TCP(c)
 	if tc == nil {
 		return false
@@ -211,25 +215,22 @@ func PeerClosed(c net.Conn) bool {
 	if err != nil {
 		return false
 	}
-	closed := false
+	readable := false
 	var b [1]byte
 	// Control, not Read: no poller state, and no deadline check (a pooled
 	// connection's last read deadline may have passed while it was idle).
 	_ = rc.Control(func(fd uintptr) {
 		for {
-			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
+			_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
 				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-			switch {
-			case e == syscall.EINTR:
+			if e == syscall.EINTR {
 				continue
-			case e == syscall.EAGAIN:
-			case e != 0:
-				closed = true // ECONNRESET and the like
-			case n == 0:
-				closed = true // FIN
 			}
+			// Data, a FIN (0 bytes), ECONNRESET and the like; EAGAIN:
+			// nothing yet.
+			readable = e != syscall.EAGAIN
 			return
 		}
 	})
-	return closed
+	return readable
 }
