@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 type bodyMode uint8
@@ -313,6 +315,26 @@ func (b *upstreamBody) CloseWithError(err error) error {
 	b.pool, b.pc, b.up, b.tracker, b.client = nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
+}
+
+// relayUntilClose sends an unsized body to an HTTP/1.0 client, which
+// cannot read chunked (RFC 9112 §6.1): the body is delimited by the
+// connection's close, as nginx sends it. fasthttp chunks every unsized
+// stream, so the connection is hijacked and the response written here,
+// each read as it arrives. The response header carries no framing: the
+// worker's Transfer-Encoding went with the hop-by-hop headers.
+func relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
+	ctx.Response.Header.SetConnectionClose()
+	hdr := append([]byte(nil), ctx.Response.Header.Header()...)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		_, err := c.Write(hdr)
+		if err == nil {
+			_, err = io.Copy(c, b)
+		}
+		_ = b.CloseWithError(err)
+		_ = c.Close()
+	})
 }
 
 // stop ends a stream at shutdown: the blocked read returns at once; an

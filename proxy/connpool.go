@@ -142,25 +142,36 @@ func (p *connPool) get(now time.Time) (*pconn, error) {
 	return p.wait(now)
 }
 
+// popIdle returns the most recently used idle connection younger than
+// idleTimeout that is still quiet, or nil. One peek (rawio.Readable)
+// checks it: a connection the worker closed while idle is replaced before
+// it is used — a request that must not run twice is never replayed after
+// an error — and one carrying bytes no request asked for (the late tail of
+// an answer) would hand them to the next request as its answer.
 func (p *connPool) popIdle(now time.Time) *pconn {
-	var stale []*pconn
-	p.mu.Lock()
-	var pc *pconn
-	for n := len(p.idle); n > 0; n = len(p.idle) {
-		c := p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		if now.Sub(c.lastUsed) < p.idleTimeout {
-			pc = c
-			break
+	for {
+		var stale []*pconn
+		p.mu.Lock()
+		var pc *pconn
+		for n := len(p.idle); n > 0; n = len(p.idle) {
+			c := p.idle[n-1]
+			p.idle[n-1] = nil
+			p.idle = p.idle[:n-1]
+			if now.Sub(c.lastUsed) < p.idleTimeout {
+				pc = c
+				break
+			}
+			stale = append(stale, c)
 		}
-		stale = append(stale, c)
+		p.mu.Unlock()
+		for _, c := range stale {
+			p.discard(c)
+		}
+		if pc == nil || !rawio.Readable(pc.c) {
+			return pc
+		}
+		p.discard(pc)
 	}
-	p.mu.Unlock()
-	for _, c := range stale {
-		p.discard(c)
-	}
-	return pc
 }
 
 func (p *connPool) wait(now time.Time) (*pconn, error) {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
-	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Wire names from the reference worker (pinned.pinboard.wire), in
@@ -402,14 +401,28 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	}
 }
 
-// bufferBody reads a small streamed body into rq's scratch buffer.
+// bufferBody reads a small streamed body into rq's scratch buffer. A
+// client that stops sending is cut after the stall timeout, as a streamed
+// upload is (upload.renew); the server clears the deadline after the
+// request (RequestCtx.SetReadDeadline).
 func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 	if cap(rq.body) < cl {
 		rq.body = make([]byte, cl)
 	}
 	b := rq.body[:cl]
-	if _, err := io.ReadFull(ctx.RequestBodyStream(), b); err != nil {
-		return false
+	r, stall := ctx.RequestBodyStream(), p.ups.opts.StallTimeout
+	var due lazyDeadline
+	for n := 0; n < cl; {
+		if stall > 0 {
+			if d, ok := due.due(time.Now(), stall); ok {
+				_ = ctx.SetReadDeadline(d)
+			}
+		}
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil && (err != io.EOF || n < cl) {
+			return false
+		}
 	}
 	ctx.Request.SetBodyRaw(b)
 	return true
@@ -552,13 +565,6 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			return failed
 		}
 		reused := pc.reused
-		if reused && !idempotent && rawio.PeerClosed(pc.c) {
-			// A request that must not run twice is never replayed after
-			// an error, so a pooled connection the worker already closed
-			// is found before it is used (one peek, only for these).
-			pool.discard(pc)
-			continue
-		}
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
@@ -641,13 +647,21 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 }
 
 // readResponseHeader reads the final response header, skipping 1xx
-// interim responses (100 Continue, 103 Early Hints); 101 is final.
+// interim responses (100 Continue, 103 Early Hints). A 101 is an error:
+// WebSocket handshakes never come this way (websocket.go), and a server
+// must not switch to a protocol the request did not ask for (RFC 9110
+// §15.2.2) — the bytes after it are not HTTP, so its connection must
+// neither be relayed as a response nor go back to the pool.
 func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	for i := 0; ; i++ {
 		if err := rh.Read(br); err != nil {
 			return err
 		}
-		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
+		s := rh.StatusCode()
+		if s == fasthttp.StatusSwitchingProtocols {
+			return errUnaskedSwitch
+		}
+		if s >= 200 {
 			return nil
 		}
 		if i == 8 {
@@ -656,7 +670,10 @@ func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 }
 
-var errTooManyInterim = errors.New("too many interim responses from worker")
+var (
+	errTooManyInterim = errors.New("too many interim responses from worker")
+	errUnaskedSwitch  = errors.New("worker switched protocols on a request that asked for no upgrade")
+)
 
 // relay sets up the response body: read whole when small and sized (still
 // under the header deadline), streamed otherwise (no deadline: streams
@@ -718,6 +735,10 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		if relayable(ctx, sse, size, up) {
 			p.hijackEvents(ctx, b)
 			return served
+		}
+		if size < 0 && !ctx.Request.Header.IsHTTP11() {
+			relayUntilClose(ctx, b)
+			break
 		}
 		ctx.Response.SetBodyStream(b, int(size))
 		if size < 0 {

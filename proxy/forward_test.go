@@ -728,3 +728,57 @@ func TestClientIPThroughTrustedProxiesOnly_RPL4(t *testing.T) {
 		t.Fatalf("unexpected spread with a trusted proxy; got %v; want the client IPs to spread", got)
 	}
 }
+
+// An HTTP/1.0 client cannot read chunked (RFC 9112 §6.1): an unsized
+// response reaches it delimited by the connection's close, as nginx
+// sends it, whether or not it asked for keep-alive; each event still
+// leaves as it arrives (R-DP-2).
+func TestHTTP10ClientUnsizedBody_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	next, stop := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop) }) // before the worker's Close waits for the handler
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(rw, "data: 1\n\n")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-next:
+			_, _ = io.WriteString(rw, "data: 2\n\n")
+		case <-stop:
+		}
+	})
+	for _, conn := range []string{"", "Connection: keep-alive\r\n"} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /counters/alice/events HTTP/1.0\r\nHost: pb\r\n%s\r\n", conn)
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		var hdr []string
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				t.Fatalf("cannot read the response header: %v", err)
+			}
+			if line == "\r\n" {
+				break
+			}
+			hdr = append(hdr, strings.TrimSpace(line))
+		}
+		for _, h := range hdr {
+			if l := strings.ToLower(h); strings.HasPrefix(l, "transfer-encoding:") || l == "connection: keep-alive" {
+				t.Fatalf("unexpected header line for an HTTP/1.0 client; got %q in %q; want a close-delimited body", h, hdr)
+			}
+		}
+		if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: 1\n" {
+			t.Fatalf("unexpected first body line; got %q, %v; want %q as it is sent", line, err, "data: 1\n")
+		}
+		next <- struct{}{}
+		rest, err := io.ReadAll(br)
+		if err != nil || string(rest) != "\ndata: 2\n\n" {
+			t.Fatalf("unexpected rest of the body; got %q, %v; want %q then the close", rest, err, "\ndata: 2\n\n")
+		}
+	}
+}

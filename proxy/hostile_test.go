@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Tests of what a hostile or broken client or worker sends on the wire:
@@ -482,4 +483,172 @@ func TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A worker answering 101 to a request that asked for no upgrade has left
+// HTTP on that connection (RFC 9110 §15.2.2): the client gets 502 and the
+// connection is never used again — pooled, it would carry the next
+// client's request, and its answer would be whatever the worker sent
+// after the switch (R-DP-1, R-DP-3).
+func TestUnaskedSwitchingProtocols_RDP1_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	reused := make(chan string, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for switched := false; ; {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if switched {
+						reused <- r.URL.Path
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+						continue
+					}
+					if strings.Contains(r.URL.Path, "alice") {
+						_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\n\r\n")
+						switched = true
+						continue
+					}
+					body := "for " + r.URL.Path
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}(c)
+		}
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unexpected answer to a 101 nobody asked for; got %d %q; want 502", res.StatusCode, body)
+	}
+	if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+	}
+	select {
+	case path := <-reused:
+		t.Fatalf("unexpected request on the connection switched by 101; got %v; want none", path)
+	default:
+	}
+}
+
+// A client whose small body (read whole before the worker is called) goes
+// silent is answered 400 after the stall timeout, like a streamed upload,
+// instead of holding its connection and a body buffer for as long as the
+// server's body timeout (a year by default). Past the 8 KiB fasthttp reads
+// before the handler runs (server.Options covers those) (R-DP-2).
+func TestStalledSmallBodyCut_RDP2(t *testing.T) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
+	start := time.Now()
+	line, err := rg.rawStatus("POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: 20480\r\n\r\n" + strings.Repeat("x", 10240))
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 400") {
+		t.Fatalf("unexpected answer to a small body gone silent, after %v; got %q, %v; want 400", time.Since(start), line, err)
+	}
+	if n := w.hits.Load(); n != 0 {
+		t.Fatalf("unexpected requests at the worker; got %d; want 0", n)
+	}
+}
+
+// Bytes a worker sends on a connection while it sits idle in the pool
+// (the late tail of an answer, an unsolicited 408) belong to no request:
+// the connection is closed, as nginx closes an idle upstream connection
+// that turns readable, and the next request does not get them as its
+// answer (R-DP-1, R-DP-3).
+func TestUnsolicitedBytesOnIdleConnection_RDP1_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	sent := make(chan struct{})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					body := "for " + r.URL.Path
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					if strings.Contains(r.URL.Path, "alice") {
+						// Once alice's answer is read and its connection
+						// pooled: the test waits for the pool to hold it.
+						for deadline := time.Now().Add(10 * time.Second); ; {
+							if u, err := rg.p.ups.get("http://" + ln.Addr().String()); err == nil && idleConns(u.pool) == 1 {
+								break
+							}
+							if time.Now().After(deadline) {
+								return
+							}
+							time.Sleep(time.Millisecond)
+						}
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nalice-secret")
+						close(sent)
+					}
+				}
+			}(c)
+		}
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob", "carol")
+	if _, body := rg.get("/counters/alice/x", nil); body != "for /counters/alice/x" {
+		t.Fatalf("unexpected body for alice; got %q; want %q", body, "for /counters/alice/x")
+	}
+	select {
+	case <-sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker sent nothing on the idle connection within 10s")
+	}
+	// The bytes reach the pooled socket.
+	u, err := rg.p.ups.get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !idleReadable(u.pool); {
+		if time.Now().After(deadline) {
+			t.Fatal("the worker's bytes did not reach the pooled connection within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, id := range []string{"bob", "carol"} {
+		want := "for /counters/" + id + "/x"
+		if _, body := rg.get("/counters/"+id+"/x", nil); body != want {
+			t.Fatalf("unexpected body for %s; got %q; want %q", id, body, want)
+		}
+	}
+}
+
+func idleConns(p *connPool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
+
+// idleReadable reports whether the pool's one idle connection has bytes
+// (or a close) waiting.
+func idleReadable(p *connPool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle) == 1 && rawio.Readable(p.idle[0].c)
 }

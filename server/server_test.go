@@ -163,3 +163,26 @@ func TestAccessLogSampling(t *testing.T) {
 		t.Errorf("unexpected New without error for AccessLogSample 2")
 	}
 }
+
+// A request body that stops arriving is cut after the stall timeout even
+// when ReadTimeout is off (its default): fasthttp reads up to 8 KiB of it
+// before any handler runs, and the data plane's own stall deadlines start
+// only then (R-DP-2).
+func TestStalledBodyCutBeforeHandler_RDP2(t *testing.T) {
+	o := Options{}
+	o.Upstream.StallTimeout = 300 * time.Millisecond
+	_, public, _, _ := node(t, o)
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "POST /counters/alice/x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(10 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("unexpected connection still open %v after its body went silent; got %v; want it answered and closed after the 300ms stall timeout", time.Since(start), err)
+	}
+}

@@ -34,9 +34,13 @@ type rawConn struct {
 	r  rawOp
 	w  rawOp
 	// peek and one serve WaitReadable: the bound callback and the byte
-	// MSG_PEEK copies into (it is never read).
-	peek func(fd uintptr) bool
-	one  [1]byte
+	// MSG_PEEK copies into (it is never read). peekFn and peeked serve
+	// Readable and PeerClosed the same way. A connection's reader calls
+	// them (the relay or the pool), one at a time.
+	peek   func(fd uintptr) bool
+	peekFn func(fd uintptr)
+	peeked peekState
+	one    [1]byte
 }
 
 // rawOp is one direction's state. fn is bound once, so no call allocates
@@ -66,6 +70,7 @@ func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	x.r.fn = x.read
 	x.w.fn = x.write
 	x.peek = x.ready
+	x.peekFn = func(fd uintptr) { x.peeked = peekFD(fd, &x.one[0]) }
 	return rawReader{x}, rawWriter{x}
 }
 
@@ -149,19 +154,7 @@ func (x *rawConn) write(fd uintptr) bool {
 
 // ready is the RawConn read callback of WaitReadable: true once a read
 // would not wait — data, the end of the stream or an error to report.
-func (x *rawConn) ready(fd uintptr) bool {
-	for {
-		_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&x.one[0])), 1,
-			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		}
-		return true
-	}
-}
+func (x *rawConn) ready(fd uintptr) bool { return peekFD(fd, &x.one[0]) != peekNothing }
 
 // WaitReadable blocks until a read on c would not wait: data arrived, the
 // peer closed, or an error is pending (the read reports it). It consumes
@@ -241,39 +234,82 @@ func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // Write implements net.Conn.
 func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }
 
-// PeerClosed reports whether the peer has closed c or reset it, without
-// waiting and without consuming data: one recv(2) with MSG_PEEK and
-// MSG_DONTWAIT. A pooled connection that passes may still be closed an
-// instant later; one that fails surely is. Connections without a socket
-// (TLS, pipes) report false.
+// Readable reports whether a read on c would return at once — the peer
+// closed c or reset it, or sent data — without waiting and without
+// consuming anything: one recv(2) with MSG_PEEK and MSG_DONTWAIT. For a
+// pooled connection idle between requests each means it cannot carry
+// another: bytes no request asked for would be read as the next one's
+// answer (nginx closes an idle upstream connection that turns readable).
+// A connection that passes may still be closed an instant later; one that
+// fails surely is unusable. Connections without a socket (TLS, pipes)
+// report false.
+func Readable(c net.Conn) bool {
+	st := peek(c)
+	return st != peekNothing && st != peekNone
+}
+
+// PeerClosed reports whether the peer has closed c or reset it, by the
+// same one peek as Readable; data waiting is not a close. Connections
+// without a socket report false.
 func PeerClosed(c net.Conn) bool {
+	st := peek(c)
+	return st == peekClosed || st == peekError
+}
+
+// peekState is what one MSG_PEEK found.
+type peekState uint8
+
+const (
+	peekNone    peekState = iota // no socket to peek at
+	peekNothing                  // EAGAIN: nothing yet
+	peekData                     // bytes waiting
+	peekClosed                   // FIN
+	peekError                    // ECONNRESET and the like
+)
+
+// peek looks at c's receive queue. Control, not Read: no poller state and
+// no deadline check (a pooled connection's last read deadline may have
+// passed while it was idle). A *Conn uses its RawConn and bound callback:
+// no SyscallConn per call.
+func peek(c net.Conn) peekState {
+	if rc, ok := c.(*Conn); ok {
+		if r, ok := rc.r.(rawReader); ok {
+			x := r.rawConn
+			if x.rc.Control(x.peekFn) != nil {
+				return peekNone
+			}
+			return x.peeked
+		}
+	}
 	tc := TCP(c)
 	if tc == nil {
-		return false
+		return peekNone
 	}
-	rc, err := tc.SyscallConn()
+	raw, err := tc.SyscallConn()
 	if err != nil {
-		return false
+		return peekNone
 	}
-	closed := false
 	var b [1]byte
-	// Control, not Read: no poller state, and no deadline check (a pooled
-	// connection's last read deadline may have passed while it was idle).
-	_ = rc.Control(func(fd uintptr) {
-		for {
-			n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1,
-				syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
-			switch {
-			case e == syscall.EINTR:
-				continue
-			case e == syscall.EAGAIN:
-			case e != 0:
-				closed = true // ECONNRESET and the like
-			case n == 0:
-				closed = true // FIN
-			}
-			return
+	st := peekNone
+	_ = raw.Control(func(fd uintptr) { st = peekFD(fd, &b[0]) })
+	return st
+}
+
+// peekFD is one recv(2) of a byte into b with MSG_PEEK and MSG_DONTWAIT.
+func peekFD(fd uintptr, b *byte) peekState {
+	for {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(b)), 1,
+			syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return peekNothing
+		case e != 0:
+			return peekError
+		case n == 0:
+			return peekClosed
 		}
-	})
-	return closed
+		return peekData
+	}
 }

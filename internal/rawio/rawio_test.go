@@ -152,10 +152,11 @@ func TestRawListener(t *testing.T) {
 	}
 }
 
-// TestPeerClosed: a live idle connection is open, also with its read
-// deadline in the past; one whose peer closed or reset it is closed; data
-// waiting to be read is not consumed.
-func TestPeerClosed_RDP1(t *testing.T) {
+// TestReadable: a live idle connection is not readable, also with its
+// read deadline in the past; one with data waiting is, and the data is
+// not consumed; one whose peer closed or reset it is. PeerClosed says
+// only the last two, also for a connection without Wrap.
+func TestReadable_RDP1(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -176,15 +177,15 @@ func TestPeerClosed_RDP1(t *testing.T) {
 	}
 	c, s := pair()
 	_ = c.SetReadDeadline(time.Now().Add(-time.Second))
-	if PeerClosed(c) {
-		t.Fatal("unexpected closed for a live idle connection")
+	if Readable(c) {
+		t.Fatal("unexpected readable live idle connection")
 	}
 	if _, err := s.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond)
-	if PeerClosed(c) {
-		t.Fatal("unexpected closed with data waiting")
+	if !Readable(c) || PeerClosed(c) {
+		t.Fatalf("unexpected peek with data waiting; got readable %v, closed %v; want true, false", Readable(c), PeerClosed(c))
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	b := make([]byte, 1)
@@ -193,15 +194,25 @@ func TestPeerClosed_RDP1(t *testing.T) {
 	}
 	s.Close()
 	time.Sleep(20 * time.Millisecond)
-	if !PeerClosed(c) {
-		t.Fatal("unexpected open after the peer closed")
+	if !Readable(c) || !PeerClosed(c) {
+		t.Fatalf("unexpected peek after the peer closed; got readable %v, closed %v; want true, true", Readable(c), PeerClosed(c))
 	}
 	c2, s2 := pair()
 	_ = s2.(*net.TCPConn).SetLinger(0) // close sends RST
 	s2.Close()
 	time.Sleep(20 * time.Millisecond)
-	if !PeerClosed(c2) {
-		t.Fatal("unexpected open after the peer reset")
+	if !Readable(c2) || !PeerClosed(c2) {
+		t.Fatalf("unexpected peek after the peer reset; got readable %v, closed %v; want true, true", Readable(c2), PeerClosed(c2))
+	}
+	c3, s3 := pair()
+	plain := TCP(c3)
+	if PeerClosed(plain) || Readable(plain) {
+		t.Fatal("unexpected readable live idle connection without Wrap")
+	}
+	s3.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !PeerClosed(plain) {
+		t.Fatal("unexpected not closed after the peer closed, without Wrap")
 	}
 }
 
