@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 type bodyMode uint8
@@ -49,9 +51,8 @@ type upstreamBody struct {
 	relayed   bool  // relayed off the server (events.go), not read by it
 	stopped   atomic.Bool
 
-	client   net.Conn      // the client's connection: stall deadline on writes to it
-	stall    time.Duration // see UpstreamOptions.StallTimeout; 0: none
-	stallDue lazyDeadline  // the client's write deadline last set
+	client net.Conn      // the client's connection: stall deadline on writes to it
+	stall  time.Duration // see UpstreamOptions.StallTimeout; 0: none
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
@@ -59,7 +60,7 @@ var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
 func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload, client net.Conn) *upstreamBody {
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
-	b.client, b.stall, b.stallDue = client, pool.stall, lazyDeadline{}
+	b.client, b.stall = client, pool.stall
 	b.remaining, b.done, b.broken, b.relayed = 0, false, false, false
 	b.stopped.Store(false)
 	if mode == bodyFixed {
@@ -109,27 +110,21 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 }
 
 // renew pushes back the deadline of the write the server makes next with
-// what Read returned, when due (lazyDeadline): a client that stops reading
-// a stream with bytes pending is cut about the stall timeout later, and
-// its worker connection freed. An idle stream makes no write and is never
-// cut.
+// what Read returned (rawio.KeepWriteDeadline: about once a second on a
+// busy stream): a client that stops reading a stream with bytes pending is
+// cut about the stall timeout later, and its worker connection freed. An
+// idle stream makes no write and is never cut. The deadline stays on the
+// connection for its next response, which renews it the same way.
 func (b *upstreamBody) renew() {
-	if b.stall <= 0 || b.client == nil {
-		return
-	}
-	if at, ok := b.stallDue.due(time.Now(), b.stall); ok {
-		_ = b.client.SetWriteDeadline(at)
+	if b.client != nil {
+		rawio.KeepWriteDeadline(b.client, time.Now(), b.stall)
 	}
 }
 
 // writeClient writes p to the client of a relayed stream, with the stall
 // deadline (a client that stopped reading is cut).
 func (b *upstreamBody) writeClient(p []byte) error {
-	if b.stall > 0 {
-		if at, ok := b.stallDue.due(time.Now(), b.stall); ok {
-			_ = b.client.SetWriteDeadline(at)
-		}
-	}
+	b.renew()
 	_, err := b.client.Write(p)
 	return err
 }
@@ -285,11 +280,6 @@ func (b *upstreamBody) skipTrailers() error {
 func (b *upstreamBody) CloseWithError(err error) error {
 	b.tracker.remove(b)
 	b.pc.unwatch()
-	if !b.stallDue.at.IsZero() {
-		// The client's connection may carry more requests: no stale
-		// write deadline may fire on a later response.
-		_ = b.client.SetWriteDeadline(time.Time{})
-	}
 	reuse := err == nil && b.done && !b.broken && b.keep
 	if up := b.up; up != nil {
 		// The server recycles the request stream once this returns: the

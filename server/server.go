@@ -97,6 +97,9 @@ type Pinboard struct {
 	metrics  *metrics.Metrics
 	access   accessLog
 	stopping atomic.Bool
+	// stall is the proxy's stall timeout: the write deadline Handle keeps
+	// on client connections (0: none).
+	stall time.Duration
 
 	adminMu     sync.Mutex
 	admin       *fasthttp.Server
@@ -186,7 +189,8 @@ func New(o Options) (*Pinboard, error) {
 		// for the client's next request; during shutdown it is closed.
 		Resume: pb.resume,
 	})
-	bodyRead := bodyTimeout(o.ReadTimeout, pb.proxy.StallTimeout())
+	pb.stall = pb.proxy.StallTimeout()
+	bodyRead := bodyTimeout(o.ReadTimeout, pb.stall)
 	handler := pb.Handle
 	if pb.access.on() {
 		// Sampling wraps the handler only when asked for: off, requests
@@ -212,14 +216,12 @@ func New(o Options) (*Pinboard, error) {
 		// holds its connection for ever; a streamed body renews the
 		// deadline as it moves (proxy's upstreamBody), so an idle event
 		// stream is not cut.
-		WriteTimeout: pb.proxy.StallTimeout(),
-		// fasthttp writes a 100 Continue before it sets a response's write
-		// deadline, under the last response's, long past on a connection
-		// that idled: the 100 gets its own.
+		// Responses are written under the stall timeout, kept per
+		// connection by Handle (not fasthttp's WriteTimeout, a timer
+		// operation per response); fasthttp writes a 100 Continue before
+		// the handler runs, so it gets the same here.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
-			if d := pb.proxy.StallTimeout(); d > 0 {
-				_ = ctx.Conn().SetWriteDeadline(time.Now().Add(d))
-			}
+			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.proxy.StallTimeout())
 			return fasthttp.StatusContinue
 		},
 		IdleTimeout: o.IdleTimeout,
@@ -284,6 +286,16 @@ var (
 // /livez and /readyz for orchestrators, everything else to the data plane.
 // A namespace called "registry" is therefore reserved.
 func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
+	// A response must reach the client's socket within the stall timeout
+	// (none when it is off), or a client that never reads holds its
+	// connection for ever; a streamed body renews the deadline as it
+	// moves, so an idle event stream is not cut. Renewed about once a
+	// second on a busy connection (rawio.KeepWriteDeadline); ctx.Time is
+	// the request's arrival, read by fasthttp already. Serve's listener
+	// gives every connection as a *rawio.Conn.
+	if c, ok := ctx.Conn().(*rawio.Conn); ok {
+		rawio.KeepWriteDeadline(c, ctx.Time(), pb.stall)
+	}
 	// Absolute form (RFC 9112 §3.2.2) routes by its path; a malformed one
 	// is left for the data plane to refuse.
 	_ = proxy.ToOriginForm(&ctx.Request)

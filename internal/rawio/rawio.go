@@ -6,7 +6,9 @@ package rawio
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -204,6 +206,50 @@ type Conn struct {
 	*net.TCPConn
 	r io.Reader
 	w io.Writer
+	// wdl is the write deadline last set (unix ns; 0: none), for
+	// KeepWriteDeadline.
+	wdl atomic.Int64
+}
+
+// SetWriteDeadline implements net.Conn, remembering t for
+// KeepWriteDeadline.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.wdl.Store(unixNano(t))
+	return c.TCPConn.SetWriteDeadline(t)
+}
+
+// SetDeadline implements net.Conn, remembering t for KeepWriteDeadline.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.wdl.Store(unixNano(t))
+	return c.TCPConn.SetDeadline(t)
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// KeepWriteDeadline keeps c's write deadline about d ahead of now, so that
+// a peer that stops reading is cut about d after the last write that was
+// due: on a *Conn it is set only once it drifted by more than
+// min(1s, d/10) — a busy connection pays a runtime timer operation about
+// once a second instead of once per response. Other connections get it
+// set on every call. d ≤ 0 or a nil c does nothing.
+func KeepWriteDeadline(c net.Conn, now time.Time, d time.Duration) {
+	if d <= 0 || c == nil {
+		return
+	}
+	want := now.Add(d)
+	if rc, ok := c.(*Conn); ok {
+		if at := rc.wdl.Load(); at != 0 && at >= want.Add(-min(time.Second, d/10)).UnixNano() {
+			return
+		}
+		_ = rc.SetWriteDeadline(want)
+		return
+	}
+	_ = c.SetWriteDeadline(want)
 }
 
 // Wrap returns c as a *Conn when it is a *net.TCPConn, and c otherwise

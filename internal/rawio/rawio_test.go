@@ -261,3 +261,41 @@ func TestWaitReadable(t *testing.T) {
 		t.Fatalf("unexpected error for a connection without raw access; got %v", err)
 	}
 }
+
+// TestKeepWriteDeadline: the deadline is set when none is, renewed only
+// once it drifted past the slack, renewed after one set directly has
+// passed, and it bounds a write to a peer that does not read.
+func TestKeepWriteDeadline(t *testing.T) {
+	client, _ := rawTCPPair(t)
+	c := Wrap(client).(*Conn)
+	now := time.Now()
+	KeepWriteDeadline(c, now, 10*time.Second)
+	first := c.wdl.Load()
+	if first != now.Add(10*time.Second).UnixNano() {
+		t.Fatalf("unexpected deadline; got %v; want now+10s", time.Unix(0, first))
+	}
+	KeepWriteDeadline(c, now.Add(500*time.Millisecond), 10*time.Second)
+	if c.wdl.Load() != first {
+		t.Fatal("unexpected renewal within the slack")
+	}
+	KeepWriteDeadline(c, now.Add(2*time.Second), 10*time.Second)
+	if c.wdl.Load() != now.Add(12*time.Second).UnixNano() {
+		t.Fatal("unexpected deadline not renewed past the slack")
+	}
+	_ = c.SetWriteDeadline(now.Add(-time.Second))
+	KeepWriteDeadline(c, now, 10*time.Second)
+	if c.wdl.Load() != now.Add(10*time.Second).UnixNano() {
+		t.Fatal("unexpected passed deadline not renewed")
+	}
+	KeepWriteDeadline(c, time.Now(), 100*time.Millisecond)
+	_ = c.SetWriteDeadline(time.Time{})
+	KeepWriteDeadline(c, time.Now(), 100*time.Millisecond)
+	buf := make([]byte, 1<<20)
+	var err error
+	for i := 0; i < 1000 && err == nil; i++ {
+		_, err = c.Write(buf) // the peer never reads
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected write error to a peer that does not read; got %v; want the deadline", err)
+	}
+}
