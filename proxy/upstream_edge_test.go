@@ -355,3 +355,55 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 		t.Fatalf("unexpected worker read after the client's reset; got %v; want %v", err, io.EOF)
 	}
 }
+
+// Bytes a client sends right behind its upgrade request, before the 101
+// reached it, reach the worker first and in order, then the rest of the
+// conversation: the relay reads the client's connection itself, and the
+// server's read buffer gives up what it already held (R-DP-2).
+func TestWebSocketBytesBefore101Relayed_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		// Echo whatever arrives, byte for byte, until the client leaves.
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 64)
+		for {
+			n, err := brw.Read(buf)
+			if n > 0 {
+				_, _ = conn.Write(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\nearly-")
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the 101: %v", err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	_, _ = io.WriteString(c, "late")
+	got := make([]byte, len("early-late"))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != "early-late" {
+		t.Fatalf("unexpected echo; got %q, %v; want %q", got, err, "early-late")
+	}
+}

@@ -75,13 +75,22 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 					_ = conn.Close()
 				}
 			})
-			ctx.Hijack(func(client net.Conn) {
+			client := ctx.Conn()
+			ctx.Hijack(func(hc net.Conn) {
 				if !owned.CompareAndSwap(false, true) {
-					_ = client.Close()
+					_ = hc.Close()
 					return
 				}
 				orphan.Stop()
-				p.hijacks.relay(client, conn, raw, pending)
+				// The relay reads the client's connection itself, not
+				// through hc and the server's 16 KiB read buffer, and runs
+				// on a goroutine of its own, so that the server lets go of
+				// the buffer and the request context when this returns: an
+				// idle WebSocket then holds neither (and no copy buffer,
+				// see wsDir.copy). Bytes the server had read past the
+				// upgrade request go to the worker first.
+				early := bufferedBytes(hc)
+				go p.hijacks.relay(client, conn, raw, pending, early)
 			})
 			return
 		}
@@ -194,7 +203,33 @@ func (hj *hijacks) Open() int64 {
 	return int64(len(hj.m))
 }
 
-func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
+// bufferedBytes returns what hc (a hijacked connection) has buffered past
+// the request, without waiting for more: a read deadline already passed
+// ends the reads once the buffer is empty. Nil when nothing is (a
+// client may not send frames before the 101, RFC 6455 §4.1).
+func bufferedBytes(hc net.Conn) []byte {
+	if hc.SetReadDeadline(time.Unix(1, 0)) != nil {
+		return nil
+	}
+	defer hc.SetReadDeadline(time.Time{})
+	var one [1]byte
+	if n, _ := hc.Read(one[:]); n == 0 {
+		return nil
+	}
+	out := append(make([]byte, 0, 4096), one[0])
+	buf := make([]byte, 4096)
+	for {
+		n, err := hc.Read(buf)
+		out = append(out, buf[:n]...)
+		if err != nil || n == 0 {
+			return out
+		}
+	}
+}
+
+// relay copies a WebSocket both ways until either side ends it. early
+// holds bytes the client sent before the 101 reached it.
+func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []byte) {
 	r := newWSRelay(client, upstream)
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
@@ -219,6 +254,11 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending []byte) {
 	// (and, with a goodbye pending, Close follows them).
 	if len(pending) > 0 {
 		if err := r.down.forward(pending); err != nil {
+			return
+		}
+	}
+	if len(early) > 0 {
+		if err := r.up.forward(early); err != nil {
 			return
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // A relayed WebSocket is copied byte for byte, but the copier follows the
@@ -106,15 +108,25 @@ type wsDir struct {
 	closed bool // our Close frame went out: nothing more is forwarded
 }
 
-// copy forwards src to dst until either fails.
+// wsBufs are the relays' copy buffers, held only while bytes move.
+var wsBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copy forwards src to dst until either fails. It waits for src without a
+// buffer (rawio.WaitReadable) and takes one from wsBufs only to move what
+// arrived: an idle WebSocket holds no copy buffer (two of 32 KiB before).
 func (d *wsDir) copy() error {
-	buf := make([]byte, 32<<10)
 	for {
-		n, err := d.src.Read(buf)
+		// An error here is the Read's to report.
+		_ = rawio.WaitReadable(d.src)
+		bp := wsBufs.Get().(*[]byte)
+		n, err := d.src.Read(*bp)
+		var werr error
 		if n > 0 {
-			if werr := d.forward(buf[:n]); werr != nil {
-				return werr
-			}
+			werr = d.forward((*bp)[:n])
+		}
+		wsBufs.Put(bp)
+		if werr != nil {
+			return werr
 		}
 		if err != nil {
 			return err

@@ -196,7 +196,7 @@ func relayed(t *testing.T, hj *hijacks, pending []byte) (client, worker net.Conn
 	relayClient, client := tcpPair(t)
 	relayUp, worker := tcpPair(t)
 	handshake := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
-	go hj.relay(relayClient, relayUp, handshake, pending)
+	go hj.relay(relayClient, relayUp, handshake, pending, nil)
 	cbr, wbr = bufio.NewReader(client), bufio.NewReader(worker)
 	client.SetDeadline(time.Now().Add(10 * time.Second))
 	worker.SetDeadline(time.Now().Add(10 * time.Second))
@@ -223,7 +223,7 @@ func TestRelayShutdownDeadline(t *testing.T) {
 	relayClient, client := tcpPair(t)
 	relayUp, worker := tcpPair(t)
 	hj := newHijacks()
-	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil)
+	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil, nil)
 	client.Write(frame(0x2, []byte("0123456789"), true)[:5]) // stalls inside a frame
 	for hj.Open() != 1 {
 		time.Sleep(time.Millisecond)
@@ -288,7 +288,7 @@ func TestRelayShutdownWithHandshakeWriteBlocked_RDP2(t *testing.T) {
 	}
 	relayClient.SetWriteDeadline(time.Time{})
 	hj := newHijacks()
-	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil)
+	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil, nil)
 	for hj.Open() == 0 {
 		time.Sleep(time.Millisecond)
 	}
@@ -316,7 +316,7 @@ func TestWaitCoversRelaysStartedDuringIt_RDP2(t *testing.T) {
 		relayClient, client := tcpPair(t)
 		relayUp, worker := tcpPair(t)
 		n := hj.Open()
-		go hj.relay(relayClient, relayUp, handshake, nil)
+		go hj.relay(relayClient, relayUp, handshake, nil, nil)
 		for hj.Open() != n+1 {
 			time.Sleep(time.Millisecond)
 		}
