@@ -124,6 +124,7 @@ func New(o Options) *Proxy {
 		hijacks:   newHijacks(),
 		resume:    o.Resume,
 	}
+	p.hijacks.stall = p.ups.opts.StallTimeout
 	if p.now == nil {
 		p.now = time.Now
 	}

@@ -407,3 +407,43 @@ func TestWebSocketBytesBefore101Relayed_RDP2(t *testing.T) {
 		t.Fatalf("unexpected echo; got %q, %v; want %q", got, err, "early-late")
 	}
 }
+
+// A WebSocket client that stops reading while the worker keeps sending is
+// cut after the stall timeout: the worker's connection closes instead of
+// the relay blocking on the client for ever (R-DP-2, R-DP-3).
+func TestWebSocketStalledReaderCut_RDP2_RDP3(t *testing.T) {
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
+	gone := make(chan struct{})
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		// Binary frames of 64 KiB, unmasked (server to client), until the
+		// relay closes the connection.
+		frame := append([]byte{0x82, 127, 0, 0, 0, 0, 0, 1, 0, 0}, make([]byte, 64<<10)...)
+		_ = conn.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		for {
+			if _, err := conn.Write(frame); err != nil {
+				close(gone)
+				return
+			}
+		}
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	select {
+	case <-gone:
+	case <-time.After(15 * time.Second):
+		t.Fatal("unexpected relay still writing 15s after its client stopped reading")
+	}
+}

@@ -183,6 +183,9 @@ func readRawHeader(br *bufio.Reader) ([]byte, error) {
 // hijacks tracks relayed WebSocket connections: fasthttp's Shutdown
 // neither counts nor closes hijacked connections.
 type hijacks struct {
+	// stall bounds each relayed write (wsDir.stall); set once at start.
+	stall time.Duration
+
 	mu sync.Mutex
 	m  map[*wsRelay]struct{}
 	// closing is set by shutdown, for good: a relay whose 101 arrives
@@ -230,7 +233,7 @@ func bufferedBytes(hc net.Conn) []byte {
 // relay copies a WebSocket both ways until either side ends it. early
 // holds bytes the client sent before the 101 reached it.
 func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []byte) {
-	r := newWSRelay(client, upstream)
+	r := newWSRelay(client, upstream, hj.stall)
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
 	closing, deadline := hj.closing, hj.deadline

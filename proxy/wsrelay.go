@@ -103,6 +103,12 @@ type wsDir struct {
 	mask  bool
 	going *atomic.Bool
 
+	// stall bounds each write to dst (UpstreamOptions.StallTimeout; 0:
+	// none): a peer that stops reading while the other sends is cut
+	// instead of holding the relay for ever. An idle relay writes nothing
+	// and is never cut.
+	stall time.Duration
+
 	mu     sync.Mutex
 	fr     frameTracker
 	closed bool // our Close frame went out: nothing more is forwarded
@@ -142,6 +148,10 @@ func (d *wsDir) forward(p []byte) error {
 	defer d.mu.Unlock()
 	for len(p) > 0 && !d.closed {
 		n := d.fr.span(p)
+		if !d.going.Load() {
+			// Shutdown's deadline, once set, is not pushed back.
+			rawio.KeepWriteDeadline(d.dst, time.Now(), d.stall)
+		}
 		if _, err := d.dst.Write(p[:n]); err != nil {
 			return err
 		}
@@ -210,10 +220,10 @@ type wsRelay struct {
 	dl      time.Time // the goodbye's deadline, once going
 }
 
-func newWSRelay(client, upstream net.Conn) *wsRelay {
+func newWSRelay(client, upstream net.Conn, stall time.Duration) *wsRelay {
 	r := &wsRelay{client: client, upstream: upstream}
-	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going}
-	r.down = wsDir{src: upstream, dst: client, going: &r.going}
+	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going, stall: stall}
+	r.down = wsDir{src: upstream, dst: client, going: &r.going, stall: stall}
 	return r
 }
 
