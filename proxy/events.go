@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -42,6 +44,8 @@ const eventBufSize = chunkRoom + streamBufSize + 2
 
 var eventBufs = sync.Pool{New: func() any { b := make([]byte, eventBufSize); return &b }}
 
+var errHijackSkipped = errors.New("the server never handed over the event stream's connection")
+
 // lastChunk ends a chunked body without trailers.
 var lastChunk = []byte("0\r\n\r\n")
 
@@ -62,7 +66,23 @@ func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 	p.streams.relayStart()
 	closeAfter := ctx.Request.Header.ConnectionClose() || p.resume == nil
 	ctx.HijackSetNoResponse(true)
+	// fasthttp skips the hijack handler when it cannot flush an answer
+	// held back before this one (pipelined requests, a client gone):
+	// nothing would ever end the stream then, and its worker connection
+	// and relay count would stay for good. The handler or hijackWait,
+	// whichever comes first, owns the stream (as for WebSockets).
+	var owned atomic.Bool
+	orphan := time.AfterFunc(hijackWait, func() {
+		if owned.CompareAndSwap(false, true) {
+			p.endRelay(b, errHijackSkipped, false)
+		}
+	})
 	ctx.Hijack(func(hc net.Conn) {
+		if !owned.CompareAndSwap(false, true) {
+			_ = hc.Close()
+			return
+		}
+		orphan.Stop()
 		// ctx is valid until this returns, and then released along with
 		// the server's read buffer: the relay keeps neither.
 		rh := &ctx.Response.Header

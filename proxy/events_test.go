@@ -276,3 +276,54 @@ func TestAppendChunk(t *testing.T) {
 		}
 	}
 }
+
+// An event stream whose hijack fasthttp never runs — the client reset its
+// connection while a pipelined answer before the stream still waited in
+// the write buffer, whose flush then fails — must still let go of its
+// worker connection and of its relay count: nothing else ends it, and
+// shutdown would wait for it (R-DP-2).
+func TestEventStreamBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
+	defer func(d time.Duration) { hijackWait = d }(hijackWait)
+	hijackWait = 500 * time.Millisecond
+	rg, w := newRigWorker(t, nil)
+	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
+	defer close(stop)
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		close(asked)
+		<-answer
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(200)
+		rw.(http.Flusher).Flush()
+		// Idle until the relay closes the connection.
+		select {
+		case <-r.Context().Done():
+			closed <- r.Context().Err()
+		case <-stop:
+		}
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// One write: both requests reach pinboard's read buffer together, so
+	// the first answer is held back for the second.
+	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"GET /counters/alice/events HTTP/1.1\r\nHost: x\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream request never reached the worker")
+	}
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close() // on loopback the reset is at pinboard's socket on return
+	close(answer)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d, relays %d; want 0, 0",
+			rg.p.OpenStreams(), rg.p.RelayedEventStreams())
+	}
+	waitEventRelays(t, rg.p, 0)
+}
