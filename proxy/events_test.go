@@ -327,3 +327,47 @@ func TestEventStreamBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 	}
 	waitEventRelays(t, rg.p, 0)
 }
+
+// The same for an unsized body to an HTTP/1.0 client, relayed until close
+// on the hijacked connection: a hijack fasthttp never runs must not keep
+// the worker's connection and the stream open for good (R-DP-2).
+func TestUntilCloseBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
+	defer func(d time.Duration) { hijackWait = d }(hijackWait)
+	hijackWait = 500 * time.Millisecond
+	rg, w := newRigWorker(t, nil)
+	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
+	defer close(stop)
+	w.route("/stream", func(rw http.ResponseWriter, r *http.Request) {
+		close(asked)
+		<-answer
+		rw.WriteHeader(200)
+		_, _ = io.WriteString(rw, "first")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			closed <- r.Context().Err()
+		case <-stop:
+		}
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"+
+		"GET /counters/alice/stream HTTP/1.0\r\nHost: x\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream request never reached the worker")
+	}
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close()
+	close(answer)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d; want 0", rg.p.OpenStreams())
+	}
+}
