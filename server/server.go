@@ -224,6 +224,14 @@ func New(o Options) (*Pinboard, error) {
 			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.proxy.StallTimeout())
 			return fasthttp.StatusContinue
 		},
+		// fasthttp answers a request it cannot read (431, 400, 408)
+		// itself, without Handle: the deadline the previous response left
+		// on a keep-alive connection may have passed since, and the
+		// answer would be dropped for a bare close.
+		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.stall)
+			serverError(ctx, err)
+		},
 		IdleTimeout: o.IdleTimeout,
 		HeaderReceived: func(*fasthttp.RequestHeader) fasthttp.RequestConfig {
 			// The header arrived in time; the body gets ReadTimeout, or by
@@ -248,6 +256,20 @@ func New(o Options) (*Pinboard, error) {
 		})
 	}
 	return pb, nil
+}
+
+// serverError is fasthttp's default answer to a request it cannot read.
+func serverError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	var op *net.OpError
+	switch {
+	case errors.As(err, &small):
+		ctx.Error("Too big request header", fasthttp.StatusRequestHeaderFieldsTooLarge)
+	case errors.As(err, &op) && op.Timeout():
+		ctx.Error("Request timeout", fasthttp.StatusRequestTimeout)
+	default:
+		ctx.Error("Error when parsing request", fasthttp.StatusBadRequest)
+	}
 }
 
 // bodyTimeout is the client read deadline from the end of a request
