@@ -72,8 +72,17 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	return b
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. What it returns is written next, the end of
+// the body included (a last chunk): either renews the write deadline.
 func (b *upstreamBody) Read(p []byte) (int, error) {
+	n, err := b.read(p)
+	if n > 0 || err == io.EOF {
+		b.renew()
+	}
+	return n, err
+}
+
+func (b *upstreamBody) read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
 	}
@@ -93,9 +102,6 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 			b.done, b.broken = true, true
 			return n, io.EOF
 		}
-	}
-	if n > 0 {
-		b.renew()
 	}
 	if err != nil && err != io.EOF {
 		b.broken = true

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +44,28 @@ func TestStaleWriteDeadlineAfterIdle_RDP2(t *testing.T) {
 	res.Reset()
 	if err := res.Read(br); err != nil || res.StatusCode() != fasthttp.StatusRequestHeaderFieldsTooLarge {
 		t.Fatalf("unexpected answer to a header too large after idling; got %d, %v; want %d", res.StatusCode(), err, fasthttp.StatusRequestHeaderFieldsTooLarge)
+	}
+}
+
+// A chunked download that idles past the stall timeout before the worker
+// ends it still gets its last chunk: the end of a stream is a write like
+// any other, and the deadline the last data left has passed by then
+// (R-DP-2).
+func TestIdleStreamEndOutlivesWriteDeadline_RDP2(t *testing.T) {
+	_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: 300 * time.Millisecond}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			_, _ = io.WriteString(w, "part")
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Second) // idle past the stall timeout, then end
+		}))
+	res, err := http.Get(public + "/counters/alice/download")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil || string(b) != "part" {
+		t.Fatalf("unexpected body of a stream that ended after idling; got %q, %v; want %q", b, err, "part")
 	}
 }
