@@ -369,6 +369,10 @@ type streams struct {
 	// connection is closed or back with the server.
 	relays int
 	idle   idleSignal
+	// closing is set by stopAll, for good: a stream that starts later (a
+	// worker slow to answer) is stopped as it starts, instead of running
+	// on untracked once the server has gone (WebSockets: hijacks.closing).
+	closing bool
 }
 
 func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})} }
@@ -376,6 +380,9 @@ func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})
 func (s *streams) add(b *upstreamBody) {
 	s.mu.Lock()
 	s.m[b] = struct{}{}
+	if s.closing {
+		b.stop(time.Now())
+	}
 	s.mu.Unlock()
 	s.n.Add(1)
 	if b.sse {
@@ -454,6 +461,7 @@ func (s *streams) OpenEvents() int64 { return s.sse.Load() }
 func (s *streams) stopAll(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closing = true
 	for b := range s.m {
 		b.stop(now)
 	}

@@ -371,3 +371,44 @@ func TestUntilCloseBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d; want 0", rg.p.OpenStreams())
 	}
 }
+
+// An event stream whose header arrives after shutdown ended the streams
+// (a worker slow to answer) is ended as well, not relayed on untracked
+// once the server has gone: a WebSocket whose 101 comes late is told
+// goodbye the same way (R-DP-2).
+func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	asked, answer := make(chan struct{}), make(chan struct{})
+	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
+	defer close(stop)
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		close(asked)
+		<-answer
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(200)
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	})
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /counters/alice/events HTTP/1.1\r\nHost: pb\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream request never reached the worker")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rg.p.CloseStreamsContext(ctx)
+	close(answer)
+	s.header()
+	if got := s.chunk(); got != "" {
+		t.Fatalf("unexpected chunk of a stream begun after shutdown; got %q; want the last chunk", got)
+	}
+	if !s.eof() {
+		t.Fatal("unexpected open connection after shutdown ended the stream")
+	}
+	waitEventRelays(t, rg.p, 0)
+}
