@@ -322,28 +322,14 @@ func (b *upstreamBody) CloseWithError(err error) error {
 func relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 	ctx.Response.Header.SetConnectionClose()
 	hdr := append([]byte(nil), ctx.Response.Header.Header()...)
-	ctx.HijackSetNoResponse(true)
-	// As for event streams (hijackEvents): a hijack fasthttp never runs
-	// must still release the body and its worker connection.
-	var owned atomic.Bool
-	orphan := time.AfterFunc(hijackWait, func() {
-		if owned.CompareAndSwap(false, true) {
-			_ = b.CloseWithError(errHijackSkipped)
-		}
-	})
-	ctx.Hijack(func(c net.Conn) {
-		if !owned.CompareAndSwap(false, true) {
-			_ = c.Close()
-			return
-		}
-		orphan.Stop()
+	hijack(ctx, func(c net.Conn) {
 		_, err := c.Write(hdr)
 		if err == nil {
 			_, err = io.Copy(c, b)
 		}
 		_ = b.CloseWithError(err)
 		_ = c.Close()
-	})
+	}, func() { _ = b.CloseWithError(errHijackSkipped) })
 }
 
 // stop ends a stream at shutdown: the blocked read returns at once; an

@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"errors"
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -44,8 +41,6 @@ const eventBufSize = chunkRoom + streamBufSize + 2
 
 var eventBufs = sync.Pool{New: func() any { b := make([]byte, eventBufSize); return &b }}
 
-var errHijackSkipped = errors.New("the server never handed over the event stream's connection")
-
 // lastChunk ends a chunked body without trailers.
 var lastChunk = []byte("0\r\n\r\n")
 
@@ -65,29 +60,14 @@ func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 	b.relayed = true
 	p.streams.relayStart()
 	closeAfter := ctx.Request.Header.ConnectionClose() || p.resume == nil
-	ctx.HijackSetNoResponse(true)
-	// fasthttp skips the hijack handler when it cannot flush an answer
-	// held back before this one (pipelined requests, a client gone):
-	// nothing would ever end the stream then, and its worker connection
-	// and relay count would stay for good. The handler or hijackWait,
-	// whichever comes first, owns the stream (as for WebSockets).
-	var owned atomic.Bool
-	orphan := time.AfterFunc(hijackWait, func() {
-		if owned.CompareAndSwap(false, true) {
-			p.endRelay(b, errHijackSkipped, false)
-		}
-	})
-	ctx.Hijack(func(hc net.Conn) {
-		if !owned.CompareAndSwap(false, true) {
-			_ = hc.Close()
-			return
-		}
-		orphan.Stop()
+	hijack(ctx, func(hc net.Conn) {
 		// ctx is valid until this returns, and then released along with
-		// the server's read buffer: the relay keeps neither.
+		// the server's read buffer: the relay keeps neither. Bytes the
+		// client sent past its request are not this relay's to read: the
+		// connection closes after the stream.
 		rh := &ctx.Response.Header
 		rh.SetContentLength(-1) // chunked
-		if closeAfter || pipelined(hc) {
+		if closeAfter || bufferedBytes(hc) != nil {
 			rh.SetConnectionClose()
 		}
 		keep := !rh.ConnectionClose()
@@ -96,21 +76,7 @@ func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 			return
 		}
 		go p.relayEvents(b, keep)
-	})
-}
-
-// pipelined reports whether the client sent bytes past its request (a
-// pipelined request, or a body the worker did not read): hc reads what
-// the server had buffered first. It consumes one byte when there is one,
-// so the connection cannot be served further and must close. An already
-// passed deadline makes the read return at once when nothing is there.
-func pipelined(hc net.Conn) bool {
-	if hc.SetReadDeadline(time.Unix(1, 0)) != nil {
-		return true
-	}
-	var one [1]byte
-	n, _ := hc.Read(one[:])
-	return n > 0 || hc.SetReadDeadline(time.Time{}) != nil
+	}, func() { p.endRelay(b, errHijackSkipped, false) })
 }
 
 // relayEvents copies the worker's events to the client until either side

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -63,35 +62,18 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			pending := make([]byte, br.Buffered())
 			_, _ = io.ReadFull(br, pending)
 			ctx.Response.Reset()
-			ctx.HijackSetNoResponse(true)
-			// fasthttp skips the hijack handler when it cannot flush an
-			// answer held back before this one (pipelined requests, a
-			// client gone): nothing would ever close the worker's
-			// connection then. The handler or hijackWait, whichever comes
-			// first, owns it.
-			var owned atomic.Bool
-			orphan := time.AfterFunc(hijackWait, func() {
-				if owned.CompareAndSwap(false, true) {
-					_ = conn.Close()
-				}
-			})
 			client := ctx.Conn()
-			ctx.Hijack(func(hc net.Conn) {
-				if !owned.CompareAndSwap(false, true) {
-					_ = hc.Close()
-					return
-				}
-				orphan.Stop()
+			hijack(ctx, func(hc net.Conn) {
 				// The relay reads the client's connection itself, not
 				// through hc and the server's 16 KiB read buffer, and runs
 				// on a goroutine of its own, so that the server lets go of
 				// the buffer and the request context when this returns: an
 				// idle WebSocket then holds neither (and no copy buffer,
 				// see wsDir.copy). Bytes the server had read past the
-				// upgrade request go to the worker first.
-				early := bufferedBytes(hc)
-				go p.hijacks.relay(client, conn, raw, pending, early)
-			})
+				// upgrade request (a client may not send any before the
+				// 101, RFC 6455 §4.1) go to the worker first.
+				go p.hijacks.relay(client, conn, raw, pending, bufferedBytes(hc))
+			}, func() { _ = conn.Close() })
 			return
 		}
 		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) ||
@@ -204,30 +186,6 @@ func (hj *hijacks) Open() int64 {
 	hj.mu.Lock()
 	defer hj.mu.Unlock()
 	return int64(len(hj.m))
-}
-
-// bufferedBytes returns what hc (a hijacked connection) has buffered past
-// the request, without waiting for more: a read deadline already passed
-// ends the reads once the buffer is empty. Nil when nothing is (a
-// client may not send frames before the 101, RFC 6455 §4.1).
-func bufferedBytes(hc net.Conn) []byte {
-	if hc.SetReadDeadline(time.Unix(1, 0)) != nil {
-		return nil
-	}
-	defer hc.SetReadDeadline(time.Time{})
-	var one [1]byte
-	if n, _ := hc.Read(one[:]); n == 0 {
-		return nil
-	}
-	out := append(make([]byte, 0, 4096), one[0])
-	buf := make([]byte, 4096)
-	for {
-		n, err := hc.Read(buf)
-		out = append(out, buf[:n]...)
-		if err != nil || n == 0 {
-			return out
-		}
-	}
 }
 
 // relay copies a WebSocket both ways until either side ends it. early
@@ -359,8 +317,3 @@ func (s *idleSignal) wait(n int) <-chan struct{} {
 	}
 	return s.ch
 }
-
-// hijackWait bounds the wait for fasthttp to run a hijack handler once
-// the handler returned: it flushes answers held back for pipelining
-// first (a var for tests).
-var hijackWait = handshakeTimeout

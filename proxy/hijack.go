@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// hijackWait bounds the wait for fasthttp to run a hijack handler once
+// the handler returned: it flushes answers held back for pipelining
+// first (a var for tests).
+var hijackWait = handshakeTimeout
+
+// errHijackSkipped ends what a hijack that fasthttp never ran was to own.
+var errHijackSkipped = errors.New("the server never handed over the client connection")
+
+// hijack takes the client connection over once the handler returns, the
+// server writing no response of its own: run gets the hijacked connection
+// (valid with ctx until run returns). fasthttp skips the hijack handler
+// when it cannot flush an answer held back before this one (pipelined
+// requests, a client gone), and nothing would then release what the
+// hijack was to own (a worker connection, a tracked stream): run or, after
+// hijackWait, orphaned — whichever comes first — owns it; the other does
+// nothing (run closes the connection it got).
+func hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn), orphaned func()) {
+	var owned atomic.Bool
+	orphan := time.AfterFunc(hijackWait, func() {
+		if owned.CompareAndSwap(false, true) {
+			orphaned()
+		}
+	})
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(hc net.Conn) {
+		if !owned.CompareAndSwap(false, true) {
+			_ = hc.Close()
+			return
+		}
+		orphan.Stop()
+		run(hc)
+	})
+}
+
+// bufferedBytes returns what hc (a hijacked connection) has buffered past
+// the request, without waiting for more: a read deadline already passed
+// ends the reads once the buffer is empty. Nil when nothing is.
+func bufferedBytes(hc net.Conn) []byte {
+	if hc.SetReadDeadline(time.Unix(1, 0)) != nil {
+		return nil
+	}
+	defer hc.SetReadDeadline(time.Time{})
+	var one [1]byte
+	if n, _ := hc.Read(one[:]); n == 0 {
+		return nil
+	}
+	out := append(make([]byte, 0, 4096), one[0])
+	buf := make([]byte, 4096)
+	for {
+		n, err := hc.Read(buf)
+		out = append(out, buf[:n]...)
+		if err != nil || n == 0 {
+			return out
+		}
+	}
+}
