@@ -38,21 +38,17 @@ type pconn struct {
 }
 
 // lazyDeadline keeps a connection deadline about d ahead of now without
-// setting it on every call: setting a deadline is a timer operation in the
-// runtime's poller, and a busy connection would pay it per request or per
-// chunk. It is renewed only once it has drifted by more than a slack of
-// min(1s, d/10), so it fires between d minus the slack and d after the
-// last renewal that was due. at is the deadline last set (zero: none).
+// setting it on every call (rawio.DeadlineDue says when it is due). at is
+// the deadline last set (zero: none).
 type lazyDeadline struct{ at time.Time }
 
 // due reports the deadline to set now, if one is due.
 func (l *lazyDeadline) due(now time.Time, d time.Duration) (time.Time, bool) {
-	want := now.Add(d)
-	if !l.at.Before(want.Add(-min(time.Second, d/10))) {
+	if !rawio.DeadlineDue(l.at, now, d) {
 		return time.Time{}, false
 	}
-	l.at = want
-	return want, true
+	l.at = now.Add(d)
+	return l.at, true
 }
 
 // armHeaderDeadline makes sure a read on pc gives up no later than d
@@ -287,20 +283,18 @@ func (r *carryReader) Read(p []byte) (int, error) {
 		return r.c.Read(p)
 	}
 	for {
-		if at, ok := r.check.due(time.Now(), clientCheckEvery); ok {
-			_ = r.c.SetReadDeadline(at)
-			// Shutdown's stop sets its flag, then its deadline (now): read
-			// after ours went in, the flag is seen or stop's deadline wins.
-			if r.stopped.Load() {
-				return 0, errStreamEnded
-			}
+		if r.armCheck() {
+			return 0, errStreamEnded
 		}
 		n, err := r.c.Read(p)
-		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
+		if n > 0 {
 			return n, err
 		}
-		if rawio.PeerClosed(r.client) {
-			return 0, errClientGone
+		if again, gone := r.recheck(err); !again {
+			if gone != nil {
+				return 0, gone
+			}
+			return n, err
 		}
 	}
 }
@@ -318,20 +312,41 @@ func (r *carryReader) waitReadable() error {
 		return nil
 	}
 	for {
-		if at, ok := r.check.due(time.Now(), clientCheckEvery); ok {
-			_ = r.c.SetReadDeadline(at)
-		}
-		if r.stopped.Load() {
+		if r.armCheck() {
 			return nil
 		}
 		err := rawio.WaitReadable(r.c)
-		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
+		if err == nil {
 			return nil
 		}
-		if rawio.PeerClosed(r.client) {
-			return errClientGone
+		if again, gone := r.recheck(err); !again {
+			return gone
 		}
 	}
+}
+
+// armCheck sets the client check's read deadline when due and reports
+// whether shutdown stopped the body: stop sets its flag, then its
+// deadline (now), so read after ours went in, the flag is seen or stop's
+// deadline wins.
+func (r *carryReader) armCheck() bool {
+	if at, ok := r.check.due(time.Now(), clientCheckEvery); ok {
+		_ = r.c.SetReadDeadline(at)
+	}
+	return r.stopped.Load()
+}
+
+// recheck looks at what a wait for the worker ended with: again when it
+// was the check's deadline and the client is still there, errClientGone
+// when the client left; anything else is the caller's to report.
+func (r *carryReader) recheck(err error) (again bool, gone error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
+		return false, nil
+	}
+	if rawio.PeerClosed(r.client) {
+		return false, errClientGone
+	}
+	return true, nil
 }
 
 // watch makes reads through pc's stream buffer check on client (see

@@ -241,15 +241,28 @@ func KeepWriteDeadline(c net.Conn, now time.Time, d time.Duration) {
 	if d <= 0 || c == nil {
 		return
 	}
-	want := now.Add(d)
 	if rc, ok := c.(*Conn); ok {
-		if at := rc.wdl.Load(); at != 0 && at >= want.Add(-min(time.Second, d/10)).UnixNano() {
-			return
+		var last time.Time
+		if at := rc.wdl.Load(); at != 0 {
+			last = time.Unix(0, at)
 		}
-		_ = rc.SetWriteDeadline(want)
+		if DeadlineDue(last, now, d) {
+			_ = rc.SetWriteDeadline(now.Add(d))
+		}
 		return
 	}
-	_ = c.SetWriteDeadline(want)
+	_ = c.SetWriteDeadline(now.Add(d))
+}
+
+// DeadlineDue reports whether a deadline kept about d ahead of now, last
+// set to last (zero: none), is due for renewal: once it has drifted by more
+// than a slack of min(1s, d/10). Such a deadline fires between d minus the
+// slack and d after the last renewal that was due, and costs a runtime
+// timer operation about once a second on a busy connection instead of
+// once per request or chunk. The one rule for every lazily kept deadline
+// (KeepWriteDeadline, the proxy's lazyDeadline).
+func DeadlineDue(last, now time.Time, d time.Duration) bool {
+	return last.Before(now.Add(d - min(time.Second, d/10)))
 }
 
 // Wrap returns c as a *Conn when it is a *net.TCPConn, and c otherwise
