@@ -211,17 +211,12 @@ func New(o Options) (*Pinboard, error) {
 		ReadBufferSize:               o.MaxHeaderBytes,
 		WriteBufferSize:              16 << 10,
 		ReadTimeout:                  o.HeaderTimeout,
-		// A response must reach the client's socket within the stall
-		// timeout (none when it is off), or a client that never reads
-		// holds its connection for ever; a streamed body renews the
-		// deadline as it moves (proxy's upstreamBody), so an idle event
-		// stream is not cut.
 		// Responses are written under the stall timeout, kept per
 		// connection by Handle (not fasthttp's WriteTimeout, a timer
 		// operation per response); fasthttp writes a 100 Continue before
 		// the handler runs, so it gets the same here.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
-			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.proxy.StallTimeout())
+			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.stall)
 			return fasthttp.StatusContinue
 		},
 		// fasthttp answers a request it cannot read (431, 400, 408)
@@ -316,7 +311,7 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	// the request's arrival, read by fasthttp already. Serve's listener
 	// gives every connection as a *rawio.Conn.
 	if c, ok := ctx.Conn().(*rawio.Conn); ok {
-		rawio.KeepWriteDeadline(c, ctx.Time(), pb.stall)
+		c.KeepWriteDeadline(ctx.Time(), pb.stall)
 	}
 	// Absolute form (RFC 9112 §3.2.2) routes by its path; a malformed one
 	// is left for the data plane to refuse.

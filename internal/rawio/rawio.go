@@ -242,16 +242,25 @@ func KeepWriteDeadline(c net.Conn, now time.Time, d time.Duration) {
 		return
 	}
 	if rc, ok := c.(*Conn); ok {
-		var last time.Time
-		if at := rc.wdl.Load(); at != 0 {
-			last = time.Unix(0, at)
-		}
-		if DeadlineDue(last, now, d) {
-			_ = rc.SetWriteDeadline(now.Add(d))
-		}
+		rc.KeepWriteDeadline(now, d)
 		return
 	}
 	_ = c.SetWriteDeadline(now.Add(d))
+}
+
+// KeepWriteDeadline is the package function for a *Conn, whose caller
+// knows it has one.
+func (c *Conn) KeepWriteDeadline(now time.Time, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	var last time.Time
+	if at := c.wdl.Load(); at != 0 {
+		last = time.Unix(0, at)
+	}
+	if DeadlineDue(last, now, d) {
+		_ = c.SetWriteDeadline(now.Add(d))
+	}
 }
 
 // DeadlineDue reports whether a deadline kept about d ahead of now, last
