@@ -277,6 +277,59 @@ func TestAppendChunk(t *testing.T) {
 	}
 }
 
+// slowStream is a worker route that waits for answer before its header
+// (asked closes once the request arrived), then sends its content type and
+// first, and idles until pinboard closes the connection (closed gets it)
+// or the test ends.
+type slowStream struct {
+	asked, answer chan struct{}
+	closed        chan error
+}
+
+func newSlowStream(t *testing.T, w *standin, suffix, contentType, first string) *slowStream {
+	t.Helper()
+	ss := &slowStream{asked: make(chan struct{}), answer: make(chan struct{}), closed: make(chan error, 1)}
+	stop := make(chan struct{}) // lets the worker's cleanup finish when a test fails
+	t.Cleanup(func() { close(stop) })
+	w.route(suffix, func(rw http.ResponseWriter, r *http.Request) {
+		close(ss.asked)
+		<-ss.answer
+		if contentType != "" {
+			rw.Header().Set("Content-Type", contentType)
+		}
+		rw.WriteHeader(200)
+		_, _ = io.WriteString(rw, first)
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			ss.closed <- r.Context().Err()
+		case <-stop:
+		}
+	})
+	return ss
+}
+
+// waitAsked waits until the request reached the worker.
+func (ss *slowStream) waitAsked(t *testing.T) {
+	t.Helper()
+	select {
+	case <-ss.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream request never reached the worker")
+	}
+}
+
+// waitClosed waits until pinboard closed the worker's connection.
+func (ss *slowStream) waitClosed(t *testing.T, p *Proxy) {
+	t.Helper()
+	select {
+	case <-ss.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d, relays %d; want 0, 0",
+			p.OpenStreams(), p.RelayedEventStreams())
+	}
+}
+
 // An event stream whose hijack fasthttp never runs — the client reset its
 // connection while a pipelined answer before the stream still waited in
 // the write buffer, whose flush then fails — must still let go of its
@@ -286,22 +339,7 @@ func TestEventStreamBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 	defer func(d time.Duration) { hijackWait = d }(hijackWait)
 	hijackWait = 500 * time.Millisecond
 	rg, w := newRigWorker(t, nil)
-	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
-	defer close(stop)
-	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-		close(asked)
-		<-answer
-		rw.Header().Set("Content-Type", "text/event-stream")
-		rw.WriteHeader(200)
-		rw.(http.Flusher).Flush()
-		// Idle until the relay closes the connection.
-		select {
-		case <-r.Context().Done():
-			closed <- r.Context().Err()
-		case <-stop:
-		}
-	})
+	ss := newSlowStream(t, w, "/events", "text/event-stream", "")
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -311,20 +349,11 @@ func TestEventStreamBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 	// the first answer is held back for the second.
 	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
 		"GET /counters/alice/events HTTP/1.1\r\nHost: x\r\n\r\n")
-	select {
-	case <-asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream request never reached the worker")
-	}
+	ss.waitAsked(t)
 	_ = c.(*net.TCPConn).SetLinger(0)
 	_ = c.Close() // on loopback the reset is at pinboard's socket on return
-	close(answer)
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d, relays %d; want 0, 0",
-			rg.p.OpenStreams(), rg.p.RelayedEventStreams())
-	}
+	close(ss.answer)
+	ss.waitClosed(t, rg.p)
 	waitEventRelays(t, rg.p, 0)
 }
 
@@ -335,21 +364,7 @@ func TestUntilCloseBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 	defer func(d time.Duration) { hijackWait = d }(hijackWait)
 	hijackWait = 500 * time.Millisecond
 	rg, w := newRigWorker(t, nil)
-	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
-	defer close(stop)
-	w.route("/stream", func(rw http.ResponseWriter, r *http.Request) {
-		close(asked)
-		<-answer
-		rw.WriteHeader(200)
-		_, _ = io.WriteString(rw, "first")
-		rw.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-			closed <- r.Context().Err()
-		case <-stop:
-		}
-	})
+	ss := newSlowStream(t, w, "/stream", "", "first")
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -357,19 +372,11 @@ func TestUntilCloseBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 	defer c.Close()
 	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"+
 		"GET /counters/alice/stream HTTP/1.0\r\nHost: x\r\n\r\n")
-	select {
-	case <-asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream request never reached the worker")
-	}
+	ss.waitAsked(t)
 	_ = c.(*net.TCPConn).SetLinger(0)
 	_ = c.Close()
-	close(answer)
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("unexpected worker stream still open 10s after its client reset; got open streams %d; want 0", rg.p.OpenStreams())
-	}
+	close(ss.answer)
+	ss.waitClosed(t, rg.p)
 }
 
 // An event stream whose header arrives after shutdown ended the streams
@@ -378,31 +385,14 @@ func TestUntilCloseBehindFailedFlushFreesWorker_RDP2(t *testing.T) {
 // goodbye the same way (R-DP-2).
 func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
-	asked, answer := make(chan struct{}), make(chan struct{})
-	stop := make(chan struct{}) // lets the worker's cleanup finish when this fails
-	defer close(stop)
-	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-		close(asked)
-		<-answer
-		rw.Header().Set("Content-Type", "text/event-stream")
-		rw.WriteHeader(200)
-		rw.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done():
-		case <-stop:
-		}
-	})
+	ss := newSlowStream(t, w, "/events", "text/event-stream", "")
 	s := dialStream(t, rg)
 	fmt.Fprint(s.c, "GET /counters/alice/events HTTP/1.1\r\nHost: pb\r\n\r\n")
-	select {
-	case <-asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stream request never reached the worker")
-	}
+	ss.waitAsked(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rg.p.CloseStreamsContext(ctx)
-	close(answer)
+	close(ss.answer)
 	s.header()
 	if got := s.chunk(); got != "" {
 		t.Fatalf("unexpected chunk of a stream begun after shutdown; got %q; want the last chunk", got)

@@ -223,13 +223,11 @@ func TestWebSocketSessionGapRetried_RTR5_RDP2(t *testing.T) {
 			rw.WriteHeader(http.StatusForbidden)
 			return
 		}
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
+		conn, _, ok := accept101(rw)
+		if !ok {
 			return
 		}
 		defer conn.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
 	})
 
 	t.Run("young session, gap closes", func(t *testing.T) {
@@ -363,13 +361,11 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 func TestWebSocketBytesBefore101Relayed_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
 	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
+		conn, brw, ok := accept101(rw)
+		if !ok {
 			return
 		}
 		defer conn.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
 		// Echo whatever arrives, byte for byte, until the client leaves.
 		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 		buf := make([]byte, 64)
@@ -415,13 +411,11 @@ func TestWebSocketStalledReaderCut_RDP2_RDP3(t *testing.T) {
 	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
 	gone := make(chan struct{})
 	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
+		conn, _, ok := accept101(rw)
+		if !ok {
 			return
 		}
 		defer conn.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
 		// Binary frames of 64 KiB, unmasked (server to client), until the
 		// relay closes the connection.
 		frame := append([]byte{0x82, 127, 0, 0, 0, 0, 0, 1, 0, 0}, make([]byte, 64<<10)...)
@@ -446,4 +440,19 @@ func TestWebSocketStalledReaderCut_RDP2_RDP3(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("unexpected relay still writing 15s after its client stopped reading")
 	}
+}
+
+// accept101 is a stand-in worker's side of a WebSocket handshake: it takes
+// the connection over and answers 101. The caller closes conn.
+func accept101(rw http.ResponseWriter) (conn net.Conn, brw *bufio.ReadWriter, ok bool) {
+	conn, brw, err := rw.(http.Hijacker).Hijack()
+	if err != nil {
+		return nil, nil, false
+	}
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+	if brw.Flush() != nil {
+		conn.Close()
+		return nil, nil, false
+	}
+	return conn, brw, true
 }
