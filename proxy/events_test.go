@@ -264,7 +264,7 @@ func TestEventStreamShutdown_RDP2(t *testing.T) {
 	}
 }
 
-func TestAppendChunk(t *testing.T) {
+func TestAppendChunk_RDP2(t *testing.T) {
 	for _, n := range []int{1, 9, 15, 16, 255, 256, 4095, 4096} {
 		buf := make([]byte, eventBufSize)
 		for i := range n {

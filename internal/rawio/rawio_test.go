@@ -220,7 +220,7 @@ func TestReadable_RDP1(t *testing.T) {
 // none of it, honours the read deadline, and returns for a peer's close
 // (the read that follows reports EOF). A connection without raw access
 // returns at once.
-func TestWaitReadable(t *testing.T) {
+func TestWaitReadable_RDP2(t *testing.T) {
 	client, server := rawTCPPair(t)
 	r := Wrap(client)
 	done := make(chan error, 1)
@@ -265,7 +265,7 @@ func TestWaitReadable(t *testing.T) {
 // TestKeepWriteDeadline: the deadline is set when none is, renewed only
 // once it drifted past the slack, renewed after one set directly has
 // passed, and it bounds a write to a peer that does not read.
-func TestKeepWriteDeadline(t *testing.T) {
+func TestKeepWriteDeadline_RDP2(t *testing.T) {
 	client, _ := rawTCPPair(t)
 	c := Wrap(client).(*Conn)
 	now := time.Now()
