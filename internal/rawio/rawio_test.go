@@ -299,3 +299,101 @@ func TestKeepWriteDeadline_RDP2(t *testing.T) {
 		t.Fatalf("unexpected write error to a peer that does not read; got %v; want the deadline", err)
 	}
 }
+
+// TestLazyReadDeadline_RDP2: read deadlines keep net.Conn's meaning —
+// a passed one fails the next read even with data waiting, an earlier
+// one set while a read is parked wakes it, a later one set while it is
+// parked on an earlier one keeps it waiting — while a deadline reaches
+// the poller only when a read is about to wait: a keep-alive
+// connection whose requests arrive whole pays no timer operation for
+// the header and body deadlines fasthttp sets per request.
+func TestLazyReadDeadline_RDP2(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client).(*Conn)
+	buf := make([]byte, 64)
+
+	// Deadlines set while data is waiting are never armed.
+	if _, err := server.Write([]byte("req")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	for _, d := range []time.Duration{75 * time.Second, 30 * time.Second, 60 * time.Second} {
+		_ = c.SetReadDeadline(time.Now().Add(d))
+	}
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "req" {
+		t.Fatalf("unexpected read of waiting data; got %q, %v", buf[:n], err)
+	}
+	if got := c.x.rd.set.Load(); got != noDeadline {
+		t.Fatalf("unexpected deadline armed for a read that did not wait; got %v", time.Unix(0, got))
+	}
+
+	// A passed deadline fails the next read, data waiting or not.
+	if _, err := server.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	_ = c.SetReadDeadline(time.Unix(1, 0))
+	if n, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected read past the deadline; got %q, %v; want the deadline", buf[:n], err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "more" {
+		t.Fatalf("unexpected read after the deadline was cleared; got %q, %v", buf[:n], err)
+	}
+
+	// A read about to wait arms the wanted deadline.
+	at := time.Now().Add(time.Minute)
+	_ = c.SetReadDeadline(at)
+	parked := make(chan error, 1)
+	go func() { _, err := c.Read(buf); parked <- err }()
+	waitFor(t, func() bool { return c.x.rd.set.Load() == at.UnixNano() })
+
+	// An earlier deadline set while it is parked wakes it.
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	select {
+	case err := <-parked:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("unexpected end of a parked read; got %v; want the deadline", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected parked read not woken by an earlier deadline")
+	}
+
+	// A later deadline set while it is parked on an earlier one is
+	// honoured: the read outlives the earlier one and gets the data.
+	_ = c.SetReadDeadline(time.Now().Add(40 * time.Millisecond))
+	got := make(chan string, 1)
+	go func() {
+		n, err := c.Read(buf)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(buf[:n])
+	}()
+	waitFor(t, func() bool { return c.x.rd.set.Load() != noDeadline && c.x.rd.reading.Load() })
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	time.Sleep(100 * time.Millisecond) // past the earlier deadline
+	if _, err := server.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if s := <-got; s != "late" {
+		t.Fatalf("unexpected read parked on an earlier deadline; got %q; want the data sent after it", s)
+	}
+
+	// WaitReadable keeps the same deadlines.
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if err := WaitReadable(c); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected wait past the deadline; got %v", err)
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("unexpected condition not reached in 10 s")
+		}
+	}
+}
