@@ -199,6 +199,12 @@ func TestHTTP10ClientAnswers_RDP1_RDP2(t *testing.T) {
 	if !strings.Contains(wire, "POST /counters/alice/x HTTP/1.1\r\n") || !strings.Contains(wire, "\r\nContent-Length: 0\r\n") {
 		t.Fatalf("unexpected request with no body to the worker; got %q; want HTTP/1.1 with Content-Length: 0", wire)
 	}
+	// Transfer-Encoding on HTTP/1.0 is faulty framing (RFC 9112 §6.1):
+	// refused by pinboard's server, nothing reaches the worker.
+	hits := w.hits.Load()
+	if got := rg.raw("POST /counters/alice/x HTTP/1.0\r\nHost: pb\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 5*time.Second); !strings.HasPrefix(got, "HTTP/1.1 400 ") || w.hits.Load() != hits {
+		t.Fatalf("unexpected answer to a chunked HTTP/1.0 request; got %q (worker hits %d, was %d); want 400 and no request to the worker", got, w.hits.Load(), hits)
+	}
 	// A large answer with a Content-Length streams to the client with it.
 	c := dial10(t, rg)
 	res, body := c.do("GET /counters/alice/big HTTP/1.0\r\nHost: pb\r\n\r\n", "GET")
