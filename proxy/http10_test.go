@@ -165,6 +165,13 @@ func TestHTTP10ClientAnswers_RDP1_RDP2(t *testing.T) {
 			func(b string) bool { return b == "" }},
 		{"POST", "POST /counters/alice/x HTTP/1.0\r\nHost: pb\r\nContent-Length: 5\r\n\r\n" + hello, "POST", 200, -2,
 			func(b string) bool { s := decodeSeen(t, b); return s.Method == "POST" && s.BodyLen == len(hello) }},
+		// Trailer is hop-by-hop: the body must not go up chunked (with
+		// trailers), as fasthttp writes an HTTP/1.1 request declaring any.
+		{"POST with Trailer", "POST /counters/alice/x HTTP/1.0\r\nHost: pb\r\nTrailer: X-Sum\r\nContent-Length: 5\r\n\r\n" + hello, "POST", 200, -2,
+			func(b string) bool {
+				s := decodeSeen(t, b)
+				return s.BodyLen == len(hello) && s.Header["Trailer"] == nil
+			}},
 		{"POST streamed", "POST /counters/alice/x HTTP/1.0\r\nHost: pb\r\nContent-Length: " + strconv.Itoa(len(big)) + "\r\n\r\n" + big, "POST", 200, -2,
 			func(b string) bool { return decodeSeen(t, b).BodyLen == len(big) }},
 		// RFC 9112 §6.3: a request with neither Content-Length nor
@@ -195,6 +202,9 @@ func TestHTTP10ClientAnswers_RDP1_RDP2(t *testing.T) {
 	host := "\r\nHost: " + strings.TrimPrefix(w.srv.URL, "http://") + "\r\n"
 	if !strings.Contains(wire, host) {
 		t.Fatalf("unexpected request to the worker without Host; got %q; want the worker's host (%q)", wire, host)
+	}
+	if strings.Contains(strings.ToLower(wire), "transfer-encoding") {
+		t.Fatalf("unexpected chunked request to the worker; got %q; want every HTTP/1.0 body framed by Content-Length", wire)
 	}
 	if !strings.Contains(wire, "POST /counters/alice/x HTTP/1.1\r\n") || !strings.Contains(wire, "\r\nContent-Length: 0\r\n") {
 		t.Fatalf("unexpected request with no body to the worker; got %q; want HTTP/1.1 with Content-Length: 0", wire)
