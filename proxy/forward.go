@@ -614,10 +614,45 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	}
 }
 
-// writeRequest sends the request. A buffered body goes with the header; a
-// streamed body goes from its own goroutine (full duplex), returned as the
-// upload the caller must wait for before it lets go of the connection.
+// http11 is the version every request goes to a worker with.
+var http11 = []byte("HTTP/1.1")
+
+// writeRequest sends the request as HTTP/1.1, whatever the client's
+// version (fast path: an HTTP/1.1 client's request as it is).
+//
+// Slow path: an HTTP/1.0 client's request (ApacheBench, health checks,
+// curl -0). Sent as HTTP/1.0, the worker closes its connection after
+// every answer (uvicorn/h11 keeps no HTTP/1.0 connection alive), and each
+// such request cost a connect to the worker and a socket in TIME_WAIT.
+// As HTTP/1.1 it takes the pooled keep-alive connections as any other
+// request does, as nginx's proxy_http_version 1.1 sends it. That is sound:
+// its body is framed by Content-Length or absent (fasthttp refuses
+// Transfer-Encoding on HTTP/1.0 and reads a request without either as
+// bodiless, RFC 9112 §6.1, §6.3), its Connection header went with the
+// hop-by-hop ones, prepare gave a request without Host the worker's, and
+// the worker's answer is framed for pinboard, which answers the client by
+// the client's version (relay: an unsized body until the close). That
+// version is restored once the header is out: the server reads it after
+// the handler to frame the answer (Content-Length, Connection:
+// keep-alive), and relay and relayable decide by it.
 func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
+	h := &ctx.Request.Header
+	if h.IsHTTP11() {
+		return writeRequest11(ctx, pool, pc)
+	}
+	var proto [len("HTTP/1.0")]byte // fasthttp admits HTTP/d.d only
+	n := copy(proto[:], h.Protocol())
+	h.SetProtocolBytes(http11)
+	up, err := writeRequest11(ctx, pool, pc)
+	h.SetProtocolBytes(proto[:n])
+	return up, err
+}
+
+// writeRequest11 writes the request as its header says. A buffered body
+// goes with the header; a streamed body goes from its own goroutine (full
+// duplex), returned as the upload the caller must wait for before it lets
+// go of the connection.
+func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
 	bw := pool.writer(pc)
 	if !ctx.Request.IsBodyStream() {
 		err := ctx.Request.Write(bw)

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,11 +21,13 @@ import (
 // Tests of what a hostile or broken client or worker sends on the wire:
 // raw bytes in, the bytes the other side sees checked.
 
-// capLn records every byte the stand-in worker reads.
+// capLn records every byte the stand-in worker reads, and counts the
+// connections it accepts.
 type capLn struct {
 	net.Listener
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	accepts atomic.Int64
 }
 
 type capConn struct {
@@ -45,6 +48,7 @@ func (l *capLn) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	l.accepts.Add(1)
 	return &capConn{Conn: c, ln: l}, nil
 }
 

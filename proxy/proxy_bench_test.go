@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +112,62 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	h := newHotPath(t)
 	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
 		t.Fatalf("unexpected allocations per proxied request; got %v; want 0", n)
+	}
+}
+
+// asHTTP10 turns h's request into one an HTTP/1.0 client sends (ab's,
+// without keep-alive), parsed as the server parses it, and warms the path.
+func (h *hotPath) asHTTP10(tb testing.TB) {
+	tb.Helper()
+	raw := "GET /bench/alice/json HTTP/1.0\r\nHost: pinboard.test\r\nAccept: application/json\r\nUser-Agent: pinbench\r\n\r\n"
+	h.req.Reset()
+	if err := h.req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		tb.Fatal(err)
+	}
+	h.once(tb)
+}
+
+// workerConns returns the connections open to the stand-in worker.
+func (h *hotPath) workerConns() int {
+	h.p.ups.mu.RLock()
+	defer h.p.ups.mu.RUnlock()
+	n := 0
+	for _, u := range h.p.ups.m {
+		n += u.pool.open()
+	}
+	return n
+}
+
+// BenchmarkHotPathHTTP10 is BenchmarkHotPath for an HTTP/1.0 client: its
+// request goes to the worker as HTTP/1.1 over the same warm pooled
+// connection (before, the worker closed the connection after each
+// answer and every request dialled it anew).
+func BenchmarkHotPathHTTP10(b *testing.B) {
+	h := newHotPath(b)
+	h.asHTTP10(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.once(b)
+	}
+}
+
+// TestHotPathHTTP10AllocatesNothing: an HTTP/1.0 client's request costs
+// no allocation either, nor a connection to the worker (R-DP-1, R-DP-3).
+func TestHotPathHTTP10AllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	h := newHotPath(t)
+	h.asHTTP10(t)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied HTTP/1.0 request; got %v; want 0", n)
+	}
+	if !h.ctx.Response.ConnectionClose() || h.ctx.Request.Header.IsHTTP11() {
+		t.Fatalf("unexpected answer to an HTTP/1.0 client; got close=%v, request HTTP/1.1=%v; want the connection closed and the client's version kept",
+			h.ctx.Response.ConnectionClose(), h.ctx.Request.Header.IsHTTP11())
+	}
+	if n := h.workerConns(); n != 1 {
+		t.Fatalf("unexpected worker connections; got %d; want 1", n)
 	}
 }
 
