@@ -46,6 +46,11 @@ type rawConn struct {
 	// Readable and PeerClosed the same way. A connection's reader calls
 	// them (the relay or the pool), one at a time.
 	peek   func(fd uintptr) bool
+	// edge and edged serve AwaitEdge: the bound callback and whether it
+	// has run once in the current wait. try serves TryRead.
+	edge  func(fd uintptr) bool
+	edged bool
+	try   func(fd uintptr) bool
 	peekFn func(fd uintptr)
 	peeked peekState
 	one    [1]byte
@@ -80,6 +85,8 @@ func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	x.r.fn = x.read
 	x.w.fn = x.write
 	x.peek = x.ready
+	x.edge = x.awaitEdge
+	x.try = x.tryRead
 	x.peekFn = func(fd uintptr) { x.peeked = peekFD(fd, &x.one[0]) }
 	return rawReader{x}, rawWriter{x}
 }
@@ -194,6 +201,86 @@ func WaitReadable(c net.Conn) error {
 		return &net.OpError{Op: "read", Net: "tcp", Err: err}
 	}
 	return nil
+}
+
+// ErrWouldBlock is TryRead's answer when nothing is there to read.
+var ErrWouldBlock = errors.New("rawio: read would block")
+
+// TryRead is one read(2) into p that never waits: ErrWouldBlock when
+// nothing was there, io.EOF at the end of the stream, and a passed read
+// deadline's error as a Read would. With AwaitEdge it lets a relay take a
+// buffer only once a read found something, and pay one system call per
+// message instead of the three of WaitReadable and Read (a peek that finds
+// nothing, a peek once woken, the read). Connections without raw access
+// (TLS) read as usual, waiting.
+func TryRead(c net.Conn, p []byte) (int, error) {
+	rc, ok := c.(*Conn)
+	if !ok || rc.x == nil || len(p) == 0 {
+		return c.Read(p)
+	}
+	x := rc.x
+	op := &x.r
+	op.p, op.n, op.err, op.eof = p, 0, nil, false
+	err := x.wait(x.try)
+	if err == nil {
+		err = op.err
+	}
+	n, eof := op.n, op.eof
+	op.p = nil
+	switch {
+	case err == syscall.EAGAIN:
+		return 0, ErrWouldBlock
+	case err != nil:
+		return n, &net.OpError{Op: "read", Net: "tcp", Err: err}
+	case eof:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// tryRead is TryRead's RawConn callback: one read, EAGAIN reported.
+func (x *rawConn) tryRead(fd uintptr) bool {
+	if !x.read(fd) {
+		x.r.err = syscall.EAGAIN
+	}
+	return true
+}
+
+// AwaitEdge is WaitReadable that trusts the poller once it parked: it
+// looks at c (one peek) and returns if a read would not wait; otherwise it
+// parks until the runtime's poller reports c readable (data, the end of
+// the stream or an error), the read deadline passes or c is closed, and
+// returns without looking again. The poller may report bytes a read took
+// before the peek (its edge delivered late), so AwaitEdge may return with
+// nothing to read: callers read with TryRead, which says ErrWouldBlock,
+// and wait again. A relay saves a system call per message over
+// WaitReadable (whose callback peeks once more when woken) and holds no
+// buffer while it waits. Connections without raw access return nil at
+// once.
+//
+// It cannot skip the first look: the poller's readiness is reset before
+// the callback runs (internal/poll's prepareRead), so an edge for bytes
+// that arrived before the wait began is forgotten, and only a look finds
+// them.
+func AwaitEdge(c net.Conn) error {
+	rc, ok := c.(*Conn)
+	if !ok || rc.x == nil {
+		return nil
+	}
+	if err := rc.x.wait(rc.x.edge); err != nil {
+		return &net.OpError{Op: "read", Net: "tcp", Err: err}
+	}
+	return nil
+}
+
+// awaitEdge is AwaitEdge's RawConn callback: a peek on its first call,
+// true once the poller woke it.
+func (x *rawConn) awaitEdge(fd uintptr) bool {
+	if x.edged {
+		return true
+	}
+	x.edged = true
+	return x.ready(fd)
 }
 
 // Listener wraps a TCP listener so that the connections it accepts are
@@ -517,6 +604,7 @@ func (x *rawConn) wait(fn func(fd uintptr) bool) error {
 		if w := d.want.Load(); w < d.set.Load() && w <= time.Now().UnixNano() {
 			return errTimeout
 		}
+		x.edged = false // each wait of AwaitEdge looks first
 		err := x.rc.Read(fn)
 		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 			return err

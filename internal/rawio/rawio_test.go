@@ -361,7 +361,8 @@ func TestLazyReadDeadline_RDP2(t *testing.T) {
 
 	// A later deadline set while it is parked on an earlier one is
 	// honoured: the read outlives the earlier one and gets the data.
-	_ = c.SetReadDeadline(time.Now().Add(40 * time.Millisecond))
+	early := time.Now().Add(200 * time.Millisecond)
+	_ = c.SetReadDeadline(early)
 	got := make(chan string, 1)
 	go func() {
 		n, err := c.Read(buf)
@@ -371,9 +372,9 @@ func TestLazyReadDeadline_RDP2(t *testing.T) {
 		}
 		got <- string(buf[:n])
 	}()
-	waitFor(t, func() bool { return c.x.rd.set.Load() != noDeadline && c.x.rd.reading.Load() })
+	waitFor(t, func() bool { return c.x.rd.reading.Load() && c.x.rd.set.Load() == early.UnixNano() })
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	time.Sleep(100 * time.Millisecond) // past the earlier deadline
+	time.Sleep(time.Until(early) + 50*time.Millisecond) // past the earlier deadline
 	if _, err := server.Write([]byte("late")); err != nil {
 		t.Fatal(err)
 	}
@@ -395,5 +396,112 @@ func waitFor(t *testing.T, cond func() bool) {
 		if time.Now().After(end) {
 			t.Fatal("unexpected condition not reached in 10 s")
 		}
+	}
+}
+
+// TestTryReadAwaitEdge_RDP2: TryRead never waits (ErrWouldBlock when
+// drained), AwaitEdge parks until bytes arrive, honours the read deadline
+// (also one armed earlier than wanted), and returns at the peer's close;
+// together they relay every byte in order, bytes that arrive between a
+// read and the next wait included.
+func TestTryReadAwaitEdge_RDP2(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	buf := make([]byte, 64)
+	if _, err := TryRead(c, buf); !errors.Is(err, ErrWouldBlock) {
+		t.Fatalf("unexpected read of a drained connection; got %v; want ErrWouldBlock", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- AwaitEdge(c) }()
+	select {
+	case err := <-done:
+		t.Fatalf("unexpected return before any data; got %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if _, err := server.Write([]byte("event")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("unexpected error once data arrived; got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected wait past the data's arrival")
+	}
+	if n, err := TryRead(c, buf); err != nil || string(buf[:n]) != "event" {
+		t.Fatalf("unexpected read after the edge; got %q, %v", buf[:n], err)
+	}
+
+	// The deadline bounds the wait, and one armed earlier than wanted
+	// does not cut it short.
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	if err := AwaitEdge(c); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected end of a wait past the deadline; got %v", err)
+	}
+	early := time.Now().Add(200 * time.Millisecond)
+	_ = c.SetReadDeadline(early)
+	go func() { done <- AwaitEdge(c) }()
+	rc := c.(*Conn)
+	waitFor(t, func() bool { return rc.x.rd.reading.Load() && rc.x.rd.set.Load() == early.UnixNano() })
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	time.Sleep(time.Until(early) + 50*time.Millisecond)
+	if _, err := server.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("unexpected end of a wait whose deadline was moved later; got %v", err)
+	}
+	// A stale wake is possible: read until the bytes are there.
+	got := ""
+	for got != "late" {
+		n, err := TryRead(c, buf)
+		switch {
+		case errors.Is(err, ErrWouldBlock):
+			if err := AwaitEdge(c); err != nil {
+				t.Fatal(err)
+			}
+		case err != nil:
+			t.Fatal(err)
+		}
+		got += string(buf[:n])
+	}
+	_ = c.SetReadDeadline(time.Time{})
+
+	// Many small writes: every byte arrives, in order.
+	var want, seen bytes.Buffer
+	for i := range 200 {
+		fmt.Fprintf(&want, "m%d;", i)
+	}
+	go func() {
+		for i := range 200 {
+			_, _ = fmt.Fprintf(server, "m%d;", i)
+			if i%10 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		server.Close()
+	}()
+	for {
+		n, err := TryRead(c, buf)
+		seen.Write(buf[:n])
+		if errors.Is(err, ErrWouldBlock) {
+			if err := AwaitEdge(c); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen.String() != want.String() {
+		t.Fatalf("unexpected bytes relayed; got %d bytes; want %d in order", seen.Len(), want.Len())
+	}
+	if _, err := TryRead(client, buf); err != io.EOF {
+		t.Fatalf("unexpected TryRead of a connection without raw access; got %v; want it read as usual", err)
 	}
 }
