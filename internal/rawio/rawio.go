@@ -45,12 +45,12 @@ type rawConn struct {
 	// MSG_PEEK copies into (it is never read). peekFn and peeked serve
 	// Readable and PeerClosed the same way. A connection's reader calls
 	// them (the relay or the pool), one at a time.
-	peek   func(fd uintptr) bool
+	peek func(fd uintptr) bool
 	// edge and edged serve AwaitEdge: the bound callback and whether it
 	// has run once in the current wait. try serves TryRead.
-	edge  func(fd uintptr) bool
-	edged bool
-	try   func(fd uintptr) bool
+	edge   func(fd uintptr) bool
+	edged  bool
+	try    func(fd uintptr) bool
 	peekFn func(fd uintptr)
 	peeked peekState
 	one    [1]byte
