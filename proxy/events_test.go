@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -401,4 +402,69 @@ func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
 		t.Fatal("unexpected open connection after shutdown ended the stream")
 	}
 	waitEventRelays(t, rg.p, 0)
+}
+
+// relayGoroutines counts the goroutines inside a relay off the server:
+// a stream's (relayStream) or a WebSocket's (hijacks.relay).
+func relayGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "proxy.(*Proxy).relayStream") || strings.Contains(g, "proxy.(*hijacks).relay") {
+			n++
+		}
+	}
+	return n
+}
+
+// waitDownloads waits until p relays n bodies to HTTP/1.0 clients.
+func waitDownloads(t *testing.T, p *Proxy, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); p.RelayedDownloads() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected relayed downloads; got %d; want %d", p.RelayedDownloads(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An unsized body to an HTTP/1.0 client is relayed off the server like an
+// event stream, and tracked like one: shutdown sees it (the server no
+// longer counts its connection), ends it, and when CloseStreamsContext
+// returns neither its relay nor its worker connection is left (R-DP-2).
+func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	ss := newSlowStream(t, w, "/stream", "", "first")
+	close(ss.answer)
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /counters/alice/stream HTTP/1.0\r\nHost: pb\r\n\r\n")
+	if status, h := s.header(); !strings.HasSuffix(status, " 200 OK") || h["connection"] != "close" || h["transfer-encoding"] != "" {
+		t.Fatalf("unexpected header for an HTTP/1.0 client; got %q %v; want 200, Connection: close, no framing", status, h)
+	}
+	first := make([]byte, len("first"))
+	if _, err := io.ReadFull(s.br, first); err != nil || string(first) != "first" {
+		t.Fatalf("unexpected body start; got %q, %v; want %q", first, err, "first")
+	}
+	waitDownloads(t, rg.p, 1)
+	if n := rg.p.RelayedEventStreams(); n != 0 {
+		t.Fatalf("unexpected relayed event streams; got %d; want 0 (a download)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rg.p.CloseStreamsContext(ctx)
+	if d, o, g := rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); d != 0 || o != 0 || g != 0 {
+		t.Fatalf("unexpected relay left when CloseStreams returned; got %d downloads, %d streams, %d relay goroutines; want 0, 0, 0", d, o, g)
+	}
+	ss.waitClosed(t, rg.p)
+	if !s.eof() {
+		t.Fatal("unexpected open client connection after shutdown cut the download")
+	}
 }

@@ -737,7 +737,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			return served
 		}
 		if size < 0 && !ctx.Request.Header.IsHTTP11() {
-			relayUntilClose(ctx, b)
+			p.relayUntilClose(ctx, b)
 			break
 		}
 		ctx.Response.SetBodyStream(b, int(size))

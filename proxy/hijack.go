@@ -26,21 +26,44 @@ var errHijackSkipped = errors.New("the server never handed over the client conne
 // hijackWait, orphaned — whichever comes first — owns it; the other does
 // nothing (run closes the connection it got).
 func hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn), orphaned func()) {
-	var owned atomic.Bool
-	orphan := time.AfterFunc(hijackWait, func() {
-		if owned.CompareAndSwap(false, true) {
-			orphaned()
-		}
-	})
+	(&hijackGuard{orphaned: orphaned}).hijack(ctx, run)
+}
+
+// hijackGuard hands what a hijack is to own to exactly one of run and
+// orphaned (see hijack). Build it before the hijack when something else
+// may have to give up on the hijack early (shutdown: abandon). Safe for
+// concurrent use.
+type hijackGuard struct {
+	owned    atomic.Bool
+	orphaned func()
+	timer    atomic.Pointer[time.Timer]
+}
+
+// hijack registers run as ctx's hijack handler, with the orphan timer.
+func (g *hijackGuard) hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn)) {
+	g.timer.Store(time.AfterFunc(hijackWait, g.abandon))
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) {
-		if !owned.CompareAndSwap(false, true) {
+		if !g.owned.CompareAndSwap(false, true) {
 			_ = hc.Close()
 			return
 		}
-		orphan.Stop()
+		g.timer.Load().Stop()
 		run(hc)
 	})
+}
+
+// abandon hands what the hijack was to own to orphaned now, unless run
+// (or orphaned) has it already: shutdown does not wait hijackWait for a
+// hijack that may never run.
+func (g *hijackGuard) abandon() {
+	if !g.owned.CompareAndSwap(false, true) {
+		return
+	}
+	if t := g.timer.Load(); t != nil {
+		t.Stop()
+	}
+	g.orphaned()
 }
 
 // bufferedBytes returns what hc (a hijacked connection) has buffered past

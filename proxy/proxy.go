@@ -188,6 +188,12 @@ func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
 // server no longer counts as open (events.go).
 func (p *Proxy) RelayedEventStreams() int64 { return p.streams.Relays() }
 
+// RelayedDownloads is the number of other bodies among OpenStreams
+// relayed off the server (unsized bodies to HTTP/1.0 clients, events.go):
+// requests in flight on connections the server no longer counts as open,
+// which a graceful shutdown's grace must wait for like any other.
+func (p *Proxy) RelayedDownloads() int64 { return p.streams.Downloads() }
+
 // DefaultCloseWait bounds CloseStreams, and CloseStreamsContext when ctx
 // has no deadline.
 const DefaultCloseWait = 2 * time.Second
