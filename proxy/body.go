@@ -51,6 +51,9 @@ type upstreamBody struct {
 
 	client net.Conn      // the client's connection: stall deadline on writes to it
 	stall  time.Duration // see UpstreamOptions.StallTimeout; 0: none
+
+	// guard is a relay's hijack, which shutdown may abandon (cutRelays).
+	guard *hijackGuard
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
@@ -59,7 +62,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
-	b.remaining, b.done, b.broken, b.relayed = 0, false, false, false
+	b.remaining, b.done, b.broken, b.relayed, b.guard = 0, false, false, false, nil
 	b.stopped.Store(false)
 	if mode == bodyFixed {
 		b.remaining = size
@@ -306,7 +309,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 			b.pool.discard(b.pc)
 		}
 	}
-	b.pool, b.pc, b.up, b.tracker, b.client = nil, nil, nil, nil, nil
+	b.pool, b.pc, b.up, b.tracker, b.client, b.guard = nil, nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
 }
@@ -367,10 +370,11 @@ func (s *streams) remove(b *upstreamBody) {
 	}
 }
 
-// relayStart counts b (tracked already) as relayed off the server.
-func (s *streams) relayStart(b *upstreamBody) {
+// relayStart counts b (tracked already) as relayed off the server, g
+// being its hijack.
+func (s *streams) relayStart(b *upstreamBody, g *hijackGuard) {
 	s.mu.Lock()
-	b.relayed = true
+	b.relayed, b.guard = true, g
 	s.relays++
 	if b.sse {
 		s.relayedEvents++
@@ -422,15 +426,25 @@ func (s *streams) waitRelays(ctx context.Context) bool {
 	}
 }
 
-// cutRelays closes the client connection of every relay still writing:
-// its write fails and the relay ends.
+// cutRelays ends every relay left: the client connection of one still
+// writing is closed, so its write fails and the relay ends, closing the
+// worker connection; one whose hijack has not run (fasthttp still
+// flushing answers held back before it, or never going to) is abandoned,
+// which closes the worker connection at once instead of after hijackWait.
 func (s *streams) cutRelays() {
+	var pending []*hijackGuard
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for b := range s.m {
 		if b.relayed {
 			_ = b.client.Close()
+			pending = append(pending, b.guard)
 		}
+	}
+	s.mu.Unlock()
+	// Outside mu: the orphan's end of the relay takes it. A guard whose
+	// hijack ran does nothing.
+	for _, g := range pending {
+		g.abandon()
 	}
 }
 

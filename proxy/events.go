@@ -111,10 +111,11 @@ func (p *Proxy) relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 
 // startRelay counts b as a relay off the server and returns the guard of
 // its hijack: a hijack fasthttp never runs ends the relay (errHijackSkipped)
-// after hijackWait.
+// after hijackWait, or at once when shutdown cuts it (cutRelays).
 func (p *Proxy) startRelay(b *upstreamBody) *hijackGuard {
-	p.streams.relayStart(b)
-	return &hijackGuard{orphaned: func() { p.endRelay(b, errHijackSkipped, false) }}
+	g := &hijackGuard{orphaned: func() { p.endRelay(b, errHijackSkipped, false) }}
+	p.streams.relayStart(b, g)
+	return g
 }
 
 // relayStream copies the worker's body to the client until either side

@@ -468,3 +468,97 @@ func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
 		t.Fatal("unexpected open client connection after shutdown cut the download")
 	}
 }
+
+// A relay whose client stopped reading is blocked in its write when
+// shutdown ends the streams: at the deadline its client connection is
+// closed, and the relay lets go of its worker connection before
+// CloseStreamsContext returns, for an event stream as for a body to an
+// HTTP/1.0 client (R-DP-2).
+func TestShutdownCutsRelayBlockedOnClient_RDP2(t *testing.T) {
+	for _, tc := range []struct{ name, proto, ctype string }{
+		{"event stream", "HTTP/1.1", "text/event-stream"},
+		{"HTTP/1.0 download", "HTTP/1.0", "application/octet-stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg, w := newRigWorker(t, nil)
+			gone := make(chan struct{})
+			w.route("/big", func(rw http.ResponseWriter, r *http.Request) {
+				defer close(gone)
+				rw.Header().Set("Content-Type", tc.ctype)
+				chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
+				for {
+					if _, err := rw.Write(chunk); err != nil {
+						return
+					}
+					rw.(http.Flusher).Flush()
+				}
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.(*net.TCPConn).SetReadBuffer(4096)
+			fmt.Fprintf(c, "GET /counters/alice/big %s\r\nHost: pb\r\n\r\n", tc.proto)
+			for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedEventStreams()+rg.p.RelayedDownloads() != 1; {
+				if time.Now().After(deadline) {
+					t.Fatal("the stream was never relayed")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(200 * time.Millisecond) // the sockets fill: the relay blocks in a write
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			rg.p.CloseStreamsContext(ctx)
+			if r, o, g := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); r != 0 || o != 0 || g != 0 {
+				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams, %d relay goroutines; want 0, 0, 0", r, o, g)
+			}
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatal("unexpected worker connection still open 5s after shutdown cut its relay")
+			}
+		})
+	}
+}
+
+// A relay whose hijack fasthttp has not run when shutdown cuts it (the
+// client reset its connection while answers to requests it pipelined
+// before the stream were being written) lets go of its worker connection
+// at once, not hijackWait (30 s) later: nothing of it outlives
+// CloseStreamsContext (R-DP-2).
+func TestShutdownAbandonsSkippedHijack_RDP2(t *testing.T) {
+	for _, tc := range []struct{ name, proto, ctype string }{
+		{"event stream", "HTTP/1.1", "text/event-stream"},
+		{"HTTP/1.0 download", "HTTP/1.0", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg, w := newRigWorker(t, nil)
+			ss := newSlowStream(t, w, "/stream", tc.ctype, "")
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = fmt.Fprintf(c, "GET /counters/alice/x %[1]s\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"+
+				"GET /counters/alice/stream %[1]s\r\nHost: x\r\n\r\n", tc.proto)
+			ss.waitAsked(t)
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+			close(ss.answer)
+			for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedEventStreams()+rg.p.RelayedDownloads() != 1; {
+				if time.Now().After(deadline) {
+					t.Fatal("the stream was never relayed")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			rg.p.CloseStreamsContext(ctx)
+			if r, o := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(); r != 0 || o != 0 {
+				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams; want 0, 0", r, o)
+			}
+			ss.waitClosed(t, rg.p)
+		})
+	}
+}

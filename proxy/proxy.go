@@ -209,8 +209,10 @@ func (p *Proxy) CloseStreams() { p.CloseStreamsContext(context.Background()) }
 // cut. Each WebSocket gets a Close frame 1001 "going away" toward both the
 // client and the worker, at a frame boundary, and then has until ctx's
 // deadline (DefaultCloseWait without one) for the closing handshake before
-// its connections are closed. It returns once every relay finished, or at
-// that deadline, and then closes idle worker connections.
+// its connections are closed. It returns once every relay finished — at
+// that deadline what is left is cut, and it waits up to cutWait more for
+// that to let go of its worker connections — and then closes idle worker
+// connections.
 func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	now := p.now()
 	deadline, ok := ctx.Deadline()
@@ -223,14 +225,31 @@ func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	// A read deadline is wall-clock time, whatever clock p runs on.
 	p.streams.stopAll(time.Now())
 	p.hijacks.shutdown(deadline)
+	cut := false
 	if !p.streams.waitRelays(ctx) {
 		p.streams.cutRelays()
+		cut = true
 	}
 	if !p.hijacks.wait(ctx) {
 		p.hijacks.closeAll()
+		cut = true
+	}
+	if cut {
+		// A cut relay's next write or read fails at once and it lets go
+		// of its worker connection: wait for that, so that nothing of a
+		// relay outlives the shutdown (a caller that goes on, tests, an
+		// embedding program, would otherwise find worker connections and
+		// goroutines still about).
+		cctx, cancel := context.WithTimeout(context.Background(), cutWait)
+		p.streams.waitRelays(cctx)
+		p.hijacks.wait(cctx)
+		cancel()
 	}
 	p.ups.closeAll(now)
 }
+
+// cutWait bounds CloseStreamsContext's wait for the relays it cut.
+const cutWait = 100 * time.Millisecond
 
 // ownerState is the data plane's per-session state, kept on the
 // directory.Owner so a hot lookup reaches it without a map.
