@@ -236,7 +236,11 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []
 		// have nothing to send for hours, and the relay would wait for it.
 		if tc := rawio.TCP(upstream); tc != nil && errors.Is(err, io.EOF) {
 			_ = tc.CloseWrite()
-			_ = upstream.SetReadDeadline(time.Now().Add(DefaultCloseWait))
+			wait := time.Now().Add(DefaultCloseWait)
+			_ = upstream.SetReadDeadline(wait)
+			// A client answering shutdown's Close does exactly this:
+			// the wait must not outlast the goodbye's deadline.
+			r.capToGoodbye(wait, upstream.SetReadDeadline)
 		} else {
 			_ = upstream.Close()
 		}
