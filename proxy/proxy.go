@@ -269,12 +269,12 @@ type ownerState struct {
 // the same answer as a route's own refusal, so unlike a request's 403 the
 // answer alone cannot tell the gap apart; a worker learns its session
 // within milliseconds of its register ack, so past a second a new
-// session's 403 is the route's own. Not covered: the other half of the
-// gap, a worker re-registering while its previous session still routes
-// (that session is old) — telling it from a route's refusal would cost
-// every such refusal the full wait. And for a second after this proxy
-// starts every session is young: a route refusing an upgrade then runs
-// up to four times.
+// session's 403 is the route's own. A re-registration's new session is a
+// new one too. The other half of the gap, an upgrade still routed to the
+// session the re-registering worker dropped (that session is old), is
+// told apart by the id no longer being placed there (maybeGap), not by a
+// wait. For a second after this proxy starts every session is young: a
+// route refusing an upgrade then runs up to four times.
 const youngSession = time.Second
 
 // state returns the owner's data-plane state, building it on first use.

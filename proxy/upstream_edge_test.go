@@ -456,3 +456,98 @@ func accept101(rw http.ResponseWriter) (conn net.Conn, brw *bufio.ReadWriter, ok
 	}
 	return conn, brw, true
 }
+
+// A worker that re-registers gets a new session id and learns it only
+// from the register ack (R-TR-5): until then it refuses upgrades with a
+// bare 403, whichever session they name. An upgrade is retried through
+// that gap, not only for a worker's first session: the id may move to the
+// new session before the worker holds it (the new session is one this
+// proxy has just started routing to), or still be routed to the old one
+// the worker already dropped, and then move (R-DP-2).
+func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, ok := accept101(rw)
+		if ok {
+			conn.Close()
+		}
+	})
+	// reregister moves alice to a new session of w's client, as the
+	// register of a worker that lost its session does, and returns it.
+	reregister := func(prev string) string {
+		res, err := rg.store.Register(t.Context(), &directory.Registration{
+			ClientID: "client-w", Sub: "p:worker", Secret: w.secret, Namespaces: []string{"/counters"},
+			AdvertiseURL: w.srv.URL, Headroom: 1, PrevSessionID: prev,
+			Instances: map[string][]string{"/counters": {"alice"}},
+		}, rg.now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.SessionID
+	}
+	// old makes alice's session an old one for this proxy.
+	old := func() string {
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+			t.Fatalf("got %q; want 101", line)
+		}
+		rg.advance(youngSession + time.Millisecond)
+		return w.session.Load().(string)
+	}
+
+	t.Run("routed to the new session before the worker has it", func(t *testing.T) {
+		prev := old()
+		w.session.Store("") // the worker dropped its session and re-registers
+		next := reregister(prev)
+		fn := func() { w.unattested.Store(nil); w.session.Store(next) } // the ack is read
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("routed to the old session the worker dropped", func(t *testing.T) {
+		prev := old()
+		w.session.Store("")
+		// The re-registration lands while the refused handshake is on its
+		// way back; the worker then holds its new session.
+		fn := func() { w.unattested.Store(nil); w.session.Store(reregister(prev)) }
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("old session lapsed", func(t *testing.T) {
+		prev := old()
+		w.session.Store("")
+		// The session's lease lapsed while the handshake was on its way
+		// (the worker heard of it and dropped its session); the retry
+		// places the id anew, on the worker's new session.
+		fn := func() {
+			w.unattested.Store(nil)
+			rg.advance(10 * time.Second)
+			res, err := rg.store.Register(t.Context(), &directory.Registration{
+				ClientID: "client-w", Sub: "p:worker", Secret: w.secret, Namespaces: []string{"/counters"},
+				AdvertiseURL: w.srv.URL, Headroom: 1, PrevSessionID: prev,
+			}, rg.now())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			w.session.Store(res.SessionID)
+		}
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("old session, the route refuses", func(t *testing.T) {
+		old()
+		w.route("/ws", func(rw http.ResponseWriter, r *http.Request) { rw.WriteHeader(http.StatusForbidden) })
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 403") || w.hits.Load() != 1 {
+			t.Fatalf("got %q after %d handshakes; want the route's 403 after 1", line, w.hits.Load())
+		}
+	})
+}

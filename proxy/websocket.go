@@ -76,8 +76,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			}, func() { _ = conn.Close() })
 			return
 		}
-		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) ||
-			now.UnixNano()-st.born > int64(youngSession) {
+		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) || !p.maybeGap(rq, route, st, now) {
 			p.relayRefusedUpgrade(ctx, conn, br)
 			return
 		}
@@ -88,6 +87,23 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 	}
+}
+
+// maybeGap reports whether an upgrade that route's owner refused with 403
+// may have met the session gap (R-TR-5) rather than the route's own
+// refusal, which a bare 403 cannot tell apart: the session is young (see
+// youngSession), or the id is no longer placed on it — the worker lost
+// the session (its lease lapsed, the store forgot it), which is what
+// makes it re-register, and dropped its session id with it; a
+// re-registration then moves the id to the new session. A route's own
+// refusal from an older session that still holds the id costs one
+// cached lookup, no wait.
+func (p *Proxy) maybeGap(rq *request, route directory.Route, st *ownerState, now time.Time) bool {
+	if now.UnixNano()-st.born <= int64(youngSession) {
+		return true
+	}
+	cur, ok := p.store.Lookup(rq.ns, rq.id, p.now())
+	return !ok || cur.Owner != route.Owner
 }
 
 // handshake dials the owner, sends the upgrade request and reads the
