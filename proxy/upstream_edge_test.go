@@ -551,3 +551,71 @@ func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
 		}
 	})
 }
+
+// An upgrade request that carries a body (Content-Length > 0, or chunked)
+// is refused with 400 and its connection closed: the bytes after its
+// header are its body, which must neither reach the worker as WebSocket
+// frames after a 101 nor be read as the client's next request (a smuggled
+// request). An empty Content-Length still upgrades (R-DP-2).
+func TestUpgradeWithBodyRefused_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var upgrades, smuggled atomic.Int64
+	after := make(chan string, 4) // what reached the worker after its 101
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		upgrades.Add(1)
+		conn, brw, ok := accept101(rw)
+		if !ok {
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		b, _ := io.ReadAll(brw)
+		after <- string(b)
+	})
+	w.route("/smuggled", func(rw http.ResponseWriter, r *http.Request) { smuggled.Add(1) })
+	const handshake = "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	const next = "GET /counters/alice/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	exchange := func(t *testing.T, req string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(c)
+		return string(got)
+	}
+	for name, body := range map[string]string{
+		"content-length": fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(next), next),
+		"chunked":        fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(next), next),
+	} {
+		t.Run(name, func(t *testing.T) {
+			upgrades.Store(0)
+			got := exchange(t, handshake+body)
+			want := "{\"error\":\"a WebSocket upgrade request cannot carry a body\"}"
+			if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.HasSuffix(got, want) || strings.Count(got, "HTTP/1.1 ") != 1 {
+				t.Fatalf("unexpected answer to an upgrade with a body; got %q; want one 400 ending %s, then the close", got, want)
+			}
+			if n := upgrades.Load(); n != 0 {
+				t.Fatalf("unexpected upgrades at the worker; got %d; want 0", n)
+			}
+			if n := smuggled.Load(); n != 0 {
+				t.Fatalf("unexpected smuggled requests at the worker; got %d; want 0", n)
+			}
+		})
+	}
+	t.Run("empty body", func(t *testing.T) {
+		upgrades.Store(0)
+		if got := exchange(t, handshake+"Content-Length: 0\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 101 ") {
+			t.Fatalf("unexpected answer to an upgrade with Content-Length: 0; got %q; want 101", got)
+		}
+		if b := <-after; b != "" {
+			t.Fatalf("unexpected bytes at the worker after its 101; got %q; want none", b)
+		}
+	})
+}

@@ -28,6 +28,28 @@ func isWebSocket(h *fasthttp.RequestHeader) bool {
 	return h.ConnectionUpgrade() && asciiEqualFold(h.Peek(fasthttp.HeaderUpgrade), "websocket")
 }
 
+// upgradeWithBody reports whether an upgrade request announces a body:
+// a Content-Length above 0, or chunked framing (fasthttp reports -1; -2
+// is no framing header at all, no body for a request).
+func upgradeWithBody(h *fasthttp.RequestHeader) bool {
+	cl := h.ContentLength()
+	return cl > 0 || cl == -1
+}
+
+// refuseUpgradeWithBody answers an upgrade request that carries a body:
+// 400, and the connection closes. Nothing forbids a body there (RFC 9110
+// §9.3.1 leaves a GET body undefined, RFC 6455 §4.1 asks for none), but the
+// bytes after the header are the body, not the WebSocket stream: relayed
+// after a 101 they would reach the worker as frames (the worker, told of a
+// body it never got, could read frames as that body), and left unread
+// they could be parsed as the client's next request. Refusing is what
+// makes that impossible; closing also leaves no body for fasthttp to
+// skip over.
+func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusBadRequest, "a WebSocket upgrade request cannot carry a body", 0)
+	ctx.SetConnectionClose()
+}
+
 // serveWebSocket relays a WebSocket upgrade (R-DP-2). The handshake never
 // goes through the connection pool — a 101 connection must not return to
 // it (../shared/notes/FASTHTTP.md) — so it dials the worker itself, sends
