@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -351,6 +352,66 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 	close(answer)
 	if err := <-closed; !errors.Is(err, io.EOF) {
 		t.Fatalf("unexpected worker read after the client's reset; got %v; want %v", err, io.EOF)
+	}
+}
+
+// The same 101 at shutdown, its hijack not run yet: CloseStreamsContext
+// waits for it as for a relay and, at its deadline, closes the worker's
+// WebSocket at once instead of hijackWait (30 s) later (R-DP-2).
+func TestShutdownAbandonsSkippedUpgrade_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		close(asked)
+		<-answer
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = brw.ReadByte()
+		closed <- err
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upgrade never reached the worker")
+	}
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // the reset reaches pinboard's socket
+	close(answer)
+	hj := rg.p.hijacks
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		hj.mu.Lock()
+		n := len(hj.pending)
+		hj.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the 101's hijack was never pending")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	rg.p.CloseStreamsContext(ctx)
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("unexpected CloseStreams return after %v; want it to wait for the pending hijack until its deadline", d)
+	}
+	if err := <-closed; !errors.Is(err, io.EOF) {
+		t.Fatalf("unexpected worker read after shutdown; got %v; want %v", err, io.EOF)
 	}
 }
 
