@@ -461,8 +461,10 @@ func (l *onceCloseListener) Close() error {
 
 // CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
 // and the last bytes of ended streams. A shutdown takes at most the grace
-// plus CloseWait, which is what an orchestrator's kill timeout must exceed
-// (deploy/, checked by cmd/pinboard's deploy tests).
+// plus CloseWait (and 0.1 s for the relays cut at its end to let go of
+// their worker connections, proxy.CloseStreamsContext), which is what an
+// orchestrator's kill timeout must exceed with some slack (deploy/,
+// checked by cmd/pinboard's deploy tests).
 const CloseWait = 2 * time.Second
 
 // Shutdown stops the node in three steps:
