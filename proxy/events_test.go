@@ -562,3 +562,73 @@ func TestShutdownAbandonsSkippedHijack_RDP2(t *testing.T) {
 		})
 	}
 }
+
+// An HTTP/1.0 client's upload that the worker answers while it is still
+// going up, with an unsized body (an echo): the close-delimited relay runs
+// inside the hijack handler, where the upload still reads the request, is
+// tracked as a download meanwhile, and both directions complete (R-DP-2).
+func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/echo", func(rw http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(rw)
+		_ = rc.EnableFullDuplex()
+		rw.WriteHeader(200)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				_, _ = rw.Write(buf[:n])
+				_ = rc.Flush()
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	const size = 4 << 20 // over SmallBody: streamed, and answered before it is all up
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "POST /counters/alice/echo HTTP/1.0\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", size)
+	sent := make(chan error, 1)
+	go func() {
+		chunk := []byte(strings.Repeat("u", 64<<10))
+		for n := 0; n < size; n += len(chunk) {
+			if n == size/2 {
+				// Half-way: the answer has begun, relayed as a download.
+				for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedDownloads() != 1; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						sent <- fmt.Errorf("unexpected relayed downloads mid-upload; got %d; want 1", rg.p.RelayedDownloads())
+						return
+					}
+				}
+			}
+			if _, err := c.Write(chunk); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the response header: %v", err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	n, err := io.Copy(io.Discard, br) // the body ends with the connection
+	if err != nil || n != size {
+		t.Fatalf("unexpected echo; got %d bytes, %v; want %d then the close", n, err, size)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	waitDownloads(t, rg.p, 0)
+}
