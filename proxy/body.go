@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -53,6 +51,9 @@ type upstreamBody struct {
 
 	client net.Conn      // the client's connection: stall deadline on writes to it
 	stall  time.Duration // see UpstreamOptions.StallTimeout; 0: none
+
+	// guard is a relay's hijack, which shutdown may abandon (cutRelays).
+	guard *hijackGuard
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
@@ -61,7 +62,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
-	b.remaining, b.done, b.broken, b.relayed = 0, false, false, false
+	b.remaining, b.done, b.broken, b.relayed, b.guard = 0, false, false, false, nil
 	b.stopped.Store(false)
 	if mode == bodyFixed {
 		b.remaining = size
@@ -308,28 +309,9 @@ func (b *upstreamBody) CloseWithError(err error) error {
 			b.pool.discard(b.pc)
 		}
 	}
-	b.pool, b.pc, b.up, b.tracker, b.client = nil, nil, nil, nil, nil
+	b.pool, b.pc, b.up, b.tracker, b.client, b.guard = nil, nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
-}
-
-// relayUntilClose sends an unsized body to an HTTP/1.0 client, which
-// cannot read chunked (RFC 9112 §6.1): the body is delimited by the
-// connection's close, as nginx sends it. fasthttp chunks every unsized
-// stream, so the connection is hijacked and the response written here,
-// each read as it arrives. The response header carries no framing: the
-// worker's Transfer-Encoding went with the hop-by-hop headers.
-func relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
-	ctx.Response.Header.SetConnectionClose()
-	hdr := append([]byte(nil), ctx.Response.Header.Header()...)
-	hijack(ctx, func(c net.Conn) {
-		_, err := c.Write(hdr)
-		if err == nil {
-			_, err = io.Copy(c, b)
-		}
-		_ = b.CloseWithError(err)
-		_ = c.Close()
-	}, func() { _ = b.CloseWithError(errHijackSkipped) })
 }
 
 // stop ends a stream at shutdown: the blocked read returns at once; an
@@ -343,18 +325,20 @@ func (b *upstreamBody) stop(now time.Time) {
 
 // streams tracks open upstream bodies so shutdown can end them: fasthttp's
 // Shutdown waits for open responses and an idle SSE stream never ends.
-// Event streams relayed off the server (events.go) are counted apart:
-// fasthttp no longer sees their connections, so shutdown waits for them
-// here.
+// Bodies relayed off the server (events.go: event streams, and unsized
+// bodies to HTTP/1.0 clients) are counted apart: fasthttp no longer sees
+// their connections, so shutdown waits for them here.
 type streams struct {
 	mu  sync.Mutex
 	m   map[*upstreamBody]struct{}
 	n   atomic.Int64
 	sse atomic.Int64
-	// relays counts relayed event streams, from hijackEvents until their
-	// connection is closed or back with the server.
-	relays int
-	idle   idleSignal
+	// relays counts bodies relayed off the server, from relayStart until
+	// their connection is closed or back with the server; relayedEvents
+	// the event streams among them.
+	relays        int
+	relayedEvents int
+	idle          idleSignal
 	// closing is set by stopAll, for good: a stream that starts later (a
 	// worker slow to answer) is stopped as it starts, instead of running
 	// on untracked once the server has gone (WebSockets: hijacks.closing).
@@ -386,17 +370,26 @@ func (s *streams) remove(b *upstreamBody) {
 	}
 }
 
-// relayStart counts a relay off the server (its body is tracked already).
-func (s *streams) relayStart() {
+// relayStart counts b (tracked already) as relayed off the server, g
+// being its hijack.
+func (s *streams) relayStart(b *upstreamBody, g *hijackGuard) {
 	s.mu.Lock()
+	b.relayed, b.guard = true, g
 	s.relays++
+	if b.sse {
+		s.relayedEvents++
+	}
 	s.mu.Unlock()
 }
 
-// relayEnd ends a relay's count once its client connection is dealt with.
-func (s *streams) relayEnd() {
+// relayEnd ends a relay's count once its client connection is dealt with;
+// sse is its body's.
+func (s *streams) relayEnd(sse bool) {
 	s.mu.Lock()
 	s.relays--
+	if sse {
+		s.relayedEvents--
+	}
 	s.idle.check(s.relays)
 	s.mu.Unlock()
 }
@@ -405,7 +398,15 @@ func (s *streams) relayEnd() {
 func (s *streams) Relays() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return int64(s.relays)
+	return int64(s.relayedEvents)
+}
+
+// Downloads returns the number of other bodies relayed off the server:
+// unsized responses to HTTP/1.0 clients, requests still in flight.
+func (s *streams) Downloads() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int64(s.relays - s.relayedEvents)
 }
 
 // waitRelays waits until no relay is left or ctx ends, and reports
@@ -425,15 +426,25 @@ func (s *streams) waitRelays(ctx context.Context) bool {
 	}
 }
 
-// cutRelays closes the client connection of every relay still writing:
-// its write fails and the relay ends.
+// cutRelays ends every relay left: the client connection of one still
+// writing is closed, so its write fails and the relay ends, closing the
+// worker connection; one whose hijack has not run (fasthttp still
+// flushing answers held back before it, or never going to) is abandoned,
+// which closes the worker connection at once instead of after hijackWait.
 func (s *streams) cutRelays() {
+	var pending []*hijackGuard
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for b := range s.m {
 		if b.relayed {
 			_ = b.client.Close()
+			pending = append(pending, b.guard)
 		}
+	}
+	s.mu.Unlock()
+	// Outside mu: the orphan's end of the relay takes it. A guard whose
+	// hijack ran does nothing.
+	for _, g := range pending {
+		g.abandon()
 	}
 }
 

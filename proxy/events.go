@@ -47,8 +47,9 @@ var lastChunk = []byte("0\r\n\r\n")
 // relayable reports whether a response body may be relayed as an event
 // stream off the server: an unsized text/event-stream body to an HTTP/1.1
 // client whose request has gone up whole. HTTP/1.0 clients read
-// close-delimited bodies, and a request body still going up ties the
-// response to the server's request stream; both stay on the server's path.
+// close-delimited bodies (hijackUntilClose), and a request body still
+// going up ties the response to the server's request stream: it stays on
+// the server's path.
 func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool {
 	return sse && size < 0 && up == nil && ctx.Request.Header.IsHTTP11()
 }
@@ -57,10 +58,8 @@ func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool 
 // the handler returns. The server writes nothing itself: the relay writes
 // the response header (with chunked framing) and then the events.
 func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
-	b.relayed = true
-	p.streams.relayStart()
 	closeAfter := ctx.Request.Header.ConnectionClose() || p.resume == nil
-	hijack(ctx, func(hc net.Conn) {
+	p.startRelay(b).hijack(ctx, func(hc net.Conn) {
 		// ctx is valid until this returns, and then released along with
 		// the server's read buffer: the relay keeps neither. Bytes the
 		// client sent past its request are not this relay's to read: the
@@ -75,13 +74,56 @@ func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 			p.endRelay(b, err, false)
 			return
 		}
-		go p.relayEvents(b, keep)
-	}, func() { p.endRelay(b, errHijackSkipped, false) })
+		go p.relayStream(b, true, keep)
+	})
 }
 
-// relayEvents copies the worker's events to the client until either side
-// ends the stream or shutdown stops it (cleanly, between events).
-func (p *Proxy) relayEvents(b *upstreamBody, keep bool) {
+// relayUntilClose sends an unsized body to an HTTP/1.0 client, which
+// cannot read chunked (RFC 9112 §6.1): the body is delimited by the
+// connection's close, as nginx sends it. fasthttp chunks every unsized
+// stream, so the connection is hijacked and the body relayed as an event
+// stream is (relayStream), each read as it arrives, without framing. The
+// response header carries none either: the worker's Transfer-Encoding
+// went with the hop-by-hop headers.
+//
+// Like an event relay it is tracked for shutdown (streams.relayStart),
+// which the server no longer sees once the connection is hijacked: the
+// grace waits for it as for any request in flight, and the end of the
+// shutdown cuts it. Without a request body still going up it runs on a
+// goroutine of its own, so that ctx and the server's read buffer go back
+// at once; an upload still in progress reads the request through ctx,
+// which lives only as long as the hijack handler, so the relay then runs
+// inside it.
+func (p *Proxy) relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
+	ctx.Response.Header.SetConnectionClose()
+	p.startRelay(b).hijack(ctx, func(net.Conn) {
+		if err := b.writeClient(ctx.Response.Header.Header()); err != nil {
+			p.endRelay(b, err, false)
+			return
+		}
+		if b.up != nil {
+			p.relayStream(b, false, false)
+			return
+		}
+		go p.relayStream(b, false, false)
+	})
+}
+
+// startRelay counts b as a relay off the server and returns the guard of
+// its hijack: a hijack fasthttp never runs ends the relay (errHijackSkipped)
+// after hijackWait, or at once when shutdown cuts it (cutRelays).
+func (p *Proxy) startRelay(b *upstreamBody) *hijackGuard {
+	g := &hijackGuard{orphaned: func() { p.endRelay(b, errHijackSkipped, false) }}
+	p.streams.relayStart(b, g)
+	return g
+}
+
+// relayStream copies the worker's body to the client until either side
+// ends the stream or shutdown stops it (an event stream cleanly, between
+// events): as HTTP/1.1 chunks, one per read, or (HTTP/1.0) as it comes,
+// the connection's close ending it. keep lets a chunked stream that ended
+// cleanly hand the connection back to the server.
+func (p *Proxy) relayStream(b *upstreamBody, chunked, keep bool) {
 	for {
 		if b.idle() {
 			// Wait for the worker without a buffer, checking on the
@@ -98,7 +140,11 @@ func (p *Proxy) relayEvents(b *upstreamBody, keep bool) {
 		n, err := b.Read(buf[chunkRoom : chunkRoom+streamBufSize])
 		var werr error
 		if n > 0 {
-			werr = b.writeClient(appendChunk(buf, n))
+			out := buf[chunkRoom : chunkRoom+n]
+			if chunked {
+				out = appendChunk(buf, n)
+			}
+			werr = b.writeClient(out)
 		}
 		eventBufs.Put(bp)
 		switch {
@@ -106,7 +152,9 @@ func (p *Proxy) relayEvents(b *upstreamBody, keep bool) {
 			p.endRelay(b, werr, false)
 			return
 		case err == io.EOF:
-			werr = b.writeClient(lastChunk)
+			if chunked {
+				werr = b.writeClient(lastChunk)
+			}
 			p.endRelay(b, werr, werr == nil && keep && !b.stopped.Load())
 			return
 		case err != nil:
@@ -138,9 +186,9 @@ func appendChunk(buf []byte, n int) []byte {
 // endRelay lets go of the stream and of the client connection: back to
 // the server for its next request when resume, closed otherwise.
 func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
-	client := b.client
+	client, sse := b.client, b.sse
 	_ = b.CloseWithError(err) // also clears the client's write deadline
-	p.streams.relayEnd()
+	p.streams.relayEnd(sse)
 	if resume {
 		// A cleanly ended stream: the connection serves the client's
 		// next request, as it would have on the server's path.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -401,4 +402,233 @@ func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
 		t.Fatal("unexpected open connection after shutdown ended the stream")
 	}
 	waitEventRelays(t, rg.p, 0)
+}
+
+// relayGoroutines counts the goroutines inside a relay off the server:
+// a stream's (relayStream) or a WebSocket's (hijacks.relay).
+func relayGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "proxy.(*Proxy).relayStream") || strings.Contains(g, "proxy.(*hijacks).relay") {
+			n++
+		}
+	}
+	return n
+}
+
+// waitDownloads waits until p relays n bodies to HTTP/1.0 clients.
+func waitDownloads(t *testing.T, p *Proxy, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); p.RelayedDownloads() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected relayed downloads; got %d; want %d", p.RelayedDownloads(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// An unsized body to an HTTP/1.0 client is relayed off the server like an
+// event stream, and tracked like one: shutdown sees it (the server no
+// longer counts its connection), ends it, and when CloseStreamsContext
+// returns neither its relay nor its worker connection is left (R-DP-2).
+func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	ss := newSlowStream(t, w, "/stream", "", "first")
+	close(ss.answer)
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /counters/alice/stream HTTP/1.0\r\nHost: pb\r\n\r\n")
+	if status, h := s.header(); !strings.HasSuffix(status, " 200 OK") || h["connection"] != "close" || h["transfer-encoding"] != "" {
+		t.Fatalf("unexpected header for an HTTP/1.0 client; got %q %v; want 200, Connection: close, no framing", status, h)
+	}
+	first := make([]byte, len("first"))
+	if _, err := io.ReadFull(s.br, first); err != nil || string(first) != "first" {
+		t.Fatalf("unexpected body start; got %q, %v; want %q", first, err, "first")
+	}
+	waitDownloads(t, rg.p, 1)
+	if n := rg.p.RelayedEventStreams(); n != 0 {
+		t.Fatalf("unexpected relayed event streams; got %d; want 0 (a download)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rg.p.CloseStreamsContext(ctx)
+	if d, o, g := rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); d != 0 || o != 0 || g != 0 {
+		t.Fatalf("unexpected relay left when CloseStreams returned; got %d downloads, %d streams, %d relay goroutines; want 0, 0, 0", d, o, g)
+	}
+	ss.waitClosed(t, rg.p)
+	if !s.eof() {
+		t.Fatal("unexpected open client connection after shutdown cut the download")
+	}
+}
+
+// A relay whose client stopped reading is blocked in its write when
+// shutdown ends the streams: at the deadline its client connection is
+// closed, and the relay lets go of its worker connection before
+// CloseStreamsContext returns, for an event stream as for a body to an
+// HTTP/1.0 client (R-DP-2).
+func TestShutdownCutsRelayBlockedOnClient_RDP2(t *testing.T) {
+	for _, tc := range []struct{ name, proto, ctype string }{
+		{"event stream", "HTTP/1.1", "text/event-stream"},
+		{"HTTP/1.0 download", "HTTP/1.0", "application/octet-stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg, w := newRigWorker(t, nil)
+			gone := make(chan struct{})
+			w.route("/big", func(rw http.ResponseWriter, r *http.Request) {
+				defer close(gone)
+				rw.Header().Set("Content-Type", tc.ctype)
+				chunk := []byte("data: " + strings.Repeat("x", 32<<10) + "\n\n")
+				for {
+					if _, err := rw.Write(chunk); err != nil {
+						return
+					}
+					rw.(http.Flusher).Flush()
+				}
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.(*net.TCPConn).SetReadBuffer(4096)
+			fmt.Fprintf(c, "GET /counters/alice/big %s\r\nHost: pb\r\n\r\n", tc.proto)
+			for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedEventStreams()+rg.p.RelayedDownloads() != 1; {
+				if time.Now().After(deadline) {
+					t.Fatal("the stream was never relayed")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			time.Sleep(200 * time.Millisecond) // the sockets fill: the relay blocks in a write
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			rg.p.CloseStreamsContext(ctx)
+			if r, o, g := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); r != 0 || o != 0 || g != 0 {
+				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams, %d relay goroutines; want 0, 0, 0", r, o, g)
+			}
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatal("unexpected worker connection still open 5s after shutdown cut its relay")
+			}
+		})
+	}
+}
+
+// A relay whose hijack fasthttp has not run when shutdown cuts it (the
+// client reset its connection while answers to requests it pipelined
+// before the stream were being written) lets go of its worker connection
+// at once, not hijackWait (30 s) later: nothing of it outlives
+// CloseStreamsContext (R-DP-2).
+func TestShutdownAbandonsSkippedHijack_RDP2(t *testing.T) {
+	for _, tc := range []struct{ name, proto, ctype string }{
+		{"event stream", "HTTP/1.1", "text/event-stream"},
+		{"HTTP/1.0 download", "HTTP/1.0", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg, w := newRigWorker(t, nil)
+			ss := newSlowStream(t, w, "/stream", tc.ctype, "")
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = fmt.Fprintf(c, "GET /counters/alice/x %[1]s\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"+
+				"GET /counters/alice/stream %[1]s\r\nHost: x\r\n\r\n", tc.proto)
+			ss.waitAsked(t)
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+			close(ss.answer)
+			for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedEventStreams()+rg.p.RelayedDownloads() != 1; {
+				if time.Now().After(deadline) {
+					t.Fatal("the stream was never relayed")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			rg.p.CloseStreamsContext(ctx)
+			if r, o := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(); r != 0 || o != 0 {
+				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams; want 0, 0", r, o)
+			}
+			ss.waitClosed(t, rg.p)
+		})
+	}
+}
+
+// An HTTP/1.0 client's upload that the worker answers while it is still
+// going up, with an unsized body (an echo): the close-delimited relay runs
+// inside the hijack handler, where the upload still reads the request, is
+// tracked as a download meanwhile, and both directions complete (R-DP-2).
+func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/echo", func(rw http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(rw)
+		_ = rc.EnableFullDuplex()
+		rw.WriteHeader(200)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				_, _ = rw.Write(buf[:n])
+				_ = rc.Flush()
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	const size = 4 << 20 // over SmallBody: streamed, and answered before it is all up
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "POST /counters/alice/echo HTTP/1.0\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", size)
+	sent := make(chan error, 1)
+	go func() {
+		chunk := []byte(strings.Repeat("u", 64<<10))
+		for n := 0; n < size; n += len(chunk) {
+			if n == size/2 {
+				// Half-way: the answer has begun, relayed as a download.
+				for deadline := time.Now().Add(10 * time.Second); rg.p.RelayedDownloads() != 1; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						sent <- fmt.Errorf("unexpected relayed downloads mid-upload; got %d; want 1", rg.p.RelayedDownloads())
+						return
+					}
+				}
+			}
+			if _, err := c.Write(chunk); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the response header: %v", err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	n, err := io.Copy(io.Discard, br) // the body ends with the connection
+	if err != nil || n != size {
+		t.Fatalf("unexpected echo; got %d bytes, %v; want %d then the close", n, err, size)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	waitDownloads(t, rg.p, 0)
 }

@@ -127,13 +127,18 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		return
 	}
 
+	ws := isWebSocket(&ctx.Request.Header)
+	if ws && upgradeWithBody(&ctx.Request.Header) {
+		refuseUpgradeWithBody(ctx)
+		return
+	}
 	route, err := p.resolve(ctx, rq, now)
 	if err != nil {
 		placeFailed(ctx, err)
 		return
 	}
 	rq.routed = true
-	if isWebSocket(&ctx.Request.Header) {
+	if ws {
 		p.serveWebSocket(ctx, rq, route, now)
 		return
 	}
@@ -772,7 +777,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			return served
 		}
 		if size < 0 && !ctx.Request.Header.IsHTTP11() {
-			relayUntilClose(ctx, b)
+			p.relayUntilClose(ctx, b)
 			break
 		}
 		ctx.Response.SetBodyStream(b, int(size))

@@ -17,30 +17,47 @@ var hijackWait = handshakeTimeout
 // errHijackSkipped ends what a hijack that fasthttp never ran was to own.
 var errHijackSkipped = errors.New("the server never handed over the client connection")
 
-// hijack takes the client connection over once the handler returns, the
-// server writing no response of its own: run gets the hijacked connection
-// (valid with ctx until run returns). fasthttp skips the hijack handler
-// when it cannot flush an answer held back before this one (pipelined
-// requests, a client gone), and nothing would then release what the
-// hijack was to own (a worker connection, a tracked stream): run or, after
-// hijackWait, orphaned — whichever comes first — owns it; the other does
-// nothing (run closes the connection it got).
-func hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn), orphaned func()) {
-	var owned atomic.Bool
-	orphan := time.AfterFunc(hijackWait, func() {
-		if owned.CompareAndSwap(false, true) {
-			orphaned()
-		}
-	})
+// hijackGuard takes the client connection over once the handler returns,
+// the server writing no response of its own (hijack): run gets the
+// hijacked connection (valid with ctx until run returns). fasthttp skips
+// the hijack handler when it cannot flush an answer held back before this
+// one (pipelined requests, a client gone), and nothing would then release
+// what the hijack was to own (a worker connection, a tracked stream): run
+// or orphaned — after hijackWait, or when shutdown abandons the hijack,
+// whichever comes first — owns it; the other does nothing (run closes the
+// connection it got). Safe for concurrent use.
+type hijackGuard struct {
+	owned    atomic.Bool
+	orphaned func()
+	timer    atomic.Pointer[time.Timer]
+}
+
+// hijack registers run as ctx's hijack handler, and starts the orphan
+// timer. Set orphaned before.
+func (g *hijackGuard) hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn)) {
+	g.timer.Store(time.AfterFunc(hijackWait, g.abandon))
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) {
-		if !owned.CompareAndSwap(false, true) {
+		if !g.owned.CompareAndSwap(false, true) {
 			_ = hc.Close()
 			return
 		}
-		orphan.Stop()
+		g.timer.Load().Stop()
 		run(hc)
 	})
+}
+
+// abandon hands what the hijack was to own to orphaned now, unless run
+// (or orphaned) has it already: shutdown does not wait hijackWait for a
+// hijack that may never run.
+func (g *hijackGuard) abandon() {
+	if !g.owned.CompareAndSwap(false, true) {
+		return
+	}
+	if t := g.timer.Load(); t != nil {
+		t.Stop()
+	}
+	g.orphaned()
 }
 
 // bufferedBytes returns what hc (a hijacked connection) has buffered past

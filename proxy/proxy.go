@@ -188,6 +188,12 @@ func (p *Proxy) OpenEventStreams() int64 { return p.streams.OpenEvents() }
 // server no longer counts as open (events.go).
 func (p *Proxy) RelayedEventStreams() int64 { return p.streams.Relays() }
 
+// RelayedDownloads is the number of other bodies among OpenStreams
+// relayed off the server (unsized bodies to HTTP/1.0 clients, events.go):
+// requests in flight on connections the server no longer counts as open,
+// which a graceful shutdown's grace must wait for like any other.
+func (p *Proxy) RelayedDownloads() int64 { return p.streams.Downloads() }
+
 // DefaultCloseWait bounds CloseStreams, and CloseStreamsContext when ctx
 // has no deadline.
 const DefaultCloseWait = 2 * time.Second
@@ -203,8 +209,10 @@ func (p *Proxy) CloseStreams() { p.CloseStreamsContext(context.Background()) }
 // cut. Each WebSocket gets a Close frame 1001 "going away" toward both the
 // client and the worker, at a frame boundary, and then has until ctx's
 // deadline (DefaultCloseWait without one) for the closing handshake before
-// its connections are closed. It returns once every relay finished, or at
-// that deadline, and then closes idle worker connections.
+// its connections are closed. It returns once every relay finished — at
+// that deadline what is left is cut, and it waits up to cutWait more for
+// that to let go of its worker connections — and then closes idle worker
+// connections.
 func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	now := p.now()
 	deadline, ok := ctx.Deadline()
@@ -217,14 +225,31 @@ func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 	// A read deadline is wall-clock time, whatever clock p runs on.
 	p.streams.stopAll(time.Now())
 	p.hijacks.shutdown(deadline)
+	cut := false
 	if !p.streams.waitRelays(ctx) {
 		p.streams.cutRelays()
+		cut = true
 	}
 	if !p.hijacks.wait(ctx) {
 		p.hijacks.closeAll()
+		cut = true
+	}
+	if cut {
+		// A cut relay's next write or read fails at once and it lets go
+		// of its worker connection: wait for that, so that nothing of a
+		// relay outlives the shutdown (a caller that goes on, tests, an
+		// embedding program, would otherwise find worker connections and
+		// goroutines still about).
+		cctx, cancel := context.WithTimeout(context.Background(), cutWait)
+		p.streams.waitRelays(cctx)
+		p.hijacks.wait(cctx)
+		cancel()
 	}
 	p.ups.closeAll(now)
 }
+
+// cutWait bounds CloseStreamsContext's wait for the relays it cut.
+const cutWait = 100 * time.Millisecond
 
 // ownerState is the data plane's per-session state, kept on the
 // directory.Owner so a hot lookup reaches it without a map.
@@ -244,12 +269,12 @@ type ownerState struct {
 // the same answer as a route's own refusal, so unlike a request's 403 the
 // answer alone cannot tell the gap apart; a worker learns its session
 // within milliseconds of its register ack, so past a second a new
-// session's 403 is the route's own. Not covered: the other half of the
-// gap, a worker re-registering while its previous session still routes
-// (that session is old) — telling it from a route's refusal would cost
-// every such refusal the full wait. And for a second after this proxy
-// starts every session is young: a route refusing an upgrade then runs
-// up to four times.
+// session's 403 is the route's own. A re-registration's new session is a
+// new one too. The other half of the gap, an upgrade still routed to the
+// session the re-registering worker dropped (that session is old), is
+// told apart by the id no longer being placed there (maybeGap), not by a
+// wait. For a second after this proxy starts every session is young: a
+// route refusing an upgrade then runs up to four times.
 const youngSession = time.Second
 
 // state returns the owner's data-plane state, building it on first use.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -354,6 +355,66 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 	}
 }
 
+// The same 101 at shutdown, its hijack not run yet: CloseStreamsContext
+// waits for it as for a relay and, at its deadline, closes the worker's
+// WebSocket at once instead of hijackWait (30 s) later (R-DP-2).
+func TestShutdownAbandonsSkippedUpgrade_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		close(asked)
+		<-answer
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = brw.ReadByte()
+		closed <- err
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
+		"GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upgrade never reached the worker")
+	}
+	c.(*net.TCPConn).SetLinger(0)
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // the reset reaches pinboard's socket
+	close(answer)
+	hj := rg.p.hijacks
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		hj.mu.Lock()
+		n := len(hj.pending)
+		hj.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the 101's hijack was never pending")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	rg.p.CloseStreamsContext(ctx)
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("unexpected CloseStreams return after %v; want it to wait for the pending hijack until its deadline", d)
+	}
+	if err := <-closed; !errors.Is(err, io.EOF) {
+		t.Fatalf("unexpected worker read after shutdown; got %v; want %v", err, io.EOF)
+	}
+}
+
 // Bytes a client sends right behind its upgrade request, before the 101
 // reached it, reach the worker first and in order, then the rest of the
 // conversation: the relay reads the client's connection itself, and the
@@ -455,4 +516,167 @@ func accept101(rw http.ResponseWriter) (conn net.Conn, brw *bufio.ReadWriter, ok
 		return nil, nil, false
 	}
 	return conn, brw, true
+}
+
+// A worker that re-registers gets a new session id and learns it only
+// from the register ack (R-TR-5): until then it refuses upgrades with a
+// bare 403, whichever session they name. An upgrade is retried through
+// that gap, not only for a worker's first session: the id may move to the
+// new session before the worker holds it (the new session is one this
+// proxy has just started routing to), or still be routed to the old one
+// the worker already dropped, and then move (R-DP-2).
+func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, ok := accept101(rw)
+		if ok {
+			conn.Close()
+		}
+	})
+	// reregister moves alice to a new session of w's client, as the
+	// register of a worker that lost its session does, and returns it.
+	reregister := func(prev string) string {
+		res, err := rg.store.Register(t.Context(), &directory.Registration{
+			ClientID: "client-w", Sub: "p:worker", Secret: w.secret, Namespaces: []string{"/counters"},
+			AdvertiseURL: w.srv.URL, Headroom: 1, PrevSessionID: prev,
+			Instances: map[string][]string{"/counters": {"alice"}},
+		}, rg.now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.SessionID
+	}
+	// old makes alice's session an old one for this proxy.
+	old := func() string {
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+			t.Fatalf("got %q; want 101", line)
+		}
+		rg.advance(youngSession + time.Millisecond)
+		return w.session.Load().(string)
+	}
+
+	t.Run("routed to the new session before the worker has it", func(t *testing.T) {
+		prev := old()
+		w.session.Store("") // the worker dropped its session and re-registers
+		next := reregister(prev)
+		fn := func() { w.unattested.Store(nil); w.session.Store(next) } // the ack is read
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("routed to the old session the worker dropped", func(t *testing.T) {
+		prev := old()
+		w.session.Store("")
+		// The re-registration lands while the refused handshake is on its
+		// way back; the worker then holds its new session.
+		fn := func() { w.unattested.Store(nil); w.session.Store(reregister(prev)) }
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("old session lapsed", func(t *testing.T) {
+		prev := old()
+		w.session.Store("")
+		// The session's lease lapsed while the handshake was on its way
+		// (the worker heard of it and dropped its session); the retry
+		// places the id anew, on the worker's new session.
+		fn := func() {
+			w.unattested.Store(nil)
+			rg.advance(10 * time.Second)
+			res, err := rg.store.Register(t.Context(), &directory.Registration{
+				ClientID: "client-w", Sub: "p:worker", Secret: w.secret, Namespaces: []string{"/counters"},
+				AdvertiseURL: w.srv.URL, Headroom: 1, PrevSessionID: prev,
+			}, rg.now())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			w.session.Store(res.SessionID)
+		}
+		w.unattested.Store(&fn)
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
+			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
+		}
+	})
+	t.Run("old session, the route refuses", func(t *testing.T) {
+		old()
+		w.route("/ws", func(rw http.ResponseWriter, r *http.Request) { rw.WriteHeader(http.StatusForbidden) })
+		w.hits.Store(0)
+		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 403") || w.hits.Load() != 1 {
+			t.Fatalf("got %q after %d handshakes; want the route's 403 after 1", line, w.hits.Load())
+		}
+	})
+}
+
+// An upgrade request that carries a body (Content-Length > 0, or chunked)
+// is refused with 400 and its connection closed: the bytes after its
+// header are its body, which must neither reach the worker as WebSocket
+// frames after a 101 nor be read as the client's next request (a smuggled
+// request). An empty Content-Length still upgrades (R-DP-2).
+func TestUpgradeWithBodyRefused_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var upgrades, smuggled atomic.Int64
+	after := make(chan string, 4) // what reached the worker after its 101
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		upgrades.Add(1)
+		conn, brw, ok := accept101(rw)
+		if !ok {
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		b, _ := io.ReadAll(brw)
+		after <- string(b)
+	})
+	w.route("/smuggled", func(rw http.ResponseWriter, r *http.Request) { smuggled.Add(1) })
+	const handshake = "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+	const next = "GET /counters/alice/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	exchange := func(t *testing.T, req string) string {
+		t.Helper()
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(c)
+		return string(got)
+	}
+	for name, body := range map[string]string{
+		"content-length": fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(next), next),
+		"chunked":        fmt.Sprintf("Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(next), next),
+	} {
+		t.Run(name, func(t *testing.T) {
+			upgrades.Store(0)
+			got := exchange(t, handshake+body)
+			want := "{\"error\":\"a WebSocket upgrade request cannot carry a body\"}"
+			if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.HasSuffix(got, want) || strings.Count(got, "HTTP/1.1 ") != 1 {
+				t.Fatalf("unexpected answer to an upgrade with a body; got %q; want one 400 ending %s, then the close", got, want)
+			}
+			if n := upgrades.Load(); n != 0 {
+				t.Fatalf("unexpected upgrades at the worker; got %d; want 0", n)
+			}
+			if n := smuggled.Load(); n != 0 {
+				t.Fatalf("unexpected smuggled requests at the worker; got %d; want 0", n)
+			}
+		})
+	}
+	t.Run("empty body", func(t *testing.T) {
+		upgrades.Store(0)
+		if got := exchange(t, handshake+"Content-Length: 0\r\n\r\n"); !strings.HasPrefix(got, "HTTP/1.1 101 ") {
+			t.Fatalf("unexpected answer to an upgrade with Content-Length: 0; got %q; want 101", got)
+		}
+		if b := <-after; b != "" {
+			t.Fatalf("unexpected bytes at the worker after its 101; got %q; want none", b)
+		}
+	})
 }

@@ -28,6 +28,28 @@ func isWebSocket(h *fasthttp.RequestHeader) bool {
 	return h.ConnectionUpgrade() && asciiEqualFold(h.Peek(fasthttp.HeaderUpgrade), "websocket")
 }
 
+// upgradeWithBody reports whether an upgrade request announces a body:
+// a Content-Length above 0, or chunked framing (fasthttp reports -1; -2
+// is no framing header at all, no body for a request).
+func upgradeWithBody(h *fasthttp.RequestHeader) bool {
+	cl := h.ContentLength()
+	return cl > 0 || cl == -1
+}
+
+// refuseUpgradeWithBody answers an upgrade request that carries a body:
+// 400, and the connection closes. Nothing forbids a body there (RFC 9110
+// §9.3.1 leaves a GET body undefined, RFC 6455 §4.1 asks for none), but the
+// bytes after the header are the body, not the WebSocket stream: relayed
+// after a 101 they would reach the worker as frames (the worker, told of a
+// body it never got, could read frames as that body), and left unread
+// they could be parsed as the client's next request. Refusing is what
+// makes that impossible; closing also leaves no body for fasthttp to
+// skip over.
+func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusBadRequest, "a WebSocket upgrade request cannot carry a body", 0)
+	ctx.SetConnectionClose()
+}
+
 // serveWebSocket relays a WebSocket upgrade (R-DP-2). The handshake never
 // goes through the connection pool — a 101 connection must not return to
 // it (../shared/notes/FASTHTTP.md) — so it dials the worker itself, sends
@@ -63,7 +85,8 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			_, _ = io.ReadFull(br, pending)
 			ctx.Response.Reset()
 			client := ctx.Conn()
-			hijack(ctx, func(hc net.Conn) {
+			g := p.hijacks.pend(conn)
+			g.hijack(ctx, func(hc net.Conn) {
 				// The relay reads the client's connection itself, not
 				// through hc and the server's 16 KiB read buffer, and runs
 				// on a goroutine of its own, so that the server lets go of
@@ -72,12 +95,12 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 				// see wsDir.copy). Bytes the server had read past the
 				// upgrade request (a client may not send any before the
 				// 101, RFC 6455 §4.1) go to the worker first.
-				go p.hijacks.relay(client, conn, raw, pending, bufferedBytes(hc))
-			}, func() { _ = conn.Close() })
+				r := p.hijacks.start(client, conn, g)
+				go p.hijacks.run(r, raw, pending, bufferedBytes(hc))
+			})
 			return
 		}
-		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) ||
-			now.UnixNano()-st.born > int64(youngSession) {
+		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) || !p.maybeGap(rq, route, st, now) {
 			p.relayRefusedUpgrade(ctx, conn, br)
 			return
 		}
@@ -88,6 +111,23 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 	}
+}
+
+// maybeGap reports whether an upgrade that route's owner refused with 403
+// may have met the session gap (R-TR-5) rather than the route's own
+// refusal, which a bare 403 cannot tell apart: the session is young (see
+// youngSession), or the id is no longer placed on it — the worker lost
+// the session (its lease lapsed, the store forgot it), which is what
+// makes it re-register, and dropped its session id with it; a
+// re-registration then moves the id to the new session. A route's own
+// refusal from an older session that still holds the id costs one
+// cached lookup, no wait.
+func (p *Proxy) maybeGap(rq *request, route directory.Route, st *ownerState, now time.Time) bool {
+	if now.UnixNano()-st.born <= int64(youngSession) {
+		return true
+	}
+	cur, ok := p.store.Lookup(rq.ns, rq.id, p.now())
+	return !ok || cur.Owner != route.Owner
 }
 
 // handshake dials the owner, sends the upgrade request and reads the
@@ -170,6 +210,12 @@ type hijacks struct {
 
 	mu sync.Mutex
 	m  map[*wsRelay]struct{}
+	// pending holds the hijacks of 101s that fasthttp has not run yet (it
+	// first flushes answers held back before them, and skips the hijack
+	// when that fails): wait counts them and closeAll abandons them,
+	// closing their worker connections, instead of leaving those to the
+	// orphan timer (hijackWait) after the shutdown.
+	pending map[*hijackGuard]struct{}
 	// closing is set by shutdown, for good: a relay whose 101 arrives
 	// later is told goodbye as soon as the 101 is through, bounded by the
 	// same deadline, instead of outliving the shutdown untracked.
@@ -179,7 +225,9 @@ type hijacks struct {
 	idle idleSignal
 }
 
-func newHijacks() *hijacks { return &hijacks{m: make(map[*wsRelay]struct{})} }
+func newHijacks() *hijacks {
+	return &hijacks{m: make(map[*wsRelay]struct{}), pending: make(map[*hijackGuard]struct{})}
+}
 
 // Open returns the number of relayed connections.
 func (hj *hijacks) Open() int64 {
@@ -188,12 +236,48 @@ func (hj *hijacks) Open() int64 {
 	return int64(len(hj.m))
 }
 
+// pend tracks the hijack of a 101 until it runs (start) or is abandoned,
+// which closes upstream, the worker's connection.
+func (hj *hijacks) pend(upstream net.Conn) *hijackGuard {
+	g := &hijackGuard{}
+	g.orphaned = func() {
+		hj.mu.Lock()
+		delete(hj.pending, g)
+		hj.idle.check(hj.count())
+		hj.mu.Unlock()
+		_ = upstream.Close()
+	}
+	hj.mu.Lock()
+	hj.pending[g] = struct{}{}
+	hj.mu.Unlock()
+	return g
+}
+
+// count is what wait waits for: relays and pending hijacks. Called with
+// mu held.
+func (hj *hijacks) count() int { return len(hj.m) + len(hj.pending) }
+
 // relay copies a WebSocket both ways until either side ends it. early
 // holds bytes the client sent before the 101 reached it.
 func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []byte) {
+	hj.run(hj.start(client, upstream, nil), handshake, pending, early)
+}
+
+// start tracks a relay between client and upstream, in place of g, its
+// pending hijack (nil: none), so that wait never sees neither.
+func (hj *hijacks) start(client, upstream net.Conn, g *hijackGuard) *wsRelay {
 	r := newWSRelay(client, upstream, hj.stall)
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
+	delete(hj.pending, g)
+	hj.mu.Unlock()
+	return r
+}
+
+// run is relay for a relay start tracked.
+func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
+	client, upstream := r.client, r.upstream
+	hj.mu.Lock()
 	closing, deadline := hj.closing, hj.deadline
 	hj.mu.Unlock()
 	if closing {
@@ -202,7 +286,7 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []
 	defer func() {
 		hj.mu.Lock()
 		delete(hj.m, r)
-		hj.idle.check(len(hj.m))
+		hj.idle.check(hj.count())
 		hj.mu.Unlock()
 	}()
 	defer upstream.Close()
@@ -236,7 +320,11 @@ func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []
 		// have nothing to send for hours, and the relay would wait for it.
 		if tc := rawio.TCP(upstream); tc != nil && errors.Is(err, io.EOF) {
 			_ = tc.CloseWrite()
-			_ = upstream.SetReadDeadline(time.Now().Add(DefaultCloseWait))
+			wait := time.Now().Add(DefaultCloseWait)
+			_ = upstream.SetReadDeadline(wait)
+			// A client answering shutdown's Close does exactly this:
+			// the wait must not outlast the goodbye's deadline.
+			r.capToGoodbye(wait, upstream.SetReadDeadline)
 		} else {
 			_ = upstream.Close()
 		}
@@ -264,14 +352,24 @@ func (hj *hijacks) shutdown(deadline time.Time) {
 	}
 }
 
-// closeAll closes every relayed connection.
+// closeAll closes every relayed connection, and abandons every pending
+// hijack (closing its worker connection).
 func (hj *hijacks) closeAll() {
 	hj.mu.Lock()
 	for r := range hj.m {
 		_ = r.client.Close()
 		_ = r.upstream.Close()
 	}
+	pending := make([]*hijackGuard, 0, len(hj.pending))
+	for g := range hj.pending {
+		pending = append(pending, g)
+	}
 	hj.mu.Unlock()
+	// Outside mu: abandoning takes it. A guard whose hijack ran (start
+	// is on its way) does nothing.
+	for _, g := range pending {
+		g.abandon()
+	}
 }
 
 // wait blocks until every relay finished or ctx ends, and reports
@@ -279,7 +377,7 @@ func (hj *hijacks) closeAll() {
 func (hj *hijacks) wait(ctx context.Context) bool {
 	for {
 		hj.mu.Lock()
-		idle := hj.idle.wait(len(hj.m))
+		idle := hj.idle.wait(hj.count())
 		hj.mu.Unlock()
 		if idle == nil {
 			return true

@@ -102,6 +102,8 @@ type wsDir struct {
 	// worker, where pinboard is the client, §5.3).
 	mask  bool
 	going *atomic.Bool
+	// goodbye is the relay's wsRelay.goodbye.
+	goodbye *atomic.Int64
 
 	// stall bounds each write to dst (UpstreamOptions.StallTimeout; 0:
 	// none): a peer that stops reading while the other sends is cut
@@ -112,6 +114,10 @@ type wsDir struct {
 	mu     sync.Mutex
 	fr     frameTracker
 	closed bool // our Close frame went out: nothing more is forwarded
+
+	// renewHook, when set (tests only), runs between forward's look at
+	// going and its renewal of the write deadline.
+	renewHook func()
 }
 
 // wsBufs are the relays' copy buffers, held only while bytes move.
@@ -149,8 +155,19 @@ func (d *wsDir) forward(p []byte) error {
 	for len(p) > 0 && !d.closed {
 		n := d.fr.span(p)
 		if !d.going.Load() {
-			// Shutdown's deadline, once set, is not pushed back.
+			if d.renewHook != nil {
+				d.renewHook()
+			}
 			rawio.KeepWriteDeadline(d.dst, time.Now(), d.stall)
+			// Shutdown's deadline, once set, is not pushed back: a goodbye
+			// that came since the look at going set its deadline before
+			// this renewal replaced it, for a write that could then
+			// block for the whole stall timeout. goAway sets goodbye,
+			// then going, then the deadline, so either its deadline comes
+			// after the renewal or going is seen here.
+			if d.going.Load() {
+				_ = d.dst.SetWriteDeadline(time.Unix(0, d.goodbye.Load()))
+			}
 		}
 		if _, err := d.dst.Write(p[:n]); err != nil {
 			return err
@@ -209,7 +226,9 @@ func (d *wsDir) sendClose() {
 type wsRelay struct {
 	client, upstream net.Conn
 	going            atomic.Bool
-	up, down         wsDir // client→worker, worker→client
+	// goodbye is shutdown's deadline (unix ns), set before going.
+	goodbye  atomic.Int64
+	up, down wsDir // client→worker, worker→client
 
 	// hs orders the 101 before any Close frame toward the client: a
 	// goodbye that comes while the handshake is not yet written only marks
@@ -222,8 +241,8 @@ type wsRelay struct {
 
 func newWSRelay(client, upstream net.Conn, stall time.Duration) *wsRelay {
 	r := &wsRelay{client: client, upstream: upstream}
-	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going, stall: stall}
-	r.down = wsDir{src: upstream, dst: client, going: &r.going, stall: stall}
+	r.up = wsDir{src: client, dst: upstream, mask: true, going: &r.going, goodbye: &r.goodbye, stall: stall}
+	r.down = wsDir{src: upstream, dst: client, going: &r.going, goodbye: &r.goodbye, stall: stall}
 	return r
 }
 
@@ -231,6 +250,7 @@ func newWSRelay(client, upstream net.Conn, stall time.Duration) *wsRelay {
 // it has not yet (see hs).
 func (r *wsRelay) goAway(deadline time.Time) {
 	r.hs.Lock()
+	r.goodbye.Store(deadline.UnixNano())
 	r.going.Store(true)
 	r.dl = deadline
 	started := r.started
@@ -257,11 +277,24 @@ func (r *wsRelay) writeHandshake(handshake []byte) (going bool, deadline time.Ti
 	return r.going.Load(), r.dl, err
 }
 
+// capToGoodbye sets the deadline set applies (a read deadline) back to
+// shutdown's once one is set and earlier than t, the deadline just set:
+// a renewal may not push the goodbye's back (see wsDir.forward).
+func (r *wsRelay) capToGoodbye(t time.Time, set func(time.Time) error) {
+	if !r.going.Load() {
+		return
+	}
+	if g := time.Unix(0, r.goodbye.Load()); g.Before(t) {
+		_ = set(g)
+	}
+}
+
 // shutdown starts the closing handshake in both directions and bounds what
 // is left of the relay by deadline: the peers answer Close and the worker
 // closes its connection, which ends the relay; a peer that does not, or a
 // direction stuck inside a frame, is cut at the deadline.
 func (r *wsRelay) shutdown(deadline time.Time) {
+	r.goodbye.Store(deadline.UnixNano())
 	r.going.Store(true)
 	_ = r.client.SetDeadline(deadline)
 	_ = r.upstream.SetDeadline(deadline)

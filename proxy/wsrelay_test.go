@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -371,5 +372,60 @@ func TestClientGoneEndsRelay_RDP2(t *testing.T) {
 				t.Fatalf("unexpected worker read after the client left; got %v; want %v", err, io.EOF)
 			}
 		})
+	}
+}
+
+// A goodbye that comes between a forward's look at going and its renewal
+// of the write deadline must not have its deadline pushed back by that
+// renewal: toward a peer that does not read, the write would then block
+// for the whole stall timeout instead of ending at the goodbye's deadline
+// (R-DP-2). The hook puts the goodbye exactly there.
+func TestGoodbyeDeadlineNotPushedBack_RDP2(t *testing.T) {
+	relayClient, client := net.Pipe() // the client never reads
+	relayUp, worker := net.Pipe()
+	defer client.Close()
+	defer worker.Close()
+	go io.Copy(io.Discard, worker) // the worker reads: its Close frame goes through
+	r := newWSRelay(relayClient, relayUp, time.Minute)
+	r.started = true // the 101 is through
+	var once sync.Once
+	r.down.renewHook = func() {
+		once.Do(func() { r.goAway(time.Now().Add(50 * time.Millisecond)) })
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- r.down.forward(frame(0x2, []byte("payload"), false)) }()
+	select {
+	case err := <-errc:
+		if !isTimeout(err) {
+			t.Fatalf("unexpected forward result; got %v; want the goodbye's deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		relayClient.Close()
+		t.Fatal("unexpected write still blocked 5s after the goodbye's deadline (50ms)")
+	}
+}
+
+// A client that answers shutdown's Close and half-closes its connection
+// (the closing handshake, RFC 6455 §7.1.1) gives the worker
+// DefaultCloseWait to close its end — but no longer than the goodbye's
+// deadline: a silent worker is cut at that deadline, not 2 s after the
+// client's FIN (R-DP-2).
+func TestHalfCloseWaitWithinGoodbye_RDP2(t *testing.T) {
+	hj := newHijacks()
+	client, _, cbr, _ := relayed(t, hj, nil)
+	hj.shutdown(time.Now().Add(300 * time.Millisecond))
+	if op, p := readFrame(t, cbr); op != 0x8 || !bytes.Equal(p, goingAway) {
+		t.Fatalf("unexpected frame at the client; got %x %q; want close 1001", op, p)
+	}
+	start := time.Now()
+	client.Write(frame(0x8, goingAway[:2], true))
+	client.(*net.TCPConn).CloseWrite() // the worker stays silent, its end open
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !hj.wait(ctx) {
+		t.Fatal("unexpected relay still open 5s after the goodbye's deadline")
+	}
+	if d := time.Since(start); d > DefaultCloseWait*3/4 {
+		t.Fatalf("unexpected relay end %v after the client's half-close; want by the goodbye's deadline (300ms)", d)
 	}
 }

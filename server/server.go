@@ -461,8 +461,10 @@ func (l *onceCloseListener) Close() error {
 
 // CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
 // and the last bytes of ended streams. A shutdown takes at most the grace
-// plus CloseWait, which is what an orchestrator's kill timeout must exceed
-// (deploy/, checked by cmd/pinboard's deploy tests).
+// plus CloseWait (and 0.1 s for the relays cut at its end to let go of
+// their worker connections, proxy.CloseStreamsContext), which is what an
+// orchestrator's kill timeout must exceed with some slack (deploy/,
+// checked by cmd/pinboard's deploy tests).
 const CloseWait = 2 * time.Second
 
 // Shutdown stops the node in three steps:
@@ -531,26 +533,33 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 }
 
 // drain is step 2 of Shutdown: it returns when the server finished (true,
-// its result in *err), when grace ran out, or when only event streams are
-// left on open connections.
+// its result in *err) and no download relayed off it is left, when grace
+// ran out, or when only event streams are left on open connections. It
+// reports whether the server finished.
 func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bool {
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	finished := false
 	for {
 		select {
 		case *err = <-done:
-			return true
+			finished, done = true, nil
 		case <-timer.C:
-			return false
+			return finished
 		case <-tick.C:
-			// Each event stream the server still writes holds one
-			// connection (relayed ones left it); a connection doing
-			// anything else is an in-flight request.
-			if int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams()-pb.proxy.RelayedEventStreams() {
-				return false
-			}
+		}
+		// A body relayed off the server to an HTTP/1.0 client is a
+		// request in flight on a connection the server no longer counts.
+		if pb.proxy.RelayedDownloads() > 0 {
+			continue
+		}
+		// Each event stream the server still writes holds one connection
+		// (relayed ones left it); a connection doing anything else is an
+		// in-flight request.
+		if finished || int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams()-pb.proxy.RelayedEventStreams() {
+			return finished
 		}
 	}
 }

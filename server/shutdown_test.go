@@ -1,8 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -31,5 +36,66 @@ func TestShutdownBeforeServeStarted(t *testing.T) {
 			c.Close()
 			t.Fatalf("unexpected listener still accepting after Serve returned")
 		}
+	}
+}
+
+// An HTTP/1.0 client's download of an unsized body is relayed off the
+// server on the hijacked connection, which fasthttp no longer counts: the
+// shutdown's grace must still wait for it like for any request in flight
+// ("Operating it": SIGTERM lets in-flight requests finish within the
+// grace), not cut it as soon as the server has no connection left; and
+// nothing of it outlives Serve (R-DP-2).
+func TestShutdownWaitsForHTTP10Download_RDP2(t *testing.T) {
+	release, stopped := make(chan struct{}), make(chan struct{})
+	defer close(stopped)
+	pb, public, stop := workerNodeStop(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first,")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+			_, _ = io.WriteString(w, "last")
+		case <-stopped:
+		}
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprint(c, "GET /counters/alice/download HTTP/1.0\r\nHost: pb\r\n\r\n")
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the response header: %v", err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	first := make([]byte, len("first,"))
+	if _, err := io.ReadFull(br, first); err != nil {
+		t.Fatalf("cannot read the body's start: %v", err)
+	}
+	stopErr := make(chan error, 1)
+	go func() { stopErr <- stop() }()
+	// The download goes on during the grace (1s) and ends by itself.
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-stopErr:
+		t.Fatalf("unexpected shutdown done with a download in flight; got %v", err)
+	default:
+	}
+	close(release)
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "last" {
+		t.Fatalf("unexpected rest of the download; got %q, %v; want %q then the close", rest, err, "last")
+	}
+	if err := <-stopErr; err != nil {
+		t.Fatalf("unexpected shutdown error: %v", err)
+	}
+	if d, o := pb.Proxy().RelayedDownloads(), pb.Proxy().OpenStreams(); d != 0 || o != 0 {
+		t.Fatalf("unexpected relays left after shutdown; got %d downloads, %d streams; want 0, 0", d, o)
 	}
 }

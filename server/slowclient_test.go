@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,6 +87,15 @@ func TestClientNotReadingCut_RDP2(t *testing.T) {
 // The node's clock stands still past the quarantine; deadlines are real.
 func workerNode(t *testing.T, o Options, worker http.Handler) (*Pinboard, string) {
 	t.Helper()
+	pb, public, _ := workerNodeStop(t, o, worker)
+	return pb, public
+}
+
+// workerNodeStop is workerNode that also returns the node's stop: a
+// graceful shutdown with a grace of 1s, returning Serve's result (or
+// failing the test after 10s).
+func workerNodeStop(t *testing.T, o Options, worker http.Handler) (*Pinboard, string, func() error) {
+	t.Helper()
 	ws := httptest.NewServer(worker)
 	t.Cleanup(ws.Close)
 	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
@@ -119,15 +129,21 @@ func workerNode(t *testing.T, o Options, worker http.Handler) (*Pinboard, string
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("unexpected Serve still running 10s after cancel")
-		}
-	})
-	return pb, "http://" + ln.Addr().String()
+	var once sync.Once
+	var serveErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case serveErr = <-done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("unexpected Serve still running 10s after cancel")
+			}
+		})
+		return serveErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return pb, "http://" + ln.Addr().String(), stop
 }
 
 // The write deadline that cuts a client not reading does not cut an
