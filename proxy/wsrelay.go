@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -124,14 +125,21 @@ type wsDir struct {
 var wsBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // copy forwards src to dst until either fails. It waits for src without a
-// buffer (rawio.WaitReadable) and takes one from wsBufs only to move what
+// buffer (rawio.AwaitEdge) and takes one from wsBufs only to move what
 // arrived: an idle WebSocket holds no copy buffer (two of 32 KiB before).
 func (d *wsDir) copy() error {
 	for {
-		// An error here is the Read's to report.
-		_ = rawio.WaitReadable(d.src)
+		// An error here is the read's to report. AwaitEdge, not
+		// WaitReadable: a message costs a look and a read instead of two
+		// looks and a read; a wake for bytes already read finds nothing
+		// (ErrWouldBlock) and waits again, without a buffer.
+		_ = rawio.AwaitEdge(d.src)
 		bp := wsBufs.Get().(*[]byte)
-		n, err := d.src.Read(*bp)
+		n, err := rawio.TryRead(d.src, *bp)
+		if errors.Is(err, rawio.ErrWouldBlock) {
+			wsBufs.Put(bp)
+			continue
+		}
 		var werr error
 		if n > 0 {
 			werr = d.forward((*bp)[:n])
