@@ -89,6 +89,12 @@ type Store interface {
 	Close() error
 }
 
+// RegisterBatch is how many listed instances a registration is to reclaim
+// in one atomic step of a store, so that a worker listing many does not
+// hold the store for all of them at once. The contract suite lists more
+// than one batch to pin down that the result is the same either way.
+const RegisterBatch = 256
+
 // PlaceRequest is one placement attempt. The policy runs inside the store's
 // atomic section for the memory store, and before the claim script for
 // Redis, which then claims the first still-eligible ranked candidate.
