@@ -167,3 +167,163 @@ func testSupersededRowsAreDuplicates(t *testing.T, f Factory) {
 		})
 	}
 }
+
+// BatchHook installs fn on s: s calls it between two batches of the
+// instances a registration reclaims, while the store is not held
+// (directory's export_test.go: SetAfterRegisterBatch).
+type BatchHook func(s directory.Store, fn func())
+
+// RunBetweenBatches runs the tests of what may happen between two batches
+// of a registration, against stores from f with hook installed.
+func RunBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, f Factory, hook BatchHook)
+	}{
+		{"OtherCallsProceed_RREG1", testOtherCallsBetweenBatches},
+		{"SupersededBetweenBatches_RLS4", testSupersededBetweenBatches},
+		{"ReregisteredBetweenBatches_RREG1", testReregisteredBetweenBatches},
+		{"EarlierDeregisteredBetweenBatches_RREG1_RREG3", testEarlierDeregisteredBetweenBatches},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
+	}
+}
+
+// once runs fn at the first call only.
+func once(fn func()) func() {
+	done := false
+	return func() {
+		if !done {
+			done = true
+			fn()
+		}
+	}
+}
+
+// testOtherCallsBetweenBatches: while a worker re-registers listing three
+// batches of instances, the store serves other calls between the batches:
+// another worker's heartbeat and a new placement complete there, and the
+// re-registration's result is unaffected (R-REG-1).
+func testOtherCallsBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	w := fx.register("w", []string{"/c"}, 10)
+	calls := 0
+	hook(fx.s, func() {
+		calls++
+		fx.beat(w, 10, false, false)
+		fx.place("/c", fmt.Sprintf("new%d", calls))
+	})
+	res, err := fx.registerListing(old, map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	if calls != 2 {
+		t.Fatalf("unexpected calls between batches; got %d; want 2 (three batches)", calls)
+	}
+	fx.wantOwner(list, res.SessionID)
+}
+
+// testSupersededBetweenBatches: a registration at a higher epoch for the
+// same hostname supersedes the new session between two of its batches
+// (R-LS-4). The registration fails with the superseded error, and no row
+// is left pointing at the session it opened: what it reclaimed was freed
+// with it, and nothing more was written for it.
+func testSupersededBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	reg := &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10, Hostname: "app.example", Env: "blue", Epoch: 1,
+		Instances: map[string][]string{"/c": list},
+	}
+	res, err := fx.s.Register(fx.ctx, reg, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := res.SessionID
+	var opened string
+	hook(fx.s, once(func() {
+		for _, sid := range fx.sessionsOf("a") {
+			if sid != old {
+				opened = sid
+			}
+		}
+		if _, err := fx.registerBound("green", "app.example", "green", 2, "", "/c"); err != nil {
+			t.Errorf("cannot register the higher epoch: %v", err)
+		}
+	}))
+	reg.PrevSessionID = old
+	_, err = fx.s.Register(fx.ctx, reg, fx.now)
+	wantSuperseded(t, err, "app.example", "/c", "green", 2)
+	if opened == "" {
+		t.Fatalf("unexpected registration; no session of a opened before the first batch boundary")
+	}
+	for _, id := range list {
+		p, err := fx.s.Placement(fx.ctx, "/c", id, fx.now)
+		if err == nil && p.SessionID == opened {
+			t.Fatalf("unexpected row of %s left pointing at the superseded session %s", id, opened)
+		}
+	}
+	if s := fx.sessionsOf("a"); len(s) != 0 {
+		t.Fatalf("unexpected live sessions of a; got %v; want none (both superseded)", s)
+	}
+}
+
+// testReregisteredBetweenBatches: the worker gave up waiting and
+// registered again, and that registration ran between two batches of the
+// first (R-REG-1: process continuity). The later one takes over the
+// session the first opened and every id as its own; the first fails, as
+// its session is gone, and writes nothing more.
+func testReregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	var later *directory.RegisterResult
+	hook(fx.s, once(func() {
+		var err error
+		if later, err = fx.registerListing(old, map[string][]string{"/c": list}); err != nil {
+			t.Errorf("cannot register again: %v", err)
+		}
+	}))
+	_, err := fx.registerListing(old, map[string][]string{"/c": list})
+	var se *directory.SupersededError
+	if err == nil || errors.As(err, &se) {
+		t.Fatalf("unexpected result of the first registration; got %v; want its session gone", err)
+	}
+	if later == nil || len(later.Duplicates) != 0 {
+		t.Fatalf("unexpected later registration; got %+v; want every id its own", later)
+	}
+	fx.wantOwner(list, later.SessionID)
+	if s := fx.sessionsOf("a"); !slices.Equal(s, []string{later.SessionID}) {
+		t.Fatalf("unexpected sessions of a; got %v; want only %s", s, later.SessionID)
+	}
+	if info, err := fx.s.Session(fx.ctx, later.SessionID, fx.now); err != nil || info.Placements != len(list) {
+		t.Fatalf("unexpected later session; got %+v, %v; want %d placements", info, err, len(list))
+	}
+}
+
+// testEarlierDeregisteredBetweenBatches: the earlier session deregisters
+// between two batches (R-REG-3): the ids it still held are freed, and the
+// re-registration claims them all the same, none a duplicate (R-REG-1).
+func testEarlierDeregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	hook(fx.s, once(func() {
+		if err := fx.s.Deregister(fx.ctx, old, fx.now); err != nil {
+			t.Errorf("cannot deregister: %v", err)
+		}
+	}))
+	res, err := fx.registerListing(old, map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	fx.wantOwner(list, res.SessionID)
+}
