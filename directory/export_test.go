@@ -20,6 +20,8 @@ func SetAfterRegisterBatch(s Store, fn func()) {
 	switch s := s.(type) {
 	case *Memory:
 		s.afterBatch = fn
+	case *Redis:
+		s.afterBatch = fn
 	default:
 		panic("BUG: unknown store")
 	}
