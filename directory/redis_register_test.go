@@ -223,3 +223,28 @@ func placementsOf(t *testing.T, s directory.Store, client string, now time.Time)
 	}
 	return out
 }
+
+// TestRedisRegisterScriptCacheLost_RREG1: Redis lost its script cache
+// (SCRIPT FLUSH, as after a failover) before a re-registration and
+// between its batches: every script of it — the opening call, each batch,
+// the hand-over — answers NOSCRIPT once and runs with EVAL, and the
+// registration completes with every id its own.
+func TestRedisRegisterScriptCacheLost_RREG1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	s := openNode(t, srv.URL(), "noscript", time.Hour)
+	reg, now := ownInstances(t, s, 3*directory.RegisterBatch)
+	flush := func() {
+		if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+			t.Error(err)
+		}
+	}
+	directory.SetAfterRegisterBatch(s, flush)
+	flush()
+	res, err := s.Register(context.Background(), reg, now)
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("cannot re-register after SCRIPT FLUSH; got %+v, %v", res, err)
+	}
+	if held := placementsOf(t, s, "w", now); len(held) != 1 || held[res.SessionID] != 3*directory.RegisterBatch {
+		t.Fatalf("unexpected sessions of w; got %v; want only %s with every id", held, res.SessionID)
+	}
+}
