@@ -96,9 +96,9 @@ type Store interface {
 // memory store's lock. Redis serves nobody else while a script runs, so
 // the batch bounds how long a worker listing the registry's 100,000
 // instances at most stalls every node's round trips: at about 15 µs per
-// id, a 256-id batch holds Redis about 4 ms, near a claim's own p99
-// (docs/DIRECTORY.md), while the round trip each batch adds (tens of
-// µs on a local network) stays a few percent of its work.
+// id, 256 hold Redis 3–4 ms, while the round trip each batch adds (tens of
+// µs here, 1 ms across zones) stays a small part of the registration
+// (docs/DIRECTORY.md, "Scripts").
 const RegisterBatch = 256
 
 // PlaceRequest is one placement attempt. The policy runs inside the store's
