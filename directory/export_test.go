@@ -12,3 +12,17 @@ func MemoryQueues(m *Memory) int {
 // Revalidate runs the era and connection check once, as the periodic
 // check would.
 func (r *Redis) Revalidate(ctx context.Context) error { return r.revalidate(ctx) }
+
+// SetAfterRegisterBatch makes s call fn between two batches of the
+// instances a registration reclaims, when the store is not held: tests
+// interleave other calls there. Set it before s is used.
+func SetAfterRegisterBatch(s Store, fn func()) {
+	switch s := s.(type) {
+	case *Memory:
+		s.afterBatch = fn
+	case *Redis:
+		s.afterBatch = fn
+	default:
+		panic("BUG: unknown store")
+	}
+}

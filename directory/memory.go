@@ -34,6 +34,10 @@ type Memory struct {
 	epoch    uint64
 
 	shards [memoryShards]memShard
+
+	// afterBatch, when set (tests only, before use), runs between the
+	// batches of a registration's instances, without the lock.
+	afterBatch func()
 }
 
 var _ Store = (*Memory)(nil)
@@ -285,136 +289,6 @@ func (m *Memory) Quarantine(_ context.Context, now time.Time) (time.Duration, er
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.quarantineLocked(now, false), nil
-}
-
-// Register implements Store.
-func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	plans, err := m.planBindings(reg, now)
-	if err != nil {
-		return nil, err
-	}
-	id := NewSessionID()
-	lease := now.Add(m.ttl)
-	s := &memSession{
-		owner: NewOwner(id, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
-		info: SessionInfo{
-			SessionID:    id,
-			ClientID:     reg.ClientID,
-			Sub:          reg.Sub,
-			Secret:       reg.Secret,
-			AdvertiseURL: reg.AdvertiseURL,
-			Namespaces:   slices.Clone(reg.Namespaces),
-			Hostname:     reg.Hostname,
-			Env:          reg.Env,
-			Envs:         reg.Envs,
-			Epoch:        reg.Epoch,
-			Headroom:     reg.Headroom,
-			Draining:     reg.Draining,
-			LeaseUntil:   lease,
-			RegisteredAt: now,
-		},
-		rows: make(map[NSID]struct{}),
-	}
-	earlier := m.earlierSessions(reg)
-	m.sessions[id] = s
-	if m.byClient[reg.ClientID] == nil {
-		m.byClient[reg.ClientID] = make(map[string]*memSession)
-	}
-	m.byClient[reg.ClientID][id] = s
-	for _, ns := range s.info.Namespaces {
-		set := m.byNS[ns]
-		if set == nil {
-			set = make(map[string]*memSession)
-			m.byNS[ns] = set
-		}
-		set[id] = s
-	}
-	res := &RegisterResult{SessionID: id, LeaseUntil: lease}
-	for _, ns := range sortedKeys(reg.Instances) {
-		serves := slices.Contains(s.info.Namespaces, ns)
-		for _, iid := range reg.Instances[ns] {
-			sh, key, r := m.row(ns, iid)
-			// r.sess == s: the id was listed twice; it is this session's.
-			taken := r != nil && r.sess != s && r.owner.Live(now) && !slices.Contains(earlier, r.sess)
-			if !serves || taken {
-				res.Duplicates = append(res.Duplicates, NSID{ns, iid})
-				continue
-			}
-			m.setRow(sh, key, ns, iid, s)
-		}
-	}
-	for _, e := range earlier {
-		m.handOverQueue(e, s, now)
-		m.dropSession(e)
-	}
-	m.applyBindings(s, plans, now)
-	if d := m.drains[reg.ClientID]; d != nil {
-		spendTimedDrain(&d.state, now, m.ttl)
-		res.Drain = d.state
-		d.seen = now
-		res.LeaseUntil = capLease(lease, d.state, m.ttl)
-		s.owner.SetLeaseUntil(res.LeaseUntil)
-		s.info.LeaseUntil = res.LeaseUntil
-	}
-	return res, nil
-}
-
-// earlierSessions returns the sessions this registration continues
-// (R-REG-1: process continuity). They hand their rows over, and whatever
-// they held that the worker no longer lists is freed with them. clientId
-// is minted per process, so every session of the same client and account
-// is the process's: the one it names as previous, and any other — a
-// registration whose answer was lost (the worker's HTTP timeout) left a
-// session the worker never learnt, whose rows would otherwise come back as
-// duplicates of the worker's own instances, which it would then abort.
-func (m *Memory) earlierSessions(reg *Registration) []*memSession {
-	var out []*memSession
-	for _, o := range m.byClient[reg.ClientID] {
-		if o.info.Sub == reg.Sub {
-			out = append(out, o)
-		}
-	}
-	return out
-}
-
-// spendTimedDrain turns a timed drain whose cap (deadline plus one lease)
-// has passed into an untimed one. The timed drain has done its work — the
-// placements were released at the deadline and the old session ran out —
-// so a process that is still alive and registers again stays out of new
-// placements (draining) but gets a normal lease, instead of a lease that
-// ends before it starts and a re-register every heartbeat for ever. An
-// operator undrain brings it back.
-func spendTimedDrain(d *DrainState, now time.Time, ttl time.Duration) {
-	if d.Draining && !d.Deadline.IsZero() && !now.Before(d.Deadline.Add(ttl)) {
-		d.Deadline = time.Time{}
-	}
-}
-
-// handOverQueue moves the control messages queued for prev's ids that s
-// reclaimed onto s's queue (R-CM-1: delivered until acked — a session lost
-// in between must not lose them; the worker forgets its pending acks when
-// it registers, so delivering them again under s is safe).
-func (m *Memory) handOverQueue(prev, s *memSession, now time.Time) {
-	q := m.queues[prev.info.SessionID]
-	if q == nil {
-		return
-	}
-	var kept []ControlMessage
-	for _, c := range q.msgs {
-		if _, ok := s.rows[NSID{c.NS, c.ID}]; ok {
-			kept = append(kept, c)
-		}
-	}
-	if len(kept) == 0 {
-		return
-	}
-	if cur := m.queues[s.info.SessionID]; cur != nil {
-		cur.msgs = append(cur.msgs, kept...)
-		return
-	}
-	m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
 }
 
 // capLease applies the timed drain cap: the lease never runs past the drain
@@ -724,15 +598,17 @@ func (m *Memory) planBindings(reg *Registration, now time.Time) ([]bindingPlan, 
 }
 
 // applyBindings records the new session's bindings and supersedes the
-// sessions it displaces: their records go at once.
-func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, now time.Time) {
+// sessions it displaces: their records go at once, and the rows they held
+// are added to held (when not nil). The earlier sessions of the process
+// are handed over instead.
+func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, earlier []*memSession, held map[NSID]bool, now time.Time) {
 	for _, p := range plans {
 		m.bindings[bindingKey(p.hostname, p.ns)] = &memBinding{hostname: p.hostname, ns: p.ns, env: p.env, epoch: s.info.Epoch}
 		if p.verdict != BindSupersede {
 			continue
 		}
 		for _, o := range m.sessions {
-			if o == s || !o.owner.Live(now) || !sameHost(o.info.Hostname, p.hostname) {
+			if o == s || !o.owner.Live(now) || !sameHost(o.info.Hostname, p.hostname) || slices.Contains(earlier, o) {
 				continue
 			}
 			if holdsBinding(&o.info, p.hostname, p.ns, p.env, s.info.Epoch) {
@@ -748,6 +624,11 @@ func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, now time.Time
 			m.tombs[o.info.SessionID] = memTomb{
 				err:   &SupersededError{Hostname: p.hostname, NS: p.ns, Env: p.env, Epoch: s.info.Epoch, ClientID: o.info.ClientID},
 				until: now.Add(2 * m.ttl),
+			}
+			if held != nil {
+				for k := range o.rows {
+					held[k] = true
+				}
 			}
 			m.dropSession(o)
 		}

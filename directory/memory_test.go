@@ -15,6 +15,14 @@ func TestMemoryContract(t *testing.T) {
 	})
 }
 
+// TestMemoryBetweenBatches: what may happen between two batches of a
+// registration's instances, while the lock is free.
+func TestMemoryBetweenBatches(t *testing.T) {
+	directorytest.RunBetweenBatches(t, func(t *testing.T, ttl time.Duration, now time.Time) directory.Store {
+		return directory.NewMemory(ttl, now)
+	}, directory.SetAfterRegisterBatch)
+}
+
 // TestMemoryQueueExpiry_RCM1: a control queue goes two leases after its
 // last write or read, even when nothing else reads it.
 func TestMemoryQueueExpiry_RCM1(t *testing.T) {

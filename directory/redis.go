@@ -92,6 +92,10 @@ type Redis struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed atomic.Bool
+
+	// afterBatch, when set (tests only, before use), runs between the
+	// batches of a registration's instances.
+	afterBatch func()
 }
 
 var _ Store = (*Redis)(nil)

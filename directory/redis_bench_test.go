@@ -6,9 +6,12 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/tools/redistest"
@@ -147,4 +150,144 @@ func BenchmarkRedisClaimVisibleOnOtherNode(b *testing.B) {
 	slices.Sort(delays)
 	b.ReportMetric(float64(delays[len(delays)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(delays[len(delays)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkRedisReregister100k: a worker re-registers listing the 100,000
+// instances a register may carry at most (registry maxInstanceIDs), all
+// its own. Redis runs each script to completion while it serves nobody
+// else, so what matters is the longest single script call, not the total:
+// reported as max-hold-ms from Redis's SLOWLOG (its own timing of each
+// command), beside the longest PING another client waited meanwhile
+// (ping-max-ms) and the script calls one re-registration took.
+func BenchmarkRedisReregister100k(b *testing.B) {
+	srv := redistest.StartServer(b)
+	ctx := context.Background()
+	s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: "bench-rereg"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	c := rawClient(b, srv.Addr)
+	reg, now := ownInstances(b, s, 100_000)
+	var hold, ping time.Duration
+	var calls int
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		slowlogAll(b, c)
+		b.StartTimer()
+		pinged := pingWhile(c)
+		res, err := s.Register(ctx, reg, now)
+		ping = max(ping, pinged())
+		if err != nil || len(res.Duplicates) != 0 {
+			b.Fatalf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
+		}
+		reg.PrevSessionID = res.SessionID
+		b.StopTimer()
+		h, n := scriptCalls(b, c)
+		hold, calls = max(hold, h), n
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-max-ms")
+	b.ReportMetric(float64(calls), "script-calls")
+}
+
+// rawClient is a plain client on one server, for commands the directory
+// never sends (SLOWLOG, CONFIG, PING).
+func rawClient(tb testing.TB, addr string) rueidis.Client {
+	tb.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// ownInstances registers one worker holding n instances of /c and returns
+// the re-registration that lists them all again, and the time to use.
+func ownInstances(tb testing.TB, s directory.Store, n int) (*directory.Registration, time.Time) {
+	tb.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	_, _ = s.Place(ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+	now = now.Add(time.Hour)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = "instance-" + strconv.Itoa(i)
+	}
+	reg := &directory.Registration{ClientID: "w", Sub: "s", Secret: "k", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/w", Headroom: 1e9, Instances: map[string][]string{"/c": ids}}
+	res, err := s.Register(ctx, reg, now)
+	if err != nil || len(res.Duplicates) != 0 {
+		tb.Fatalf("cannot register %d instances: %v", n, err)
+	}
+	reg.PrevSessionID = res.SessionID
+	return reg, now
+}
+
+// slowlogAll makes Redis log every command from here on.
+func slowlogAll(tb testing.TB, c rueidis.Client) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, cmd := range []rueidis.Completed{
+		c.B().ConfigSet().ParameterValue().ParameterValue("slowlog-log-slower-than", "0").ParameterValue("slowlog-max-len", "1000000").Build(),
+		c.B().SlowlogReset().Build(),
+	} {
+		if err := c.Do(ctx, cmd).Error(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// scriptCalls reads the SLOWLOG: the longest script call and how many
+// there were.
+func scriptCalls(tb testing.TB, c rueidis.Client) (time.Duration, int) {
+	tb.Helper()
+	entries, err := c.Do(context.Background(), c.B().SlowlogGet().Count(-1).Build()).ToArray()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var longest time.Duration
+	n := 0
+	for _, e := range entries {
+		f, err := e.ToArray()
+		if err != nil || len(f) < 4 {
+			tb.Fatalf("unexpected SLOWLOG entry: %v", err)
+		}
+		args, _ := f[3].AsStrSlice()
+		if len(args) == 0 || (!strings.EqualFold(args[0], "evalsha") && !strings.EqualFold(args[0], "eval")) {
+			continue
+		}
+		us, _ := f[2].AsInt64()
+		longest = max(longest, time.Duration(us)*time.Microsecond)
+		n++
+	}
+	return longest, n
+}
+
+// pingWhile PINGs Redis back to back until the returned function is
+// called, which reports the longest wait.
+func pingWhile(c rueidis.Client) func() time.Duration {
+	stop := make(chan struct{})
+	done := make(chan time.Duration)
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			default:
+			}
+			start := time.Now()
+			_ = c.Do(context.Background(), c.B().Ping().Build()).Error()
+			worst = max(worst, time.Since(start))
+		}
+	}()
+	return func() time.Duration {
+		close(stop)
+		return <-done
+	}
 }

@@ -2,7 +2,6 @@ package directory
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -10,111 +9,12 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
-
-	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 var (
 	errShortReply = errors.New("unexpected script reply")
 	errOwnerGone  = errors.New("owner deregistered during the claim")
 )
-
-// Register implements Store. The reclaimed rows are read back with
-// tracking on in the same round trip (execTracked), so this node serves
-// them from its cache right away and hears when anyone moves them.
-func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
-	sid := NewSessionID()
-	var rows []string
-	for _, ns := range sortedKeys(reg.Instances) {
-		for _, id := range reg.Instances[ns] {
-			rows = append(rows, rowName(ns, id))
-		}
-	}
-	envs := []byte("{}")
-	if len(reg.Envs) > 0 {
-		envs, _ = json.Marshal(reg.Envs)
-	}
-	args := make([]string, 0, 17+len(rows))
-	args = append(args, r.prefix, micros(now), r.leaseMicros(), sid, reg.ClientID, reg.Sub, reg.Secret,
-		reg.AdvertiseURL, strings.Join(reg.Namespaces, " "), reg.Hostname, reg.Env,
-		strconv.FormatInt(reg.Epoch, 10), strconv.FormatFloat(reg.Headroom, 'g', -1, 64),
-		flag(reg.Draining), reg.PrevSessionID, string(envs), reg.Takeover)
-	args = append(args, rows...)
-
-	var keys []string
-	var watches []keyWatch
-	if len(rows) <= trackLimit {
-		keys = make([]string, len(rows))
-		watches = make([]keyWatch, len(rows))
-		for i, row := range rows {
-			keys[i] = r.prefix + "p:" + row
-			watches[i] = r.watchKey(keys[i])
-		}
-		defer func() {
-			for _, kw := range watches {
-				r.unwatch(kw)
-			}
-		}()
-	}
-	msg, back, err := r.execTracked(ctx, "register", scriptRegister, r.key("s", sid), args, keys, []string{r.key("l", sid)}, true)
-	if err != nil {
-		return nil, unavailable("register", reg.ClientID, err)
-	}
-	reply, err := msg.ToArray()
-	if err == nil && len(reply) == 5 {
-		if f := strs(reply); f[0] == "superseded" {
-			ep, _ := strconv.ParseInt(f[4], 10, 64)
-			return nil, &SupersededError{Hostname: f[1], NS: f[2], Env: f[3], Epoch: ep}
-		}
-	}
-	if err != nil || len(reply) < 8 {
-		return nil, unavailable("register", reg.ClientID, errShortReply)
-	}
-	head := strs(reply[:3])
-	dups, written, freed := strs(arr(reply[3])), strs(arr(reply[4])), strs(arr(reply[5]))
-	lease := fromMicros(head[0])
-	s := r.adopt(sid, &redisSession{owner: NewOwner(sid, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
-		host: ascii.Lower(reg.Hostname)})
-
-	if keys != nil {
-		wrote := make(map[string]bool, len(written))
-		for _, row := range written {
-			wrote[row] = true
-		}
-		for i, row := range rows {
-			own := uint64(0)
-			if wrote[row] {
-				own = 1
-			}
-			if i >= len(back) {
-				break
-			}
-			if v, err := back[i].ToString(); err == nil {
-				if bsid, bep, ok := parseRow(v); ok && bsid == sid {
-					r.fill(watches[i], own, redisRow{s.owner, bep})
-				}
-			}
-		}
-	} else {
-		r.forget(r.rowKeys(written))
-	}
-	r.forget(r.rowKeys(freed))
-	for _, earlier := range strs(arr(reply[6])) {
-		r.kill(earlier)
-	}
-	for _, displaced := range strs(arr(reply[7])) {
-		r.kill(displaced)
-	}
-	res := &RegisterResult{SessionID: sid, LeaseUntil: lease}
-	for _, d := range dups {
-		ns, id, _ := strings.Cut(d, "\x00")
-		res.Duplicates = append(res.Duplicates, NSID{ns, id})
-	}
-	if head[1] == "1" {
-		res.Drain = DrainState{Draining: true, Deadline: fromMicros(head[2])}
-	}
-	return res, nil
-}
 
 // Session implements Store.
 func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error) {

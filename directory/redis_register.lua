@@ -1,16 +1,25 @@
--- register creates a session (R-REG-1), applies its hostname bindings
--- (R-LS-4) and reclaims the rows the worker still hosts; rows another live
--- session owns come back as duplicates.
+-- register opens a session (R-REG-1): it decides every hostname binding
+-- (R-LS-4) before anything changes, creates the session, takes its
+-- bindings and supersedes the sessions they displace, applies an operator
+-- drain's lease cap, and names the earlier sessions of this process.
+-- When the registration lists at most one batch of instances (ARGV[18] is
+-- '1') this call also reclaims them and hands the earlier sessions over,
+-- as one script; otherwise the caller reclaims them in batches
+-- (redis_register_batch.lua) and then hands over (redis_register_done.lua),
+-- so that Redis serves other clients in between (docs/DIRECTORY.md).
 -- KEYS[1] the new session's record
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 session, 5 clientId, 6 sub, 7 secret,
 --       8 advertiseUrl, 9 namespaces (space separated), 10 hostname,
 --       11 env, 12 registration epoch, 13 headroom, 14 draining (0/1),
 --       15 previous session ("" for none), 16 envs (JSON object),
---       17 takeover, 18.. instance rows "ns\0id".
+--       17 takeover, 18 complete (1: the rows follow, 0: batches follow),
+--       19.. instance rows "ns\0id" of namespaces the worker serves.
 -- Returns {"superseded", host, ns, env, epoch} when a binding refuses the
 -- registration (nothing changed), else {lease, draining (0/1), drain
 -- deadline (0: untimed), duplicates, reclaimed rows, freed rows, earlier
--- sessions of this process dropped, superseded sessions}.
+-- sessions of this process (dropped when complete, else still to hand
+-- over), superseded sessions}. Without complete, the freed rows are those
+-- the superseded sessions held: listed ones are duplicates.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sid, cid, sub, prev = ARGV[4], ARGV[5], ARGV[6], ARGV[15]
 local host, env, rep, envs, takeover = ARGV[10], ARGV[11], ARGV[12], ARGV[16], ARGV[17]
@@ -38,13 +47,13 @@ end
 -- connection cut after this script ran) left a session the worker never
 -- learnt, whose rows would otherwise come back as duplicates of its own
 -- instances (memory.go earlierSessions).
-local earlier, nearlier = {}, 0
+local earlier, elist = {}, {}
 local function adopt(o)
   if o ~= sid and not earlier[o] then
     local p = redis.call('HMGET', P .. 's:' .. o, 'cid', 'sub')
     if p[1] == cid and p[2] == sub then
       earlier[o] = true
-      nearlier = nearlier + 1
+      elist[#elist + 1] = o
     end
   end
 end
@@ -58,9 +67,7 @@ end
 redis.call('HSET', KEYS[1], 'cid', cid, 'sub', sub, 'sec', ARGV[7], 'url', ARGV[8],
   'ns', ARGV[9], 'host', host, 'env', env, 'rep', rep, 'reg', ARGV[2], 'envs', envs)
 redis.call('HSET', P .. 'h:' .. sid, 'hr', ARGV[13], 'dr', ARGV[14], 'dg', '0')
-local serves = {}
 for ns in string.gmatch(ARGV[9], '[^ ]+') do
-  serves[ns] = true
   redis.call('SADD', P .. 'n:' .. ns, sid)
   if host ~= '' then
     redis.call('HINCRBY', P .. 'hb:' .. ns, string.lower(host), 1)
@@ -68,66 +75,27 @@ for ns in string.gmatch(ARGV[9], '[^ ]+') do
 end
 redis.call('SADD', P .. 'k:' .. cid, sid)
 
-local dups, written = {}, {}
-for i = 18, #ARGV do
-  local row = ARGV[i]
-  local ns = string.sub(row, 1, string.find(row, '\0', 1, true) - 1)
-  local taken = false
-  local cur = redis.call('GET', rowkey(P, row))
-  if cur then
-    local osid = owner(cur)
-    taken = lease(P, osid) > now and not earlier[osid]
-  end
-  if not serves[ns] or taken then
-    dups[#dups + 1] = row
-  else
-    setrow(P, row, sid, ARGV[2])
-    written[#written + 1] = row
-  end
-end
-
-local freed, dropped = {}, {}
-if nearlier > 0 then
-  -- Control messages for the rows this session reclaimed move with them
-  -- (R-CM-1: delivered until acked; memory.go handOverQueue).
-  local mine = {}
-  for _, row in ipairs(written) do
-    mine[row] = true
-  end
-  local q = P .. 'q:' .. sid
-  for o in pairs(earlier) do
-    local pq = P .. 'q:' .. o
-    if #written > 0 and redis.call('EXISTS', pq) == 1 then
-      for _, m in ipairs(redis.call('LRANGE', pq, 0, -1)) do
-        -- "<msgId> <deadline> <ns>\0<id>" (redis_decode.go encodeMessage)
-        local sp = string.find(m, ' ', 18, true)
-        if sp and mine[string.sub(m, sp + 1)] then
-          redis.call('RPUSH', q, m)
-        end
-      end
-    end
-    dropsession(P, o, freed)
-    dropped[#dropped + 1] = o
-  end
-  if redis.call('EXISTS', q) == 1 then
-    redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))
-  end
-end
-
 -- The new session takes its bindings and displaces the sessions that
 -- held them: their records go at once, a tomb tells their next heartbeat.
-local displaced = {}
+-- The rows they held are freed, and listed ones are duplicates (taken):
+-- they belonged to another live session when this registration came.
+-- Earlier sessions of this process are handed over instead.
+local freed, displaced, taken = {}, {}, {}
 for _, p in ipairs(plans) do
   local bkey = P .. 'b:' .. string.lower(host) .. '\0' .. p.ns
   redis.call('HSET', bkey, 'host', host, 'env', p.env, 'ep', rep)
   redis.call('SADD', P .. 'bindings', bkey)
   if p.v == 'supersede' then
     for _, o in ipairs(redis.call('SMEMBERS', P .. 'n:' .. p.ns)) do
-      if o ~= sid and lease(P, o) > now then
+      if o ~= sid and not earlier[o] and lease(P, o) > now then
         local oh = redis.call('HMGET', P .. 's:' .. o, 'host', 'cid')
         if oh[1] and string.lower(oh[1]) == string.lower(host) and not holds(P, o, host, p.ns, p.env, rep, now) then
           tomb(P, o, { host, p.ns, p.env, rep, oh[2] or '' }, now + 2 * ttl, fmt(2 * ttl / 1000))
+          local from = #freed + 1
           dropsession(P, o, freed)
+          for i = from, #freed do
+            taken[freed[i]] = true
+          end
           displaced[#displaced + 1] = o
         end
       end
@@ -151,4 +119,10 @@ if redis.call('EXISTS', d) == 1 then
   l = caplease(l, tonumber(dl), ttl)
 end
 setlease(P, sid, l)
-return { fmt(l), draining, dl, dups, written, freed, dropped, displaced }
+
+local dups, written = {}, {}
+if ARGV[18] == '1' then
+  reclaim(P, sid, now, earlier, taken, 19, dups, written)
+  handover(P, sid, ttl, elist, freed)
+end
+return { fmt(l), draining, dl, dups, written, freed, elist, displaced }

@@ -11,7 +11,8 @@ import (
 )
 
 // The directory's Lua scripts. Each is redis_lib.lua followed by its body,
-// so the helpers (eligibility, row moves, session drops) are written once.
+// so the helpers (eligibility, row moves, session drops) are written once;
+// the register scripts share redis_register_lib.lua too.
 // Every script declares one key and reaches the others through the prefix
 // in ARGV[1]: all keys share one hash tag, hence one slot, so this is safe
 // on Redis Cluster (docs/DIRECTORY.md, "Cluster").
@@ -20,8 +21,14 @@ var (
 	luaLib string
 	//go:embed redis_claim.lua
 	luaClaim string
+	//go:embed redis_register_lib.lua
+	luaRegisterLib string
 	//go:embed redis_register.lua
 	luaRegister string
+	//go:embed redis_register_batch.lua
+	luaRegisterBatch string
+	//go:embed redis_register_done.lua
+	luaRegisterDone string
 	//go:embed redis_heartbeat.lua
 	luaHeartbeat string
 	//go:embed redis_release.lua
@@ -47,18 +54,20 @@ var (
 // Scripts, held in package variables as rueidis recommends: immutable after
 // init, shared by every store.
 var (
-	scriptClaim     = newScript(luaClaim, false)
-	scriptRegister  = newScript(luaRegister, false)
-	scriptHeartbeat = newScript(luaHeartbeat, false)
-	scriptRelease   = newScript(luaRelease, false)
-	scriptDrop      = newScript(luaDrop, false)
-	scriptDrain     = newScript(luaDrain, false)
-	scriptWindDown  = newScript(luaWindDown, false)
-	scriptSweep     = newScript(luaSweep, false)
-	scriptSession   = newScript(luaSession, true)
-	scriptWorkers   = newScript(luaWorkers, true)
-	scriptPlacement = newScript(luaPlacement, true)
-	scriptRegress   = newScript(luaRegress, false)
+	scriptClaim         = newScript(luaClaim, false)
+	scriptRegister      = newScript(luaRegisterLib+"\n"+luaRegister, false)
+	scriptRegisterBatch = newScript(luaRegisterLib+"\n"+luaRegisterBatch, false)
+	scriptRegisterDone  = newScript(luaRegisterLib+"\n"+luaRegisterDone, false)
+	scriptHeartbeat     = newScript(luaHeartbeat, false)
+	scriptRelease       = newScript(luaRelease, false)
+	scriptDrop          = newScript(luaDrop, false)
+	scriptDrain         = newScript(luaDrain, false)
+	scriptWindDown      = newScript(luaWindDown, false)
+	scriptSweep         = newScript(luaSweep, false)
+	scriptSession       = newScript(luaSession, true)
+	scriptWorkers       = newScript(luaWorkers, true)
+	scriptPlacement     = newScript(luaPlacement, true)
+	scriptRegress       = newScript(luaRegress, false)
 )
 
 // script is a Lua script with the SHA-1 the tracked variants need:

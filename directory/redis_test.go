@@ -47,6 +47,20 @@ func TestRedisContract(t *testing.T) {
 	directorytest.Run(t, redisFactory(srv.URL()))
 }
 
+// TestRedisBetweenBatches: what may happen between two script calls of a
+// registration's instances, on a single server and on a cluster.
+func TestRedisBetweenBatches(t *testing.T) {
+	srv := redistest.StartServer(t)
+	directorytest.RunBetweenBatches(t, redisFactory(srv.URL()), directory.SetAfterRegisterBatch)
+	if testing.Short() {
+		return
+	}
+	c := redistest.StartCluster(t, 3)
+	t.Run("Cluster", func(t *testing.T) {
+		directorytest.RunBetweenBatches(t, redisFactory(c.URL()), directory.SetAfterRegisterBatch)
+	})
+}
+
 func TestRedisClusterContract(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-master redis cluster")

@@ -46,9 +46,12 @@ const reservedNamespace = "/registry"
 var bodyReservedNamespace = errorBody("namespace /registry is reserved: pinboard serves its registry API there")
 
 const (
-	maxIDLen       = 256
-	maxTokenLen    = 512
-	maxNamespaces  = 1024
+	maxIDLen      = 256
+	maxTokenLen   = 512
+	maxNamespaces = 1024
+	// maxInstanceIDs bounds the ids one registration lists. The stores
+	// reclaim them directory.RegisterBatch at a time, so it bounds the
+	// registration's total time, not how long it holds the store.
 	maxInstanceIDs = 100_000
 )
 

@@ -61,6 +61,8 @@ func Run(t *testing.T, f Factory) {
 		{"LookupDoesNotAllocate", testLookupAllocs},
 		{"NamespaceBytesKept_RREG4_RPL5", testNamespaceBytes},
 		{"InstanceListedTwiceIsNoDuplicate_RREG1", testInstanceListedTwice},
+		{"ReregisterAcrossBatches_RREG1", testReregisterAcrossBatches},
+		{"SupersededRowsAreDuplicates_RLS4_RREG1", testSupersededRowsAreDuplicates},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

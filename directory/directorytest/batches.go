@@ -1,0 +1,329 @@
+package directorytest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// A registration reclaims the instances it lists directory.RegisterBatch
+// at a time, each batch one atomic step of the store, so that other calls
+// proceed in between (docs/DIRECTORY.md, "Scripts"). These tests pin down
+// that the result is still the one a single atomic step would give.
+
+// ids returns n instance ids, "i0000" on.
+func ids(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("i%04d", i)
+	}
+	return out
+}
+
+// registerListing registers client a (account test:worker) serving /c,
+// continuing prev ("" for none) and listing instances.
+func (fx *fixture) registerListing(prev string, instances map[string][]string) (*directory.RegisterResult, error) {
+	return fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 100, PrevSessionID: prev, Instances: instances,
+	}, fx.now)
+}
+
+// holding registers client a holding every id of /c in list.
+func (fx *fixture) holding(list []string) string {
+	fx.t.Helper()
+	res, err := fx.registerListing("", map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		fx.t.Fatalf("cannot register a holding %d ids; got %+v, %v", len(list), res, err)
+	}
+	return res.SessionID
+}
+
+// wantOwner fails unless every id of /c in list resolves to sid.
+func (fx *fixture) wantOwner(list []string, sid string) {
+	fx.t.Helper()
+	for _, id := range list {
+		if r, ok := fx.lookup("/c", id); !ok || r.Owner.SessionID != sid {
+			fx.t.Fatalf("unexpected owner of %s; got %+v, %v; want %s", id, r, ok, sid)
+		}
+	}
+}
+
+// sessionsOf returns the live sessions of a client id.
+func (fx *fixture) sessionsOf(client string) []string {
+	fx.t.Helper()
+	ws, err := fx.s.Workers(fx.ctx, fx.now)
+	if err != nil {
+		fx.t.Fatalf("cannot list workers: %v", err)
+	}
+	var out []string
+	for _, w := range ws {
+		if w.ClientID == client {
+			out = append(out, w.SessionID)
+		}
+	}
+	return out
+}
+
+// testReregisterAcrossBatches: a re-registration listing more instances
+// than one batch gets exactly what one atomic step gives (R-REG-1): the
+// ids another live session took meanwhile and the ids of a namespace the
+// worker does not serve are duplicates, in the order listed, on both
+// sides of every batch boundary; every other id — one listed twice
+// across batches too — is the new session's; the old session is gone.
+func testReregisterAcrossBatches(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	const b = directory.RegisterBatch
+	list := ids(2*b + b/2)
+	old := fx.holding(list)
+	// a freezes past its lease; w, the only live worker, takes the ids at
+	// the batch boundaries.
+	fx.advance(TTL)
+	w := fx.register("w", []string{"/c"}, 1e6)
+	var want []directory.NSID
+	for _, i := range []int{0, b - 1, b, b + 1, 2*b - 1, 2 * b, len(list) - 1} {
+		if r := fx.place("/c", list[i]); r.Owner.SessionID != w {
+			t.Fatalf("unexpected owner of %s; got %s; want %s", list[i], r.Owner.SessionID, w)
+		}
+		want = append(want, directory.NSID{NS: "/c", ID: list[i]})
+	}
+	want = append(want, directory.NSID{NS: "/other", ID: "q"})
+	// a wakes and re-registers, listing i0003 a second time after the
+	// last batch boundary.
+	res, err := fx.registerListing(old, map[string][]string{"/c": append(slices.Clone(list), list[3]), "/other": {"q"}})
+	if err != nil {
+		t.Fatalf("cannot re-register: %v", err)
+	}
+	if !slices.Equal(res.Duplicates, want) {
+		t.Fatalf("unexpected duplicates; got %v; want %v", res.Duplicates, want)
+	}
+	taken := make(map[string]bool)
+	for _, d := range want {
+		taken[d.ID] = true
+	}
+	for _, id := range list {
+		owner := res.SessionID
+		if taken[id] {
+			owner = w
+		}
+		fx.wantOwner([]string{id}, owner)
+	}
+	info, err := fx.s.Session(fx.ctx, res.SessionID, fx.now)
+	if err != nil || info.Placements != len(list)-len(want)+1 {
+		t.Fatalf("unexpected new session; got %+v, %v; want %d placements", info, err, len(list)-len(want)+1)
+	}
+	if _, err := fx.s.Session(fx.ctx, old, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected old session; got %v; want ErrUnknownSession", err)
+	}
+	if s := fx.sessionsOf("a"); len(s) != 1 {
+		t.Fatalf("unexpected sessions of a; got %v; want only %s", s, res.SessionID)
+	}
+}
+
+// testSupersededRowsAreDuplicates: a registration that supersedes a
+// session bound to its hostname (R-LS-4) finds the ids that session held
+// taken — they belonged to another live session when it came — whether
+// it lists one batch or several: they are duplicates and freed with the
+// superseded session; the free ids it lists are its own (R-REG-1).
+func testSupersededRowsAreDuplicates(t *testing.T, f Factory) {
+	for _, n := range []int{4, 3*directory.RegisterBatch + 1} {
+		t.Run(fmt.Sprintf("listed=%d", n), func(t *testing.T) {
+			fx := newFixture(t, f)
+			fx.warm()
+			list := ids(n)
+			held := list[n/2:]
+			res, err := fx.s.Register(fx.ctx, &directory.Registration{
+				ClientID: "blue", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+				AdvertiseURL: "http://127.0.0.1:9/blue", Headroom: 10, Hostname: "app.example", Env: "blue", Epoch: 1,
+				Instances: map[string][]string{"/c": held},
+			}, fx.now)
+			if err != nil || len(res.Duplicates) != 0 {
+				t.Fatalf("cannot register blue: %+v, %v", res, err)
+			}
+			blue := res.SessionID
+			res, err = fx.s.Register(fx.ctx, &directory.Registration{
+				ClientID: "green", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+				AdvertiseURL: "http://127.0.0.1:9/green", Headroom: 10, Hostname: "app.example", Env: "green", Epoch: 2,
+				Instances: map[string][]string{"/c": list},
+			}, fx.now)
+			if err != nil {
+				t.Fatalf("cannot register green: %v", err)
+			}
+			if len(res.Duplicates) != len(held) || res.Duplicates[0].ID != held[0] || res.Duplicates[len(held)-1].ID != held[len(held)-1] {
+				t.Fatalf("unexpected duplicates; got %d, %v; want the %d ids blue held", len(res.Duplicates), res.Duplicates[:min(4, len(res.Duplicates))], len(held))
+			}
+			fx.wantOwner(list[:n/2], res.SessionID)
+			for _, id := range held {
+				if _, err := fx.s.Placement(fx.ctx, "/c", id, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+					t.Fatalf("unexpected placement of %s after its owner was superseded; got %v", id, err)
+				}
+			}
+			_, err = fx.s.Session(fx.ctx, blue, fx.now)
+			wantSuperseded(t, err, "app.example", "/c", "green", 2)
+		})
+	}
+}
+
+// BatchHook installs fn on s: s calls it between two batches of the
+// instances a registration reclaims, while the store is not held
+// (directory's export_test.go: SetAfterRegisterBatch).
+type BatchHook func(s directory.Store, fn func())
+
+// RunBetweenBatches runs the tests of what may happen between two batches
+// of a registration, against stores from f with hook installed.
+func RunBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, f Factory, hook BatchHook)
+	}{
+		{"OtherCallsProceed_RREG1", testOtherCallsBetweenBatches},
+		{"SupersededBetweenBatches_RLS4", testSupersededBetweenBatches},
+		{"ReregisteredBetweenBatches_RREG1", testReregisteredBetweenBatches},
+		{"EarlierDeregisteredBetweenBatches_RREG1_RREG3", testEarlierDeregisteredBetweenBatches},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
+	}
+}
+
+// once runs fn at the first call only.
+func once(fn func()) func() {
+	done := false
+	return func() {
+		if !done {
+			done = true
+			fn()
+		}
+	}
+}
+
+// testOtherCallsBetweenBatches: while a worker re-registers listing three
+// batches of instances, the store serves other calls between the batches:
+// another worker's heartbeat and a new placement complete there, and the
+// re-registration's result is unaffected (R-REG-1).
+func testOtherCallsBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	w := fx.register("w", []string{"/c"}, 10)
+	calls := 0
+	hook(fx.s, func() {
+		calls++
+		fx.beat(w, 10, false, false)
+		fx.place("/c", fmt.Sprintf("new%d", calls))
+	})
+	res, err := fx.registerListing(old, map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	if calls != 2 {
+		t.Fatalf("unexpected calls between batches; got %d; want 2 (three batches)", calls)
+	}
+	fx.wantOwner(list, res.SessionID)
+}
+
+// testSupersededBetweenBatches: a registration at a higher epoch for the
+// same hostname supersedes the new session between two of its batches
+// (R-LS-4). The registration fails with the superseded error, and no row
+// is left pointing at the session it opened: what it reclaimed was freed
+// with it, and nothing more was written for it.
+func testSupersededBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	reg := &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10, Hostname: "app.example", Env: "blue", Epoch: 1,
+		Instances: map[string][]string{"/c": list},
+	}
+	res, err := fx.s.Register(fx.ctx, reg, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := res.SessionID
+	var opened string
+	hook(fx.s, once(func() {
+		for _, sid := range fx.sessionsOf("a") {
+			if sid != old {
+				opened = sid
+			}
+		}
+		if _, err := fx.registerBound("green", "app.example", "green", 2, "", "/c"); err != nil {
+			t.Errorf("cannot register the higher epoch: %v", err)
+		}
+	}))
+	reg.PrevSessionID = old
+	_, err = fx.s.Register(fx.ctx, reg, fx.now)
+	wantSuperseded(t, err, "app.example", "/c", "green", 2)
+	if opened == "" {
+		t.Fatalf("unexpected registration; no session of a opened before the first batch boundary")
+	}
+	for _, id := range list {
+		p, err := fx.s.Placement(fx.ctx, "/c", id, fx.now)
+		if err == nil && p.SessionID == opened {
+			t.Fatalf("unexpected row of %s left pointing at the superseded session %s", id, opened)
+		}
+	}
+	if s := fx.sessionsOf("a"); len(s) != 0 {
+		t.Fatalf("unexpected live sessions of a; got %v; want none (both superseded)", s)
+	}
+}
+
+// testReregisteredBetweenBatches: the worker gave up waiting and
+// registered again, and that registration ran between two batches of the
+// first (R-REG-1: process continuity). The later one takes over the
+// session the first opened and every id as its own; the first fails, as
+// its session is gone, and writes nothing more.
+func testReregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	var later *directory.RegisterResult
+	hook(fx.s, once(func() {
+		var err error
+		if later, err = fx.registerListing(old, map[string][]string{"/c": list}); err != nil {
+			t.Errorf("cannot register again: %v", err)
+		}
+	}))
+	_, err := fx.registerListing(old, map[string][]string{"/c": list})
+	var se *directory.SupersededError
+	if err == nil || errors.As(err, &se) {
+		t.Fatalf("unexpected result of the first registration; got %v; want its session gone", err)
+	}
+	if later == nil || len(later.Duplicates) != 0 {
+		t.Fatalf("unexpected later registration; got %+v; want every id its own", later)
+	}
+	fx.wantOwner(list, later.SessionID)
+	if s := fx.sessionsOf("a"); !slices.Equal(s, []string{later.SessionID}) {
+		t.Fatalf("unexpected sessions of a; got %v; want only %s", s, later.SessionID)
+	}
+	if info, err := fx.s.Session(fx.ctx, later.SessionID, fx.now); err != nil || info.Placements != len(list) {
+		t.Fatalf("unexpected later session; got %+v, %v; want %d placements", info, err, len(list))
+	}
+}
+
+// testEarlierDeregisteredBetweenBatches: the earlier session deregisters
+// between two batches (R-REG-3): the ids it still held are freed, and the
+// re-registration claims them all the same, none a duplicate (R-REG-1).
+func testEarlierDeregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(3 * directory.RegisterBatch)
+	old := fx.holding(list)
+	hook(fx.s, once(func() {
+		if err := fx.s.Deregister(fx.ctx, old, fx.now); err != nil {
+			t.Errorf("cannot deregister: %v", err)
+		}
+	}))
+	res, err := fx.registerListing(old, map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	fx.wantOwner(list, res.SessionID)
+}

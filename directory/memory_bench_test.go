@@ -1,0 +1,67 @@
+package directory_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// BenchmarkMemoryReregister100k: a worker re-registers listing the 100,000
+// instances a register may carry at most, all its own. Every other store
+// call but Lookup takes the memory store's lock, so what matters is the
+// longest single hold: reported as max-hold-ms, the longest stretch
+// between the start, the batch boundaries (where the lock is free) and
+// the end, and as max-wait-ms, the longest another goroutine waited for
+// the lock (through Quarantine, which takes it and does nothing else).
+func BenchmarkMemoryReregister100k(b *testing.B) {
+	m := directory.NewMemory(time.Hour, time.Now())
+	reg, now := ownInstances(b, m, 100_000)
+	var hold, wait time.Duration
+	var mark time.Time
+	directory.SetAfterRegisterBatch(m, func() {
+		hold = max(hold, time.Since(mark))
+		mark = time.Now()
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		waited := lockWaitWhile(m, now)
+		mark = time.Now()
+		res, err := m.Register(context.Background(), reg, now)
+		hold = max(hold, time.Since(mark))
+		wait = max(wait, waited())
+		if err != nil || len(res.Duplicates) != 0 {
+			b.Fatalf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
+		}
+		reg.PrevSessionID = res.SessionID
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+}
+
+// lockWaitWhile takes the memory store's lock back to back until the
+// returned function is called, which reports the longest wait.
+func lockWaitWhile(m *directory.Memory, now time.Time) func() time.Duration {
+	stop := make(chan struct{})
+	done := make(chan time.Duration)
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			default:
+			}
+			start := time.Now()
+			_, _ = m.Quarantine(context.Background(), now)
+			worst = max(worst, time.Since(start))
+		}
+	}()
+	return func() time.Duration {
+		close(stop)
+		return <-done
+	}
+}

@@ -1,0 +1,218 @@
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Register implements Store. The lock is held to open the registration —
+// decide the bindings (a refused registration leaves no trace), create
+// the session, supersede what it displaces, name the earlier sessions of
+// the process — then for each RegisterBatch of listed instances, released
+// in between so heartbeats and placements proceed however many a worker
+// lists, and once more to hand the earlier sessions over. Each id is
+// claimed for the session, or is a duplicate when another live session
+// holds it at that moment (R-REG-1). A session ended between batches
+// (superseded, or dropped by a later registration of the same process)
+// fails the registration; nothing more is written for it.
+func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (*RegisterResult, error) {
+	m.mu.Lock()
+	g, err := m.openRegistration(reg, now)
+	if err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	n := 0
+	for _, ns := range sortedKeys(reg.Instances) {
+		serves := slices.Contains(g.s.info.Namespaces, ns)
+		for _, id := range reg.Instances[ns] {
+			if n > 0 && n%RegisterBatch == 0 {
+				if err := m.nextBatch(g.s, now); err != nil {
+					return nil, err
+				}
+			}
+			n++
+			m.reclaim(g, NSID{ns, id}, serves, now)
+		}
+	}
+	defer m.mu.Unlock()
+	for _, e := range g.earlier {
+		m.handOverQueue(e, g.s, now)
+		m.dropSession(e)
+	}
+	return g.res, nil
+}
+
+// memRegistering is one Register call in progress.
+type memRegistering struct {
+	s       *memSession
+	earlier []*memSession // earlier sessions of the process, handed over last
+	held    map[NSID]bool // rows the sessions it superseded held
+	res     *RegisterResult
+}
+
+// reclaim points one listed row at the new session, or reports it as a
+// duplicate: of a namespace the session does not serve, or held by
+// another live session that is not an earlier one of the process (or was
+// when the registration came: held). Callers hold m.mu.
+func (m *Memory) reclaim(g *memRegistering, k NSID, serves bool, now time.Time) {
+	sh, key, r := m.row(k.NS, k.ID)
+	// r.sess == g.s: listed twice, or placed on the session between batches.
+	taken := g.held[k] || r != nil && r.sess != g.s && r.owner.Live(now) && !slices.Contains(g.earlier, r.sess)
+	switch {
+	case !serves || taken:
+		g.res.Duplicates = append(g.res.Duplicates, k)
+	case r == nil || r.sess != g.s:
+		m.setRow(sh, key, k.NS, k.ID, g.s)
+	}
+}
+
+// nextBatch releases the lock between two batches of a registration's
+// instances and takes it back; the session must still be there. Called
+// with m.mu held; returns without it on error.
+func (m *Memory) nextBatch(s *memSession, now time.Time) error {
+	m.mu.Unlock()
+	if m.afterBatch != nil {
+		m.afterBatch()
+	}
+	m.mu.Lock()
+	if m.sessions[s.info.SessionID] != s {
+		err := m.endedErr(s, now)
+		m.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// endedErr explains a session ended while its registration reclaimed
+// instances: superseded, or dropped by a later registration of the same
+// process. Callers hold m.mu.
+func (m *Memory) endedErr(s *memSession, now time.Time) error {
+	err := m.goneErr(s.info.SessionID, now)
+	if errors.Is(err, ErrUnknownSession) {
+		return fmt.Errorf("cannot register %q: session %s ended before its instances were reclaimed: %w", s.info.ClientID, s.info.SessionID, err)
+	}
+	return err
+}
+
+// openRegistration is the first step of Register, under m.mu: it decides
+// the bindings, creates the session, takes its bindings and supersedes the
+// sessions they displace, applies an operator drain, and names the
+// earlier sessions of the process. The rows the superseded sessions held
+// are remembered: listed ones are duplicates, as they were another live
+// session's when the registration came.
+func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegistering, error) {
+	plans, err := m.planBindings(reg, now)
+	if err != nil {
+		return nil, err
+	}
+	id := NewSessionID()
+	lease := now.Add(m.ttl)
+	s := &memSession{
+		owner: NewOwner(id, reg.ClientID, reg.AdvertiseURL, []byte(reg.Secret), lease),
+		info: SessionInfo{
+			SessionID:    id,
+			ClientID:     reg.ClientID,
+			Sub:          reg.Sub,
+			Secret:       reg.Secret,
+			AdvertiseURL: reg.AdvertiseURL,
+			Namespaces:   slices.Clone(reg.Namespaces),
+			Hostname:     reg.Hostname,
+			Env:          reg.Env,
+			Envs:         reg.Envs,
+			Epoch:        reg.Epoch,
+			Headroom:     reg.Headroom,
+			Draining:     reg.Draining,
+			LeaseUntil:   lease,
+			RegisteredAt: now,
+		},
+		rows: make(map[NSID]struct{}),
+	}
+	earlier := m.earlierSessions(reg)
+	m.sessions[id] = s
+	if m.byClient[reg.ClientID] == nil {
+		m.byClient[reg.ClientID] = make(map[string]*memSession)
+	}
+	m.byClient[reg.ClientID][id] = s
+	for _, ns := range s.info.Namespaces {
+		set := m.byNS[ns]
+		if set == nil {
+			set = make(map[string]*memSession)
+			m.byNS[ns] = set
+		}
+		set[id] = s
+	}
+	g := &memRegistering{s: s, earlier: earlier, res: &RegisterResult{SessionID: id, LeaseUntil: lease}}
+	if len(reg.Instances) > 0 {
+		g.held = make(map[NSID]bool)
+	}
+	m.applyBindings(s, plans, earlier, g.held, now)
+	if d := m.drains[reg.ClientID]; d != nil {
+		spendTimedDrain(&d.state, now, m.ttl)
+		g.res.Drain = d.state
+		d.seen = now
+		g.res.LeaseUntil = capLease(lease, d.state, m.ttl)
+		s.owner.SetLeaseUntil(g.res.LeaseUntil)
+		s.info.LeaseUntil = g.res.LeaseUntil
+	}
+	return g, nil
+}
+
+// earlierSessions returns the sessions this registration continues
+// (R-REG-1: process continuity). They hand their rows over, and whatever
+// they held that the worker no longer lists is freed with them. clientId
+// is minted per process, so every session of the same client and account
+// is the process's: the one it names as previous, and any other — a
+// registration whose answer was lost (the worker's HTTP timeout) left a
+// session the worker never learnt, whose rows would otherwise come back as
+// duplicates of the worker's own instances, which it would then abort.
+func (m *Memory) earlierSessions(reg *Registration) []*memSession {
+	var out []*memSession
+	for _, o := range m.byClient[reg.ClientID] {
+		if o.info.Sub == reg.Sub {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// spendTimedDrain turns a timed drain whose cap (deadline plus one lease)
+// has passed into an untimed one. The timed drain has done its work — the
+// placements were released at the deadline and the old session ran out —
+// so a process that is still alive and registers again stays out of new
+// placements (draining) but gets a normal lease, instead of a lease that
+// ends before it starts and a re-register every heartbeat for ever. An
+// operator undrain brings it back.
+func spendTimedDrain(d *DrainState, now time.Time, ttl time.Duration) {
+	if d.Draining && !d.Deadline.IsZero() && !now.Before(d.Deadline.Add(ttl)) {
+		d.Deadline = time.Time{}
+	}
+}
+
+// handOverQueue moves the control messages queued for prev's ids that s
+// reclaimed onto s's queue (R-CM-1: delivered until acked — a session lost
+// in between must not lose them; the worker forgets its pending acks when
+// it registers, so delivering them again under s is safe).
+func (m *Memory) handOverQueue(prev, s *memSession, now time.Time) {
+	q := m.queues[prev.info.SessionID]
+	if q == nil {
+		return
+	}
+	var kept []ControlMessage
+	for _, c := range q.msgs {
+		if _, ok := s.rows[NSID{c.NS, c.ID}]; ok {
+			kept = append(kept, c)
+		}
+	}
+	if len(kept) == 0 {
+		return
+	}
+	if cur := m.queues[s.info.SessionID]; cur != nil {
+		cur.msgs = append(cur.msgs, kept...)
+		return
+	}
+	m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
+}

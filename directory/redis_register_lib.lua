@@ -1,0 +1,61 @@
+-- Helpers of the register scripts, prepended after redis_lib.lua
+-- (redis_scripts.go). A registration is opened by redis_register.lua; the
+-- instances it lists are reclaimed in that call when they fit one batch
+-- (RegisterBatch in store.go), else in batches by
+-- redis_register_batch.lua, and redis_register_done.lua then hands the
+-- earlier sessions over. Redis serves nobody while a script runs, so no
+-- single call may grow with the instance list (docs/DIRECTORY.md).
+
+-- reclaim points the listed rows ARGV[from..] at sid. A row is the
+-- session's own unless a live session holds it that is neither sid nor
+-- one of the earlier sessions of this process (earlier[osid]), or it is
+-- in taken (rows the sessions this registration displaced held while
+-- live): those are duplicates. Each own row not yet sid's gets a fresh
+-- epoch and is listed in written. The caller passes only rows of
+-- namespaces the session serves.
+local function reclaim(P, sid, now, earlier, taken, from, dups, written)
+  for i = from, #ARGV do
+    local row = ARGV[i]
+    local own, mine = not taken[row], false
+    if own then
+      local cur = redis.call('GET', rowkey(P, row))
+      if cur then
+        local osid = owner(cur)
+        mine = osid == sid
+        own = mine or earlier[osid] or lease(P, osid) <= now
+      end
+    end
+    if not own then
+      dups[#dups + 1] = row
+    elseif not mine then
+      setrow(P, row, sid, now)
+      written[#written + 1] = row
+    end
+  end
+end
+
+-- handover ends the earlier sessions of a registration once its listed
+-- instances are reclaimed: control messages for rows sid now holds move
+-- to its queue (R-CM-1: delivered until acked; memory.go handOverQueue),
+-- and each earlier session is dropped with what it still holds (rows the
+-- worker no longer lists), their names appended to freed.
+local function handover(P, sid, ttl, earlier, freed)
+  local q = P .. 'q:' .. sid
+  for _, o in ipairs(earlier) do
+    local pq = P .. 'q:' .. o
+    if redis.call('EXISTS', pq) == 1 then
+      for _, m in ipairs(redis.call('LRANGE', pq, 0, -1)) do
+        -- "<msgId> <deadline> <ns>\0<id>" (redis_decode.go encodeMessage)
+        local sp = string.find(m, ' ', 18, true)
+        local cur = sp and redis.call('GET', rowkey(P, string.sub(m, sp + 1)))
+        if cur and owner(cur) == sid then
+          redis.call('RPUSH', q, m)
+        end
+      end
+    end
+    dropsession(P, o, freed)
+  end
+  if #earlier > 0 and redis.call('EXISTS', q) == 1 then
+    redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))
+  end
+end
