@@ -48,8 +48,11 @@ type rawConn struct {
 	peek func(fd uintptr) bool
 	// edge and edged serve AwaitEdge: the bound callback and whether it
 	// has run once in the current wait. try serves TryRead.
-	edge   func(fd uintptr) bool
-	edged  bool
+	edge  func(fd uintptr) bool
+	edged bool
+	// rearm is set by a callback that found nothing while the read
+	// deadline must be armed before the read parks (parkable).
+	rearm  bool
 	try    func(fd uintptr) bool
 	peekFn func(fd uintptr)
 	peeked peekState
@@ -115,6 +118,15 @@ func (r rawReader) Read(p []byte) (int, error) {
 
 // read is the RawConn read callback; false waits for data.
 func (x *rawConn) read(fd uintptr) bool {
+	if x.readOnce(fd) {
+		return x.parkable()
+	}
+	return true
+}
+
+// readOnce is one read(2) into the pending op; true when it found nothing
+// (EAGAIN).
+func (x *rawConn) readOnce(fd uintptr) bool {
 	op := &x.r
 	for {
 		m, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&op.p[0])), uintptr(len(op.p)))
@@ -122,8 +134,7 @@ func (x *rawConn) read(fd uintptr) bool {
 		case e == syscall.EINTR:
 			continue
 		case e == syscall.EAGAIN:
-			x.rd.settle(x.tc)
-			return false
+			return true
 		case e != 0:
 			op.err = e
 		case m == 0:
@@ -131,8 +142,21 @@ func (x *rawConn) read(fd uintptr) bool {
 		default:
 			op.n = int(m)
 		}
+		return false
+	}
+}
+
+// parkable runs in a read callback that found nothing: false lets the
+// poller park the read; true ends the callback's RawConn.Read first, to
+// arm the read deadline in wait (rearm) and look again — arming takes the
+// runtime's timer code, which is not run this deep in the stack (see
+// wait).
+func (x *rawConn) parkable() bool {
+	if x.rd.due() {
+		x.rearm = true
 		return true
 	}
+	return false
 }
 
 // Write implements io.Writer: all of p, waiting for room as needed.
@@ -176,8 +200,7 @@ func (x *rawConn) ready(fd uintptr) bool {
 	if peekFD(fd, &x.one[0]) != peekNothing {
 		return true
 	}
-	x.rd.settle(x.tc)
-	return false
+	return x.parkable()
 }
 
 // WaitReadable blocks until a read on c would not wait: data arrived, the
@@ -240,7 +263,7 @@ func TryRead(c net.Conn, p []byte) (int, error) {
 
 // tryRead is TryRead's RawConn callback: one read, EAGAIN reported.
 func (x *rawConn) tryRead(fd uintptr) bool {
-	if !x.read(fd) {
+	if x.readOnce(fd) {
 		x.r.err = syscall.EAGAIN
 	}
 	return true
@@ -571,52 +594,85 @@ func (d *readDeadline) arm(tc *net.TCPConn) error {
 	return nil
 }
 
-// settle runs when a read is about to park: an earlier deadline than the
-// armed one is armed, a later one only once it drifted by more than a
-// slack of min(1s, a tenth of the time left) — parked on the earlier one,
-// the read is woken early and wait parks it again on the right one.
-func (d *readDeadline) settle(tc *net.TCPConn) {
+// due reports, when a read is about to park, whether the wanted deadline
+// must be armed first: an earlier one than the armed one always, a later
+// one only once it drifted by more than a slack of min(1s, a tenth of the
+// time left) — parked on the earlier one, the read is woken early and
+// wait parks it again on the right one.
+func (d *readDeadline) due() bool {
 	w, s := d.want.Load(), d.set.Load()
 	switch {
 	case w == s:
-		return
-	case w < s:
-	case s == noDeadline || w == noDeadline:
-	default:
-		if w-s <= min(int64(time.Second), (w-time.Now().UnixNano())/10) {
-			return
-		}
+		return false
+	case w < s, s == noDeadline || w == noDeadline:
+		return true
 	}
-	_ = d.arm(tc)
+	return w-s > min(int64(time.Second), (w-time.Now().UnixNano())/10)
 }
 
 // errTimeout is what a read whose deadline passed returns, as net.Conn's.
 var errTimeout error = os.ErrDeadlineExceeded
 
 // wait runs fn as a RawConn read callback under the wanted deadline.
+//
+// Relays park here for hours, thousands at once, and the collector shrinks
+// a parked goroutine's stack only while it uses under a quarter of it: the
+// deepest the stack ever went decides whether an idle stream's goroutine
+// keeps 2 KiB or 4 (BenchmarkIdleSSEStreamMemory). So the rare cases are
+// in waitSlow, and a deadline is armed here, not in the callback, where
+// the runtime's timer code would run under RawConn.Read's frames.
 func (x *rawConn) wait(fn func(fd uintptr) bool) error {
 	d := &x.rd
 	d.reading.Store(true)
-	defer d.reading.Store(false)
+	var err error
+	x.edged = false // each wait of AwaitEdge looks first
+	if d.want.Load() < d.set.Load() {
+		err = x.waitSlow(fn, nil)
+	} else if err = x.rc.Read(fn); err != nil || x.rearm {
+		err = x.waitSlow(fn, err)
+	}
+	d.reading.Store(false)
+	return err
+}
+
+// waitSlow is wait when the wanted deadline is earlier than the armed one
+// (first nil), when a callback asked for the deadline to be armed
+// (rearm), or once a read under the armed one ended with first.
+//
+//go:noinline
+func (x *rawConn) waitSlow(fn func(fd uintptr) bool, first error) error {
+	d := &x.rd
+	err := first
 	for {
+		if x.rearm {
+			x.rearm = false
+			if err := d.arm(x.tc); err != nil {
+				return err
+			}
+			err = nil
+		} else if err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				return err
+			}
+			// Woken by an armed deadline earlier than the wanted one:
+			// wait on, under the wanted one, unless it passed as well.
+			w := d.want.Load()
+			if w <= d.set.Load() || w <= time.Now().UnixNano() {
+				return err
+			}
+			if err := d.arm(x.tc); err != nil {
+				return err
+			}
+			err = nil
+		}
 		// A deadline earlier than the armed one that already passed
 		// fails the read before it starts, as the poller would.
 		if w := d.want.Load(); w < d.set.Load() && w <= time.Now().UnixNano() {
 			return errTimeout
 		}
-		x.edged = false // each wait of AwaitEdge looks first
-		err := x.rc.Read(fn)
-		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
-			return err
-		}
-		// Woken by an armed deadline earlier than the wanted one: wait
-		// on, under the wanted one, unless it passed as well.
-		w := d.want.Load()
-		if w <= d.set.Load() || w <= time.Now().UnixNano() {
-			return err
-		}
-		if err := d.arm(x.tc); err != nil {
-			return err
+		x.edged = false
+		if err = x.rc.Read(fn); err == nil && !x.rearm {
+			return nil
 		}
 	}
 }
