@@ -269,6 +269,11 @@ type carryReader struct {
 	client  net.Conn
 	stopped *atomic.Bool // the body's: a deadline shutdown set is not ours
 	check   lazyDeadline // the read deadline last set for the check
+
+	// try makes Read one read that never waits (tryFill); held is the
+	// error such a read met, for the next Read to report.
+	try  bool
+	held error
 }
 
 var errClientGone = errors.New("client went away during a streamed response")
@@ -278,6 +283,14 @@ func (r *carryReader) Read(p []byte) (int, error) {
 		n := copy(p, r.pending)
 		r.pending = r.pending[n:]
 		return n, nil
+	}
+	if r.held != nil {
+		err := r.held
+		r.held = nil
+		return 0, err
+	}
+	if r.try {
+		return rawio.TryRead(r.c, p)
 	}
 	if r.client == nil {
 		return r.c.Read(p)
@@ -299,23 +312,24 @@ func (r *carryReader) Read(p []byte) (int, error) {
 	}
 }
 
-// waitReadable waits until a read would not block (rawio.WaitReadable),
+// waitReadable waits until the worker sent something (rawio.AwaitEdge),
 // checking on the watched client as Read does: it returns errClientGone
-// when the client left, and nil when there is something to read or an
-// error the next Read reports (shutdown's stop included).
+// when the client left, and nil when there may be something to read —
+// tryFill tells — or an error the next Read reports (shutdown's stop
+// included).
 func (r *carryReader) waitReadable() error {
 	if len(r.pending) > 0 {
 		return nil
 	}
 	if r.client == nil {
-		_ = rawio.WaitReadable(r.c)
+		_ = rawio.AwaitEdge(r.c)
 		return nil
 	}
 	for {
 		if r.armCheck() {
 			return nil
 		}
-		err := rawio.WaitReadable(r.c)
+		err := rawio.AwaitEdge(r.c)
 		if err == nil {
 			return nil
 		}
@@ -323,6 +337,31 @@ func (r *carryReader) waitReadable() error {
 			return gone
 		}
 	}
+}
+
+// tryFill reads what the worker sent into br after waitReadable, without
+// waiting: false when nothing was there (the poller woke the wait for
+// bytes read before it) or the check's deadline passed in between — wait
+// again. An error is kept for the next Read to report, in its place in
+// the body's framing. A stream's event thus costs a look and a read, and
+// the relay takes its buffer only once the event is in br.
+func (r *carryReader) tryFill(br *bufio.Reader) bool {
+	if r.stopped != nil && r.stopped.Load() {
+		return true // waitReadable did not wait: the body's Read reports the stop
+	}
+	r.try = true
+	_, err := br.Peek(1)
+	r.try = false
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, rawio.ErrWouldBlock):
+		return false
+	case errors.Is(err, os.ErrDeadlineExceeded) && r.client != nil && !r.stopped.Load():
+		return false
+	}
+	r.held = err
+	return true
 }
 
 // armCheck sets the client check's read deadline when due and reports

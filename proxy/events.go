@@ -134,6 +134,9 @@ func (p *Proxy) relayStream(b *upstreamBody, chunked, keep bool) {
 				p.endRelay(b, err, false)
 				return
 			}
+			if !b.pc.src.tryFill(b.pc.br) {
+				continue
+			}
 		}
 		bp := eventBufs.Get().(*[]byte)
 		buf := *bp

@@ -632,3 +632,62 @@ func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
 	}
 	waitDownloads(t, rg.p, 0)
 }
+
+// TestEventStreamSplitWritesRelayed_RDP2: events the worker writes in
+// pieces — a chunk's size line, its data and its end in separate writes,
+// some a moment apart, others back to back — all reach the client, in
+// order, and the stream ends with the last chunk. The relay waits with
+// rawio.AwaitEdge and fills with one read that never waits (tryFill): a
+// wake for bytes an earlier read already took must wait again, and a
+// piece that arrives between a read and the next wait must not be lost.
+func TestEventStreamSplitWritesRelayed_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	const events = 200
+	var want strings.Builder
+	for i := range events {
+		fmt.Fprintf(&want, "data: %d\n\n", i)
+	}
+	w.route("/burst", func(rw http.ResponseWriter, r *http.Request) {
+		c, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		_ = brw.Flush()
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for i := range events {
+			ev := fmt.Sprintf("data: %d\n\n", i)
+			chunk := fmt.Sprintf("%x\r\n%s\r\n", len(ev), ev)
+			cut1, cut2 := 1+i%3, len(chunk)-1-i%2
+			for j, piece := range []string{chunk[:cut1], chunk[cut1:cut2], chunk[cut2:]} {
+				if _, err := io.WriteString(c, piece); err != nil {
+					return
+				}
+				if (i+j)%4 == 0 {
+					time.Sleep(200 * time.Microsecond)
+				}
+			}
+		}
+		_, _ = io.WriteString(c, "0\r\n\r\n")
+	})
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "GET /counters/alice/burst HTTP/1.1\r\nHost: pb\r\n\r\n")
+	if status, _ := s.header(); status != "HTTP/1.1 200 OK" {
+		t.Fatalf("unexpected status; got %q", status)
+	}
+	var got strings.Builder
+	for got.Len() < want.Len() {
+		c := s.chunk()
+		if c == "" {
+			break
+		}
+		got.WriteString(c)
+	}
+	if got.String() != want.String() {
+		t.Fatalf("unexpected events relayed; got %d bytes; want %d, every event in order", got.Len(), want.Len())
+	}
+	if last := s.chunk(); last != "" {
+		t.Fatalf("unexpected bytes after the events; got %q; want the last chunk", last)
+	}
+}
