@@ -367,11 +367,12 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // earlier deadline armed before it continues.
 //
 // Why: fasthttp's connection loop sets a read deadline three times per
-// request (idle, header, body), each a runtime timer operation — about
-// 3 % of a proxied request's CPU on the bench machine. A keep-alive
-// client's requests usually arrive whole, so only the idle wait for the
-// next one ever waits, and its deadline, about the same each time, is
-// re-armed about once a second (BENCHMARKS.md).
+// request (idle, header, body), each a runtime timer operation: 1 % of
+// the CPU of server.BenchmarkNodeHotPath (node, clients and stand-in
+// worker together) on the bench machine, none once kept lazily. A
+// keep-alive client's requests usually arrive whole, so only the idle
+// wait for the next one ever waits, and its deadline, about the same each
+// time, is re-armed about once a second (BENCHMARKS.md).
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	if c.x == nil {
 		return c.TCPConn.SetReadDeadline(t)
