@@ -341,10 +341,15 @@ func (r *carryReader) waitReadable() error {
 
 // tryFill reads what the worker sent into br after waitReadable, without
 // waiting: false when nothing was there (the poller woke the wait for
-// bytes read before it) or the check's deadline passed in between — wait
-// again. An error is kept for the next Read to report, in its place in
-// the body's framing. A stream's event thus costs a look and a read, and
-// the relay takes its buffer only once the event is in br.
+// bytes read before it) or the check's deadline passed and the client is
+// still there — wait again. An error is kept for the next Read to report,
+// in its place in the body's framing; errClientGone when the check found
+// the client gone. A stream's event thus costs a look and a read, and the
+// relay takes its buffer only once the event is in br.
+//
+// A connection without raw access (a worker behind TLS) has no read that
+// never waits: waitReadable returns at once and the read here waits, up to
+// the check's deadline, so the check runs here (recheck) or never.
 func (r *carryReader) tryFill(br *bufio.Reader) bool {
 	if r.stopped != nil && r.stopped.Load() {
 		return true // waitReadable did not wait: the body's Read reports the stop
@@ -357,8 +362,14 @@ func (r *carryReader) tryFill(br *bufio.Reader) bool {
 		return true
 	case errors.Is(err, rawio.ErrWouldBlock):
 		return false
-	case errors.Is(err, os.ErrDeadlineExceeded) && r.client != nil && !r.stopped.Load():
-		return false
+	case r.client != nil:
+		again, gone := r.recheck(err)
+		if again {
+			return false
+		}
+		if gone != nil {
+			err = gone
+		}
 	}
 	r.held = err
 	return true

@@ -3,6 +3,8 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -655,4 +657,70 @@ func idleReadable(p *connPool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.idle) == 1 && rawio.Readable(p.idle[0].c)
+}
+
+// A client that goes away from an idle event stream frees the worker's
+// connection also when that connection has no raw access (a worker behind
+// https: a *tls.Conn), whose relay cannot wait without a read: the
+// client check must still run every clientCheckEvery (R-DP-2, R-DP-3).
+func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
+	// Restored after the rig's cleanup has ended the relay.
+	t.Cleanup(func(d time.Duration) func() { return func() { clientCheckEvery = d } }(clientCheckEvery))
+	clientCheckEvery = 200 * time.Millisecond
+	rg := newRig(t, nil)
+	rg.warm()
+	s := &standin{name: "w", secret: "secret-w", routes: map[string]http.HandlerFunc{}}
+	s.session.Store("")
+	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	// The proxy dials the worker with TLS as for any https advertise URL,
+	// trusting the test server's certificate.
+	roots := x509.NewCertPool()
+	roots.AddCert(s.srv.Certificate())
+	up, err := rg.p.ups.get(s.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.pool.dial = func(addr string) (net.Conn, error) {
+		return tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	}
+	gone, stop := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	s.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(rw, "data: 0\n\n")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done(): // pinboard closed the connection
+			close(gone)
+		case <-stop:
+		}
+	})
+	rg.serveIDs(t, s, "alice")
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("the first event never came: %v", err)
+		}
+		if line == "data: 0\n" {
+			break
+		}
+	}
+	if rg.p.RelayedEventStreams() != 1 {
+		t.Fatalf("unexpected relayed event streams; got %d; want 1", rg.p.RelayedEventStreams())
+	}
+	_ = c.Close()
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("unexpected worker connection still open 5s after the client left; got %d open streams; want 0", rg.p.OpenStreams())
+	}
 }
