@@ -462,6 +462,14 @@ func (c *Conn) Read(p []byte) (int, error) { return c.r.Read(p) }
 // Write implements net.Conn.
 func (c *Conn) Write(p []byte) (int, error) { return c.w.Write(p) }
 
+// WriteTo implements io.WriterTo through Read. The embedded TCPConn's
+// would be promoted, and io.Copy from c would read the socket itself:
+// past a read deadline kept lazily and not armed yet, and without the raw
+// reads.
+func (c *Conn) WriteTo(w io.Writer) (int64, error) {
+	return io.Copy(w, struct{ io.Reader }{c})
+}
+
 // Readable reports whether a read on c would return at once — the peer
 // closed c or reset it, or sent data — without waiting and without
 // consuming anything: one recv(2) with MSG_PEEK and MSG_DONTWAIT. For a

@@ -505,3 +505,25 @@ func TestTryReadAwaitEdge_RDP2(t *testing.T) {
 		t.Fatalf("unexpected TryRead of a connection without raw access; got %v; want it read as usual", err)
 	}
 }
+
+// TestCopyFromConnKeepsDeadlines_RDP2: io.Copy from a *Conn reads
+// through its Read, so a read deadline kept lazily applies: the embedded
+// TCPConn's WriteTo would read the socket past it.
+func TestCopyFromConnKeepsDeadlines_RDP2(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	if _, err := server.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	_ = c.SetReadDeadline(time.Unix(1, 0))
+	// Bounded: a copy that reads past the deadline ends when the peer
+	// closes, with the bytes it should not have read.
+	stop := time.AfterFunc(2*time.Second, func() { server.Close() })
+	defer stop.Stop()
+	var got bytes.Buffer
+	n, err := io.Copy(&got, c)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n != 0 {
+		t.Fatalf("unexpected copy past a passed deadline; got %d bytes (%q), %v; want none and the deadline", n, got.String(), err)
+	}
+}
