@@ -32,6 +32,8 @@ func SetAfterRegisterBatch(s Store, fn func()) {
 // registration), when the store is not held. Set it before s is used.
 func SetAfterDropBatch(s Store, fn func()) {
 	switch s := s.(type) {
+	case *Memory:
+		s.afterDrop = fn
 	case *Redis:
 		s.afterDrop = fn
 	default:
