@@ -13,7 +13,9 @@ import (
 // the session, supersede what it displaces, name the earlier sessions of
 // the process — then for each RegisterBatch of listed instances, released
 // in between so heartbeats and placements proceed however many a worker
-// lists, and once more to hand the earlier sessions over. Each id is
+// lists, and once more to hand the earlier sessions over; the rows the
+// sessions it superseded or handed over still hold are freed last, a
+// batch per hold (memory_drop.go). Each id is
 // claimed for the session, or is a duplicate when another live session
 // holds it at that moment (R-REG-1). A session ended between batches
 // (superseded, or dropped by a later registration of the same process)

@@ -21,9 +21,12 @@ import (
 // instances are reclaimed in that same call when they fit one batch
 // (RegisterBatch); otherwise in batches of that size, one script call and
 // round trip each (redis_register_batch.lua), and the earlier sessions are
-// handed over last (redis_register_done.lua). Redis serves nobody while a
-// script runs, so the batch bounds how long one registration holds every
-// node's round trips (docs/DIRECTORY.md, "Scripts").
+// handed over last (redis_register_done.lua). The rows the sessions it
+// superseded or handed over still hold are freed a batch per call too
+// (drop): the superseded ones' before the batches, the earlier ones' at
+// the end. Redis serves nobody while a script runs, so the batch bounds
+// how long one registration holds every node's round trips
+// (docs/DIRECTORY.md, "Scripts").
 //
 // The result is the one a single script would give: each id is claimed
 // atomically for the session, or reported as a duplicate when another
