@@ -26,3 +26,20 @@ func SetAfterRegisterBatch(s Store, fn func()) {
 		panic("BUG: unknown store")
 	}
 }
+
+// SetAfterDropBatch makes s call fn between two batches of the rows a
+// dropped session frees (a deregister, a void, a sweep, the end of a
+// registration), when the store is not held. Set it before s is used.
+func SetAfterDropBatch(s Store, fn func()) {
+	switch s := s.(type) {
+	case *Memory:
+		s.afterDrop = fn
+	case *Redis:
+		s.afterDrop = fn
+	default:
+		panic("BUG: unknown store")
+	}
+}
+
+// LuaLib is the helpers every directory script starts with.
+var LuaLib = luaLib

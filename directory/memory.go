@@ -30,14 +30,19 @@ type Memory struct {
 	queues   map[string]*memQueue
 	bindings map[string]*memBinding
 	tombs    map[string]memTomb
-	stamp    time.Time
-	epoch    uint64
+	// dropped: sessions gone with rows still to free (memory_drop.go).
+	dropped map[string]*memSession
+	stamp   time.Time
+	epoch   uint64
 
 	shards [memoryShards]memShard
 
 	// afterBatch, when set (tests only, before use), runs between the
 	// batches of a registration's instances, without the lock.
 	afterBatch func()
+	// afterDrop, when set (tests only, before use), runs between the
+	// batches of rows a dropped session frees, without the lock.
+	afterDrop func()
 }
 
 var _ Store = (*Memory)(nil)
@@ -99,6 +104,7 @@ func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 		queues:   make(map[string]*memQueue),
 		bindings: make(map[string]*memBinding),
 		tombs:    make(map[string]memTomb),
+		dropped:  make(map[string]*memSession),
 		epoch:    uint64(now.UnixMicro()),
 	}
 	for i := range m.shards {
@@ -175,10 +181,11 @@ func (m *Memory) dropRows(s *memSession) {
 	clear(s.rows)
 }
 
-// dropSession removes a session and its rows; callers hold m.mu.
+// dropSession removes a session's record: it is gone, its Owner revoked,
+// its rows dead-owner rows any claim re-places. The rows themselves are
+// freed a batch at a time (memory_drop.go). Callers hold m.mu.
 func (m *Memory) dropSession(s *memSession) {
 	s.owner.Revoke()
-	m.dropRows(s)
 	delete(m.sessions, s.info.SessionID)
 	for _, ns := range s.info.Namespaces {
 		if set := m.byNS[ns]; set != nil {
@@ -385,12 +392,21 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 	return res, nil
 }
 
-// Void implements Store.
+// Void implements Store. The session goes at once with the first batch
+// of its rows; the lock is released between the batches of the rest
+// (finishDrop). A session another call is still dropping is finished too.
 func (m *Memory) Void(_ context.Context, sessionID string, _ time.Time) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if s := m.sessions[sessionID]; s != nil {
+	s := m.sessions[sessionID]
+	if s != nil {
 		m.dropSession(s)
+		m.retire(s)
+	} else {
+		s = m.dropped[sessionID]
+	}
+	m.mu.Unlock()
+	if s != nil {
+		m.finishDrop(s)
 	}
 	return nil
 }
@@ -509,16 +525,25 @@ func (m *Memory) Placement(_ context.Context, ns, id string, now time.Time) (*Pl
 	}, nil
 }
 
-// Sweep implements Store: sessions one lease past their expiry go with
-// their rows, control queues expire two leases after their last use
+// Sweep implements Store: sessions one lease past their expiry go, and
+// their rows — with any other dropped session's left — are freed a batch
+// at a time after (freeDropped); control queues expire two leases after their last use
 // (R-CM-1), and timed drains past their deadline force-release the
 // client's placements (R-LS-5).
 func (m *Memory) Sweep(_ context.Context, now time.Time) error {
+	m.sweepRecords(now)
+	m.freeDropped()
+	return nil
+}
+
+// sweepRecords is Sweep but for the freeing of dropped sessions' rows.
+func (m *Memory) sweepRecords(now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range m.sessions {
 		if now.Sub(s.owner.LeaseUntil()) > m.ttl {
 			m.dropSession(s)
+			m.retire(s)
 		}
 	}
 	for id, q := range m.queues {
@@ -549,7 +574,6 @@ func (m *Memory) Sweep(_ context.Context, now time.Time) error {
 			delete(m.drains, clientID)
 		}
 	}
-	return nil
 }
 
 func (m *Memory) clientLive(clientID string, now time.Time) bool {
@@ -598,10 +622,12 @@ func (m *Memory) planBindings(reg *Registration, now time.Time) ([]bindingPlan, 
 }
 
 // applyBindings records the new session's bindings and supersedes the
-// sessions it displaces: their records go at once, and the rows they held
-// are added to held (when not nil). The earlier sessions of the process
-// are handed over instead.
-func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, earlier []*memSession, held map[NSID]bool, now time.Time) {
+// sessions it displaces: their records go at once, and they are returned:
+// their rows, still pointing at them, are duplicates if listed, and are
+// freed when the registration ends (Register). The earlier sessions of
+// the process are handed over instead.
+func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, earlier []*memSession, now time.Time) []*memSession {
+	var displaced []*memSession
 	for _, p := range plans {
 		m.bindings[bindingKey(p.hostname, p.ns)] = &memBinding{hostname: p.hostname, ns: p.ns, env: p.env, epoch: s.info.Epoch}
 		if p.verdict != BindSupersede {
@@ -625,14 +651,11 @@ func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, earlier []*me
 				err:   &SupersededError{Hostname: p.hostname, NS: p.ns, Env: p.env, Epoch: s.info.Epoch, ClientID: o.info.ClientID},
 				until: now.Add(2 * m.ttl),
 			}
-			if held != nil {
-				for k := range o.rows {
-					held[k] = true
-				}
-			}
 			m.dropSession(o)
+			displaced = append(displaced, o)
 		}
 	}
+	return displaced
 }
 
 // bindingState reports whether a live session still holds b.

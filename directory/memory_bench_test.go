@@ -41,6 +41,37 @@ func BenchmarkMemoryReregister100k(b *testing.B) {
 	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
 }
 
+// BenchmarkMemoryDrop100k: a worker holding 100,000 ids deregisters.
+// Reported as BenchmarkMemoryReregister100k does: max-hold-ms, the
+// longest stretch between the start, the batch boundaries and the end,
+// and max-wait-ms, the longest another goroutine waited for the lock.
+func BenchmarkMemoryDrop100k(b *testing.B) {
+	m := directory.NewMemory(time.Hour, time.Now())
+	var hold, wait time.Duration
+	var mark time.Time
+	directory.SetAfterDropBatch(m, func() {
+		hold = max(hold, time.Since(mark))
+		mark = time.Now()
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		reg, now := ownInstances(b, m, 100_000)
+		b.StartTimer()
+		waited := lockWaitWhile(m, now)
+		mark = time.Now()
+		err := m.Deregister(context.Background(), reg.PrevSessionID, now)
+		hold = max(hold, time.Since(mark))
+		wait = max(wait, waited())
+		if err != nil {
+			b.Fatalf("cannot deregister: %v", err)
+		}
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+}
+
 // lockWaitWhile takes the memory store's lock back to back until the
 // returned function is called, which reports the longest wait.
 func lockWaitWhile(m *directory.Memory, now time.Time) func() time.Duration {

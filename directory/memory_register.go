@@ -13,7 +13,9 @@ import (
 // the session, supersede what it displaces, name the earlier sessions of
 // the process — then for each RegisterBatch of listed instances, released
 // in between so heartbeats and placements proceed however many a worker
-// lists, and once more to hand the earlier sessions over. Each id is
+// lists, and once more to hand the earlier sessions over; the rows the
+// sessions it superseded or handed over still hold are freed last, a
+// batch per hold (memory_drop.go). Each id is
 // claimed for the session, or is a duplicate when another live session
 // holds it at that moment (R-REG-1). A session ended between batches
 // (superseded, or dropped by a later registration of the same process)
@@ -31,6 +33,7 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 		for _, id := range reg.Instances[ns] {
 			if n > 0 && n%RegisterBatch == 0 {
 				if err := m.nextBatch(g.s, now); err != nil {
+					m.finishDrops(g.displaced)
 					return nil, err
 				}
 			}
@@ -38,11 +41,13 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 			m.reclaim(g, NSID{ns, id}, serves, now)
 		}
 	}
-	defer m.mu.Unlock()
 	for _, e := range g.earlier {
 		m.handOverQueue(e, g.s, now)
 		m.dropSession(e)
 	}
+	m.mu.Unlock()
+	m.finishDrops(g.displaced)
+	m.finishDrops(g.earlier)
 	return g.res, nil
 }
 
@@ -50,18 +55,21 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 type memRegistering struct {
 	s       *memSession
 	earlier []*memSession // earlier sessions of the process, handed over last
-	held    map[NSID]bool // rows the sessions it superseded held
-	res     *RegisterResult
+	// displaced: the sessions it superseded; the rows they held are
+	// taken, freed when the registration ends.
+	displaced []*memSession
+	res       *RegisterResult
 }
 
 // reclaim points one listed row at the new session, or reports it as a
 // duplicate: of a namespace the session does not serve, or held by
 // another live session that is not an earlier one of the process (or was
-// when the registration came: held). Callers hold m.mu.
+// when the registration came: a session it displaced). Callers hold m.mu.
 func (m *Memory) reclaim(g *memRegistering, k NSID, serves bool, now time.Time) {
 	sh, key, r := m.row(k.NS, k.ID)
 	// r.sess == g.s: listed twice, or placed on the session between batches.
-	taken := g.held[k] || r != nil && r.sess != g.s && r.owner.Live(now) && !slices.Contains(g.earlier, r.sess)
+	taken := r != nil && r.sess != g.s && !slices.Contains(g.earlier, r.sess) &&
+		(r.owner.Live(now) || slices.Contains(g.displaced, r.sess))
 	switch {
 	case !serves || taken:
 		g.res.Duplicates = append(g.res.Duplicates, k)
@@ -101,9 +109,9 @@ func (m *Memory) endedErr(s *memSession, now time.Time) error {
 // openRegistration is the first step of Register, under m.mu: it decides
 // the bindings, creates the session, takes its bindings and supersedes the
 // sessions they displace, applies an operator drain, and names the
-// earlier sessions of the process. The rows the superseded sessions held
-// are remembered: listed ones are duplicates, as they were another live
-// session's when the registration came.
+// earlier sessions of the process. The superseded sessions are
+// remembered: listed ids they held are duplicates, as they were another
+// live session's when the registration came.
 func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegistering, error) {
 	plans, err := m.planBindings(reg, now)
 	if err != nil {
@@ -146,10 +154,7 @@ func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegiste
 		set[id] = s
 	}
 	g := &memRegistering{s: s, earlier: earlier, res: &RegisterResult{SessionID: id, LeaseUntil: lease}}
-	if len(reg.Instances) > 0 {
-		g.held = make(map[NSID]bool)
-	}
-	m.applyBindings(s, plans, earlier, g.held, now)
+	g.displaced = m.applyBindings(s, plans, earlier, now)
 	if d := m.drains[reg.ClientID]; d != nil {
 		spendTimedDrain(&d.state, now, m.ttl)
 		g.res.Drain = d.state

@@ -23,6 +23,14 @@ func TestMemoryBetweenBatches(t *testing.T) {
 	}, directory.SetAfterRegisterBatch)
 }
 
+// TestMemoryBetweenDropBatches: what may happen between two batches of
+// the rows a dropped session frees, while the lock is free.
+func TestMemoryBetweenDropBatches(t *testing.T) {
+	directorytest.RunBetweenDropBatches(t, func(t *testing.T, ttl time.Duration, now time.Time) directory.Store {
+		return directory.NewMemory(ttl, now)
+	}, directory.SetAfterDropBatch)
+}
+
 // TestMemoryQueueExpiry_RCM1: a control queue goes two leases after its
 // last write or read, even when nothing else reads it.
 func TestMemoryQueueExpiry_RCM1(t *testing.T) {

@@ -96,6 +96,9 @@ type Redis struct {
 	// afterBatch, when set (tests only, before use), runs between the
 	// batches of a registration's instances.
 	afterBatch func()
+	// afterDrop, when set (tests only, before use), runs between the
+	// script calls that free a dropped session's rows.
+	afterDrop func()
 }
 
 var _ Store = (*Redis)(nil)
@@ -105,6 +108,7 @@ var _ Store = (*Redis)(nil)
 const (
 	cacheTTL      = time.Hour
 	sweepBatch    = 256  // sessions dropped per Sweep call
+	maxSweepCalls = 4096 // script calls per Sweep: 1M rows; the next goes on
 	trackLimit    = 4096 // rows a registration tracks for the local cache
 	queueLeases   = 2    // control queues expire two leases after use (R-CM-1)
 	defaultPrefix = "pinboard"

@@ -193,6 +193,45 @@ func BenchmarkRedisReregister100k(b *testing.B) {
 	b.ReportMetric(float64(calls), "script-calls")
 }
 
+// BenchmarkRedisDrop100k: a worker holding 100,000 ids deregisters (a
+// void, the sweep of a dead session, a supersede and a hand-over drop a
+// session the same way). Reported as BenchmarkRedisReregister100k does:
+// max-hold-ms, the longest single script call from Redis's SLOWLOG,
+// ping-max-ms, the longest PING another client waited meanwhile, and
+// script-calls, the calls of one drop.
+func BenchmarkRedisDrop100k(b *testing.B) {
+	srv := redistest.StartServer(b)
+	ctx := context.Background()
+	s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: "bench-drop"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	c := rawClient(b, srv.Addr)
+	var hold, ping time.Duration
+	var calls int
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		reg, now := ownInstances(b, s, 100_000)
+		slowlogAll(b, c)
+		b.StartTimer()
+		pinged := pingWhile(c)
+		err := s.Deregister(ctx, reg.PrevSessionID, now)
+		ping = max(ping, pinged())
+		if err != nil {
+			b.Fatalf("cannot deregister: %v", err)
+		}
+		b.StopTimer()
+		h, n := scriptCalls(b, c)
+		hold, calls = max(hold, h), n
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-max-ms")
+	b.ReportMetric(float64(calls), "script-calls")
+}
+
 // rawClient is a plain client on one server, for commands the directory
 // never sends (SLOWLOG, CONFIG, PING).
 func rawClient(tb testing.TB, addr string) rueidis.Client {

@@ -1,10 +1,18 @@
--- drop ends a session at once: voided registration (R-LS-3) or plain
--- shutdown (R-REG-3). Unknown sessions are not an error.
+-- drop ends a session: voided registration (R-LS-3) or plain shutdown
+-- (R-REG-3). The first call drops its record (dropsession: it is gone from
+-- then on) and frees one batch of its rows; the caller repeats the call
+-- while rows remain, so no call holds Redis for more than DROPBATCH rows
+-- (docs/DIRECTORY.md). A call for a session already gone frees its next
+-- batch: repeating a drop, or finishing one a failure cut short, is
+-- harmless. Unknown sessions are not an error.
 -- KEYS[1] the session's record
 -- ARGV: 1 prefix, 2 session.
--- Returns the names of the rows freed.
+-- Returns {rows freed, 1 while rows remain to be freed else 0}.
 local P, sid = ARGV[1], ARGV[2]
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {}
+local freed = {}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  dropsession(P, sid, freed, DROPBATCH)
+else
+  freerows(P, sid, DROPBATCH, freed)
 end
-return dropsession(P, sid, {})
+return { freed, redis.call('EXISTS', P .. 'r:' .. sid) }

@@ -124,9 +124,46 @@ local function droprows(P, sid, out)
   return out
 end
 
--- dropsession removes a session, its rows and its indexes.
-local function dropsession(P, sid, out)
-  droprows(P, sid, out)
+-- DROPBATCH is the most rows one script call frees when sessions go:
+-- RegisterBatch (store.go; TestRedisDropBatchIsRegisterBatch checks they
+-- agree). Redis serves nobody while a script runs, so freeing a session's
+-- 100,000 rows in one call stalled every node (docs/DIRECTORY.md).
+local DROPBATCH = 256
+
+-- freerows frees at most budget rows of a session that is gone (its
+-- record already dropped): they leave r:<sid> and those still pointing at
+-- sid are deleted, their names appended to out. A session with rows left
+-- stays in the 'dropped' set, for its dropper's next call (redis_drop.lua)
+-- or any node's sweep; one without leaves it. Idempotent. Returns the
+-- budget left.
+local function freerows(P, sid, budget, out)
+  local rs = P .. 'r:' .. sid
+  if budget > 0 then
+    local rows = redis.call('SPOP', rs, budget)
+    for _, row in ipairs(rows) do
+      local key = rowkey(P, row)
+      local v = redis.call('GET', key)
+      if v and owner(v) == sid then
+        redis.call('DEL', key)
+        out[#out + 1] = row
+      end
+    end
+    budget = budget - #rows
+  end
+  if redis.call('EXISTS', rs) == 1 then
+    redis.call('SADD', P .. 'dropped', sid)
+  else
+    redis.call('SREM', P .. 'dropped', sid)
+  end
+  return budget
+end
+
+-- dropsession removes a session's record and indexes at once — it is
+-- gone: no heartbeat renews it, nothing is placed on it, and its rows
+-- read as dead-owner rows that claims and registrations re-place — then
+-- frees at most budget of its rows (freerows; the rest later, in calls of
+-- their own). Returns the budget left.
+local function dropsession(P, sid, out, budget)
   local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host')
   if s[2] then
     for ns in string.gmatch(s[2], '[^ ]+') do
@@ -144,7 +181,7 @@ local function dropsession(P, sid, out)
   end
   redis.call('DEL', P .. 's:' .. sid, P .. 'l:' .. sid, P .. 'h:' .. sid, P .. 'q:' .. sid)
   redis.call('ZREM', P .. 'leases', sid)
-  return out
+  return freerows(P, sid, budget, out)
 end
 
 -- caplease applies a timed drain: the lease never runs past the drain

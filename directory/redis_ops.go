@@ -67,15 +67,38 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 	return res, nil
 }
 
-// Void implements Store.
+// Void implements Store. The session is gone once the first script call
+// returns (its record dropped, its rows dead-owner rows any claim
+// re-places); its rows are then freed RegisterBatch per call (drop).
 func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
-	freed, err := r.runWrite(ctx, "deregister", scriptDrop, r.key("s", sessionID), []string{r.prefix, sessionID}).AsStrSlice()
-	if err != nil {
-		return unavailable("drop session", sessionID, err)
+	return r.drop(ctx, "deregister", sessionID, nil)
+}
+
+// drop runs redis_drop.lua for sid until none of its rows is left: the
+// first call drops the session (when it still exists) and each frees at
+// most one batch of its rows, so other clients' commands run between
+// them (docs/DIRECTORY.md, "Scripts"). freed, when not nil, gets the rows
+// each call freed. A failed call leaves the session gone and the rest of
+// its rows listed for the sweep, which finishes the drop.
+func (r *Redis) drop(ctx context.Context, op, sid string, freed func(rows []string)) error {
+	for {
+		reply, err := r.runWrite(ctx, op, scriptDrop, r.key("s", sid), []string{r.prefix, sid}).ToArray()
+		if err != nil || len(reply) < 2 {
+			return unavailable("drop session", sid, errors.Join(err, errShortReply))
+		}
+		rows := strs(arr(reply[0]))
+		r.forget(r.rowKeys(rows))
+		r.kill(sid)
+		if freed != nil {
+			freed(rows)
+		}
+		if more, _ := reply[1].AsInt64(); more == 0 {
+			return nil
+		}
+		if r.afterDrop != nil {
+			r.afterDrop()
+		}
 	}
-	r.forget(r.rowKeys(freed))
-	r.kill(sessionID)
-	return nil
 }
 
 // Deregister implements Store.
@@ -186,12 +209,15 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 }
 
 // Sweep implements Store. One script call drops at most sweepBatch dead
-// sessions; a backlog takes a few calls.
+// sessions and frees at most RegisterBatch rows, continuing earlier drops
+// that have rows left; Sweep calls again until nothing is left (or
+// maxSweepCalls, the next sweep goes on), so a dead session holding many
+// rows never holds Redis for long.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
-	for range 8 {
+	for range maxSweepCalls {
 		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
-		if err != nil || len(reply) < 2 {
+		if err != nil || len(reply) < 3 {
 			return unavailable("sweep", "directory", errors.Join(err, errShortReply))
 		}
 		r.forget(r.rowKeys(strs(arr(reply[0]))))
@@ -199,8 +225,11 @@ func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 		for _, sid := range dropped {
 			r.kill(sid)
 		}
-		if len(dropped) < sweepBatch {
+		if more, _ := reply[2].AsInt64(); more == 0 && len(dropped) < sweepBatch {
 			return nil
+		}
+		if r.afterDrop != nil {
+			r.afterDrop()
 		}
 	}
 	return nil

@@ -21,9 +21,12 @@ import (
 // instances are reclaimed in that same call when they fit one batch
 // (RegisterBatch); otherwise in batches of that size, one script call and
 // round trip each (redis_register_batch.lua), and the earlier sessions are
-// handed over last (redis_register_done.lua). Redis serves nobody while a
-// script runs, so the batch bounds how long one registration holds every
-// node's round trips (docs/DIRECTORY.md, "Scripts").
+// handed over last (redis_register_done.lua). The rows the sessions it
+// superseded or handed over still hold are freed a batch per call too
+// (drop): the superseded ones' before the batches, the earlier ones' at
+// the end. Redis serves nobody while a script runs, so the batch bounds
+// how long one registration holds every node's round trips
+// (docs/DIRECTORY.md, "Scripts").
 //
 // The result is the one a single script would give: each id is claimed
 // atomically for the session, or reported as a duplicate when another
@@ -48,6 +51,14 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 		return nil, err
 	}
 	if !complete {
+		// The sessions it superseded are gone; their rows it did not free
+		// yet are freed before the batches, and listed ones are duplicates.
+		for _, sid := range g.displaced {
+			if err := r.drop(ctx, "register.drop", sid, g.markHeld); err != nil {
+				return nil, err
+			}
+		}
+		g.displaced = nil
 		if err := g.reclaimBatches(ctx, served.rows); err != nil {
 			return nil, err
 		}
@@ -55,6 +66,7 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 	for _, earlier := range g.earlier {
 		r.kill(earlier)
 	}
+	g.finishDrops(ctx)
 	for _, row := range all {
 		if g.dups[row] || !served.has(row) {
 			ns, id, _ := strings.Cut(row, "\x00")
@@ -74,8 +86,11 @@ type registering struct {
 	s       *redisSession
 	earlier []string        // earlier sessions of the process, handed over last
 	held    map[string]bool // rows the sessions it superseded held
-	track   bool            // read reclaimed rows back into the local cache
-	dups    map[string]bool // rows another live session holds
+	// displaced: the sessions it superseded, whose rows past the first
+	// batch are still to be freed (drop).
+	displaced []string
+	track     bool            // read reclaimed rows back into the local cache
+	dups      map[string]bool // rows another live session holds
 }
 
 // open runs redis_register.lua, with the rows when complete (they fit
@@ -115,7 +130,8 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 		host: ascii.Lower(g.reg.Hostname)})
 	freed := strs(arr(reply[5]))
 	r.forget(r.rowKeys(freed))
-	for _, displaced := range strs(arr(reply[7])) {
+	g.displaced = strs(arr(reply[7]))
+	for _, displaced := range g.displaced {
 		r.kill(displaced)
 	}
 	g.earlier = strs(arr(reply[6]))
@@ -130,6 +146,29 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 		}
 	}
 	return res, nil
+}
+
+// markHeld records rows freed from the sessions the registration
+// superseded: listed ones are duplicates (reclaimBatches).
+func (g *registering) markHeld(rows []string) {
+	for _, row := range rows {
+		g.held[row] = true
+	}
+}
+
+// finishDrops frees, a batch per call, the rows the sessions the
+// registration dropped still hold: the earlier sessions it handed over
+// and, for a registration of one batch, those it superseded. They are
+// gone already (their rows re-placeable by anyone), so this is cleanup: a
+// failure leaves the rest to the sweep and does not fail the
+// registration.
+func (g *registering) finishDrops(ctx context.Context) {
+	for _, sid := range append(g.displaced, g.earlier...) {
+		if err := g.r.drop(ctx, "register.drop", sid, nil); err != nil {
+			g.r.log.Warn("directory left the rows of a dropped session to the sweep", "session", sid, "err", err)
+			return
+		}
+	}
 }
 
 // openArgs are redis_register.lua's arguments up to the rows.

@@ -79,8 +79,11 @@ redis.call('SADD', P .. 'k:' .. cid, sid)
 -- held them: their records go at once, a tomb tells their next heartbeat.
 -- The rows they held are freed, and listed ones are duplicates (taken):
 -- they belonged to another live session when this registration came.
--- Earlier sessions of this process are handed over instead.
-local freed, displaced, taken = {}, {}, {}
+-- Earlier sessions of this process are handed over instead. Their
+-- records go here; their rows one batch here, the rest in batches after
+-- (redis_drop.lua), so taken holds the rows freed here and the displaced
+-- sessions themselves (row names hold a '\0', session ids never do).
+local freed, displaced, taken, budget = {}, {}, {}, DROPBATCH
 for _, p in ipairs(plans) do
   local bkey = P .. 'b:' .. string.lower(host) .. '\0' .. p.ns
   redis.call('HSET', bkey, 'host', host, 'env', p.env, 'ep', rep)
@@ -92,10 +95,13 @@ for _, p in ipairs(plans) do
         if oh[1] and string.lower(oh[1]) == string.lower(host) and not holds(P, o, host, p.ns, p.env, rep, now) then
           tomb(P, o, { host, p.ns, p.env, rep, oh[2] or '' }, now + 2 * ttl, fmt(2 * ttl / 1000))
           local from = #freed + 1
-          dropsession(P, o, freed)
+          budget = dropsession(P, o, freed, budget)
           for i = from, #freed do
             taken[freed[i]] = true
           end
+          -- The rows it still holds (beyond the budget; the caller frees
+          -- them in batches) are taken too: reclaim checks their owner.
+          taken[o] = true
           displaced[#displaced + 1] = o
         end
       end

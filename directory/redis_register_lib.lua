@@ -10,7 +10,8 @@
 -- session's own unless a live session holds it that is neither sid nor
 -- one of the earlier sessions of this process (earlier[osid]), or it is
 -- in taken (rows the sessions this registration displaced held while
--- live): those are duplicates. Each own row not yet sid's gets a fresh
+-- live, or still hold: taken names those sessions too): those are
+-- duplicates. Each own row not yet sid's gets a fresh
 -- epoch and is listed in written. The caller passes only rows of
 -- namespaces the session serves.
 local function reclaim(P, sid, now, earlier, taken, from, dups, written)
@@ -22,7 +23,7 @@ local function reclaim(P, sid, now, earlier, taken, from, dups, written)
       if cur then
         local osid = owner(cur)
         mine = osid == sid
-        own = mine or earlier[osid] or lease(P, osid) <= now
+        own = mine or earlier[osid] or (not taken[osid] and lease(P, osid) <= now)
       end
     end
     if not own then
@@ -38,9 +39,10 @@ end
 -- instances are reclaimed: control messages for rows sid now holds move
 -- to its queue (R-CM-1: delivered until acked; memory.go handOverQueue),
 -- and each earlier session is dropped with what it still holds (rows the
--- worker no longer lists), their names appended to freed.
+-- worker no longer lists): DROPBATCH rows at most in all, their names
+-- appended to freed; the caller frees the rest in batches (redis_drop.lua).
 local function handover(P, sid, ttl, earlier, freed)
-  local q = P .. 'q:' .. sid
+  local q, budget = P .. 'q:' .. sid, DROPBATCH
   for _, o in ipairs(earlier) do
     local pq = P .. 'q:' .. o
     if redis.call('EXISTS', pq) == 1 then
@@ -53,7 +55,7 @@ local function handover(P, sid, ttl, earlier, freed)
         end
       end
     end
-    dropsession(P, o, freed)
+    budget = dropsession(P, o, freed, budget)
   end
   if #earlier > 0 and redis.call('EXISTS', q) == 1 then
     redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))

@@ -1,15 +1,30 @@
--- sweep removes sessions one lease past their expiry with their rows,
--- force-releases the placements of timed drains past their deadline
+-- sweep removes sessions one lease past their expiry and frees their
+-- rows, DROPBATCH rows per call at most, continuing the drops that have
+-- rows left (the 'dropped' set: a drop cut short by a failure, or a
+-- session dropped here beyond the budget), force-releases the placements of timed drains past their deadline
 -- (R-LS-5) and frees hostname bindings nobody holds (R-LS-4). Safe on many nodes at once: each step is idempotent.
 -- KEYS[1] the lease index
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 most sessions to drop per call.
--- Returns {freed rows, dropped sessions}.
+-- Returns {freed rows, dropped sessions, 1 while dropped sessions have
+-- rows left to free else 0}: the caller calls again.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local freed, dropped = {}, {}
+local freed, dropped, budget = {}, {}, DROPBATCH
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now - ttl), 'LIMIT', 0, tonumber(ARGV[4]))
 for _, sid in ipairs(dead) do
-  dropsession(P, sid, freed)
+  budget = dropsession(P, sid, freed, budget)
   dropped[#dropped + 1] = sid
+end
+-- Sessions dropped earlier with rows left: each freerows either spends
+-- the whole budget or empties (and unlists) its session.
+for _ = 1, 64 do
+  if budget <= 0 then
+    break
+  end
+  local sid = redis.call('SRANDMEMBER', P .. 'dropped')
+  if not sid then
+    break
+  end
+  budget = freerows(P, sid, budget, freed)
 end
 
 for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
@@ -49,4 +64,4 @@ for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
     redis.call('SREM', P .. 'bindings', bkey)
   end
 end
-return { freed, dropped }
+return { freed, dropped, redis.call('EXISTS', P .. 'dropped') }

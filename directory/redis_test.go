@@ -61,6 +61,20 @@ func TestRedisBetweenBatches(t *testing.T) {
 	})
 }
 
+// TestRedisBetweenDropBatches: what may happen between two script calls
+// freeing a dropped session's rows, on a single server and on a cluster.
+func TestRedisBetweenDropBatches(t *testing.T) {
+	srv := redistest.StartServer(t)
+	directorytest.RunBetweenDropBatches(t, redisFactory(srv.URL()), directory.SetAfterDropBatch)
+	if testing.Short() {
+		return
+	}
+	c := redistest.StartCluster(t, 3)
+	t.Run("Cluster", func(t *testing.T) {
+		directorytest.RunBetweenDropBatches(t, redisFactory(c.URL()), directory.SetAfterDropBatch)
+	})
+}
+
 func TestRedisClusterContract(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-master redis cluster")

@@ -63,6 +63,10 @@ func Run(t *testing.T, f Factory) {
 		{"InstanceListedTwiceIsNoDuplicate_RREG1", testInstanceListedTwice},
 		{"ReregisterAcrossBatches_RREG1", testReregisterAcrossBatches},
 		{"SupersededRowsAreDuplicates_RLS4_RREG1", testSupersededRowsAreDuplicates},
+		{"DeregisterAcrossBatches_RREG3", testDeregisterAcrossBatches},
+		{"VoidAcrossBatches_RLS3", testVoidAcrossBatches},
+		{"SweepAcrossBatches_RLS2", testSweepAcrossBatches},
+		{"DroppedEarlierAndSupersededAcrossBatches_RREG1_RLS4", testDroppedEarlierAcrossBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f) })

@@ -1,0 +1,254 @@
+package directorytest
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// A dropped session — deregistered, voided, swept, superseded or handed
+// over — is gone at once, and its rows are freed directory.RegisterBatch
+// at a time, each batch one atomic step of the store, so that other calls
+// proceed in between (docs/DIRECTORY.md, "Scripts"). These tests pin down
+// that once the drop returns every row is freed, whatever it held.
+
+// dropHeld is more rows than one batch frees.
+const dropHeld = 3*directory.RegisterBatch + 7
+
+// wantFreed fails unless no id of /c in list is placed.
+func (fx *fixture) wantFreed(list []string) {
+	fx.t.Helper()
+	for _, id := range list {
+		if p, err := fx.s.Placement(fx.ctx, "/c", id, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+			fx.t.Fatalf("unexpected placement of %s after its owner was dropped; got %+v, %v; want none", id, p, err)
+		}
+	}
+}
+
+// wantGone fails unless sid is unknown to heartbeats and to Session.
+func (fx *fixture) wantGone(sid string) {
+	fx.t.Helper()
+	if _, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: sid, Sub: "test:worker"}, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		fx.t.Fatalf("unexpected heartbeat of a dropped session; got %v; want ErrUnknownSession", err)
+	}
+	if _, err := fx.s.Session(fx.ctx, sid, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		fx.t.Fatalf("unexpected session read of a dropped session; got %v; want ErrUnknownSession", err)
+	}
+}
+
+// replaceOn places every id of /c in list and fails unless each lands on sid.
+func (fx *fixture) replaceOn(list []string, sid string) {
+	fx.t.Helper()
+	for _, id := range list {
+		if r := fx.place("/c", id); r.Owner.SessionID != sid || !r.Placed {
+			fx.t.Fatalf("unexpected placement of %s after its owner was dropped; got %+v; want placed on %s", id, r, sid)
+		}
+	}
+}
+
+// testDeregisterAcrossBatches: a deregister of a session holding more
+// rows than one batch frees them all before it returns (R-REG-3); its
+// ids place on another worker; deregistering again, or twice at once, is
+// harmless.
+func testDeregisterAcrossBatches(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fx.s.Deregister(fx.ctx, a, fx.now)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("cannot deregister twice at once: %v", err)
+	}
+	fx.wantGone(a)
+	fx.wantFreed(list)
+	if err := fx.s.Deregister(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot deregister again: %v", err)
+	}
+	fx.replaceOn(list, b)
+	if err := fx.s.Void(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot void a session deregistered: %v", err)
+	}
+	fx.wantOwner(list, b)
+}
+
+// testVoidAcrossBatches: a void drops the records of a session holding
+// more rows than one batch, every row freed when it returns (R-LS-3).
+func testVoidAcrossBatches(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	if err := fx.s.Void(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot void: %v", err)
+	}
+	fx.wantGone(a)
+	fx.wantFreed(list)
+	for _, id := range list {
+		if _, ok := fx.lookup("/c", id); ok {
+			t.Fatalf("unexpected lookup of %s after void", id)
+		}
+	}
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	fx.replaceOn(list, b)
+}
+
+// testSweepAcrossBatches: the sweep of a dead session holding more rows
+// than one batch frees them all before it returns (R-LS-2), and its ids
+// place on a live worker.
+func testSweepAcrossBatches(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	fx.advance(2*TTL + time.Millisecond)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	fx.wantGone(a)
+	fx.wantFreed(list)
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	fx.replaceOn(list, b)
+}
+
+// testDroppedEarlierAcrossBatches: a re-registration that no longer lists
+// most of what its earlier session held frees all of it with that session
+// (R-REG-1); so does one that supersedes a session holding more than one
+// batch (R-LS-4), whatever it lists.
+func testDroppedEarlierAcrossBatches(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	res, err := fx.registerListing(a, map[string][]string{"/c": list[:3]})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("cannot re-register; got %+v, %v", res, err)
+	}
+	fx.wantGone(a)
+	fx.wantOwner(list[:3], res.SessionID)
+	fx.wantFreed(list[3:])
+
+	for _, listed := range [][]string{list[:3], list[:2*directory.RegisterBatch]} {
+		blue, err := fx.s.Register(fx.ctx, &directory.Registration{
+			ClientID: "blue", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/blue", Headroom: 10, Hostname: "app.example", Env: "blue", Epoch: 1,
+			Instances: map[string][]string{"/c": list[3:]},
+		}, fx.now)
+		if err != nil || len(blue.Duplicates) != 0 {
+			t.Fatalf("cannot register blue: %+v, %v", blue, err)
+		}
+		green, err := fx.s.Register(fx.ctx, &directory.Registration{
+			ClientID: "green", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/green", Headroom: 10, Hostname: "app.example", Env: "green", Epoch: 2,
+			Instances: map[string][]string{"/c": listed},
+		}, fx.now)
+		if err != nil {
+			t.Fatalf("cannot register green: %v", err)
+		}
+		var dups int
+		for _, d := range green.Duplicates {
+			if d.ID >= list[3] {
+				dups++
+			}
+		}
+		if want := max(len(listed)-3, 0); dups != want {
+			t.Fatalf("unexpected duplicates of green listing %d; got %d; want the %d ids blue held", len(listed), dups, want)
+		}
+		fx.wantFreed(list[3:])
+		if err := fx.s.Deregister(fx.ctx, green.SessionID, fx.now); err != nil {
+			t.Fatal(err)
+		}
+		fx.advance(3 * TTL) // blue's tomb and green's binding pass
+		if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// RunBetweenDropBatches runs the tests of what may happen between two
+// batches of the rows a dropped session frees, against stores from f
+// with hook installed (directory's export_test.go: SetAfterDropBatch).
+func RunBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, f Factory, hook BatchHook)
+	}{
+		{"GoneBeforeItsRowsAreFreed_RREG3", testGoneBetweenDropBatches},
+		{"SweepGoneBeforeItsRowsAreFreed_RLS2", testSweptBetweenDropBatches},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
+	}
+}
+
+// testGoneBetweenDropBatches: between two batches of a deregister, the
+// session is gone — its heartbeat is unknown, and an id it still holds
+// re-places on another worker, which keeps it after the deregister
+// returns; other calls proceed; the rest is freed (R-REG-3).
+func testGoneBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	calls := 0
+	hook(fx.s, func() {
+		calls++
+		if calls > 1 {
+			return
+		}
+		fx.wantGone(a)
+		fx.beat(b, float64(dropHeld), false, false)
+		fx.replaceOn(list[len(list)-1:], b)
+		fx.replaceOn(list[:1], b)
+	})
+	if err := fx.s.Deregister(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("cannot deregister: %v", err)
+	}
+	if calls == 0 {
+		t.Fatalf("unexpected deregister of %d rows in one batch", dropHeld)
+	}
+	fx.wantOwner(list[:1], b)
+	fx.wantOwner(list[len(list)-1:], b)
+	fx.wantFreed(list[1 : len(list)-1])
+}
+
+// testSweptBetweenDropBatches: the sweep of a dead session holding more
+// than one batch lets other calls in between, and frees every row its
+// calls did not see re-placed (R-LS-2).
+func testSweptBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	fx.advance(2*TTL + time.Millisecond)
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	calls := 0
+	hook(fx.s, func() {
+		calls++
+		if calls == 1 {
+			fx.wantGone(a)
+			fx.replaceOn(list[:1], b)
+		}
+	})
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	if calls == 0 {
+		t.Fatalf("unexpected sweep of %d rows in one batch", dropHeld)
+	}
+	fx.wantOwner(list[:1], b)
+	fx.wantFreed(list[1:])
+}

@@ -1,0 +1,87 @@
+package directory
+
+// A dropped session (deregister, void, sweep, supersede, hand-over) goes
+// at once: its record and indexes under one hold of m.mu (dropSession).
+// Its rows, dead-owner rows from then on (Lookup and Place check the
+// owner, revoked), are then freed RegisterBatch at a time, the lock
+// released in between, so that dropping a session holding 100,000 ids
+// does not hold every other call (docs/DIRECTORY.md, "Scripts"; Redis
+// does the same in redis_drop.lua).
+
+// retire lists a dropped session with rows left, so that a repeated drop
+// or the sweep finishes it. Callers hold m.mu.
+func (m *Memory) retire(s *memSession) {
+	if len(s.rows) > 0 {
+		m.dropped[s.info.SessionID] = s
+	}
+}
+
+// freeRows frees at most RegisterBatch rows of a dropped session — those
+// still pointing at it are deleted — and reports whether rows remain.
+// Callers hold m.mu.
+func (m *Memory) freeRows(s *memSession) bool {
+	n := 0
+	for k := range s.rows {
+		if n == RegisterBatch {
+			break
+		}
+		n++
+		delete(s.rows, k)
+		sh, key, r := m.row(k.NS, k.ID)
+		if r != nil && r.sess == s {
+			sh.mu.Lock()
+			if sh.rows[string(key)] == r {
+				delete(sh.rows, string(key))
+			}
+			sh.mu.Unlock()
+		}
+	}
+	if len(s.rows) > 0 {
+		return true
+	}
+	delete(m.dropped, s.info.SessionID)
+	return false
+}
+
+// finishDrop frees the rows of a dropped session, a batch per hold of
+// the lock, until none is left. Called without m.mu.
+func (m *Memory) finishDrop(s *memSession) {
+	for first := true; ; first = false {
+		if !first && m.afterDrop != nil {
+			m.afterDrop()
+		}
+		m.mu.Lock()
+		more := m.freeRows(s)
+		m.mu.Unlock()
+		if !more {
+			return
+		}
+	}
+}
+
+// finishDrops runs finishDrop for each session.
+func (m *Memory) finishDrops(list []*memSession) {
+	for _, s := range list {
+		m.finishDrop(s)
+	}
+}
+
+// freeDropped frees the rows of every dropped session, a batch per hold
+// of the lock, until none is left. Called without m.mu.
+func (m *Memory) freeDropped() {
+	for first := true; ; first = false {
+		if !first && m.afterDrop != nil {
+			m.afterDrop()
+		}
+		m.mu.Lock()
+		var s *memSession
+		for _, s = range m.dropped {
+			break
+		}
+		more := s != nil && (m.freeRows(s) || len(m.dropped) > 0)
+		m.mu.Unlock()
+		if !more {
+			return
+		}
+	}
+}

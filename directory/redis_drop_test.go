@@ -1,0 +1,176 @@
+package directory_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// TestRedisDropBatchIsRegisterBatch: the scripts free as many rows per
+// call as a registration reclaims (DROPBATCH in redis_lib.lua).
+func TestRedisDropBatchIsRegisterBatch(t *testing.T) {
+	m := regexp.MustCompile(`(?m)^local DROPBATCH = (\d+)$`).FindStringSubmatch(directory.LuaLib)
+	if m == nil || m[1] != strconv.Itoa(directory.RegisterBatch) {
+		t.Fatalf("unexpected DROPBATCH in redis_lib.lua; got %q; want %d", m, directory.RegisterBatch)
+	}
+}
+
+// scard returns how many rows a session's row set still lists.
+func scard(t *testing.T, c rueidis.Client, prefix, sid string) int64 {
+	t.Helper()
+	n, err := c.Do(context.Background(), c.B().Scard().Key("{"+prefix+"}:r:"+sid).Build()).AsInt64()
+	if err != nil {
+		t.Errorf("cannot read the row set of %s: %v", sid, err)
+	}
+	return n
+}
+
+// TestRedisDropHoldsOneBatch: dropping a session holding many rows —
+// a deregister (R-REG-3), a void (R-LS-3), the sweep of a dead session
+// (R-LS-2) — never holds Redis for more than one batch: each script call
+// frees at most RegisterBatch of its rows (its row set, read between the
+// calls, shrinks by at most that), and Redis's SLOWLOG shows other
+// clients' commands — a PING, a placement through another node —
+// executed between them. One script for the whole session, as before,
+// fails both.
+func TestRedisDropHoldsOneBatch_RREG3_RLS3_RLS2(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := rawClient(t, srv.Addr)
+	const n = 20 * directory.RegisterBatch
+	for _, tc := range []string{"deregister", "void", "sweep"} {
+		t.Run(tc, func(t *testing.T) {
+			prefix := "drops-" + tc
+			s := openNode(t, srv.URL()+"?client_name=dropping-"+tc, prefix, time.Hour)
+			other := openNode(t, srv.URL()+"?client_name=other-"+tc, prefix, time.Hour)
+			reg, now := ownInstances(t, s, n)
+			sid := reg.PrevSessionID
+			left, calls := int64(n), 1
+			directory.SetAfterDropBatch(s, func() {
+				cur := scard(t, c, prefix, sid)
+				if left-cur > directory.RegisterBatch || cur >= left {
+					t.Errorf("unexpected rows freed by one script call; got %d; want 1 to %d", left-cur, directory.RegisterBatch)
+				}
+				left = cur
+				calls++
+				if calls%5 != 2 {
+					return
+				}
+				mark := "between-" + strconv.Itoa(calls)
+				if err := c.Do(context.Background(), c.B().Ping().Message(mark).Build()).Error(); err != nil {
+					t.Errorf("cannot PING between batches: %v", err)
+				}
+				if _, err := other.Place(context.Background(), &directory.PlaceRequest{NS: "/warm", ID: mark, Now: now}); err == nil ||
+					!errors.Is(err, directory.ErrUnknownNamespace) {
+					t.Errorf("unexpected placement through another node between batches; got %v; want ErrUnknownNamespace", err)
+				}
+			})
+			slowlogAll(t, c)
+			var err error
+			switch tc {
+			case "deregister":
+				err = s.Deregister(context.Background(), sid, now)
+			case "void":
+				err = s.Void(context.Background(), sid, now)
+			case "sweep":
+				err = s.Sweep(context.Background(), now.Add(2*time.Hour+time.Millisecond))
+			}
+			if err != nil {
+				t.Fatalf("cannot %s: %v", tc, err)
+			}
+			if want := n / directory.RegisterBatch; calls < want {
+				t.Fatalf("unexpected script calls of the drop; got %d; want at least %d", calls, want)
+			}
+			if left := sessionKeys(t, c, prefix); len(left) != 0 {
+				t.Fatalf("unexpected keys left after the drop; got %q", left[:min(len(left), 4)])
+			}
+			var first, last int64 = -1, -1
+			for _, e := range slowlog(t, c) {
+				if e.client == "dropping-"+tc && isScript(e) {
+					if first < 0 {
+						first = e.id
+					}
+					last = e.id
+				}
+			}
+			pings, claims := 0, 0
+			for _, e := range slowlog(t, c) {
+				if e.id <= first || e.id >= last {
+					continue
+				}
+				switch {
+				case strings.EqualFold(e.args[0], "ping") && len(e.args) == 2 && strings.HasPrefix(e.args[1], "between-"):
+					pings++
+				case e.client == "other-"+tc && isScript(e):
+					claims++
+				}
+			}
+			if want := (calls + 2) / 5; pings != want || claims < want {
+				t.Fatalf("unexpected commands of other clients between the drop's script calls; got %d PINGs, %d claims; want %d and at least %d",
+					pings, claims, want, want)
+			}
+		})
+	}
+}
+
+// TestRedisDropFailsBetweenBatches: a drop cut short between two batches
+// (here the caller's context ends) answers ErrUnavailable with the session
+// already gone — no heartbeat renews it, its rows re-place — and the next
+// sweep, with no lease passing, frees the rest, leaving no key behind
+// (R-REG-3, R-LS-2). A sweep cut short likewise leaves the rest to the
+// next one.
+func TestRedisDropFailsBetweenBatches_RREG3_RLS2(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := rawClient(t, srv.Addr)
+	const n = 4 * directory.RegisterBatch
+	for _, tc := range []string{"deregister", "sweep"} {
+		t.Run(tc, func(t *testing.T) {
+			prefix := "dropfails-" + tc
+			s := openNode(t, srv.URL(), prefix, time.Hour)
+			reg, now := ownInstances(t, s, n)
+			sid := reg.PrevSessionID
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			directory.SetAfterDropBatch(s, cancel)
+			var err error
+			if tc == "deregister" {
+				err = s.Deregister(ctx, sid, now)
+			} else {
+				now = now.Add(2*time.Hour + time.Millisecond)
+				err = s.Sweep(ctx, now)
+			}
+			if !errors.Is(err, directory.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+				t.Fatalf("unexpected result of a drop whose context ended; got %v; want ErrUnavailable", err)
+			}
+			directory.SetAfterDropBatch(s, nil)
+			if _, err := s.Heartbeat(context.Background(), &directory.Beat{SessionID: sid, Sub: "s"}, now); !errors.Is(err, directory.ErrUnknownSession) {
+				t.Fatalf("unexpected heartbeat of the session cut short; got %v; want ErrUnknownSession", err)
+			}
+			if got := scard(t, c, prefix, sid); got != n-directory.RegisterBatch {
+				t.Fatalf("unexpected rows left; got %d; want %d", got, n-directory.RegisterBatch)
+			}
+			b := register(t, s, "b", n, now)
+			r, err := s.Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: "instance-" + strconv.Itoa(n-1), Now: now})
+			if err != nil || r.Owner.SessionID != b || !r.Placed {
+				t.Fatalf("unexpected placement of an id the session cut short held; got %+v, %v; want placed on %s", r, err, b)
+			}
+			if err := s.Deregister(context.Background(), b, now); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Sweep(context.Background(), now); err != nil {
+				t.Fatal(err)
+			}
+			if left := sessionKeys(t, c, prefix); len(left) != 0 {
+				t.Fatalf("unexpected keys left after the sweep; got %d, %q", len(left), left[:min(len(left), 4)])
+			}
+		})
+	}
+}
