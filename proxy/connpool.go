@@ -270,8 +270,8 @@ type carryReader struct {
 	stopped *atomic.Bool // the body's: a deadline shutdown set is not ours
 	check   lazyDeadline // the read deadline last set for the check
 
-	// try makes Read one read that never waits (tryFill); held is the
-	// error such a read met, for the next Read to report.
+	// try makes Read one read that never waits (fill); held is the
+	// error fill met, for the next Read to report.
 	try  bool
 	held error
 }
@@ -312,67 +312,51 @@ func (r *carryReader) Read(p []byte) (int, error) {
 	}
 }
 
-// waitReadable waits until the worker sent something (rawio.AwaitEdge),
-// checking on the watched client as Read does: it returns errClientGone
-// when the client left, and nil when there may be something to read —
-// tryFill tells — or an error the next Read reports (shutdown's stop
-// included).
-func (r *carryReader) waitReadable() error {
+// fill waits until the worker sent something and reads it into br: one
+// look and one read (rawio.AwaitEdge, then a read that never waits), no
+// buffer of the relay's held while it waits. A wake for bytes read before
+// the wait finds nothing and waits again. While a client is watched, a
+// wait of clientCheckEvery without a byte checks it is still there
+// (recheck): errClientGone when it left. Any other error is kept for br's
+// next Read to report, in its place in the body's framing, and fill
+// returns nil, as it does once bytes are in br, or when shutdown stopped
+// the body (its Read reports the stop).
+//
+// A connection without raw access (a worker behind TLS) returns from the
+// wait at once and waits in the read instead, up to the check's deadline:
+// the check runs there the same way.
+func (r *carryReader) fill(br *bufio.Reader) error {
 	if len(r.pending) > 0 {
 		return nil
 	}
-	if r.client == nil {
-		_ = rawio.AwaitEdge(r.c)
-		return nil
-	}
 	for {
-		if r.armCheck() {
+		if r.client != nil && r.armCheck() {
 			return nil
 		}
 		err := rawio.AwaitEdge(r.c)
 		if err == nil {
-			return nil
+			r.try = true
+			_, err = br.Peek(1)
+			r.try = false
+			if err == nil {
+				return nil
+			}
+			if errors.Is(err, rawio.ErrWouldBlock) {
+				continue
+			}
 		}
-		if again, gone := r.recheck(err); !again {
-			return gone
+		if r.client != nil {
+			again, gone := r.recheck(err)
+			if again {
+				continue
+			}
+			if gone != nil {
+				return gone
+			}
 		}
+		r.held = err
+		return nil
 	}
-}
-
-// tryFill reads what the worker sent into br after waitReadable, without
-// waiting: false when nothing was there (the poller woke the wait for
-// bytes read before it) or the check's deadline passed and the client is
-// still there — wait again. An error is kept for the next Read to report,
-// in its place in the body's framing; errClientGone when the check found
-// the client gone. A stream's event thus costs a look and a read, and the
-// relay takes its buffer only once the event is in br.
-//
-// A connection without raw access (a worker behind TLS) has no read that
-// never waits: waitReadable returns at once and the read here waits, up to
-// the check's deadline, so the check runs here (recheck) or never.
-func (r *carryReader) tryFill(br *bufio.Reader) bool {
-	if r.stopped != nil && r.stopped.Load() {
-		return true // waitReadable did not wait: the body's Read reports the stop
-	}
-	r.try = true
-	_, err := br.Peek(1)
-	r.try = false
-	switch {
-	case err == nil:
-		return true
-	case errors.Is(err, rawio.ErrWouldBlock):
-		return false
-	case r.client != nil:
-		again, gone := r.recheck(err)
-		if again {
-			return false
-		}
-		if gone != nil {
-			err = gone
-		}
-	}
-	r.held = err
-	return true
 }
 
 // armCheck sets the client check's read deadline when due and reports

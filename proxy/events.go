@@ -18,7 +18,7 @@ import (
 // buffers, a 4 KiB copy buffer, the request context and the deep stack of
 // the connection's goroutine until it ends. Hijacked, it holds the worker
 // connection's 4 KiB stream buffer and a shallow goroutine, and waits for
-// the next event without a buffer (carryReader.waitReadable): an event's bytes
+// the next event without a buffer (carryReader.fill): an event's bytes
 // pass through a pooled buffer only while they move. Measured with
 // BenchmarkIdleSSEStreamMemory (server/) and the bench harness's idle
 // streams (BENCHMARKS.md).
@@ -47,7 +47,7 @@ var lastChunk = []byte("0\r\n\r\n")
 // relayable reports whether a response body may be relayed as an event
 // stream off the server: an unsized text/event-stream body to an HTTP/1.1
 // client whose request has gone up whole. HTTP/1.0 clients read
-// close-delimited bodies (hijackUntilClose), and a request body still
+// close-delimited bodies (relayUntilClose), and a request body still
 // going up ties the response to the server's request stream: it stays on
 // the server's path.
 func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool {
@@ -127,15 +127,12 @@ func (p *Proxy) relayStream(b *upstreamBody, chunked, keep bool) {
 	for {
 		if b.idle() {
 			// Wait for the worker without a buffer, checking on the
-			// client every few seconds (carryReader). Other errors are
-			// the next Read's to report, a shutdown's deadline included
-			// (it ends the stream cleanly).
-			if err := b.pc.src.waitReadable(); err != nil {
+			// client every few seconds (carryReader.fill). Other errors
+			// are the next Read's to report, a shutdown's deadline
+			// included (it ends the stream cleanly).
+			if err := b.pc.src.fill(b.pc.br); err != nil {
 				p.endRelay(b, err, false)
 				return
-			}
-			if !b.pc.src.tryFill(b.pc.br) {
-				continue
 			}
 		}
 		bp := eventBufs.Get().(*[]byte)

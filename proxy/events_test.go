@@ -637,7 +637,7 @@ func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
 // pieces — a chunk's size line, its data and its end in separate writes,
 // some a moment apart, others back to back — all reach the client, in
 // order, and the stream ends with the last chunk. The relay waits with
-// rawio.AwaitEdge and fills with one read that never waits (tryFill): a
+// rawio.AwaitEdge and fills with one read that never waits (carryReader.fill): a
 // wake for bytes an earlier read already took must wait again, and a
 // piece that arrives between a read and the next wait must not be lost.
 func TestEventStreamSplitWritesRelayed_RDP2(t *testing.T) {
