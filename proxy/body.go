@@ -412,18 +412,7 @@ func (s *streams) Downloads() int64 {
 // waitRelays waits until no relay is left or ctx ends, and reports
 // whether none is left.
 func (s *streams) waitRelays(ctx context.Context) bool {
-	s.mu.Lock()
-	idle := s.idle.wait(s.relays)
-	s.mu.Unlock()
-	if idle == nil {
-		return true
-	}
-	select {
-	case <-idle:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return s.idle.await(ctx, &s.mu, func() int { return s.relays })
 }
 
 // cutRelays ends every relay left: the client connection of one still

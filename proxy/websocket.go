@@ -257,12 +257,6 @@ func (hj *hijacks) pend(upstream net.Conn) *hijackGuard {
 // mu held.
 func (hj *hijacks) count() int { return len(hj.m) + len(hj.pending) }
 
-// relay copies a WebSocket both ways until either side ends it. early
-// holds bytes the client sent before the 101 reached it.
-func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []byte) {
-	hj.run(hj.start(client, upstream, nil), handshake, pending, early)
-}
-
 // start tracks a relay between client and upstream, in place of g, its
 // pending hijack (nil: none), so that wait never sees neither.
 func (hj *hijacks) start(client, upstream net.Conn, g *hijackGuard) *wsRelay {
@@ -274,7 +268,8 @@ func (hj *hijacks) start(client, upstream net.Conn, g *hijackGuard) *wsRelay {
 	return r
 }
 
-// run is relay for a relay start tracked.
+// run copies a WebSocket that start tracked both ways until either side
+// ends it. early holds bytes the client sent before the 101 reached it.
 func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 	client, upstream := r.client, r.upstream
 	hj.mu.Lock()
@@ -375,19 +370,7 @@ func (hj *hijacks) closeAll() {
 // wait blocks until every relay finished or ctx ends, and reports
 // whether they all did.
 func (hj *hijacks) wait(ctx context.Context) bool {
-	for {
-		hj.mu.Lock()
-		idle := hj.idle.wait(hj.count())
-		hj.mu.Unlock()
-		if idle == nil {
-			return true
-		}
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return false
-		}
-	}
+	return hj.idle.await(ctx, &hj.mu, hj.count)
 }
 
 // idleSignal tells a waiter when a count of things in flight drops to
@@ -401,6 +384,24 @@ func (s *idleSignal) check(n int) {
 	if n == 0 && s.ch != nil {
 		close(s.ch)
 		s.ch = nil
+	}
+}
+
+// await blocks until count, read under mu (the owner's), is zero or ctx
+// ends, and reports whether it reached zero.
+func (s *idleSignal) await(ctx context.Context, mu *sync.Mutex, count func() int) bool {
+	for {
+		mu.Lock()
+		idle := s.wait(count())
+		mu.Unlock()
+		if idle == nil {
+			return true
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 
