@@ -458,23 +458,8 @@ func TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 				case <-stop:
 				}
 			})
-			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := openFirstEvent(t, rg.url)
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
-			br := bufio.NewReader(c)
-			for {
-				line, err := br.ReadString('\n')
-				if err != nil {
-					t.Fatalf("the first event never came: %v", err)
-				}
-				if line == "data: 0\n" {
-					break
-				}
-			}
 			leave(c.(*net.TCPConn))
 			select {
 			case <-gone:
@@ -645,6 +630,29 @@ func TestUnsolicitedBytesOnIdleConnection_RDP1_RDP3(t *testing.T) {
 	}
 }
 
+// openFirstEvent asks url for alice's event stream on a raw TCP connection
+// and reads until the first event ("data: 0") has come; the caller closes it.
+func openFirstEvent(t *testing.T, url string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			_ = c.Close()
+			t.Fatalf("the first event never came: %v", err)
+		}
+		if line == "data: 0\n" {
+			return c
+		}
+	}
+}
+
 func idleConns(p *connPool) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -697,23 +705,8 @@ func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 		}
 	})
 	rg.serveIDs(t, s, "alice")
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := openFirstEvent(t, rg.url)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
-	br := bufio.NewReader(c)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("the first event never came: %v", err)
-		}
-		if line == "data: 0\n" {
-			break
-		}
-	}
 	if rg.p.RelayedEventStreams() != 1 {
 		t.Fatalf("unexpected relayed event streams; got %d; want 1", rg.p.RelayedEventStreams())
 	}
