@@ -309,14 +309,12 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 	}
 }
 
-// A 101 whose hijack fasthttp never runs — the client reset its
-// connection while a pipelined answer before the upgrade still waited in
-// the write buffer, whose flush then fails — must not leave the worker's
-// WebSocket open: nothing else would ever close it (R-DP-2).
-func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
-	defer func(d time.Duration) { hijackWait = d }(hijackWait)
-	hijackWait = 500 * time.Millisecond
-	rg, w := newRigWorker(t, nil)
+// upgradeBehindResetClient has the worker hold back a 101 for an upgrade
+// pipelined behind a plain request, and the client reset its connection
+// while the upgrade waits at the worker. Closing answer sends the 101; closed
+// gets the worker's next read on the hijacked connection.
+func upgradeBehindResetClient(t *testing.T, rg *rig, w *standin) (chan<- struct{}, <-chan error) {
+	t.Helper()
 	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
 		conn, brw, err := rw.(http.Hijacker).Hijack()
@@ -349,6 +347,18 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 	c.(*net.TCPConn).SetLinger(0)
 	c.Close()
 	time.Sleep(100 * time.Millisecond) // the reset reaches pinboard's socket
+	return answer, closed
+}
+
+// A 101 whose hijack fasthttp never runs — the client reset its
+// connection while a pipelined answer before the upgrade still waited in
+// the write buffer, whose flush then fails — must not leave the worker's
+// WebSocket open: nothing else would ever close it (R-DP-2).
+func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
+	defer func(d time.Duration) { hijackWait = d }(hijackWait)
+	hijackWait = 500 * time.Millisecond
+	rg, w := newRigWorker(t, nil)
+	answer, closed := upgradeBehindResetClient(t, rg, w)
 	close(answer)
 	if err := <-closed; !errors.Is(err, io.EOF) {
 		t.Fatalf("unexpected worker read after the client's reset; got %v; want %v", err, io.EOF)
@@ -360,36 +370,7 @@ func TestUpgradeBehindFailedFlushClosesWorker_RDP2(t *testing.T) {
 // WebSocket at once instead of hijackWait (30 s) later (R-DP-2).
 func TestShutdownAbandonsSkippedUpgrade_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
-	asked, answer, closed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		close(asked)
-		<-answer
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-		brw.Flush()
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err = brw.ReadByte()
-		closed <- err
-	})
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
-		"GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	select {
-	case <-asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upgrade never reached the worker")
-	}
-	c.(*net.TCPConn).SetLinger(0)
-	c.Close()
-	time.Sleep(100 * time.Millisecond) // the reset reaches pinboard's socket
+	answer, closed := upgradeBehindResetClient(t, rg, w)
 	close(answer)
 	hj := rg.p.hijacks
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
