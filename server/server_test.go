@@ -61,12 +61,21 @@ func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
 		t.Fatal(err)
 	}
 	go pb.ServeAdmin(aln)
+	stop := serveUntilStopped(t, pb, ln)
+	return pb, "http://" + ln.Addr().String(), "http://" + aln.Addr().String(), stop
+}
+
+// serveUntilStopped runs pb.Serve on ln until stop, which cancels it, waits
+// for Serve to return and hands back its error; stop runs once however often
+// it is called, and at cleanup if the test did not call it.
+func serveUntilStopped(t *testing.T, pb *Pinboard, ln net.Listener) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
 	var once sync.Once
 	var serveErr error
-	stop := func() error {
+	stop = func() error {
 		once.Do(func() {
 			cancel()
 			select {
@@ -77,8 +86,8 @@ func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
 		})
 		return serveErr
 	}
-	t.Cleanup(func() { stop() })
-	return pb, "http://" + ln.Addr().String(), "http://" + aln.Addr().String(), stop
+	t.Cleanup(func() { _ = stop() })
+	return stop
 }
 
 func get(t *testing.T, url string) (int, string) {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -126,23 +124,7 @@ func workerNodeStop(t *testing.T, o Options, worker http.Handler) (*Pinboard, st
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
-	var once sync.Once
-	var serveErr error
-	stop := func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case serveErr = <-done:
-			case <-time.After(10 * time.Second):
-				t.Errorf("unexpected Serve still running 10s after cancel")
-			}
-		})
-		return serveErr
-	}
-	t.Cleanup(func() { _ = stop() })
+	stop := serveUntilStopped(t, pb, ln)
 	return pb, "http://" + ln.Addr().String(), stop
 }
 
