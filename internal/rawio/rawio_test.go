@@ -216,21 +216,18 @@ func TestReadable_RDP1(t *testing.T) {
 	}
 }
 
-// TestWaitReadable: WaitReadable returns only once data is there, takes
-// none of it, honours the read deadline, and returns for a peer's close
-// (the read that follows reports EOF). A connection without raw access
-// returns at once.
-func TestWaitReadable_RDP2(t *testing.T) {
-	client, server := rawTCPPair(t)
-	r := Wrap(client)
+// returnsOnceDataArrives checks that wait blocks while the connection is
+// idle (for 50ms) and returns nil once the peer writes "event".
+func returnsOnceDataArrives(t *testing.T, peer io.Writer, wait func() error) {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() { done <- WaitReadable(r) }()
+	go func() { done <- wait() }()
 	select {
 	case err := <-done:
 		t.Fatalf("unexpected return before any data; got %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if _, err := server.Write([]byte("event")); err != nil {
+	if _, err := peer.Write([]byte("event")); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -241,6 +238,16 @@ func TestWaitReadable_RDP2(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("unexpected wait past the data's arrival")
 	}
+}
+
+// TestWaitReadable: WaitReadable returns only once data is there, takes
+// none of it, honours the read deadline, and returns for a peer's close
+// (the read that follows reports EOF). A connection without raw access
+// returns at once.
+func TestWaitReadable_RDP2(t *testing.T) {
+	client, server := rawTCPPair(t)
+	r := Wrap(client)
+	returnsOnceDataArrives(t, server, func() error { return WaitReadable(r) })
 	buf := make([]byte, 64)
 	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "event" {
 		t.Fatalf("unexpected read after the wait; got %q, %v; want all of the data", buf[:n], err)
@@ -411,24 +418,7 @@ func TestTryReadAwaitEdge_RDP2(t *testing.T) {
 	if _, err := TryRead(c, buf); !errors.Is(err, ErrWouldBlock) {
 		t.Fatalf("unexpected read of a drained connection; got %v; want ErrWouldBlock", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- AwaitEdge(c) }()
-	select {
-	case err := <-done:
-		t.Fatalf("unexpected return before any data; got %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	if _, err := server.Write([]byte("event")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("unexpected error once data arrived; got %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("unexpected wait past the data's arrival")
-	}
+	returnsOnceDataArrives(t, server, func() error { return AwaitEdge(c) })
 	if n, err := TryRead(c, buf); err != nil || string(buf[:n]) != "event" {
 		t.Fatalf("unexpected read after the edge; got %q, %v", buf[:n], err)
 	}
@@ -441,6 +431,7 @@ func TestTryReadAwaitEdge_RDP2(t *testing.T) {
 	}
 	early := time.Now().Add(200 * time.Millisecond)
 	_ = c.SetReadDeadline(early)
+	done := make(chan error, 1)
 	go func() { done <- AwaitEdge(c) }()
 	rc := c.(*Conn)
 	waitFor(t, func() bool { return rc.x.rd.reading.Load() && rc.x.rd.set.Load() == early.UnixNano() })
