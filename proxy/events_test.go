@@ -569,22 +569,7 @@ func TestShutdownAbandonsSkippedHijack_RDP2(t *testing.T) {
 // tracked as a download meanwhile, and both directions complete (R-DP-2).
 func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
-	w.route("/echo", func(rw http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(rw)
-		_ = rc.EnableFullDuplex()
-		rw.WriteHeader(200)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := r.Body.Read(buf)
-			if n > 0 {
-				_, _ = rw.Write(buf[:n])
-				_ = rc.Flush()
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	w.route("/echo", echoFullDuplex)
 	const size = 4 << 20 // over SmallBody: streamed, and answered before it is all up
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 	if err != nil {

@@ -617,28 +617,33 @@ func TestHeadKeepsContentLength(t *testing.T) {
 	}
 }
 
+// echoFullDuplex answers 200 and writes back each piece of the request
+// body as it reads it, flushing each: the answer goes down while the upload
+// is still coming up.
+func echoFullDuplex(rw http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(rw)
+	_ = rc.EnableFullDuplex()
+	rw.WriteHeader(200)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Body.Read(buf)
+		if n > 0 {
+			_, _ = rw.Write(buf[:n])
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
 // Large bodies stream both ways at once (R-DP-2): an echo that writes
 // while it reads must not deadlock against the proxy.
 func TestFullDuplexEcho_RDP2(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
 	w := newStandin(t, "w")
-	w.route("/echo", func(rw http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(rw)
-		_ = rc.EnableFullDuplex()
-		rw.WriteHeader(200)
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := r.Body.Read(buf)
-			if n > 0 {
-				_, _ = rw.Write(buf[:n])
-				_ = rc.Flush()
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	w.route("/echo", echoFullDuplex)
 	rg.add(w, 1, "/c")
 	const size = 32 << 20
 	pr, pw := io.Pipe()
