@@ -183,7 +183,7 @@ func TestReadable_RDP1(t *testing.T) {
 	if _, err := s.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return Readable(c) })
 	if !Readable(c) || PeerClosed(c) {
 		t.Fatalf("unexpected peek with data waiting; got readable %v, closed %v; want true, false", Readable(c), PeerClosed(c))
 	}
@@ -193,7 +193,7 @@ func TestReadable_RDP1(t *testing.T) {
 		t.Fatalf("unexpected read after the peek; got %d %q %v", n, b, err)
 	}
 	s.Close()
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return PeerClosed(c) })
 	if !Readable(c) || !PeerClosed(c) {
 		t.Fatalf("unexpected peek after the peer closed; got readable %v, closed %v; want true, true", Readable(c), PeerClosed(c))
 	}
