@@ -310,10 +310,9 @@ type rowWatch struct {
 }
 
 func (r *Redis) watchRows(rows []string) rowWatch {
-	rw := rowWatch{keys: make([]string, len(rows)), watches: make([]keyWatch, len(rows))}
-	for i, row := range rows {
-		rw.keys[i] = r.prefix + "p:" + row
-		rw.watches[i] = r.watchKey(rw.keys[i])
+	rw := rowWatch{keys: r.rowKeys(rows), watches: make([]keyWatch, len(rows))}
+	for i, key := range rw.keys {
+		rw.watches[i] = r.watchKey(key)
 	}
 	return rw
 }
