@@ -392,9 +392,8 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 	return res, nil
 }
 
-// Void implements Store. The session goes at once with the first batch
-// of its rows; the lock is released between the batches of the rest
-// (finishDrop). A session another call is still dropping is finished too.
+// Void implements Store. The session goes at once, under one hold of
+// the lock; its rows are then freed a batch per hold (finishDrop). A session another call is still dropping is finished too.
 func (m *Memory) Void(_ context.Context, sessionID string, _ time.Time) error {
 	m.mu.Lock()
 	s := m.sessions[sessionID]

@@ -75,24 +75,5 @@ func BenchmarkMemoryDrop100k(b *testing.B) {
 // lockWaitWhile takes the memory store's lock back to back until the
 // returned function is called, which reports the longest wait.
 func lockWaitWhile(m *directory.Memory, now time.Time) func() time.Duration {
-	stop := make(chan struct{})
-	done := make(chan time.Duration)
-	go func() {
-		var worst time.Duration
-		for {
-			select {
-			case <-stop:
-				done <- worst
-				return
-			default:
-			}
-			start := time.Now()
-			_, _ = m.Quarantine(context.Background(), now)
-			worst = max(worst, time.Since(start))
-		}
-	}()
-	return func() time.Duration {
-		close(stop)
-		return <-done
-	}
+	return longestWhile(func() { _, _ = m.Quarantine(context.Background(), now) })
 }

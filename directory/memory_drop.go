@@ -46,17 +46,7 @@ func (m *Memory) freeRows(s *memSession) bool {
 // finishDrop frees the rows of a dropped session, a batch per hold of
 // the lock, until none is left. Called without m.mu.
 func (m *Memory) finishDrop(s *memSession) {
-	for first := true; ; first = false {
-		if !first && m.afterDrop != nil {
-			m.afterDrop()
-		}
-		m.mu.Lock()
-		more := m.freeRows(s)
-		m.mu.Unlock()
-		if !more {
-			return
-		}
-	}
+	m.inBatches(func() bool { return m.freeRows(s) })
 }
 
 // finishDrops runs finishDrop for each session.
@@ -69,16 +59,24 @@ func (m *Memory) finishDrops(list []*memSession) {
 // freeDropped frees the rows of every dropped session, a batch per hold
 // of the lock, until none is left. Called without m.mu.
 func (m *Memory) freeDropped() {
+	m.inBatches(func() bool {
+		for _, s := range m.dropped {
+			return m.freeRows(s) || len(m.dropped) > 0
+		}
+		return false
+	})
+}
+
+// inBatches runs step, which frees one batch and reports whether more is
+// left, under m.mu until it reports none, releasing the lock (and running
+// afterDrop) in between. Called without m.mu.
+func (m *Memory) inBatches(step func() bool) {
 	for first := true; ; first = false {
 		if !first && m.afterDrop != nil {
 			m.afterDrop()
 		}
 		m.mu.Lock()
-		var s *memSession
-		for _, s = range m.dropped {
-			break
-		}
-		more := s != nil && (m.freeRows(s) || len(m.dropped) > 0)
+		more := step()
 		m.mu.Unlock()
 		if !more {
 			return

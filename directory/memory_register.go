@@ -2,8 +2,6 @@ package directory
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -88,22 +86,11 @@ func (m *Memory) nextBatch(s *memSession, now time.Time) error {
 	}
 	m.mu.Lock()
 	if m.sessions[s.info.SessionID] != s {
-		err := m.endedErr(s, now)
+		err := registrationEnded(s.info.ClientID, s.info.SessionID, m.goneErr(s.info.SessionID, now))
 		m.mu.Unlock()
 		return err
 	}
 	return nil
-}
-
-// endedErr explains a session ended while its registration reclaimed
-// instances: superseded, or dropped by a later registration of the same
-// process. Callers hold m.mu.
-func (m *Memory) endedErr(s *memSession, now time.Time) error {
-	err := m.goneErr(s.info.SessionID, now)
-	if errors.Is(err, ErrUnknownSession) {
-		return fmt.Errorf("cannot register %q: session %s ended before its instances were reclaimed: %w", s.info.ClientID, s.info.SessionID, err)
-	}
-	return err
 }
 
 // openRegistration is the first step of Register, under m.mu: it decides

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,11 +161,7 @@ func BenchmarkRedisClaimVisibleOnOtherNode(b *testing.B) {
 func BenchmarkRedisReregister100k(b *testing.B) {
 	srv := redistest.StartServer(b)
 	ctx := context.Background()
-	s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: "bench-rereg"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
+	s := openNode(b, srv.URL(), "bench-rereg", time.Hour)
 	c := rawClient(b, srv.Addr)
 	reg, now := ownInstances(b, s, 100_000)
 	var hold, ping time.Duration
@@ -202,11 +197,7 @@ func BenchmarkRedisReregister100k(b *testing.B) {
 func BenchmarkRedisDrop100k(b *testing.B) {
 	srv := redistest.StartServer(b)
 	ctx := context.Background()
-	s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: "bench-drop"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
+	s := openNode(b, srv.URL(), "bench-drop", time.Hour)
 	c := rawClient(b, srv.Addr)
 	var hold, ping time.Duration
 	var calls int
@@ -284,24 +275,13 @@ func slowlogAll(tb testing.TB, c rueidis.Client) {
 // there were.
 func scriptCalls(tb testing.TB, c rueidis.Client) (time.Duration, int) {
 	tb.Helper()
-	entries, err := c.Do(context.Background(), c.B().SlowlogGet().Count(-1).Build()).ToArray()
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var longest time.Duration
 	n := 0
-	for _, e := range entries {
-		f, err := e.ToArray()
-		if err != nil || len(f) < 4 {
-			tb.Fatalf("unexpected SLOWLOG entry: %v", err)
+	for _, e := range slowlog(tb, c) {
+		if isScript(e) {
+			longest = max(longest, e.took)
+			n++
 		}
-		args, _ := f[3].AsStrSlice()
-		if len(args) == 0 || (!strings.EqualFold(args[0], "evalsha") && !strings.EqualFold(args[0], "eval")) {
-			continue
-		}
-		us, _ := f[2].AsInt64()
-		longest = max(longest, time.Duration(us)*time.Microsecond)
-		n++
 	}
 	return longest, n
 }
@@ -309,6 +289,12 @@ func scriptCalls(tb testing.TB, c rueidis.Client) (time.Duration, int) {
 // pingWhile PINGs Redis back to back until the returned function is
 // called, which reports the longest wait.
 func pingWhile(c rueidis.Client) func() time.Duration {
+	return longestWhile(func() { _ = c.Do(context.Background(), c.B().Ping().Build()).Error() })
+}
+
+// longestWhile runs probe back to back until the returned function is
+// called, which reports the longest probe.
+func longestWhile(probe func()) func() time.Duration {
 	stop := make(chan struct{})
 	done := make(chan time.Duration)
 	go func() {
@@ -321,7 +307,7 @@ func pingWhile(c rueidis.Client) func() time.Duration {
 			default:
 			}
 			start := time.Now()
-			_ = c.Do(context.Background(), c.B().Ping().Build()).Error()
+			probe()
 			worst = max(worst, time.Since(start))
 		}
 	}()

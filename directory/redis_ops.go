@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,10 +82,10 @@ func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
 // each call freed. A failed call leaves the session gone and the rest of
 // its rows listed for the sweep, which finishes the drop.
 func (r *Redis) drop(ctx context.Context, op, sid string, freed func(rows []string)) error {
-	for {
+	return r.inBatches(math.MaxInt, func() (bool, error) {
 		reply, err := r.runWrite(ctx, op, scriptDrop, r.key("s", sid), []string{r.prefix, sid}).ToArray()
 		if err != nil || len(reply) < 2 {
-			return unavailable("drop session", sid, errors.Join(err, errShortReply))
+			return false, unavailable("drop session", sid, errors.Join(err, errShortReply))
 		}
 		rows := strs(arr(reply[0]))
 		r.forget(r.rowKeys(rows))
@@ -92,13 +93,25 @@ func (r *Redis) drop(ctx context.Context, op, sid string, freed func(rows []stri
 		if freed != nil {
 			freed(rows)
 		}
-		if more, _ := reply[1].AsInt64(); more == 0 {
-			return nil
-		}
-		if r.afterDrop != nil {
+		more, _ := reply[1].AsInt64()
+		return more != 0, nil
+	})
+}
+
+// inBatches runs step, one script call that frees one batch of dropped
+// rows and reports whether more is left, until it reports none or has
+// run limit times, running afterDrop in between (memory_drop.go does the
+// same under the memory store's lock).
+func (r *Redis) inBatches(limit int, step func() (bool, error)) error {
+	for i := range limit {
+		if i > 0 && r.afterDrop != nil {
 			r.afterDrop()
 		}
+		if more, err := step(); err != nil || !more {
+			return err
+		}
 	}
+	return nil
 }
 
 // Deregister implements Store.
@@ -214,25 +227,20 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 // maxSweepCalls, the next sweep goes on), so a dead session holding many
 // rows never holds Redis for long.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
-	for range maxSweepCalls {
+	return r.inBatches(maxSweepCalls, func() (bool, error) {
 		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
 		if err != nil || len(reply) < 3 {
-			return unavailable("sweep", "directory", errors.Join(err, errShortReply))
+			return false, unavailable("sweep", "directory", errors.Join(err, errShortReply))
 		}
 		r.forget(r.rowKeys(strs(arr(reply[0]))))
 		dropped := strs(arr(reply[1]))
 		for _, sid := range dropped {
 			r.kill(sid)
 		}
-		if more, _ := reply[2].AsInt64(); more == 0 && len(dropped) < sweepBatch {
-			return nil
-		}
-		if r.afterDrop != nil {
-			r.afterDrop()
-		}
-	}
-	return nil
+		more, _ := reply[2].AsInt64()
+		return more != 0 || len(dropped) >= sweepBatch, nil
+	})
 }
 
 func (r *Redis) rowKeys(rows []string) []string {

@@ -3,8 +3,6 @@ package directory
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -263,13 +261,10 @@ func (g *registering) ended(reply []rueidis.RedisMessage) error {
 	}
 	g.r.kill(g.sid)
 	err := goneErr(strs(reply))
-	if se := (*SupersededError)(nil); errors.As(err, &se) {
-		return se
-	}
 	if err == nil {
 		return unavailable("register", g.reg.ClientID, errShortReply)
 	}
-	return fmt.Errorf("cannot register %q: session %s ended before its instances were reclaimed: %w", g.reg.ClientID, g.sid, err)
+	return registrationEnded(g.reg.ClientID, g.sid, err)
 }
 
 // reclaimed records a script call's duplicates and fills the local cache
@@ -310,10 +305,9 @@ type rowWatch struct {
 }
 
 func (r *Redis) watchRows(rows []string) rowWatch {
-	rw := rowWatch{keys: make([]string, len(rows)), watches: make([]keyWatch, len(rows))}
-	for i, row := range rows {
-		rw.keys[i] = r.prefix + "p:" + row
-		rw.watches[i] = r.watchKey(rw.keys[i])
+	rw := rowWatch{keys: r.rowKeys(rows), watches: make([]keyWatch, len(rows))}
+	for i, key := range rw.keys {
+		rw.watches[i] = r.watchKey(key)
 	}
 	return rw
 }

@@ -20,13 +20,14 @@ type slowEntry struct {
 	id     int64
 	argc   int // the command's arguments, its name included
 	args   []string
-	client string // the connection's name
+	client string        // the connection's name
+	took   time.Duration // how long Redis ran it
 }
 
 // slowlog reads the SLOWLOG, oldest first. Redis keeps the first 31
 // arguments of a command and then "... (N more arguments)", which argc
 // accounts for.
-func slowlog(t *testing.T, c rueidis.Client) []slowEntry {
+func slowlog(t testing.TB, c rueidis.Client) []slowEntry {
 	t.Helper()
 	entries, err := c.Do(context.Background(), c.B().SlowlogGet().Count(-1).Build()).ToArray()
 	if err != nil {
@@ -40,6 +41,8 @@ func slowlog(t *testing.T, c rueidis.Client) []slowEntry {
 		}
 		se := slowEntry{}
 		se.id, _ = f[0].AsInt64()
+		us, _ := f[2].AsInt64()
+		se.took = time.Duration(us) * time.Microsecond
 		se.args, _ = f[3].AsStrSlice()
 		se.client, _ = f[5].ToString()
 		se.argc = len(se.args)

@@ -172,7 +172,7 @@ func TestRedisSentinelFailover_RSRV3(t *testing.T) {
 }
 
 // openNode opens one more node on an existing directory (same prefix).
-func openNode(t *testing.T, url, prefix string, ttl time.Duration) *directory.Redis {
+func openNode(t testing.TB, url, prefix string, ttl time.Duration) *directory.Redis {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -101,6 +101,17 @@ type Store interface {
 // (docs/DIRECTORY.md, "Scripts").
 const RegisterBatch = 256
 
+// registrationEnded is the error of a registration whose session ended
+// between two batches of its instances: a tomb's SupersededError as it
+// is, an unknown session (dropped by a later registration of the same
+// process) wrapped to say so.
+func registrationEnded(clientID, sessionID string, err error) error {
+	if errors.Is(err, ErrUnknownSession) {
+		return fmt.Errorf("cannot register %q: session %s ended before its instances were reclaimed: %w", clientID, sessionID, err)
+	}
+	return err
+}
+
 // PlaceRequest is one placement attempt. The policy runs inside the store's
 // atomic section for the memory store, and before the claim script for
 // Redis, which then claims the first still-eligible ranked candidate.
