@@ -129,10 +129,10 @@ var wsBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 // arrived: an idle WebSocket holds no copy buffer (two of 32 KiB before).
 func (d *wsDir) copy() error {
 	for {
-		// An error here is the read's to report. AwaitEdge, not
-		// WaitReadable: a message costs a look and a read instead of two
-		// looks and a read; a wake for bytes already read finds nothing
-		// (ErrWouldBlock) and waits again, without a buffer.
+		// An error here is the read's to report. AwaitEdge does not look
+		// again once woken: a message costs a look and a read instead of
+		// two looks and a read; a wake for bytes already read finds
+		// nothing (ErrWouldBlock) and waits again, without a buffer.
 		_ = rawio.AwaitEdge(d.src)
 		bp := wsBufs.Get().(*[]byte)
 		n, err := rawio.TryRead(d.src, *bp)

@@ -41,13 +41,11 @@ type rawConn struct {
 	r  rawOp
 	w  rawOp
 	rd readDeadline
-	// peek and one serve WaitReadable: the bound callback and the byte
-	// MSG_PEEK copies into (it is never read). peekFn and peeked serve
-	// Readable and PeerClosed the same way. A connection's reader calls
-	// them (the relay or the pool), one at a time.
-	peek func(fd uintptr) bool
 	// edge and edged serve AwaitEdge: the bound callback and whether it
-	// has run once in the current wait. try serves TryRead.
+	// has run once in the current wait. try serves TryRead. peekFn and
+	// peeked serve Readable and PeerClosed. one is the byte MSG_PEEK
+	// copies into (it is never read). A connection's reader calls them
+	// (the relay or the pool), one at a time.
 	edge  func(fd uintptr) bool
 	edged bool
 	// rearm is set by a callback that found nothing while the read
@@ -87,7 +85,6 @@ func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	x.rd.want.Store(noDeadline)
 	x.r.fn = x.read
 	x.w.fn = x.write
-	x.peek = x.ready
 	x.edge = x.awaitEdge
 	x.try = x.tryRead
 	x.peekFn = func(fd uintptr) { x.peeked = peekFD(fd, &x.one[0]) }
@@ -194,36 +191,13 @@ func (x *rawConn) write(fd uintptr) bool {
 	return true
 }
 
-// ready is the RawConn read callback of WaitReadable: true once a read
-// would not wait — data, the end of the stream or an error to report.
+// ready is AwaitEdge's first look: true once a read would not wait —
+// data, the end of the stream or an error to report.
 func (x *rawConn) ready(fd uintptr) bool {
 	if peekFD(fd, &x.one[0]) != peekNothing {
 		return true
 	}
 	return x.parkable()
-}
-
-// WaitReadable blocks until a read on c would not wait: data arrived, the
-// peer closed, or an error is pending (the read reports it). It consumes
-// nothing. Read deadlines apply as to a read, and a deadline that passes
-// returns its error. It lets a goroutine that relays a long-idle stream
-// wait without holding a read buffer, taking one from a pool only once
-// there is something to read: thousands of idle event streams then pin no
-// buffers. Connections without raw access (TLS) return nil at once; their
-// caller reads as usual.
-func WaitReadable(c net.Conn) error {
-	rc, ok := c.(*Conn)
-	if !ok {
-		return nil
-	}
-	r, ok := rc.r.(rawReader)
-	if !ok {
-		return nil
-	}
-	if err := r.wait(r.peek); err != nil {
-		return &net.OpError{Op: "read", Net: "tcp", Err: err}
-	}
-	return nil
 }
 
 // ErrWouldBlock is TryRead's answer when nothing is there to read.
@@ -233,9 +207,9 @@ var ErrWouldBlock = errors.New("rawio: read would block")
 // nothing was there, io.EOF at the end of the stream, and a passed read
 // deadline's error as a Read would. With AwaitEdge it lets a relay take a
 // buffer only once a read found something, and pay one system call per
-// message instead of the three of WaitReadable and Read (a peek that finds
-// nothing, a peek once woken, the read). Connections without raw access
-// (TLS) read as usual, waiting.
+// message instead of the three of a wait that looks again once woken (a
+// peek that finds nothing, a peek once woken, the read). Connections
+// without raw access (TLS) read as usual, waiting.
 func TryRead(c net.Conn, p []byte) (int, error) {
 	rc, ok := c.(*Conn)
 	if !ok || rc.x == nil || len(p) == 0 {
@@ -269,17 +243,18 @@ func (x *rawConn) tryRead(fd uintptr) bool {
 	return true
 }
 
-// AwaitEdge is WaitReadable that trusts the poller once it parked: it
-// looks at c (one peek) and returns if a read would not wait; otherwise it
-// parks until the runtime's poller reports c readable (data, the end of
-// the stream or an error), the read deadline passes or c is closed, and
-// returns without looking again. The poller may report bytes a read took
+// AwaitEdge blocks until c turns readable, trusting the poller once it
+// parked. It consumes nothing: it looks at c (one peek) and returns if a
+// read would not wait; otherwise it parks until the runtime's poller
+// reports c readable (data, the end of the stream or an error), the read
+// deadline passes or c is closed, and returns without looking again. The poller may report bytes a read took
 // before the peek (its edge delivered late), so AwaitEdge may return with
 // nothing to read: callers read with TryRead, which says ErrWouldBlock,
-// and wait again. A relay saves a system call per message over
-// WaitReadable (whose callback peeks once more when woken) and holds no
-// buffer while it waits. Connections without raw access return nil at
-// once.
+// and wait again. A relay saves a system call per message over a wait
+// that peeks once more when woken, and holds no buffer while it waits:
+// thousands of idle streams pin no buffers. Read deadlines apply as to a
+// read, and a deadline that passes returns its error. Connections without
+// raw access (TLS) return nil at once; their caller reads as usual.
 //
 // It cannot skip the first look: the poller's readiness is reset before
 // the callback runs (internal/poll's prepareRead), so an edge for bytes
@@ -560,7 +535,7 @@ const noDeadline = math.MaxInt64
 type readDeadline struct {
 	want atomic.Int64
 	set  atomic.Int64
-	// reading is true while a read or WaitReadable runs: a deadline
+	// reading is true while a read or AwaitEdge runs: a deadline
 	// earlier than the armed one must then be armed at once, since the
 	// read may be parked on the armed one.
 	reading atomic.Bool

@@ -217,54 +217,70 @@ func TestReadable_RDP1(t *testing.T) {
 }
 
 // returnsOnceDataArrives checks that wait blocks while the connection is
-// idle (for 50ms) and returns nil once the peer writes "event".
+// idle and returns nil once the peer writes "event".
 func returnsOnceDataArrives(t *testing.T, peer io.Writer, wait func() error) {
+	t.Helper()
+	returnsOnce(t, "data arrived", func() error {
+		_, err := peer.Write([]byte("event"))
+		return err
+	}, wait)
+}
+
+// returnsOnce checks that wait blocks while the connection is idle (for
+// 50ms: a wait that does not block returns well within it) and returns
+// nil once act ran.
+func returnsOnce(t *testing.T, what string, act func() error, wait func() error) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- wait() }()
 	select {
 	case err := <-done:
-		t.Fatalf("unexpected return before any data; got %v", err)
+		t.Fatalf("unexpected return before %s; got %v", what, err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	if _, err := peer.Write([]byte("event")); err != nil {
+	if err := act(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("unexpected error once data arrived; got %v", err)
+			t.Fatalf("unexpected error once %s; got %v", what, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("unexpected wait past the data's arrival")
+		t.Fatalf("unexpected wait past the moment %s", what)
 	}
 }
 
-// TestWaitReadable: WaitReadable returns only once data is there, takes
-// none of it, honours the read deadline, and returns for a peer's close
-// (the read that follows reports EOF). A connection without raw access
-// returns at once.
-func TestWaitReadable_RDP2(t *testing.T) {
+// TestAwaitEdgeReadable_RDP2: AwaitEdge returns only once data is there
+// and takes none of it (a Read gets it all), honours the read deadline,
+// and returns for a peer's close, whether it came while the wait was
+// parked or before it began (the read that follows reports EOF). A
+// connection without raw access returns at once.
+func TestAwaitEdgeReadable_RDP2(t *testing.T) {
 	client, server := rawTCPPair(t)
 	r := Wrap(client)
-	returnsOnceDataArrives(t, server, func() error { return WaitReadable(r) })
+	returnsOnceDataArrives(t, server, func() error { return AwaitEdge(r) })
 	buf := make([]byte, 64)
 	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "event" {
 		t.Fatalf("unexpected read after the wait; got %q, %v; want all of the data", buf[:n], err)
 	}
 	r.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
-	if err := WaitReadable(r); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := AwaitEdge(r); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("unexpected error at the deadline; got %v", err)
 	}
 	r.SetReadDeadline(time.Time{})
-	server.Close()
-	if err := WaitReadable(r); err != nil {
+	returnsOnce(t, "the peer closed", server.Close, func() error { return AwaitEdge(r) })
+	// The close is there before this wait begins: its first look finds it
+	// (the deadline bounds a wait that would park instead).
+	r.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if err := AwaitEdge(r); err != nil {
 		t.Fatalf("unexpected error after the peer closed; got %v; want nil", err)
 	}
-	if _, err := r.Read(buf); err != io.EOF {
+	r.SetReadDeadline(time.Time{})
+	if _, err := TryRead(r, buf); err != io.EOF {
 		t.Fatalf("unexpected read after the peer closed; got %v; want EOF", err)
 	}
-	if err := WaitReadable(client); err != nil {
+	if err := AwaitEdge(client); err != nil {
 		t.Fatalf("unexpected error for a connection without raw access; got %v", err)
 	}
 }
@@ -389,9 +405,9 @@ func TestLazyReadDeadline_RDP2(t *testing.T) {
 		t.Fatalf("unexpected read parked on an earlier deadline; got %q; want the data sent after it", s)
 	}
 
-	// WaitReadable keeps the same deadlines.
+	// AwaitEdge keeps the same deadlines.
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
-	if err := WaitReadable(c); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if err := AwaitEdge(c); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("unexpected wait past the deadline; got %v", err)
 	}
 }
