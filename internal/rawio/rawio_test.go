@@ -83,7 +83,7 @@ func TestRawReader(t *testing.T) {
 	client, server := rawTCPPair(t)
 	r := Wrap(client)
 	go func() {
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // most often, the read waits first
 		server.Write([]byte("hello"))
 	}()
 	buf := make([]byte, 64)
@@ -200,7 +200,7 @@ func TestReadable_RDP1(t *testing.T) {
 	c2, s2 := pair()
 	_ = s2.(*net.TCPConn).SetLinger(0) // close sends RST
 	s2.Close()
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return PeerClosed(c2) })
 	if !Readable(c2) || !PeerClosed(c2) {
 		t.Fatalf("unexpected peek after the peer reset; got readable %v, closed %v; want true, true", Readable(c2), PeerClosed(c2))
 	}
@@ -210,7 +210,7 @@ func TestReadable_RDP1(t *testing.T) {
 		t.Fatal("unexpected readable live idle connection without Wrap")
 	}
 	s3.Close()
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return PeerClosed(plain) })
 	if !PeerClosed(plain) {
 		t.Fatal("unexpected not closed after the peer closed, without Wrap")
 	}
@@ -339,7 +339,7 @@ func TestLazyReadDeadline_RDP2(t *testing.T) {
 	if _, err := server.Write([]byte("req")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return Readable(c) })
 	for _, d := range []time.Duration{75 * time.Second, 30 * time.Second, 60 * time.Second} {
 		_ = c.SetReadDeadline(time.Now().Add(d))
 	}
@@ -354,7 +354,7 @@ func TestLazyReadDeadline_RDP2(t *testing.T) {
 	if _, err := server.Write([]byte("more")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return Readable(c) })
 	_ = c.SetReadDeadline(time.Unix(1, 0))
 	if n, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("unexpected read past the deadline; got %q, %v; want the deadline", buf[:n], err)
@@ -483,7 +483,7 @@ func TestTryReadAwaitEdge_RDP2(t *testing.T) {
 	go func() {
 		for i := range 200 {
 			_, _ = fmt.Fprintf(server, "m%d;", i)
-			if i%10 == 0 {
+			if i%10 == 0 { // let reads drain the socket between writes
 				time.Sleep(time.Millisecond)
 			}
 		}
@@ -522,7 +522,7 @@ func TestCopyFromConnKeepsDeadlines_RDP2(t *testing.T) {
 	if _, err := server.Write([]byte("data")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, func() bool { return Readable(c) })
 	_ = c.SetReadDeadline(time.Unix(1, 0))
 	// Bounded: a copy that reads past the deadline ends when the peer
 	// closes, with the bytes it should not have read.
