@@ -104,6 +104,17 @@ func (s *standin) route(suffix string, fn http.HandlerFunc) {
 	s.mu.Unlock()
 }
 
+// waitUntil polls cond for up to 10 s (generous for a loaded machine
+// under -race), failing the test with what it waited for.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected wait of 10s for %s", what)
+		}
+	}
+}
+
 type rig struct {
 	t     *testing.T
 	store *directory.Memory

@@ -294,8 +294,12 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 		if res, _ := rg.get("/counters/alice/value", nil); res.StatusCode != 200 { // warm a pooled connection
 			t.Fatal(res.StatusCode)
 		}
+		u, err := rg.p.ups.get(w.srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
 		w.srv.CloseClientConnections()
-		time.Sleep(20 * time.Millisecond) // the FIN reaches the pooled socket
+		waitUntil(t, "the FIN to reach the pooled socket", func() bool { return idleReadable(u.pool) })
 		req, _ := http.NewRequest(method, rg.url+"/counters/alice/charge", strings.NewReader(`{"amount":100}`))
 		if method == "GET" {
 			req, _ = http.NewRequest(method, rg.url+"/counters/alice/value", nil)

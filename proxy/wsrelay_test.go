@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -153,9 +154,7 @@ func TestRelayShutdownSendsGoingAway(t *testing.T) {
 	// The worker is inside a 10-byte frame when shutdown comes.
 	long := frame(0x2, []byte("0123456789"), false)
 	worker.Write(long[:6])
-	for hj.Open() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitOpen(t, hj, 1)
 	// The relay is inside the frame once the client has its first bytes
 	// (a fixed sleep was not always enough on a loaded machine: the
 	// relay, still between frames, sent Close first).
@@ -209,6 +208,12 @@ func relayed(t *testing.T, hj *hijacks, pending []byte) (client, worker net.Conn
 }
 
 // waitRelays fails unless every relay on hj ends within 5 s.
+// waitOpen waits up to 10 s for hj to count n open relays.
+func waitOpen(t *testing.T, hj *hijacks, n int64) {
+	t.Helper()
+	waitUntil(t, fmt.Sprintf("%d open relays", n), func() bool { return hj.Open() == n })
+}
+
 func waitRelays(t *testing.T, hj *hijacks, when string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -226,9 +231,7 @@ func TestRelayShutdownDeadline(t *testing.T) {
 	hj := newHijacks()
 	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil, nil)
 	client.Write(frame(0x2, []byte("0123456789"), true)[:5]) // stalls inside a frame
-	for hj.Open() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitOpen(t, hj, 1)
 	// The relay is inside the frame once the worker has its first bytes.
 	worker.SetDeadline(time.Now().Add(10 * time.Second))
 	wbr := bufio.NewReader(worker)
@@ -290,10 +293,8 @@ func TestRelayShutdownWithHandshakeWriteBlocked_RDP2(t *testing.T) {
 	relayClient.SetWriteDeadline(time.Time{})
 	hj := newHijacks()
 	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil, nil)
-	for hj.Open() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(100 * time.Millisecond) // the relay is inside the 101's write
+	waitOpen(t, hj, 1)
+	time.Sleep(100 * time.Millisecond) // the relay is inside the 101's write (not observable)
 	done := make(chan struct{})
 	go func() {
 		hj.shutdown(time.Now().Add(200 * time.Millisecond))
@@ -318,9 +319,7 @@ func TestWaitCoversRelaysStartedDuringIt_RDP2(t *testing.T) {
 		relayUp, worker := tcpPair(t)
 		n := hj.Open()
 		go hj.relay(relayClient, relayUp, handshake, nil, nil)
-		for hj.Open() != n+1 {
-			time.Sleep(time.Millisecond)
-		}
+		waitOpen(t, hj, n+1)
 		return client, worker
 	}
 	_, w1 := start()
@@ -332,9 +331,7 @@ func TestWaitCoversRelaysStartedDuringIt_RDP2(t *testing.T) {
 	}()
 	_, w2 := start()
 	w1.Close()
-	for hj.Open() != 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitOpen(t, hj, 1)
 	select {
 	case <-done:
 		t.Fatalf("unexpected wait return with a relay still open")
