@@ -235,6 +235,16 @@ func TestRegistryGovernorBounds(t *testing.T) {
 	}
 }
 
+// waitQueued waits up to 10 s for a task to queue in r's pool.
+func waitQueued(t *testing.T, r *Registry) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); r.pool.Waiting() < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("unexpected pool with no task queued after 10s")
+		}
+	}
+}
+
 // The registry reports each task's queue wait to the governor: a request
 // that waited behind a busy pool worker shows up in the next step.
 func TestRegistryReportsQueueWait(t *testing.T) {
@@ -258,10 +268,8 @@ func TestRegistryReportsQueueWait(t *testing.T) {
 	r.gov.longestWait.Store(0)
 	done := make(chan response)
 	go func() { done <- h.do(r, "GET", "/registry/health", operatorToken, "") }()
-	for r.pool.Waiting() < 1 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(20 * time.Millisecond)
+	waitQueued(t, r)
+	time.Sleep(20 * time.Millisecond) // the queue wait the registry must report
 	close(block)
 	if res := <-done; res.status != 200 {
 		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)

@@ -223,9 +223,7 @@ func TestRegistrySaturated(t *testing.T) {
 		defer close(queued)
 		_ = r.pool.Submit(func() {})
 	}()
-	for r.pool.Waiting() < 1 {
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(t, r)
 	res := h.do(r, "GET", "/registry/health", operatorToken, "")
 	close(block)
 	<-queued
