@@ -599,15 +599,7 @@ func TestHTTP10UploadEchoedUntilClose_RDP2(t *testing.T) {
 		sent <- nil
 	}()
 	br := bufio.NewReader(c)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("cannot read the response header: %v", err)
-		}
-		if line == "\r\n" {
-			break
-		}
-	}
+	readHead(t, br)
 	n, err := io.Copy(io.Discard, br) // the body ends with the connection
 	if err != nil || n != size {
 		t.Fatalf("unexpected echo; got %d bytes, %v; want %d then the close", n, err, size)

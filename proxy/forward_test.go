@@ -115,6 +115,24 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// readHead reads a response's status line and header from br, up to and
+// including the blank line that ends them, and returns those lines without
+// their line ends (the status line first); br is left at the body.
+func readHead(t *testing.T, br *bufio.Reader) []string {
+	t.Helper()
+	var head []string
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the response header after %q: %v", head, err)
+		}
+		if line == "\r\n" {
+			return head
+		}
+		head = append(head, strings.TrimSpace(line))
+	}
+}
+
 type rig struct {
 	t     *testing.T
 	store *directory.Memory
@@ -772,17 +790,7 @@ func TestHTTP10ClientUnsizedBody_RDP2(t *testing.T) {
 		fmt.Fprintf(c, "GET /counters/alice/events HTTP/1.0\r\nHost: pb\r\n%s\r\n", conn)
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		br := bufio.NewReader(c)
-		var hdr []string
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				t.Fatalf("cannot read the response header: %v", err)
-			}
-			if line == "\r\n" {
-				break
-			}
-			hdr = append(hdr, strings.TrimSpace(line))
-		}
+		hdr := readHead(t, br)
 		for _, h := range hdr {
 			if l := strings.ToLower(h); strings.HasPrefix(l, "transfer-encoding:") || l == "connection: keep-alive" {
 				t.Fatalf("unexpected header line for an HTTP/1.0 client; got %q in %q; want a close-delimited body", h, hdr)

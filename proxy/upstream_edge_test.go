@@ -434,15 +434,7 @@ func TestWebSocketBytesBefore101Relayed_RDP2(t *testing.T) {
 	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\nearly-")
 	br := bufio.NewReader(c)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("cannot read the 101: %v", err)
-		}
-		if line == "\r\n" {
-			break
-		}
-	}
+	readHead(t, br) // the 101
 	_, _ = io.WriteString(c, "late")
 	got := make([]byte, len("early-late"))
 	if _, err := io.ReadFull(br, got); err != nil || string(got) != "early-late" {
