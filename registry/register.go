@@ -40,10 +40,13 @@ type registerBody struct {
 // with it (directory.Registration).
 var namespaceRE = regexp.MustCompile(`^/[^/\s\x00]+$`)
 
-// reservedNamespace is the namespace the registry API's paths take.
-const reservedNamespace = "/registry"
+// ReservedNamespace is the namespace the registry API's paths take
+// (route spells them out): a node sends ReservedNamespace + "/…" to
+// ServeHTTP, and no worker may register it. The one source of it for the
+// server's routing.
+const ReservedNamespace = "/registry"
 
-var bodyReservedNamespace = errorBody("namespace /registry is reserved: pinboard serves its registry API there")
+var bodyReservedNamespace = errorBody("namespace " + ReservedNamespace + " is reserved: pinboard serves its registry API there")
 
 const (
 	maxIDLen      = 256
@@ -168,7 +171,7 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 		reply(ctx, fasthttp.StatusBadRequest, bodyRegisterShape)
 		return nil
 	}
-	if slices.Contains(reg.Namespaces, reservedNamespace) {
+	if slices.Contains(reg.Namespaces, ReservedNamespace) {
 		// /registry/{id}/… is the registry API: such a namespace would
 		// register and then never receive a request.
 		reply(ctx, fasthttp.StatusBadRequest, bodyReservedNamespace)

@@ -294,7 +294,7 @@ func trimSlash(s string) string {
 }
 
 var (
-	registryPrefix = []byte("/registry/")
+	registryPrefix = []byte(registry.ReservedNamespace + "/")
 	pathLivez      = []byte("/livez")
 	pathReadyz     = []byte("/readyz")
 )
