@@ -257,6 +257,14 @@ func TestRedisOutageKeepsCachedRoutes(t *testing.T) {
 	if _, err := a.Quarantine(ctx, now); !errors.Is(err, directory.ErrUnavailable) {
 		t.Fatalf("unexpected health while redis is down; got %v; want ErrUnavailable", err)
 	}
+	// The outage is what the message says, not a bad script reply.
+	_, perr := a.Placement(ctx, "/c", "x", now)
+	_, derr := a.SetDrain(ctx, "a", directory.DrainState{Draining: true}, now)
+	for _, err := range []error{perr, derr} {
+		if !errors.Is(err, directory.ErrUnavailable) || strings.Contains(err.Error(), "script reply") {
+			t.Fatalf("unexpected error while redis is down; got %v; want ErrUnavailable saying why", err)
+		}
+	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("unexpected latency of failures while redis is down; got %v", d)
 	}

@@ -17,6 +17,17 @@ var (
 	errOwnerGone  = errors.New("owner deregistered during the claim")
 )
 
+// replyErr is why a script's reply cannot be used: err when the call
+// failed (a network error, a cancelled context, a script error), and
+// errShortReply only when it answered something else than the script
+// returns, so that an outage is not reported as a bad reply.
+func replyErr(err error) error {
+	if err != nil {
+		return err
+	}
+	return errShortReply
+}
+
 // Session implements Store.
 func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error) {
 	reply, err := r.run(ctx, "session", scriptSession, r.key("s", sessionID), []string{r.prefix, micros(now), sessionID}).AsStrSlice()
@@ -85,7 +96,7 @@ func (r *Redis) drop(ctx context.Context, op, sid string, freed func(rows []stri
 	return r.inBatches(math.MaxInt, func() (bool, error) {
 		reply, err := r.runWrite(ctx, op, scriptDrop, r.key("s", sid), []string{r.prefix, sid}).ToArray()
 		if err != nil || len(reply) < 2 {
-			return false, unavailable("drop session", sid, errors.Join(err, errShortReply))
+			return false, unavailable("drop session", sid, replyErr(err))
 		}
 		rows := strs(arr(reply[0]))
 		r.forget(r.rowKeys(rows))
@@ -164,7 +175,7 @@ func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState,
 	reply, err := r.run(ctx, "drain", scriptDrain, r.key("k", clientID), []string{r.prefix, micros(now),
 		r.leaseMicros(), clientID, flag(drain.Draining), deadline}).AsStrSlice()
 	if err != nil || len(reply) == 0 {
-		return false, unavailable("drain", clientID, errors.Join(err, errShortReply))
+		return false, unavailable("drain", clientID, replyErr(err))
 	}
 	for i := 1; i+1 < len(reply); i += 2 {
 		if s := r.session(reply[i]); s != nil {
@@ -195,7 +206,7 @@ func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*P
 		return nil, ErrNoPlacement
 	}
 	if err != nil || len(reply) < 5 {
-		return nil, unavailable("read placement", ns+"/"+id, errors.Join(err, errShortReply))
+		return nil, unavailable("read placement", ns+"/"+id, replyErr(err))
 	}
 	ep, _ := strconv.ParseUint(reply[1], 10, 64)
 	return &PlacementInfo{
@@ -231,7 +242,7 @@ func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
 		if err != nil || len(reply) < 3 {
-			return false, unavailable("sweep", "directory", errors.Join(err, errShortReply))
+			return false, unavailable("sweep", "directory", replyErr(err))
 		}
 		r.forget(r.rowKeys(strs(arr(reply[0]))))
 		dropped := strs(arr(reply[1]))

@@ -117,7 +117,7 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 		}
 	}
 	if err != nil || len(reply) < 8 {
-		return nil, unavailable("register", g.reg.ClientID, errShortReply)
+		return nil, unavailable("register", g.reg.ClientID, replyErr(err))
 	}
 	head := strs(reply[:3])
 	res := &RegisterResult{SessionID: g.sid, LeaseUntil: fromMicros(head[0])}
