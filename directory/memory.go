@@ -625,6 +625,18 @@ func (m *Memory) planBindings(reg *Registration, now time.Time) ([]bindingPlan, 
 // their rows, still pointing at them, are duplicates if listed, and are
 // freed when the registration ends (Register). The earlier sessions of
 // the process are handed over instead.
+//
+// Unlike the sessions Void and the sweep drop, superseded ones are not
+// listed in m.dropped (retire), on purpose. Redis lists them because a
+// failed script call between batches must leave their rows to any node's
+// sweep; here nothing can fail between the supersede and Register's
+// finishDrops (no I/O; a crash loses the whole store), so there is nothing
+// for the sweep to finish. And listed, a concurrent Sweep or Void could
+// free their rows while the registration's batches still run, turning ids
+// they held into claims instead of the duplicates reclaim makes of them
+// (it checks the row still points at a displaced session). Register drops
+// the earlier sessions of the process unlisted too, after the batches: it
+// frees their rows itself right after, with nothing that can fail.
 func (m *Memory) applyBindings(s *memSession, plans []bindingPlan, earlier []*memSession, now time.Time) []*memSession {
 	var displaced []*memSession
 	for _, p := range plans {
