@@ -8,19 +8,42 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/directory/directorytest"
+	"github.com/pinboard-go/pinboard/tools/redistest"
 )
+
+// onBothStores runs fn against the memory store and against a Redis store
+// (R-PL-3, R-PL-4 hold on both: the Redis store ranks its cached view of
+// the candidates' headroom, the memory store its own records).
+func onBothStores(t *testing.T, fn func(t *testing.T, f directorytest.Factory)) {
+	t.Run("memory", func(t *testing.T) {
+		fn(t, func(_ *testing.T, ttl time.Duration, now time.Time) directory.Store {
+			return directory.NewMemory(ttl, now)
+		})
+	})
+	t.Run("redis", func(t *testing.T) {
+		fn(t, redisFactory(redistest.StartServer(t).URL()))
+	})
+}
 
 type fleet struct {
 	t   *testing.T
-	s   *directory.Memory
+	s   directory.Store
 	now time.Time
 	ids map[string]string // session -> name
 }
 
 func newFleet(t *testing.T, headroom float64, names ...string) *fleet {
 	t.Helper()
+	return newFleetOn(t, func(_ *testing.T, ttl time.Duration, now time.Time) directory.Store {
+		return directory.NewMemory(ttl, now)
+	}, headroom, names...)
+}
+
+func newFleetOn(t *testing.T, store directorytest.Factory, headroom float64, names ...string) *fleet {
+	t.Helper()
 	f := &fleet{t: t, now: time.Unix(1_800_000_000, 0), ids: map[string]string{}}
-	f.s = directory.NewMemory(time.Hour, f.now)
+	f.s = store(t, time.Hour, f.now)
 	ctx := context.Background()
 	_, _ = f.s.Place(ctx, &directory.PlaceRequest{NS: "/x", ID: "warm", Now: f.now})
 	f.now = f.now.Add(time.Hour - time.Second)
@@ -48,7 +71,11 @@ func (f *fleet) place(id string, pick directory.PickInput, policy directory.Poli
 // land within ±10% of even (R-PL-3, R-PL-4: null key → power of two
 // choices).
 func TestDistributionWithoutAffinity_RPL3_RPL4(t *testing.T) {
-	f := newFleet(t, 1024, "a", "b", "c", "d")
+	onBothStores(t, testDistributionWithoutAffinity)
+}
+
+func testDistributionWithoutAffinity(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 1024, "a", "b", "c", "d")
 	counts := map[string]int{}
 	for i := range 10_000 {
 		counts[f.place(fmt.Sprintf("id-%d", i), directory.PickInput{}, nil)]++
@@ -67,10 +94,14 @@ func TestDistributionWithoutAffinity_RPL3_RPL4(t *testing.T) {
 // guard moves them, and the headroom spread stays within the factor
 // (R-PL-4).
 func TestClientIPAffinityBoundedByBalanceFactor_RPL4(t *testing.T) {
+	onBothStores(t, testClientIPAffinityBoundedByBalanceFactor)
+}
+
+func testClientIPAffinityBoundedByBalanceFactor(t *testing.T, store directorytest.Factory) {
 	for _, factor := range []float64{1.5, 2, 4} {
 		t.Run(fmt.Sprint(factor), func(t *testing.T) {
 			const headroom = 400
-			f := newFleet(t, headroom, "a", "b", "c", "d")
+			f := newFleetOn(t, store, headroom, "a", "b", "c", "d")
 			policy := &directory.HeadroomPolicy{BalanceFactor: factor}
 			pick := directory.PickInput{Key: "203.0.113.7", HasKey: true}
 			first := f.place("id-0", pick, policy)
