@@ -33,13 +33,6 @@ type fleet struct {
 	ids map[string]string // session -> name
 }
 
-func newFleet(t *testing.T, headroom float64, names ...string) *fleet {
-	t.Helper()
-	return newFleetOn(t, func(_ *testing.T, ttl time.Duration, now time.Time) directory.Store {
-		return directory.NewMemory(ttl, now)
-	}, headroom, names...)
-}
-
 func newFleetOn(t *testing.T, store directorytest.Factory, headroom float64, names ...string) *fleet {
 	t.Helper()
 	f := &fleet{t: t, now: time.Unix(1_800_000_000, 0), ids: map[string]string{}}
@@ -138,8 +131,12 @@ func testClientIPAffinityBoundedByBalanceFactor(t *testing.T, store directorytes
 // Different client IPs prefer different workers (rendezvous), and the same
 // IP prefers the same worker on every node (the score is deterministic).
 func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
-	f1 := newFleet(t, 1000, "a", "b", "c", "d")
-	f2 := newFleet(t, 1000, "a", "b", "c", "d")
+	onBothStores(t, testRendezvousIsStableAndSpreads)
+}
+
+func testRendezvousIsStableAndSpreads(t *testing.T, store directorytest.Factory) {
+	f1 := newFleetOn(t, store, 1000, "a", "b", "c", "d")
+	f2 := newFleetOn(t, store, 1000, "a", "b", "c", "d")
 	policy := &directory.HeadroomPolicy{}
 	seen := map[string]bool{}
 	for i := range 64 {
@@ -159,7 +156,11 @@ func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
 // Attested cluster calls prefer the caller's own worker even against
 // headroom (R-PL-4).
 func TestCallerPreference_RPL4(t *testing.T) {
-	f := newFleet(t, 10, "a", "b")
+	onBothStores(t, testCallerPreference)
+}
+
+func testCallerPreference(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 10, "a", "b")
 	var caller string
 	for sid, n := range f.ids {
 		if n == "b" {
@@ -176,7 +177,11 @@ func TestCallerPreference_RPL4(t *testing.T) {
 // Existing ids keep their owners whatever the request's affinity
 // (R-PL-2, R-PL-4).
 func TestExistingIDsKeepOwners_RPL2(t *testing.T) {
-	f := newFleet(t, 100, "a", "b", "c")
+	onBothStores(t, testExistingIDsKeepOwners)
+}
+
+func testExistingIDsKeepOwners(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 100, "a", "b", "c")
 	owner := f.place("keep", directory.PickInput{Key: "1.1.1.1", HasKey: true}, nil)
 	for i := range 50 {
 		if got := f.place("keep", directory.PickInput{Key: fmt.Sprintf("9.9.9.%d", i), HasKey: true}, nil); got != owner {
