@@ -109,6 +109,10 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 		if err == nil {
 			q, err = s.Store.Quarantine(c, now)
 		}
+		expired := 0
+		if ec, ok := s.Store.(directory.ExpiredCounter); ok && err == nil {
+			expired, err = ec.Expired(c, now)
+		}
 		cancel()
 		e.family("pinboard_directory_up", "gauge", "1 when the directory store answered this scrape, 0 when it did not.")
 		if err != nil {
@@ -119,6 +123,7 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 			for i := range list {
 				n[workerState(&list[i], now)]++
 			}
+			n[3] += expired // Workers lists live sessions only
 			e.family("pinboard_workers", "gauge", "Registered worker sessions by state: expired (lease passed, not yet swept), draining (own or operator drain), degraded (last challenge probe failed), healthy.")
 			for i, st := range workerStates {
 				e.value("pinboard_workers", "state", st, float64(n[i]))
