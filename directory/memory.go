@@ -263,7 +263,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	s := sess[ranked[0]]
 	nr := m.setRow(sh, key, req.NS, req.ID, s)
 	s.info.Headroom--
-	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true}, nil
+	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r != nil}, nil
 }
 
 // eligible: live, not draining by its own flag or an operator drain, and

@@ -231,8 +231,8 @@ func testSticky(t *testing.T, f Factory) {
 	fx.warm()
 	a := fx.register("a", []string{"/c"}, 10)
 	first := fx.place("/c", "x")
-	if first.Owner.SessionID != a {
-		t.Fatalf("unexpected owner; got %s; want %s", first.Owner.SessionID, a)
+	if first.Owner.SessionID != a || first.Replaced {
+		t.Fatalf("unexpected owner; got %+v; want a new placement on %s", first, a)
 	}
 	b := fx.register("b", []string{"/c"}, 1000)
 	for range 5 {
@@ -251,8 +251,8 @@ func testSticky(t *testing.T, f Factory) {
 		t.Fatalf("unexpected lookup hit once the owner's lease lapsed")
 	}
 	r := fx.place("/c", "x")
-	if r.Owner.SessionID != b || !r.Placed {
-		t.Fatalf("unexpected re-placement; got %+v; want new placement on %s", r, b)
+	if r.Owner.SessionID != b || !r.Placed || !r.Replaced {
+		t.Fatalf("unexpected re-placement; got %+v; want new placement on %s, replacing a's row", r, b)
 	}
 	if r.Epoch <= first.Epoch {
 		t.Fatalf("unexpected epoch; got %d; want > %d", r.Epoch, first.Epoch)
