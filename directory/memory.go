@@ -45,7 +45,10 @@ type Memory struct {
 	afterDrop func()
 }
 
-var _ Store = (*Memory)(nil)
+var (
+	_ Store          = (*Memory)(nil)
+	_ ExpiredCounter = (*Memory)(nil)
+)
 
 type memShard struct {
 	mu   sync.RWMutex
@@ -260,7 +263,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	s := sess[ranked[0]]
 	nr := m.setRow(sh, key, req.NS, req.ID, s)
 	s.info.Headroom--
-	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true}, nil
+	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r != nil}, nil
 }
 
 // eligible: live, not draining by its own flag or an operator drain, and
@@ -447,6 +450,19 @@ func (m *Memory) Workers(_ context.Context, now time.Time) ([]SessionInfo, error
 		return compareStrings(a.SessionID, b.SessionID)
 	})
 	return out, nil
+}
+
+// Expired implements ExpiredCounter.
+func (m *Memory) Expired(_ context.Context, now time.Time) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, s := range m.sessions {
+		if !s.owner.Live(now) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 func compareStrings(a, b string) int {

@@ -8,19 +8,35 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/directory/directorytest"
+	"github.com/pinboard-go/pinboard/tools/redistest"
 )
+
+// onBothStores runs fn against the memory store and against a Redis store
+// (R-PL-3, R-PL-4 hold on both: the Redis store ranks its cached view of
+// the candidates' headroom, the memory store its own records).
+func onBothStores(t *testing.T, fn func(t *testing.T, f directorytest.Factory)) {
+	t.Run("memory", func(t *testing.T) {
+		fn(t, func(_ *testing.T, ttl time.Duration, now time.Time) directory.Store {
+			return directory.NewMemory(ttl, now)
+		})
+	})
+	t.Run("redis", func(t *testing.T) {
+		fn(t, redisFactory(redistest.StartServer(t).URL()))
+	})
+}
 
 type fleet struct {
 	t   *testing.T
-	s   *directory.Memory
+	s   directory.Store
 	now time.Time
 	ids map[string]string // session -> name
 }
 
-func newFleet(t *testing.T, headroom float64, names ...string) *fleet {
+func newFleetOn(t *testing.T, store directorytest.Factory, headroom float64, names ...string) *fleet {
 	t.Helper()
 	f := &fleet{t: t, now: time.Unix(1_800_000_000, 0), ids: map[string]string{}}
-	f.s = directory.NewMemory(time.Hour, f.now)
+	f.s = store(t, time.Hour, f.now)
 	ctx := context.Background()
 	_, _ = f.s.Place(ctx, &directory.PlaceRequest{NS: "/x", ID: "warm", Now: f.now})
 	f.now = f.now.Add(time.Hour - time.Second)
@@ -48,7 +64,11 @@ func (f *fleet) place(id string, pick directory.PickInput, policy directory.Poli
 // land within ±10% of even (R-PL-3, R-PL-4: null key → power of two
 // choices).
 func TestDistributionWithoutAffinity_RPL3_RPL4(t *testing.T) {
-	f := newFleet(t, 1024, "a", "b", "c", "d")
+	onBothStores(t, testDistributionWithoutAffinity)
+}
+
+func testDistributionWithoutAffinity(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 1024, "a", "b", "c", "d")
 	counts := map[string]int{}
 	for i := range 10_000 {
 		counts[f.place(fmt.Sprintf("id-%d", i), directory.PickInput{}, nil)]++
@@ -67,10 +87,14 @@ func TestDistributionWithoutAffinity_RPL3_RPL4(t *testing.T) {
 // guard moves them, and the headroom spread stays within the factor
 // (R-PL-4).
 func TestClientIPAffinityBoundedByBalanceFactor_RPL4(t *testing.T) {
+	onBothStores(t, testClientIPAffinityBoundedByBalanceFactor)
+}
+
+func testClientIPAffinityBoundedByBalanceFactor(t *testing.T, store directorytest.Factory) {
 	for _, factor := range []float64{1.5, 2, 4} {
 		t.Run(fmt.Sprint(factor), func(t *testing.T) {
 			const headroom = 400
-			f := newFleet(t, headroom, "a", "b", "c", "d")
+			f := newFleetOn(t, store, headroom, "a", "b", "c", "d")
 			policy := &directory.HeadroomPolicy{BalanceFactor: factor}
 			pick := directory.PickInput{Key: "203.0.113.7", HasKey: true}
 			first := f.place("id-0", pick, policy)
@@ -107,8 +131,12 @@ func TestClientIPAffinityBoundedByBalanceFactor_RPL4(t *testing.T) {
 // Different client IPs prefer different workers (rendezvous), and the same
 // IP prefers the same worker on every node (the score is deterministic).
 func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
-	f1 := newFleet(t, 1000, "a", "b", "c", "d")
-	f2 := newFleet(t, 1000, "a", "b", "c", "d")
+	onBothStores(t, testRendezvousIsStableAndSpreads)
+}
+
+func testRendezvousIsStableAndSpreads(t *testing.T, store directorytest.Factory) {
+	f1 := newFleetOn(t, store, 1000, "a", "b", "c", "d")
+	f2 := newFleetOn(t, store, 1000, "a", "b", "c", "d")
 	policy := &directory.HeadroomPolicy{}
 	seen := map[string]bool{}
 	for i := range 64 {
@@ -128,7 +156,11 @@ func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
 // Attested cluster calls prefer the caller's own worker even against
 // headroom (R-PL-4).
 func TestCallerPreference_RPL4(t *testing.T) {
-	f := newFleet(t, 10, "a", "b")
+	onBothStores(t, testCallerPreference)
+}
+
+func testCallerPreference(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 10, "a", "b")
 	var caller string
 	for sid, n := range f.ids {
 		if n == "b" {
@@ -145,7 +177,11 @@ func TestCallerPreference_RPL4(t *testing.T) {
 // Existing ids keep their owners whatever the request's affinity
 // (R-PL-2, R-PL-4).
 func TestExistingIDsKeepOwners_RPL2(t *testing.T) {
-	f := newFleet(t, 100, "a", "b", "c")
+	onBothStores(t, testExistingIDsKeepOwners)
+}
+
+func testExistingIDsKeepOwners(t *testing.T, store directorytest.Factory) {
+	f := newFleetOn(t, store, 100, "a", "b", "c")
 	owner := f.place("keep", directory.PickInput{Key: "1.1.1.1", HasKey: true}, nil)
 	for i := range 50 {
 		if got := f.place("keep", directory.PickInput{Key: fmt.Sprintf("9.9.9.%d", i), HasKey: true}, nil); got != owner {

@@ -101,7 +101,10 @@ type Redis struct {
 	afterDrop func()
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store          = (*Redis)(nil)
+	_ ExpiredCounter = (*Redis)(nil)
+)
 
 // Cache lifetimes handed to DoCache. Entries live until invalidated; the
 // TTL only bounds memory for keys nobody writes any more.

@@ -5,7 +5,8 @@
 --       highest epoch the calling node read (0: none), 9.. the policy's
 --       ranking, best first.
 -- Returns {"owner", sid, epoch, lease} for a live owner, {"placed", sid,
--- epoch, lease} for a new placement, {"quarantine", stamp, "1" when this
+-- epoch, lease, "1" when it replaced an earlier owner's row else "0"} for a
+-- new placement, {"quarantine", stamp, "1" when this
 -- call found the directory went back in time, else "0"}, {"unknown"} (no
 -- live worker serves ns) or {"noeligible"}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -91,4 +92,4 @@ local ep = setrow(P, row, pick, ARGV[2])
 -- Each placement spends one unit until the next heartbeat replaces the
 -- value (R-PL-3).
 redis.call('HINCRBYFLOAT', P .. 'h:' .. pick, 'hr', '-1')
-return { 'placed', pick, ep, fmt(lease(P, pick)) }
+return { 'placed', pick, ep, fmt(lease(P, pick)), cur and '1' or '0' }

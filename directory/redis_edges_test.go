@@ -276,3 +276,54 @@ func TestRedisScriptCacheLost_RPL1_RREG2_RREG3(t *testing.T) {
 		t.Fatalf("session survived a sweep one minute past its lease: %v", err)
 	}
 }
+
+// The control queue expires two leases after its last write or read
+// (R-CM-1), as TestMemoryQueueExpiry_RCM1 checks on the memory store. Redis
+// counts the expiry in its own time, so this reads the queue's PTTL: a
+// wind-down (write) and a heartbeat (read) each set it back to two leases.
+func TestRedisQueueExpiry_RCM1(t *testing.T) {
+	const ttl = time.Second
+	srv, nodes, wa, now := startDirectory(t, "queue", ttl, 1)
+	ctx, s := ctxT(t), nodes[0]
+	if _, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	pttl := func(what string) time.Duration {
+		t.Helper()
+		v, err := srv.Do("PTTL", "{queue}:q:"+wa)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("unexpected PTTL reply %q", v)
+		}
+		if ms < 0 {
+			t.Fatalf("unexpected queue without an expiry after %s; got PTTL %d", what, ms)
+		}
+		return time.Duration(ms) * time.Millisecond
+	}
+	fresh := func(what string) {
+		t.Helper()
+		if d := pttl(what); d <= 2*ttl-400*time.Millisecond || d > 2*ttl {
+			t.Fatalf("unexpected queue expiry after %s; got %v; want two leases (%v)", what, d, 2*ttl)
+		}
+	}
+	if _, _, err := s.WindDown(ctx, "/c", "x", nil, now); err != nil {
+		t.Fatal(err)
+	}
+	fresh("the wind-down")
+	time.Sleep(800 * time.Millisecond)
+	if d := pttl("waiting"); d > 2*ttl-700*time.Millisecond {
+		t.Fatalf("unexpected queue expiry 0.8s after the write; got %v", d)
+	}
+	if res, err := s.Heartbeat(ctx, &directory.Beat{SessionID: wa, Sub: "sub", Headroom: 1}, now); err != nil || len(res.Messages) != 1 {
+		t.Fatalf("unexpected heartbeat; got %+v, %v; want the message", res, err)
+	}
+	fresh("the heartbeat that read it")
+	time.Sleep(800 * time.Millisecond)
+	if _, _, err := s.WindDown(ctx, "/c", "x", nil, now); err != nil {
+		t.Fatal(err)
+	}
+	fresh("a second wind-down")
+}

@@ -166,6 +166,19 @@ func (r *Redis) Workers(ctx context.Context, now time.Time) ([]SessionInfo, erro
 	return out, nil
 }
 
+// Expired implements ExpiredCounter: the lease index's sessions whose
+// lease is not after now (drops remove theirs; the sweep removes the rest
+// one lease later).
+func (r *Redis) Expired(ctx context.Context, now time.Time) (int, error) {
+	start := time.Now()
+	n, err := r.c.Do(ctx, r.c.B().Zcount().Key(r.prefix+"leases").Min("-inf").Max(micros(now)).Build()).AsInt64()
+	r.observe("expired", start, err)
+	if err != nil {
+		return 0, unavailable("count", "expired sessions", err)
+	}
+	return int(n), nil
+}
+
 // SetDrain implements Store.
 func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState, now time.Time) (bool, error) {
 	deadline := "0"

@@ -147,7 +147,7 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 			}
 		}
 	}
-	return Route{Owner: s.owner, Epoch: ep, Placed: placed}, nil
+	return Route{Owner: s.owner, Epoch: ep, Placed: placed, Replaced: placed && len(reply) > 4 && reply[4] == "1"}, nil
 }
 
 // view picks the members that may take the request's new id by the

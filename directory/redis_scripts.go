@@ -119,8 +119,9 @@ func (r *Redis) runWrite(ctx context.Context, op string, sc *script, key string,
 // pipeScript runs sc in one pipelined round trip, among the commands
 // around builds around its EVALSHA (around returns the pipeline and the
 // script's index in it), and reports the round trip as op. On NOSCRIPT (a
-// restarted or failed-over Redis lost its script cache) the round trip is
-// built and sent again with EVAL: the failed attempt wrote nothing.
+// restarted or failed-over Redis lost its script cache, or this script
+// never ran there) the round trip is built and sent again with EVAL: the
+// failed attempt wrote nothing, and is reported without an error.
 // Commands are built afresh per attempt: rueidis recycles sent ones.
 func (r *Redis) pipeScript(ctx context.Context, op string, sc *script, key string, args []string,
 	around func(eval rueidis.Completed) (rueidis.Commands, int)) ([]rueidis.RedisResult, int) {
@@ -132,10 +133,14 @@ func (r *Redis) pipeScript(ctx context.Context, op string, sc *script, key strin
 		cmds, at := around(eval)
 		start := time.Now()
 		res := r.c.DoMulti(ctx, cmds...)
-		r.observeMulti(op, start, res)
 		if err := res[at].Error(); err != nil && attempt == 0 && isNoScript(err) {
+			// NOSCRIPT is EVALSHA asking for the source, not a failing
+			// store: the round trip counts, its error does not (as
+			// rueidis.Lua.Exec's retry inside run is not seen at all).
+			r.observe(op, start, nil)
 			continue
 		}
+		r.observeMulti(op, start, res)
 		return res, at
 	}
 }

@@ -91,6 +91,14 @@ type Store interface {
 	Close() error
 }
 
+// ExpiredCounter is an optional Store ability: how many sessions have
+// passed their lease and are not dropped yet (the sweep drops them one
+// lease later, R-LS-2). Workers lists live sessions only, so these are
+// counted apart, for pinboard_workers{state="expired"}.
+type ExpiredCounter interface {
+	Expired(ctx context.Context, now time.Time) (int, error)
+}
+
 // RegisterBatch is how many listed instances a registration reclaims in
 // one atomic step of a store: one script call on Redis, one hold of the
 // memory store's lock. Redis serves nobody else while a script runs, so

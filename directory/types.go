@@ -96,6 +96,10 @@ type Route struct {
 	// activation on the worker); the proxy retries in-band refusals of new
 	// placements elsewhere (R-PL-6).
 	Placed bool
+	// Replaced is true for a placement made over the row of an owner
+	// whose lease had passed (a crashed or cut-off worker, R-LS-2) or that
+	// was excluded: the id moved (pinboard_placements_total{kind="replaced"}).
+	Replaced bool
 }
 
 // Candidate is an eligible worker session for a new placement (R-PL-1):

@@ -60,7 +60,7 @@ func (m *Metrics) appendDataPlane(e *expo) {
 	e.family("pinboard_directory_lookups_total", "counter", "Data-plane resolutions: hit is a live placement found in the directory cache, miss went to the store to place.")
 	e.sample("pinboard_directory_lookups_total", "result", "hit", "", "", m.cacheHit.Load())
 	e.sample("pinboard_directory_lookups_total", "result", "miss", "", "", m.cacheMiss.Load())
-	e.family("pinboard_placements_total", "counter", "New placements made by this node: kind=new, or kind=replaced when an id was placed again after its worker refused the activation in-band (R-PL-6).")
+	e.family("pinboard_placements_total", "counter", "New placements made by this node: kind=new, or kind=replaced when the id moved: off a worker that refused the activation in-band (R-PL-6), or off an owner whose lease had passed while its row was kept (R-LS-2: a crashed or cut-off worker, within one lease of its expiry).")
 	e.sample("pinboard_placements_total", "kind", "new", "", "", m.placed.Load())
 	e.sample("pinboard_placements_total", "kind", "replaced", "", "", m.replaced.Load())
 }
@@ -109,6 +109,10 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 		if err == nil {
 			q, err = s.Store.Quarantine(c, now)
 		}
+		expired := 0
+		if ec, ok := s.Store.(directory.ExpiredCounter); ok && err == nil {
+			expired, err = ec.Expired(c, now)
+		}
 		cancel()
 		e.family("pinboard_directory_up", "gauge", "1 when the directory store answered this scrape, 0 when it did not.")
 		if err != nil {
@@ -119,6 +123,7 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 			for i := range list {
 				n[workerState(&list[i], now)]++
 			}
+			n[3] += expired // Workers lists live sessions only
 			e.family("pinboard_workers", "gauge", "Registered worker sessions by state: expired (lease passed, not yet swept), draining (own or operator drain), degraded (last challenge probe failed), healthy.")
 			for i, st := range workerStates {
 				e.value("pinboard_workers", "state", st, float64(n[i]))

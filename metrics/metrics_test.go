@@ -221,3 +221,28 @@ func (f fakeStore) Workers(context.Context, time.Time) ([]directory.SessionInfo,
 func (f fakeStore) Quarantine(context.Context, time.Time) (time.Duration, error) {
 	return f.quarantine, f.err
 }
+
+// The stores list live sessions only, so sessions whose lease passed and
+// that the sweep has not dropped yet are counted apart (directory.
+// ExpiredCounter): pinboard_workers{state="expired"} over a real store.
+func TestExpiredWorkersFromStore(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	const ttl = time.Second
+	store := directory.NewMemory(ttl, now)
+	for _, c := range []string{"a", "b"} {
+		if _, err := store.Register(t.Context(), &directory.Registration{ClientID: c, Sub: "s", Secret: "k",
+			Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:1/" + c, Headroom: 1}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := New(Options{Now: func() time.Time { return now }})
+	m.Attach(Sources{Store: store})
+	want(t, scrape(t, m), `pinboard_workers{state="expired"}`, "0")
+	now = now.Add(ttl + time.Millisecond) // both leases passed, not yet swept
+	got := scrape(t, m)
+	want(t, got, `pinboard_workers{state="expired"}`, "2")
+	want(t, got, `pinboard_workers{state="healthy"}`, "0")
+	now = now.Add(ttl)
+	_ = store.Sweep(t.Context(), now)
+	want(t, scrape(t, m), `pinboard_workers{state="expired"}`, "0")
+}

@@ -268,7 +268,9 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 		Host: hostOnly(ctx.Request.Header.Host()),
 	})
 	if err == nil && r.Placed {
-		p.metrics.Placement(exclude != "")
+		// Replaced: the id moved, off a refusing worker (R-PL-6) or off
+		// an owner whose lease passed (R-LS-2).
+		p.metrics.Placement(exclude != "" || r.Replaced)
 	}
 	return r, err
 }

@@ -806,3 +806,55 @@ func TestHTTP10ClientUnsizedBody_RDP2(t *testing.T) {
 		}
 	}
 }
+
+// placementCounter is a Metrics that counts placements.
+type placementCounter struct {
+	nopMetrics
+	placed, replaced atomic.Int64
+}
+
+func (c *placementCounter) Placement(replaced bool) {
+	if replaced {
+		c.replaced.Add(1)
+	} else {
+		c.placed.Add(1)
+	}
+}
+
+// An id whose owner's lease passed moves to another worker and counts as
+// replaced, as one moved off a refusing worker does; a first placement
+// counts as new (pinboard_placements_total, R-LS-2, R-PL-6).
+func TestPlacementMetrics_RLS2_RPL6(t *testing.T) {
+	var m placementCounter
+	rg := newRig(t, func(o *Options) { o.Metrics = &m })
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	count := func(placed, replaced int64) {
+		t.Helper()
+		if p, r := m.placed.Load(), m.replaced.Load(); p != placed || r != replaced {
+			t.Fatalf("unexpected placements; got new %d, replaced %d; want %d, %d", p, r, placed, replaced)
+		}
+	}
+	if res, body := rg.get("/counters/alice/value", nil); res.StatusCode != 200 || decodeSeen(t, body).Worker != "a" {
+		t.Fatalf("unexpected first reply; got %d %s; want a's", res.StatusCode, body)
+	}
+	count(1, 0)
+	rg.get("/counters/alice/value", nil)
+	count(1, 0)
+	// a stops heartbeating; b goes on. Past a's lease, alice moves to b.
+	rg.advance(5 * time.Second)
+	if _, err := rg.store.Heartbeat(t.Context(), &directory.Beat{SessionID: b.session.Load().(string), Sub: "p:worker", Headroom: 1}, rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	rg.advance(5*time.Second + time.Millisecond)
+	if res, body := rg.get("/counters/alice/value", nil); res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+		t.Fatalf("unexpected reply after a's lease passed; got %d %s; want b's", res.StatusCode, body)
+	}
+	count(1, 1)
+	if res, _ := rg.get("/counters/bob/value", nil); res.StatusCode != 200 {
+		t.Fatalf("unexpected reply for a new id; got %d", res.StatusCode)
+	}
+	count(2, 1)
+}

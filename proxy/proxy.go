@@ -72,7 +72,9 @@ type Metrics interface {
 	// Resolve counts a directory resolution: hit (cached live placement) or
 	// a placement attempt.
 	Resolve(hit bool)
-	// Placement counts a new placement or re-placement.
+	// Placement counts a new placement; replaced when the id moved: off a
+	// worker that refused it in-band (R-PL-6) or off an owner whose lease
+	// had passed (R-LS-2).
 	Placement(replaced bool)
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/metrics"
 )
 
 // hotPath is the steady state the data plane is tuned for (issue 5): a
@@ -52,7 +53,11 @@ func standInWorker(tb testing.TB) string {
 	return "http://" + ln.Addr().String() + "/w/0/"
 }
 
-func newHotPath(tb testing.TB) *hotPath {
+func newHotPath(tb testing.TB) *hotPath { return newHotPathWith(tb, nil) }
+
+// newHotPathWith is newHotPath with m recording the data plane's metrics
+// (nil: none).
+func newHotPathWith(tb testing.TB, m Metrics) *hotPath {
 	tb.Helper()
 	now := time.Unix(1_800_000_000, 0)
 	store := directory.NewMemory(time.Hour, now)
@@ -71,7 +76,7 @@ func newHotPath(tb testing.TB) *hotPath {
 		tb.Fatal(err)
 	}
 	h := &hotPath{store: store, sess: reg.SessionID, now: now}
-	h.p = New(Options{Store: store, Passport: pp, Now: func() time.Time { return h.now }})
+	h.p = New(Options{Store: store, Passport: pp, Now: func() time.Time { return h.now }, Metrics: m})
 	h.req.Header.SetMethod(fasthttp.MethodGet)
 	h.req.SetRequestURI("/bench/alice/json")
 	h.req.Header.SetHost("pinboard.test")
@@ -112,6 +117,25 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	h := newHotPath(t)
 	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
 		t.Fatalf("unexpected allocations per proxied request; got %v; want 0", n)
+	}
+}
+
+// TestHotPathWithMetricsAllocatesNothing: recording the request's metrics
+// (status class by namespace, latency, directory lookup) keeps the steady
+// state at 0 allocations (issue 6: recording a metric must not allocate on
+// the hot path).
+func TestHotPathWithMetricsAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	m := metrics.New(metrics.Options{})
+	h := newHotPathWith(t, m)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied request with metrics; got %v; want 0", n)
+	}
+	exp := string(m.AppendPrometheus(t.Context(), nil))
+	if !strings.Contains(exp, `pinboard_proxy_requests_total{namespace="/bench",code="2xx"} 1002`) {
+		t.Fatalf("unexpected exposition: the requests were not recorded\n%s", exp)
 	}
 }
 

@@ -49,7 +49,7 @@ func (c *challengeServer) set(f func()) {
 
 // TestOneLogLinePerRegistryEvent: each registry event — register,
 // re-register, degraded, recovered, voided, drain (worker and operator),
-// deregister — logs exactly one line naming the clientId, and the
+// deregister, superseded — logs exactly one line naming the clientId, and the
 // sessionId where there is one.
 func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	cs := &challengeServer{values: map[string]string{}}
@@ -95,14 +95,18 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 		cs.set(func() { cs.values[c] = v })
 		return c, v
 	}
-	register := func(client, prev string) string {
+	register := func(client, prev string, extra ...any) string {
 		t.Helper()
 		c, v := challenge()
-		out := call("/registry/register", map[string]any{
+		body := map[string]any{
 			"clientId": client, "secret": "s-" + client, "namespaces": []string{"/counters"},
 			"advertiseUrl": srv.URL, "headroom": 8, "draining": false,
 			"challenge": c, "challengeValue": v, "prevSessionId": prev,
-		})
+		}
+		for i := 0; i+1 < len(extra); i += 2 {
+			body[extra[i].(string)] = extra[i+1]
+		}
+		out := call("/registry/register", body)
 		if out["status"] != 200 {
 			t.Fatalf("unexpected register answer %v", out)
 		}
@@ -132,6 +136,13 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	cs.set(func() { cs.lying = false })
 	s3 := register("client-3", "")
 	call("/registry/deregister", map[string]any{"sessionId": s3})
+	// A higher epoch takes {hostname}{ns}: the older session's next
+	// heartbeat is its superseded line (R-LS-4).
+	blue := register("client-4", "", "hostname", "app.example", "env", "blue", "epoch", 1)
+	register("client-5", "", "hostname", "app.example", "env", "green", "epoch", 2)
+	if out := beat(blue, false); out["status"] != 409 || out["superseded"] != true {
+		t.Fatalf("unexpected heartbeat answer of a superseded session; got %v; want 409 superseded", out)
+	}
 
 	logMu.Lock()
 	defer logMu.Unlock()
@@ -152,8 +163,8 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 		}
 	}
 	for msg, want := range map[string]int{
-		"register": 2, "re-register": 1, "degraded": 1, "recovered": 1, "voided": 1,
-		"drain": 4, "deregister": 1,
+		"register": 4, "re-register": 1, "degraded": 1, "recovered": 1, "voided": 1,
+		"drain": 4, "deregister": 1, "superseded": 1,
 	} {
 		if counts[msg] != want {
 			t.Errorf("unexpected number of %q lines; got %d; want %d\n%s", msg, counts[msg], want, logs.String())

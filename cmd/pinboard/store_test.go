@@ -2,8 +2,16 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/metrics"
+	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
 // A malformed REDIS_URL is a configuration error: one line naming the
@@ -34,6 +42,38 @@ func TestMalformedRedisURL_RSRV3(t *testing.T) {
 		}
 		if strings.Contains(out, "s3cret") {
 			t.Errorf("%s: unexpected password in %q", u, out)
+		}
+	}
+}
+
+// The Redis store's round trips reach the metrics (issue 6: Redis command
+// latency): openStore hands the *metrics.Metrics to the store as its
+// observer, so a scrape after a placement attempt shows the claim script's
+// latency, and no error for the NOSCRIPT that a script's first EVALSHA on a
+// server (or any after a Redis restart) answers.
+func TestRedisCommandsMetered(t *testing.T) {
+	srv := redistest.StartServer(t)
+	m := metrics.New(metrics.Options{})
+	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.(io.Closer).Close()
+	// The first placement attempt stamps the cold start: one claim script.
+	_, err = store.Place(t.Context(), &directory.PlaceRequest{NS: "/c", ID: "x", Now: time.Now()})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement; got %v; want the cold-start quarantine", err)
+	}
+	// The claim script had never run on this server: EVALSHA's NOSCRIPT
+	// and the EVAL after it are two round trips, and no failure.
+	exp := string(m.AppendPrometheus(t.Context(), nil))
+	for _, want := range []string{
+		`pinboard_store_command_duration_seconds_count{op="place.claim"} 2` + "\n",
+		`pinboard_store_command_errors_total{op="place.claim"} 0` + "\n",
+	} {
+		if !strings.Contains(exp, want) {
+			t.Errorf("unexpected exposition without %q:\n%s", strings.TrimSpace(want), exp)
 		}
 	}
 }

@@ -50,6 +50,7 @@ func Run(t *testing.T, f Factory) {
 		{"ControlMessages_RCM1", testControlMessages},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
 		{"SweepRemovesDeadSessions", testSweep},
+		{"ExpiredCountedUntilSwept_RLS2", testExpired},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
 		{"HostnameRoutesNewPlacements_RLS4", testHostRouting},
 		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
@@ -230,8 +231,8 @@ func testSticky(t *testing.T, f Factory) {
 	fx.warm()
 	a := fx.register("a", []string{"/c"}, 10)
 	first := fx.place("/c", "x")
-	if first.Owner.SessionID != a {
-		t.Fatalf("unexpected owner; got %s; want %s", first.Owner.SessionID, a)
+	if first.Owner.SessionID != a || first.Replaced {
+		t.Fatalf("unexpected owner; got %+v; want a new placement on %s", first, a)
 	}
 	b := fx.register("b", []string{"/c"}, 1000)
 	for range 5 {
@@ -250,8 +251,8 @@ func testSticky(t *testing.T, f Factory) {
 		t.Fatalf("unexpected lookup hit once the owner's lease lapsed")
 	}
 	r := fx.place("/c", "x")
-	if r.Owner.SessionID != b || !r.Placed {
-		t.Fatalf("unexpected re-placement; got %+v; want new placement on %s", r, b)
+	if r.Owner.SessionID != b || !r.Placed || !r.Replaced {
+		t.Fatalf("unexpected re-placement; got %+v; want new placement on %s, replacing a's row", r, b)
 	}
 	if r.Epoch <= first.Epoch {
 		t.Fatalf("unexpected epoch; got %d; want > %d", r.Epoch, first.Epoch)
@@ -731,6 +732,43 @@ func testSweep(t *testing.T, f Factory) {
 	if _, err := fx.s.Placement(fx.ctx, "/c", "x", fx.now); !errors.Is(err, directory.ErrNoPlacement) {
 		t.Fatalf("unexpected dead row after sweep; got %v", err)
 	}
+}
+
+// testExpired: a session past its lease is counted expired until the
+// sweep drops it; one that deregistered is not (ExpiredCounter, for
+// pinboard_workers{state="expired"}).
+func testExpired(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	ec, ok := fx.s.(directory.ExpiredCounter)
+	if !ok {
+		t.Fatalf("unexpected store without directory.ExpiredCounter")
+	}
+	expired := func(want int) {
+		t.Helper()
+		if n, err := ec.Expired(fx.ctx, fx.now); err != nil || n != want {
+			t.Fatalf("unexpected expired sessions; got %d, %v; want %d", n, err, want)
+		}
+	}
+	a := fx.register("a", []string{"/c"}, 10)
+	b := fx.register("b", []string{"/c"}, 10)
+	gone := fx.register("gone", []string{"/c"}, 10)
+	expired(0)
+	fx.advance(TTL / 2)
+	fx.beat(b, 10, false, false)
+	if err := fx.s.Deregister(fx.ctx, gone, fx.now); err != nil {
+		t.Fatalf("cannot deregister: %v", err)
+	}
+	fx.advance(TTL / 2)
+	expired(1) // a; b renewed, gone deregistered
+	if _, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker", Headroom: 10}, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected heartbeat past the lease; got %v; want ErrUnknownSession", err)
+	}
+	fx.advance(TTL + time.Millisecond)
+	expired(2) // b's lease passed too
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	expired(1) // a was one lease past its expiry: dropped
 }
 
 func testLookupAllocs(t *testing.T, f Factory) {
