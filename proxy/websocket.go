@@ -107,16 +107,10 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// so it is placed once more elsewhere, as forward does.
 			_ = conn.Close()
 			ctx.Response.Reset()
-			p.release(rq, route, now)
-			if refusals > 0 {
-				writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+			if route, ok = p.afterRefusal(ctx, rq, route, now, refusals > 0); !ok {
 				return
 			}
 			refusals++
-			if route, err = p.place(ctx, rq, now, route.Owner.SessionID); err != nil {
-				placeFailed(ctx, err)
-				return
-			}
 			continue
 		}
 		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) || !p.maybeGap(rq, route, st, now) {
