@@ -157,7 +157,12 @@ func (m *Memory) row(ns, id string) (*memShard, []byte, *memRow) {
 // setRow installs a row; callers hold m.mu.
 func (m *Memory) setRow(sh *memShard, key []byte, ns, id string, s *memSession) *memRow {
 	m.epoch++
-	r := &memRow{owner: s.owner, sess: s, epoch: m.epoch}
+	return m.putRow(sh, key, ns, id, s, m.epoch)
+}
+
+// putRow points the row at s with the given epoch; callers hold m.mu.
+func (m *Memory) putRow(sh *memShard, key []byte, ns, id string, s *memSession, epoch uint64) *memRow {
+	r := &memRow{owner: s.owner, sess: s, epoch: epoch}
 	sh.mu.Lock()
 	old := sh.rows[string(key)]
 	sh.rows[string(key)] = r

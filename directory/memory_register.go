@@ -71,6 +71,10 @@ func (m *Memory) reclaim(g *memRegistering, k NSID, serves bool, now time.Time) 
 	switch {
 	case !serves || taken:
 		g.res.Duplicates = append(g.res.Duplicates, k)
+	case r != nil && slices.Contains(g.earlier, r.sess):
+		// Nothing placed it elsewhere since: the worker's instance holds
+		// this epoch and releases at it (RegistrationClient.release).
+		m.putRow(sh, key, k.NS, k.ID, g.s, r.epoch)
 	case r == nil || r.sess != g.s:
 		m.setRow(sh, key, k.NS, k.ID, g.s)
 	}

@@ -11,23 +11,33 @@
 -- one of the earlier sessions of this process (earlier[osid]), or it is
 -- in taken (rows the sessions this registration displaced held while
 -- live, or still hold: taken names those sessions too): those are
--- duplicates. Each own row not yet sid's gets a fresh
--- epoch and is listed in written. The caller passes only rows of
--- namespaces the session serves.
+-- duplicates. Each own row not yet sid's is listed in written: one an
+-- earlier session of the process holds keeps its epoch (nothing placed it
+-- elsewhere since, and the worker's instance releases at that epoch:
+-- pinned RegistrationClient.release), any other gets a fresh one. The
+-- caller passes only rows of namespaces the session serves.
 local function reclaim(P, sid, now, earlier, taken, from, dups, written)
   for i = from, #ARGV do
     local row = ARGV[i]
-    local own, mine = not taken[row], false
+    local own, mine, kept = not taken[row], false, nil
     if own then
       local cur = redis.call('GET', rowkey(P, row))
       if cur then
-        local osid = owner(cur)
+        local osid, ep = owner(cur)
         mine = osid == sid
+        if earlier[osid] then
+          kept = ep
+          redis.call('SREM', P .. 'r:' .. osid, row)
+        end
         own = mine or earlier[osid] or (not taken[osid] and lease(P, osid) <= now)
       end
     end
     if not own then
       dups[#dups + 1] = row
+    elseif kept then
+      redis.call('SET', rowkey(P, row), sid .. ' ' .. kept)
+      redis.call('SADD', P .. 'r:' .. sid, row)
+      written[#written + 1] = row
     elseif not mine then
       setrow(P, row, sid, now)
       written[#written + 1] = row

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -232,4 +233,60 @@ func workerView(ctx context.Context, t *testing.T, pb *Pinboard, clientID string
 	}
 	t.Fatalf("worker %s not listed: %s", clientID, r)
 	return workerJSON{}
+}
+
+// A worker that lost its session keeps its instances and re-registers
+// listing them (R-REG-1); when one of them later idles out, the worker
+// releases it with its new session id and the epoch the instance was
+// activated at (pinned RegistrationClient.release). That release must free
+// the row (R-REG-3): the reclaimed row keeps its epoch.
+func TestReclaimedInstanceReleasedOnIdle_RREG1_RREG3(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		w := StartWorker(t, pb, WorkerOptions{Name: "w", Env: []string{"COUNTERS_IDLE_TIMEOUT=9"}})
+		first, err := w.WaitRegistered(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := getWithRetry(ctx, pb.URL+"/counters/kept/value"); err != nil {
+			t.Fatal(err)
+		}
+		before, _, err := getPlacement(ctx, pb, "/counters", "kept")
+		if err != nil || before.SessionID != first.SessionID {
+			t.Fatalf("unexpected placement; got %+v, %v; want session %s", before, err, first.SessionID)
+		}
+		// Frozen past its lease: the next heartbeat is answered 409
+		// reregister, and the worker registers again listing "kept".
+		w.proc.signal(syscall.SIGSTOP)
+		sleepCtx(ctx, pb.LeaseTTL+time.Second)
+		w.proc.signal(syscall.SIGCONT)
+		var after placement
+		for {
+			after, _, err = getPlacement(ctx, pb, "/counters", "kept")
+			if err == nil && after.SessionID != "" && after.SessionID != first.SessionID {
+				break
+			}
+			if !sleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("kept never moved to the worker's new session; last %+v, %v", after, err)
+			}
+		}
+		if after.Epoch != before.Epoch {
+			t.Fatalf("unexpected epoch of the reclaimed row; got %s; want %s, the instance's", after.Epoch, before.Epoch)
+		}
+		// The instance idles out (9 s, swept every 5 s) and is released.
+		ictx, icancel := context.WithTimeout(ctx, 25*time.Second)
+		defer icancel()
+		for {
+			p, status, err := getPlacement(ctx, pb, "/counters", "kept")
+			if err == nil && status == http.StatusNotFound {
+				break
+			}
+			if !sleepCtx(ictx, 250*time.Millisecond) {
+				t.Fatalf("the idle instance's release never freed its row; last %d %+v, %v", status, p, err)
+			}
+		}
+	})
 }

@@ -391,17 +391,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		if out != refused {
 			break
 		}
-		p.release(rq, route, now)
-		if refusals > 0 || !replayable {
-			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+		var ok bool
+		if route, ok = p.afterRefusal(ctx, rq, route, now, refusals > 0 || !replayable); !ok {
 			break
 		}
 		refusals++
-		route, err = p.place(ctx, rq, now, route.Owner.SessionID)
-		if err != nil {
-			placeFailed(ctx, err)
-			break
-		}
 	}
 	if clientClose {
 		ctx.SetConnectionClose()
@@ -433,6 +427,25 @@ func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 	}
 	ctx.Request.SetBodyRaw(b)
 	return true
+}
+
+// afterRefusal handles a worker's in-band refusal of a new activation
+// (R-PL-6): it releases the refused placement and, unless last is set (a
+// second refusal, or a request that cannot be sent again), places the id
+// once more, excluding the refusing session. The refusal that ends the
+// request, or a failed placement, is answered here (false).
+func (p *Proxy) afterRefusal(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, last bool) (directory.Route, bool) {
+	p.release(rq, route, now)
+	if last {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+		return route, false
+	}
+	route, err := p.place(ctx, rq, now, route.Owner.SessionID)
+	if err != nil {
+		placeFailed(ctx, err)
+		return route, false
+	}
+	return route, true
 }
 
 func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {

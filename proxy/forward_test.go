@@ -368,6 +368,58 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 	}
 }
 
+// The reference worker refuses a WebSocket upgrade for a new activation
+// the same way: its resolve dependency raises the refusal before accept
+// and starlette sends it as an HTTP denial response, 503 with the marker.
+// The id is released and placed once more elsewhere; a second refusal
+// answers pinboard's 503, never the marker (R-PL-6).
+func TestInBandRefusalWebSocket_RPL6(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	refuse := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Pinned-Refusal", "lease-unhealthy")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(503)
+		_, _ = w.Write([]byte(`{"detail":"lease unhealthy; refusing new activations"}`))
+	}
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, ok := accept101(w); ok {
+			conn.Close()
+		}
+	}
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	a.route("/ws", refuse)
+	b.route("/ws", serve)
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer after one refusal; got %q; want b's 101", line)
+	}
+	p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if p.SessionID != b.session.Load().(string) {
+		t.Fatalf("unexpected owner after the retry; got %s", p.SessionID)
+	}
+	b.route("/ws", refuse)
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /counters/carol/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.Contains(string(body), "refused") || res.Header.Get("Pinned-Refusal") != "" {
+		t.Fatalf("unexpected reply after two refusals; got %d %v %s", res.StatusCode, res.Header, body)
+	}
+	if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected placement left after refusals: %v", err)
+	}
+}
+
 // A worker learns its session from the register ack, so for a moment
 // after pinboard wrote the ack — and for a whole re-registration — it
 // refuses attestations for that session with 403 "invalid attestation"

@@ -67,7 +67,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 	}
 	p.setForwarded(ctx, rq)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
-	for waits := 0; ; waits++ {
+	for waits, refusals := 0, 0; ; {
 		st, err := p.state(route.Owner)
 		if err != nil {
 			writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
@@ -100,6 +100,19 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			})
 			return
 		}
+		if status == fasthttp.StatusServiceUnavailable && bytes.Equal(ctx.Response.Header.PeekBytes(hdrRefusal), valLeaseRefusal) {
+			// An in-band refusal (R-PL-6): the worker's resolve dependency
+			// refuses before accept, and starlette sends that as an HTTP
+			// denial response carrying the marker. An upgrade has no body,
+			// so it is placed once more elsewhere, as forward does.
+			_ = conn.Close()
+			ctx.Response.Reset()
+			if route, ok = p.afterRefusal(ctx, rq, route, now, refusals > 0); !ok {
+				return
+			}
+			refusals++
+			continue
+		}
 		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) || !p.maybeGap(rq, route, st, now) {
 			p.relayRefusedUpgrade(ctx, conn, br)
 			return
@@ -110,6 +123,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
 			return
 		}
+		waits++
 	}
 }
 

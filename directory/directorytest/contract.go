@@ -38,6 +38,7 @@ func Run(t *testing.T, f Factory) {
 		{"HeartbeatUnknownAndForbidden_RHB", testHeartbeatErrors},
 		{"ReregisterReclaimsAndDuplicates_RREG1", testReregister},
 		{"LostRegisterAnswerIsNoDuplicate_RREG1", testLostRegisterAnswer},
+		{"ReclaimKeepsEpoch_RREG1_RREG3", testReclaimKeepsEpoch},
 		{"ReleaseAndDeregister_RREG3", testRelease},
 		{"VoidDropsRecords_RLS3", testVoid},
 		{"EpochsGrowPerID_RPL2", testEpochs},

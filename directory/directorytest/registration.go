@@ -152,3 +152,48 @@ func testLostRegisterAnswer(t *testing.T, f Factory) {
 		t.Fatalf("unexpected duplicates for another account's registration; got %v; want x", other.Duplicates)
 	}
 }
+
+// testReclaimKeepsEpoch: an id a re-registering process reclaims from one
+// of its earlier sessions keeps its placement epoch — nothing placed it
+// anywhere else meanwhile, and the worker's instance still carries that
+// epoch (pinned hosting/directory.py: record.epoch, from pinboard-epoch).
+// So the release the worker sends when the instance later closes
+// (RegistrationClient.release: the new session, the instance's epoch)
+// frees the row. An id the process lists that no earlier session of it
+// holds (unowned, or a lapsed stranger's) is a new claim: a fresh epoch
+// (R-REG-1, R-REG-3).
+func testReclaimKeepsEpoch(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 100)
+	x := fx.place("/c", "x")
+	fx.advance(TTL) // a freezes past its lease; its row stays, dead-owner
+	b := fx.register("b", []string{"/c"}, 1)
+	z, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "z", Now: fx.now})
+	if err != nil || z.Owner.SessionID != b {
+		t.Fatalf("cannot place z on b: %+v, %v", z, err)
+	}
+	fx.advance(TTL) // b lapses too
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "secret-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 100, PrevSessionID: a,
+		Instances: map[string][]string{"/c": {"x", "y", "z"}},
+	}, fx.now)
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("cannot re-register: %+v, %v", res, err)
+	}
+	r, ok := fx.lookup("/c", "x")
+	if !ok || r.Owner.SessionID != res.SessionID || r.Epoch != x.Epoch {
+		t.Fatalf("unexpected row of x after re-registration; got %+v, %v; want %s at epoch %d", r, ok, res.SessionID, x.Epoch)
+	}
+	for _, id := range []string{"y", "z"} {
+		r, ok := fx.lookup("/c", id)
+		if !ok || r.Owner.SessionID != res.SessionID || r.Epoch == 0 || r.Epoch <= z.Epoch {
+			t.Fatalf("unexpected row of %s after re-registration; got %+v, %v; want %s at a fresh epoch above %d", id, r, ok, res.SessionID, z.Epoch)
+		}
+	}
+	freed, err := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: res.SessionID, NS: "/c", ID: "x", Epoch: x.Epoch}, fx.now)
+	if err != nil || !freed {
+		t.Fatalf("unexpected release of x at its epoch by the new session; got %v, %v; want freed", freed, err)
+	}
+}
