@@ -188,12 +188,16 @@ func appendChunk(buf []byte, n int) []byte {
 func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
 	client, sse := b.client, b.sse
 	_ = b.CloseWithError(err) // also clears the client's write deadline
-	p.streams.relayEnd(sse)
 	if resume {
 		// A cleanly ended stream: the connection serves the client's
-		// next request, as it would have on the server's path.
+		// next request, as it would have on the server's path (resume
+		// returns when that connection ends: the relay ends first).
+		p.streams.relayEnd(sse)
 		_ = p.resume(client)
 		return
 	}
+	// Closed before the relay counts as ended, so that a shutdown that
+	// waited for the relays (CloseStreamsContext) finds its client gone.
 	_ = client.Close()
+	p.streams.relayEnd(sse)
 }

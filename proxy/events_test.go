@@ -425,6 +425,23 @@ func relayGoroutines() int {
 	return n
 }
 
+// waitRelayGoroutinesGone waits up to 2 s for every relay goroutine to
+// return. A relay's count ends (relayEnd) as the last thing it does, so
+// its goroutine may still be on its way out of relayStream when
+// CloseStreamsContext returns: checking at once failed now and then.
+func waitRelayGoroutinesGone(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		g := relayGoroutines()
+		if g == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected relay goroutines 2s after CloseStreams returned; got %d; want 0", g)
+		}
+	}
+}
+
 // waitDownloads waits until p relays n bodies to HTTP/1.0 clients.
 func waitDownloads(t *testing.T, p *Proxy, n int64) {
 	t.Helper()
@@ -460,9 +477,10 @@ func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rg.p.CloseStreamsContext(ctx)
-	if d, o, g := rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); d != 0 || o != 0 || g != 0 {
-		t.Fatalf("unexpected relay left when CloseStreams returned; got %d downloads, %d streams, %d relay goroutines; want 0, 0, 0", d, o, g)
+	if d, o := rg.p.RelayedDownloads(), rg.p.OpenStreams(); d != 0 || o != 0 {
+		t.Fatalf("unexpected relay left when CloseStreams returned; got %d downloads, %d streams; want 0, 0", d, o)
 	}
+	waitRelayGoroutinesGone(t)
 	ss.waitClosed(t, rg.p)
 	if !s.eof() {
 		t.Fatal("unexpected open client connection after shutdown cut the download")
@@ -510,9 +528,10 @@ func TestShutdownCutsRelayBlockedOnClient_RDP2(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
 			rg.p.CloseStreamsContext(ctx)
-			if r, o, g := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(), relayGoroutines(); r != 0 || o != 0 || g != 0 {
-				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams, %d relay goroutines; want 0, 0, 0", r, o, g)
+			if r, o := rg.p.RelayedEventStreams()+rg.p.RelayedDownloads(), rg.p.OpenStreams(); r != 0 || o != 0 {
+				t.Fatalf("unexpected relay left when CloseStreams returned; got %d relays, %d streams; want 0, 0", r, o)
 			}
+			waitRelayGoroutinesGone(t)
 			select {
 			case <-gone:
 			case <-time.After(5 * time.Second):
