@@ -30,7 +30,8 @@ type Memory struct {
 	queues   map[string]*memQueue
 	bindings map[string]*memBinding
 	tombs    map[string]memTomb
-	// dropped: sessions gone with rows still to free (memory_drop.go).
+	// dropped: sessions gone, or live ones a timed drain force-releases,
+	// with rows still to free (memory_drop.go).
 	dropped map[string]*memSession
 	stamp   time.Time
 	epoch   uint64
@@ -172,21 +173,6 @@ func (m *Memory) putRow(sh *memShard, key []byte, ns, id string, s *memSession, 
 	}
 	s.rows[NSID{ns, id}] = struct{}{}
 	return r
-}
-
-// dropRows deletes every row a session holds; callers hold m.mu.
-func (m *Memory) dropRows(s *memSession) {
-	for k := range s.rows {
-		sh, key, r := m.row(k.NS, k.ID)
-		if r != nil && r.sess == s {
-			sh.mu.Lock()
-			if sh.rows[string(key)] == r {
-				delete(sh.rows, string(key))
-			}
-			sh.mu.Unlock()
-		}
-	}
-	clear(s.rows)
 }
 
 // dropSession removes a session's record: it is gone, its Owner revoked,
@@ -545,11 +531,12 @@ func (m *Memory) Placement(_ context.Context, ns, id string, now time.Time) (*Pl
 	}, nil
 }
 
-// Sweep implements Store: sessions one lease past their expiry go, and
-// their rows — with any other dropped session's left — are freed a batch
-// at a time after (freeDropped); control queues expire two leases after their last use
-// (R-CM-1), and timed drains past their deadline force-release the
-// client's placements (R-LS-5).
+// Sweep implements Store: sessions one lease past their expiry go;
+// control queues expire two leases after their last use (R-CM-1); timed
+// drains past their deadline force-release the client's placements
+// (R-LS-5), its sessions staying until their capped lease passes. The
+// rows of both — with any other dropped session's left — are freed a
+// batch at a time after (freeDropped).
 func (m *Memory) Sweep(_ context.Context, now time.Time) error {
 	m.sweepRecords(now)
 	m.freeDropped()
@@ -583,11 +570,11 @@ func (m *Memory) sweepRecords(now time.Time) {
 	}
 	for clientID, d := range m.drains {
 		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {
+			// Listed for freeDropped under this same hold, so the flag is
+			// never set without the rows to free recorded.
 			d.released = true
-			for _, s := range m.sessions {
-				if s.info.ClientID == clientID {
-					m.dropRows(s)
-				}
+			for _, s := range m.byClient[clientID] {
+				m.retire(s)
 			}
 		}
 		if now.Sub(d.seen) > 2*m.ttl && !m.clientLive(clientID, now) {

@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -67,6 +68,48 @@ func BenchmarkMemoryDrop100k(b *testing.B) {
 		if err != nil {
 			b.Fatalf("cannot deregister: %v", err)
 		}
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+}
+
+// BenchmarkMemoryDrainRelease100k: an operator's timed drain of a worker
+// holding 100,000 ids reaches its deadline, and the sweep force-releases
+// them (R-LS-5). Reported as BenchmarkMemoryDrop100k.
+func BenchmarkMemoryDrainRelease100k(b *testing.B) {
+	m := directory.NewMemory(time.Hour, time.Now())
+	ctx := context.Background()
+	var hold, wait time.Duration
+	var mark time.Time
+	directory.SetAfterDropBatch(m, func() {
+		hold = max(hold, time.Since(mark))
+		mark = time.Now()
+	})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		reg, now := ownInstances(b, m, 100_000)
+		deadline := now.Add(time.Minute)
+		if found, err := m.SetDrain(ctx, reg.ClientID, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
+			b.Fatalf("cannot drain; got %v, %v", found, err)
+		}
+		b.StartTimer()
+		waited := lockWaitWhile(m, deadline)
+		mark = time.Now()
+		err := m.Sweep(ctx, deadline)
+		hold = max(hold, time.Since(mark))
+		wait = max(wait, waited())
+		if err != nil {
+			b.Fatalf("cannot sweep: %v", err)
+		}
+		b.StopTimer()
+		for _, id := range []string{"instance-0", "instance-99999"} {
+			if p, err := m.Placement(ctx, "/c", id, deadline); !errors.Is(err, directory.ErrNoPlacement) {
+				b.Fatalf("unexpected placement of %s after the forced release; got %+v, %v", id, p, err)
+			}
+		}
+		b.StartTimer()
 	}
 	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
 	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")

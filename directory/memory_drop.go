@@ -6,17 +6,19 @@ package directory
 // owner, revoked), are then freed RegisterBatch at a time, the lock
 // released in between, so that dropping a session holding 100,000 ids
 // does not hold every other call (docs/DIRECTORY.md, "Scripts"; Redis
-// does the same in redis_drop.lua).
+// does the same in redis_drop.lua). The forced release of a timed drain
+// (R-LS-5) frees the rows of live sessions the same way (Sweep).
 
-// retire lists a dropped session with rows left, so that a repeated drop
-// or the sweep finishes it. Callers hold m.mu.
+// retire lists a dropped session, or a live one a timed drain
+// force-releases, with rows left, so that a repeated drop or the sweep
+// finishes it. Callers hold m.mu.
 func (m *Memory) retire(s *memSession) {
 	if len(s.rows) > 0 {
 		m.dropped[s.info.SessionID] = s
 	}
 }
 
-// freeRows frees at most RegisterBatch rows of a dropped session — those
+// freeRows frees at most RegisterBatch rows of a retired session — those
 // still pointing at it are deleted — and reports whether rows remain.
 // Callers hold m.mu.
 func (m *Memory) freeRows(s *memSession) bool {

@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -216,6 +217,47 @@ func BenchmarkRedisDrop100k(b *testing.B) {
 		b.StopTimer()
 		h, n := scriptCalls(b, c)
 		hold, calls = max(hold, h), n
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
+	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-max-ms")
+	b.ReportMetric(float64(calls), "script-calls")
+}
+
+// BenchmarkRedisDrainRelease100k: an operator's timed drain of a worker
+// holding 100,000 ids reaches its deadline, and the sweep force-releases
+// them (R-LS-5). Reported as BenchmarkRedisDrop100k.
+func BenchmarkRedisDrainRelease100k(b *testing.B) {
+	srv := redistest.StartServer(b)
+	ctx := context.Background()
+	s := openNode(b, srv.URL(), "bench-drain", time.Hour)
+	c := rawClient(b, srv.Addr)
+	var hold, ping time.Duration
+	var calls int
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		reg, now := ownInstances(b, s, 100_000)
+		deadline := now.Add(time.Minute)
+		if found, err := s.SetDrain(ctx, reg.ClientID, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
+			b.Fatalf("cannot drain; got %v, %v", found, err)
+		}
+		slowlogAll(b, c)
+		b.StartTimer()
+		pinged := pingWhile(c)
+		err := s.Sweep(ctx, deadline)
+		ping = max(ping, pinged())
+		if err != nil {
+			b.Fatalf("cannot sweep: %v", err)
+		}
+		b.StopTimer()
+		h, n := scriptCalls(b, c)
+		hold, calls = max(hold, h), n
+		for _, id := range []string{"instance-0", "instance-99999"} {
+			if p, err := s.Placement(ctx, "/c", id, deadline); !errors.Is(err, directory.ErrNoPlacement) {
+				b.Fatalf("unexpected placement of %s after the forced release; got %+v, %v", id, p, err)
+			}
+		}
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")

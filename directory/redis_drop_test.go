@@ -40,13 +40,14 @@ func scard(t *testing.T, c rueidis.Client, prefix, sid string) int64 {
 // frees at most RegisterBatch of its rows (its row set, read between the
 // calls, shrinks by at most that), and Redis's SLOWLOG shows other
 // clients' commands — a PING, a placement through another node —
-// executed between them. One script for the whole session, as before,
-// fails both.
-func TestRedisDropHoldsOneBatch_RREG3_RLS3_RLS2(t *testing.T) {
+// executed between them. So does the forced release of a timed drain past
+// its deadline (R-LS-5), which frees the rows of a session that stays
+// live. One script for the whole session, as before, fails both.
+func TestRedisDropHoldsOneBatch_RREG3_RLS3_RLS2_RLS5(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := rawClient(t, srv.Addr)
 	const n = 20 * directory.RegisterBatch
-	for _, tc := range []string{"deregister", "void", "sweep"} {
+	for _, tc := range []string{"deregister", "void", "sweep", "drain"} {
 		t.Run(tc, func(t *testing.T) {
 			prefix := "drops-" + tc
 			s := openNode(t, srv.URL()+"?client_name=dropping-"+tc, prefix, time.Hour)
@@ -82,6 +83,8 @@ func TestRedisDropHoldsOneBatch_RREG3_RLS3_RLS2(t *testing.T) {
 				err = s.Void(context.Background(), sid, now)
 			case "sweep":
 				err = s.Sweep(context.Background(), now.Add(2*time.Hour+time.Millisecond))
+			case "drain":
+				err = s.Sweep(context.Background(), drainPast(t, s, reg.ClientID, now))
 			}
 			if err != nil {
 				t.Fatalf("cannot %s: %v", tc, err)
@@ -89,7 +92,9 @@ func TestRedisDropHoldsOneBatch_RREG3_RLS3_RLS2(t *testing.T) {
 			if want := n / directory.RegisterBatch; calls < want {
 				t.Fatalf("unexpected script calls of the drop; got %d; want at least %d", calls, want)
 			}
-			if left := sessionKeys(t, c, prefix); len(left) != 0 {
+			if tc == "drain" {
+				wantReleased(t, c, prefix, sid)
+			} else if left := sessionKeys(t, c, prefix); len(left) != 0 {
 				t.Fatalf("unexpected keys left after the drop; got %q", left[:min(len(left), 4)])
 			}
 			var first, last int64 = -1, -1
@@ -175,5 +180,85 @@ func TestRedisDropFailsBetweenBatches_RREG3_RLS2(t *testing.T) {
 				t.Fatalf("unexpected keys left after the sweep; got %d, %q", len(left), left[:min(len(left), 4)])
 			}
 		})
+	}
+}
+
+// drainPast puts client on a timed drain whose deadline is a minute after
+// now, and returns the deadline: a sweep then force-releases its rows.
+func drainPast(t *testing.T, s directory.Store, client string, now time.Time) time.Time {
+	t.Helper()
+	deadline := now.Add(time.Minute)
+	if found, err := s.SetDrain(context.Background(), client, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
+		t.Fatalf("cannot drain %s; got %v, %v", client, found, err)
+	}
+	return deadline
+}
+
+// wantReleased fails unless the drained session sid holds no row and no
+// release is left to finish (the 'dropped' set is gone), while the
+// session itself is still there.
+func wantReleased(t *testing.T, c rueidis.Client, prefix, sid string) {
+	t.Helper()
+	if left := scard(t, c, prefix, sid); left != 0 {
+		t.Fatalf("unexpected rows left after the forced release; got %d; want 0", left)
+	}
+	ctx := context.Background()
+	n, err := c.Do(ctx, c.B().Exists().Key("{"+prefix+"}:dropped", "{"+prefix+"}:s:"+sid).Build()).AsInt64()
+	if err != nil || n != 1 {
+		t.Fatalf("unexpected keys after the forced release; got %d of the 'dropped' set and the session record, %v; want the record alone", n, err)
+	}
+	keys, err := c.Do(ctx, c.B().Keys().Pattern("{"+prefix+"}:p:*").Build()).AsStrSlice()
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("unexpected placement rows after the forced release; got %d, %v; want none", len(keys), err)
+	}
+}
+
+// TestRedisDrainReleaseFailsBetweenBatches_RLS5: a sweep cut short between
+// two batches of a timed drain's forced release (here the caller's
+// context ends, as when its node dies) answers ErrUnavailable; the drained
+// session is still live, its remaining rows listed, and the next sweeps —
+// on two other nodes at once, the deadline long passed and the release
+// flag long set — free every one of them: released once, not lost. Ids
+// freed place on another worker.
+func TestRedisDrainReleaseFailsBetweenBatches_RLS5(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := rawClient(t, srv.Addr)
+	const n = 12 * directory.RegisterBatch
+	const prefix = "drainfails"
+	s := openNode(t, srv.URL(), prefix, time.Hour)
+	reg, now := ownInstances(t, s, n)
+	sid := reg.PrevSessionID
+	now = drainPast(t, s, reg.ClientID, now)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	directory.SetAfterDropBatch(s, cancel)
+	err := s.Sweep(ctx, now)
+	if !errors.Is(err, directory.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("unexpected result of a sweep whose context ended; got %v; want ErrUnavailable", err)
+	}
+	if got := scard(t, c, prefix, sid); got != n-directory.RegisterBatch {
+		t.Fatalf("unexpected rows left; got %d; want %d", got, n-directory.RegisterBatch)
+	}
+	if _, err := s.Heartbeat(context.Background(), &directory.Beat{SessionID: sid, Sub: "s"}, now); err != nil {
+		t.Fatalf("cannot heartbeat the drained session: %v", err)
+	}
+	others := []*directory.Redis{openNode(t, srv.URL(), prefix, time.Hour), openNode(t, srv.URL(), prefix, time.Hour)}
+	errs := make(chan error, len(others))
+	for _, o := range others {
+		go func() { errs <- o.Sweep(context.Background(), now.Add(time.Second)) }()
+	}
+	for range others {
+		if err := <-errs; err != nil {
+			t.Fatalf("cannot sweep on another node: %v", err)
+		}
+	}
+	wantReleased(t, c, prefix, sid)
+	b := register(t, s, "b", n, now)
+	for _, i := range []int{0, n / 2, n - 1} {
+		id := "instance-" + strconv.Itoa(i)
+		r, err := others[i%2].Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: id, Now: now})
+		if err != nil || r.Owner.SessionID != b || !r.Placed {
+			t.Fatalf("unexpected placement of %s after the forced release; got %+v, %v; want placed on %s", id, r, err, b)
+		}
 	}
 }

@@ -109,30 +109,17 @@ local function setrow(P, row, sid, now)
   return ep
 end
 
--- droprows deletes every row still pointing at sid and returns their names.
-local function droprows(P, sid, out)
-  local rs = P .. 'r:' .. sid
-  for _, row in ipairs(redis.call('SMEMBERS', rs)) do
-    local key = rowkey(P, row)
-    local v = redis.call('GET', key)
-    if v and owner(v) == sid then
-      redis.call('DEL', key)
-      out[#out + 1] = row
-    end
-  end
-  redis.call('DEL', rs)
-  return out
-end
-
--- DROPBATCH is the most rows one script call frees when sessions go:
--- RegisterBatch (store.go; TestRedisDropBatchIsRegisterBatch checks they
--- agree). Redis serves nobody while a script runs, so freeing a session's
--- 100,000 rows in one call stalled every node (docs/DIRECTORY.md).
+-- DROPBATCH is the most rows one script call frees when sessions go or a
+-- timed drain force-releases them: RegisterBatch (store.go;
+-- TestRedisDropBatchIsRegisterBatch checks they agree). Redis serves
+-- nobody while a script runs, so freeing a session's 100,000 rows in one
+-- call stalled every node (docs/DIRECTORY.md).
 local DROPBATCH = 256
 
 -- freerows frees at most budget rows of a session that is gone (its
--- record already dropped): they leave r:<sid> and those still pointing at
--- sid are deleted, their names appended to out. A session with rows left
+-- record already dropped) or whose rows a timed drain force-releases
+-- (redis_sweep.lua): they leave r:<sid> and those still pointing at sid
+-- are deleted, their names appended to out. A session with rows left
 -- stays in the 'dropped' set, for its dropper's next call (redis_drop.lua)
 -- or any node's sweep; one without leaves it. Idempotent. Returns the
 -- budget left.

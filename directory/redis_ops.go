@@ -247,9 +247,11 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 
 // Sweep implements Store. One script call drops at most sweepBatch dead
 // sessions and frees at most RegisterBatch rows, continuing earlier drops
-// that have rows left; Sweep calls again until nothing is left (or
-// maxSweepCalls, the next sweep goes on), so a dead session holding many
-// rows never holds Redis for long.
+// and forced releases of timed drains (R-LS-5) that have rows left; Sweep
+// calls again until nothing is left (or maxSweepCalls, the next sweep
+// goes on), so neither a dead session nor a drained one holding many rows
+// holds Redis for long. A sweep cut short leaves the rest to the next
+// sweep of any node.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 	return r.inBatches(maxSweepCalls, func() (bool, error) {
 		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),

@@ -1,12 +1,15 @@
 -- sweep removes sessions one lease past their expiry and frees their
 -- rows, DROPBATCH rows per call at most, continuing the drops that have
--- rows left (the 'dropped' set: a drop cut short by a failure, or a
--- session dropped here beyond the budget), force-releases the placements of timed drains past their deadline
--- (R-LS-5) and frees hostname bindings nobody holds (R-LS-4). Safe on many nodes at once: each step is idempotent.
+-- rows left (the 'dropped' set: a drop cut short by a failure, a session
+-- dropped here beyond the budget, or the live sessions of a forced
+-- release), force-releases the placements of timed drains past their
+-- deadline (R-LS-5) within the same budget, and frees hostname bindings
+-- nobody holds (R-LS-4). Safe on many nodes at once: each step is
+-- idempotent.
 -- KEYS[1] the lease index
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 most sessions to drop per call.
--- Returns {freed rows, dropped sessions, 1 while dropped sessions have
--- rows left to free else 0}: the caller calls again.
+-- Returns {freed rows, dropped sessions, 1 while sessions in 'dropped'
+-- have rows left to free else 0}: the caller calls again.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local freed, dropped, budget = {}, {}, DROPBATCH
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now - ttl), 'LIMIT', 0, tonumber(ARGV[4]))
@@ -35,9 +38,14 @@ for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
   else
     local dl = tonumber(v[1])
     if dl > 0 and v[2] ~= '1' and now >= dl then
+      -- The forced release: flagged done in the same call that lists the
+      -- client's sessions with rows left in 'dropped' (freerows), so what
+      -- this call's budget leaves is freed by the next calls of any node,
+      -- as a drop's rows are; the sessions themselves stay, drained, until
+      -- their capped lease passes.
       redis.call('HSET', d, 'rel', '1')
       for _, sid in ipairs(redis.call('SMEMBERS', P .. 'k:' .. cid)) do
-        droprows(P, sid, freed)
+        budget = freerows(P, sid, budget, freed)
       end
     end
     if now - tonumber(v[3]) > 2 * ttl then

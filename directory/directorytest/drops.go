@@ -187,6 +187,7 @@ func RunBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
 	}{
 		{"GoneBeforeItsRowsAreFreed_RREG3", testGoneBetweenDropBatches},
 		{"SweepGoneBeforeItsRowsAreFreed_RLS2", testSweptBetweenDropBatches},
+		{"TimedDrainReleaseAcrossBatches_RLS5", testDrainReleasedBetweenBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -251,4 +252,62 @@ func testSweptBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
 	}
 	fx.wantOwner(list[:1], b)
 	fx.wantFreed(list[1:])
+}
+
+// testDrainReleasedBetweenBatches: the forced release of a timed drain
+// past its deadline (R-LS-5), for a client holding more rows than one
+// batch, frees them a batch per step with other calls in between — the
+// drained session stays live, its ids not yet freed still route to it —
+// and every row is free, forgotten by Lookup and placeable on another
+// worker, once the sweep returns. The session itself survives until its
+// capped lease passes, and a later sweep does not release again.
+func testDrainReleasedBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	b := fx.register("b", []string{"/c"}, float64(dropHeld))
+	deadline := fx.now.Add(TTL / 2)
+	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true, Deadline: deadline}, fx.now); !found || err != nil {
+		t.Fatalf("cannot drain a; got %v, %v", found, err)
+	}
+	fx.advance(TTL / 2)
+	fx.wantOwner(list, a) // cached from here on
+	calls := 0
+	hook(fx.s, func() {
+		calls++
+		if calls > 1 {
+			return
+		}
+		fx.beat(a, 100, false, false)
+		held := 0
+		for _, id := range list {
+			if p, err := fx.s.Placement(fx.ctx, "/c", id, fx.now); err == nil && p.SessionID == a {
+				held++
+			}
+		}
+		if held == 0 || held >= len(list) {
+			t.Errorf("unexpected rows still held by the drained session between batches; got %d; want 1 to %d", held, len(list)-1)
+		}
+	})
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	hook(fx.s, nil)
+	if calls == 0 {
+		t.Fatalf("unexpected forced release of %d rows in one batch", dropHeld)
+	}
+	fx.wantFreed(list)
+	for _, id := range list {
+		if r, ok := fx.lookup("/c", id); ok {
+			t.Fatalf("unexpected lookup of %s after the forced release; got %+v; want none", id, r)
+		}
+	}
+	fx.beat(a, 100, false, false)
+	fx.replaceOn(list, b)
+	fx.advance(TTL / 4)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep again: %v", err)
+	}
+	fx.wantOwner(list, b)
 }
