@@ -257,13 +257,20 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r != nil}, nil
 }
 
-// eligible: live, not draining by its own flag or an operator drain, and
-// not degraded (R-PL-1, R-LS-3).
+// eligible: live, not draining by its own flag or an operator drain, not
+// degraded (R-PL-1, R-LS-3), and no forced release of its rows under way
+// (R-LS-5).
 func (m *Memory) eligible(s *memSession, now time.Time) bool {
 	if s.info.Draining || s.info.Degraded {
 		return false
 	}
 	if d := m.drains[s.info.ClientID]; d != nil && d.state.Draining {
+		return false
+	}
+	// Listed while live: a forced release (R-LS-5) still freeing its rows,
+	// which frees whatever the session holds, so an id placed on it now —
+	// its client undrained before the last batch — would be freed too.
+	if m.dropped[s.info.SessionID] == s {
 		return false
 	}
 	return true

@@ -70,7 +70,8 @@ local function regressed(P, seen, era)
 end
 
 -- eligible: live, serving ns, not draining by its own flag or an operator
--- drain of its client id, not degraded, not excluded (R-PL-1, R-LS-3).
+-- drain of its client id, not degraded, not excluded (R-PL-1, R-LS-3),
+-- and no forced release of its rows under way (R-LS-5).
 local function eligible(P, sid, ns, now, exclude)
   if sid == exclude or sid == '' then
     return false
@@ -87,6 +88,12 @@ local function eligible(P, sid, ns, now, exclude)
   end
   local cid = redis.call('HGET', P .. 's:' .. sid, 'cid')
   if not cid or redis.call('EXISTS', P .. 'd:' .. cid) == 1 then
+    return false
+  end
+  -- Listed while live: a forced release (R-LS-5) still freeing its rows,
+  -- which frees whatever r:<sid> holds, so an id placed on it now — its
+  -- client undrained before the last batch — would be freed too.
+  if redis.call('SISMEMBER', P .. 'dropped', sid) == 1 then
     return false
   end
   return true

@@ -188,6 +188,7 @@ func RunBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
 		{"GoneBeforeItsRowsAreFreed_RREG3", testGoneBetweenDropBatches},
 		{"SweepGoneBeforeItsRowsAreFreed_RLS2", testSweptBetweenDropBatches},
 		{"TimedDrainReleaseAcrossBatches_RLS5", testDrainReleasedBetweenBatches},
+		{"UndrainDuringForcedRelease_RLS5", testUndrainedBetweenReleaseBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -310,4 +311,57 @@ func testDrainReleasedBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
 		t.Fatalf("cannot sweep again: %v", err)
 	}
 	fx.wantOwner(list, b)
+}
+
+// testUndrainedBetweenReleaseBatches: an operator undrains a client while
+// the forced release of its timed drain still has batches to go (R-LS-5).
+// The release begun finishes, but only for the ids the session held at
+// the deadline: an id placed on the session once undrained is a new
+// activation on a live worker, and is still its owner after the sweep and
+// after the next one. The session may take no new id before its release
+// ends (ErrNoEligible), but one once it has.
+func testUndrainedBetweenReleaseBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(dropHeld)
+	a := fx.holding(list)
+	deadline := fx.now.Add(TTL / 2)
+	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true, Deadline: deadline}, fx.now); !found || err != nil {
+		t.Fatalf("cannot drain a; got %v, %v", found, err)
+	}
+	fx.advance(TTL / 2)
+	placed := false
+	hook(fx.s, once(func() {
+		if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found || err != nil {
+			t.Errorf("cannot undrain a; got %v, %v", found, err)
+			return
+		}
+		fx.beat(a, 100, false, false)
+		r, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "fresh", Now: fx.now})
+		switch {
+		case err == nil && r.Placed && r.Owner.SessionID == a:
+			placed = true
+		case !errors.Is(err, directory.ErrNoEligible):
+			t.Errorf("unexpected placement on the undrained session between release batches; got %+v, %v; want placed on %s or ErrNoEligible", r, err, a)
+		}
+	}))
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	hook(fx.s, nil)
+	fx.wantFreed(list)
+	if !placed {
+		fx.beat(a, 100, false, false)
+		fx.replaceOn([]string{"fresh"}, a)
+	}
+	for i := range 2 {
+		if p, err := fx.s.Placement(fx.ctx, "/c", "fresh", fx.now); err != nil || p.SessionID != a {
+			t.Fatalf("unexpected placement of an id placed after the undrain (sweep %d); got %+v, %v; want held by %s", i+1, p, err, a)
+		}
+		fx.advance(TTL / 8)
+		fx.beat(a, 100, false, false)
+		if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+			t.Fatalf("cannot sweep again: %v", err)
+		}
+	}
 }
