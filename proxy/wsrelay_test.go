@@ -207,13 +207,13 @@ func relayed(t *testing.T, hj *hijacks, pending []byte) (client, worker net.Conn
 	return client, worker, cbr, wbr
 }
 
-// waitRelays fails unless every relay on hj ends within 5 s.
 // waitOpen waits up to 10 s for hj to count n open relays.
 func waitOpen(t *testing.T, hj *hijacks, n int64) {
 	t.Helper()
 	waitUntil(t, fmt.Sprintf("%d open relays", n), func() bool { return hj.Open() == n })
 }
 
+// waitRelays fails unless every relay on hj ends within 5 s.
 func waitRelays(t *testing.T, hj *hijacks, when string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
