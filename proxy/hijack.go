@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // hijackWait bounds the wait for fasthttp to run a hijack handler once
@@ -36,6 +38,9 @@ type hijackGuard struct {
 // timer. Set orphaned before.
 func (g *hijackGuard) hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn)) {
 	g.timer.Store(time.AfterFunc(hijackWait, g.abandon))
+	// A relay closes the client connection to end its own reads (at
+	// shutdown too), which a lingering close would leave running.
+	rawio.NoLinger(ctx.Conn())
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(hc net.Conn) {
 		if !g.owned.CompareAndSwap(false, true) {

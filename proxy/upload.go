@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // upload copies a streamed request body to the worker while the handler
@@ -148,6 +150,9 @@ func (u *upload) wait() bool {
 // another request after a body cut short, and the server closes it).
 func (u *upload) stop() {
 	if !u.finished() && u.client != nil {
+		// The rest of the body may still come: closed, the connection
+		// lingers so that the client gets the answer, not a reset.
+		rawio.MoreInput(u.client)
 		u.mu.Lock()
 		u.stopping = true
 		_ = u.client.SetReadDeadline(time.Now())

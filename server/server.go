@@ -97,6 +97,10 @@ type Pinboard struct {
 	metrics  *metrics.Metrics
 	access   accessLog
 	stopping atomic.Bool
+	// linger closes client connections with unread input lingering
+	// (rawio.Linger): a client still sending a body pinboard or the
+	// worker answered without reading gets the answer, not a reset.
+	linger *rawio.Linger
 	// stall is the proxy's stall timeout: the write deadline Handle keeps
 	// on client connections (0: none).
 	stall time.Duration
@@ -165,6 +169,7 @@ func New(o Options) (*Pinboard, error) {
 		return nil, err
 	}
 	pb := &Pinboard{
+		linger:   rawio.NewLinger(lingerMax, lingerWait, lingerTotal),
 		opts:     o,
 		store:    o.Store,
 		registry: reg,
@@ -419,8 +424,9 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
-	// switches per request (internal/rawio, BENCHMARKS.md).
-	cln := &onceCloseListener{Listener: patientListener{rawio.Listener(ln), pb.log}}
+	// switches per request (internal/rawio, BENCHMARKS.md). Closed with
+	// unread input, they linger (pb.linger).
+	cln := &onceCloseListener{Listener: patientListener{rawio.ListenerLinger(ln, pb.linger), pb.log}}
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {
@@ -441,6 +447,17 @@ func (pb *Pinboard) resume(c net.Conn) error {
 	}
 	return pb.srv.ServeConn(c)
 }
+
+// The lingering close of client connections (rawio.Linger): nginx's
+// lingering_timeout and lingering_time are 5 s and 30 s; a client still
+// sending gets less here, and at most lingerMax connections linger at
+// once (each a descriptor and a goroutine), so that clients cannot pile
+// them up.
+const (
+	lingerMax   = 1024
+	lingerWait  = 2 * time.Second
+	lingerTotal = 10 * time.Second
+)
 
 // onceCloseListener closes its listener once; later calls return nil
 // (fasthttp's Shutdown returns its Close error, which would fail a clean
@@ -503,6 +520,8 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 
 	var err error
 	finished := pb.drain(grace, done, &err)
+	// Past the grace, connections close at once: what still runs is cut.
+	pb.linger.Stop()
 	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
 		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
 	cctx, ccancel := context.WithTimeout(context.Background(), CloseWait)

@@ -1,0 +1,132 @@
+package rawio
+
+import (
+	"net"
+	"time"
+)
+
+// Linger is the lingering close of the connections a server accepts
+// (ListenerLinger), nginx's lingering_close: a connection closed while the
+// client's bytes wait unread in its receive queue — a request body the
+// server answered without reading (a worker's early 403, a 404, a 413) —
+// is not closed at once. Closed so, the kernel answers the client with a
+// reset: the client's next write of its body fails, and an HTTP client
+// writing its body while it waits for the answer (Go's, Python's) reports
+// that write error instead of the answer it was sent; a reset may also
+// cut answer bytes still in flight. Instead the connection's write side is
+// shut (the client reads the answer and then the end of the stream) and
+// the client's further bytes are read and dropped until it closes, it
+// stays silent for Wait, or Total passed; then the connection closes.
+//
+// At most max connections linger at once (each holds a descriptor and a
+// goroutine for up to Total); past that, and once Stop was called, a close
+// is immediate as before.
+type Linger struct {
+	// Wait is the longest wait for the client's next bytes (nginx's
+	// lingering_timeout).
+	Wait time.Duration
+	// Total bounds one connection's linger (nginx's lingering_time).
+	Total time.Duration
+
+	slots   chan struct{}
+	stopped chan struct{}
+}
+
+// NewLinger returns a Linger for at most max connections at once.
+func NewLinger(max int, wait, total time.Duration) *Linger {
+	return &Linger{Wait: wait, Total: total, slots: make(chan struct{}, max), stopped: make(chan struct{})}
+}
+
+// Stop makes every later close immediate: a server shutting down closes
+// its connections, idle ones included, to end them.
+func (l *Linger) Stop() {
+	select {
+	case <-l.stopped:
+	default:
+		close(l.stopped)
+	}
+}
+
+// ListenerLinger is Listener whose connections close with l.
+func ListenerLinger(ln net.Listener, l *Linger) net.Listener { return listener{ln, l} }
+
+// NoLinger makes c's Close immediate: for a connection handed over to
+// code that closes it to interrupt a read of its own (a hijacked relay),
+// which a lingering close would leave reading. Other connections are
+// left as they are.
+func NoLinger(c net.Conn) {
+	if rc, ok := c.(*Conn); ok {
+		rc.linger.Store(nil)
+	}
+}
+
+// MoreInput tells c's Close that the client may still be sending (the
+// server stopped reading a request body it answered without): c lingers
+// even if no byte happens to wait unread at the moment it closes.
+func MoreInput(c net.Conn) {
+	if rc, ok := c.(*Conn); ok {
+		rc.moreInput.Store(true)
+	}
+}
+
+// Close implements net.Conn: at once, or lingering (Linger) when the
+// connection has one and the client's bytes wait unread or may follow
+// (MoreInput).
+func (c *Conn) Close() error {
+	l := c.linger.Swap(nil)
+	if l == nil || !c.moreInput.Load() && !pendingInput(c.TCPConn) {
+		return c.TCPConn.Close()
+	}
+	select {
+	case <-l.stopped:
+		return c.TCPConn.Close()
+	default:
+	}
+	select {
+	case l.slots <- struct{}{}:
+	default:
+		return c.TCPConn.Close()
+	}
+	if err := c.TCPConn.CloseWrite(); err != nil {
+		<-l.slots
+		return c.TCPConn.Close()
+	}
+	go l.drain(c.TCPConn)
+	return nil
+}
+
+// drain reads and drops what the client still sends, then closes tc.
+func (l *Linger) drain(tc *net.TCPConn) {
+	defer func() { <-l.slots }()
+	defer tc.Close()
+	end := time.Now().Add(l.Total)
+	buf := make([]byte, 4096)
+	for {
+		d := time.Now().Add(l.Wait)
+		if d.After(end) {
+			d = end
+		}
+		if tc.SetReadDeadline(d) != nil {
+			return
+		}
+		if _, err := tc.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+// pendingInput reports whether bytes wait unread in tc's receive queue:
+// one recv(2) with MSG_PEEK and MSG_DONTWAIT into a byte of its own (Close
+// may run beside a read: the connection's shared peek state is not used).
+func pendingInput(tc *net.TCPConn) bool {
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var b [1]byte
+	st := peekNone
+	if raw.Control(func(fd uintptr) { st = peekFD(fd, &b[0]) }) != nil {
+		return false
+	}
+	return st == peekData
+}
