@@ -31,7 +31,9 @@ var ErrInvalidURL = errors.New("invalid redis url")
 func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	var o rueidis.ClientOption
 	bad := func(format string, args ...any) (rueidis.ClientOption, error) {
-		return o, fmt.Errorf("%w %s: %s", ErrInvalidURL, redactURL(raw), fmt.Sprintf(format, args...))
+		// %q: the URL may hold a line break or other control bytes, and
+		// the message must stay one line (R-SRV-2: main prints it as one).
+		return o, fmt.Errorf("%w %q: %s", ErrInvalidURL, redactURL(raw), fmt.Sprintf(format, args...))
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {

@@ -1,0 +1,83 @@
+package directory_test
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// FuzzParseRedisURL checks REDIS_URL parsing: an error wraps ErrInvalidURL,
+// is one line and never repeats the password; accepted options have at
+// least one host:port address with a port in 1..65535, one address unless
+// clustered or sentinel, a non-negative database, a master name for a
+// sentinel, and TLS exactly for the rediss schemes.
+func FuzzParseRedisURL(f *testing.F) {
+	for _, s := range []string{
+		"redis://127.0.0.1:6380", "redis://h", "redis://:p%40ss@h:1/3", "redis://u:p@h?db=2&client_name=pb",
+		"rediss://h:6380", "rediss://h:6380?skip_verify=true", "redis+cluster://a:7000,b:7001,[::1]:7002",
+		"rediss+cluster://a:7000", "redis+sentinel://s1,s2:5000/mymaster?db=1", "redis://a:1,b:2", "redis://h:0",
+		"redis://h:99999", "redis://h/x", "redis+cluster://a:1/2", "redis+sentinel://a:1", "redis://h?skip_verify=1",
+		"redis://h?nope=1", "http://h", "h:6379", "redis://", "redis://u:topsecret@h:bad",
+		"rediss+sentinel://u:pw@[::1]/m?sentinel_username=s&sentinel_password=sp",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		o, err := directory.ParseRedisURL(raw)
+		_, pass, hasPass := passwordOf(raw)
+		if err != nil {
+			msg := err.Error()
+			if !errors.Is(err, directory.ErrInvalidURL) || strings.ContainsAny(msg, "\r\n") {
+				t.Fatalf("unexpected error for %q; got %q; want one line wrapping ErrInvalidURL", raw, msg)
+			}
+			if hasPass && len(pass) >= 4 && strings.Contains(msg, pass) && !strings.Contains(strings.Replace(raw, pass, "", 1), pass) {
+				t.Fatalf("unexpected password in the error for %q: %q", raw, msg)
+			}
+			return
+		}
+		if len(o.InitAddress) == 0 {
+			t.Fatalf("unexpected acceptance of %q without an address", raw)
+		}
+		scheme, _, _ := strings.Cut(raw, "://")
+		if len(o.InitAddress) > 1 && !strings.Contains(scheme, "+") {
+			t.Fatalf("unexpected acceptance of several hosts in %q", raw)
+		}
+		for _, a := range o.InitAddress {
+			h, p, err := net.SplitHostPort(a)
+			n, perr := strconv.Atoi(p)
+			if err != nil || h == "" || perr != nil || n < 1 || n > 65535 {
+				t.Fatalf("unexpected address %q from %q", a, raw)
+			}
+		}
+		if o.SelectDB < 0 {
+			t.Fatalf("unexpected database %d from %q", o.SelectDB, raw)
+		}
+		if strings.HasSuffix(scheme, "+sentinel") && o.Sentinel.MasterSet == "" {
+			t.Fatalf("unexpected sentinel without a master name from %q", raw)
+		}
+		if (o.TLSConfig != nil) != strings.HasPrefix(scheme, "rediss") {
+			t.Fatalf("unexpected TLS %v for %q", o.TLSConfig != nil, raw)
+		}
+	})
+}
+
+// passwordOf returns the raw userinfo password of a URL, if any.
+func passwordOf(raw string) (string, string, bool) {
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return "", "", false
+	}
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		rest = rest[:i]
+	}
+	i := strings.LastIndexByte(rest, '@')
+	if i < 0 {
+		return "", "", false
+	}
+	user, pass, has := strings.Cut(rest[:i], ":")
+	return user, pass, has
+}
