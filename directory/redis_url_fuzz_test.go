@@ -81,3 +81,42 @@ func passwordOf(raw string) (string, string, bool) {
 	user, pass, has := strings.Cut(rest[:i], ":")
 	return user, pass, has
 }
+
+// FuzzRedisURLPassword builds REDIS_URL from its parts, the password
+// written as an operator would paste it, and checks that no error repeats
+// the password, whatever bytes it holds ("Errors never repeat the
+// password"): percent-encoding it is the operator's job, keeping it out
+// of logs is ours.
+func FuzzRedisURLPassword(f *testing.F) {
+	f.Add("redis", "u", "topsecret", "h:bad", "/0")
+	f.Add("redis", "", "p%40ss", "h:1", "/3")
+	f.Add("redis", "u", "pa/ssword", "h:6379", "")
+	f.Add("redis+sentinel", "u", "pass?word", "s1,s2:5000", "/mymaster")
+	f.Add("rediss", "u", "pass#word", "h", "?skip_verify=1")
+	f.Add("redis+sentinel", "u", "hunter22", "s1", "/m?sentinel_password=sentinelsecret&typo=1")
+	f.Fuzz(func(t *testing.T, scheme, user, pass, hosts, tail string) {
+		if len(pass) < 6 || strings.Contains(scheme+user+hosts+tail, pass) || strings.ContainsAny(user, ":/?@") {
+			return
+		}
+		raw := scheme + "://" + user + ":" + pass + "@" + hosts + tail
+		_, err := directory.ParseRedisURL(raw)
+		if err == nil {
+			return
+		}
+		// Each half of the password too: a split at "/" or "?" must not
+		// leak its first part into a host or path message. (The message's
+		// own words are no leak.)
+		msg := strings.ReplaceAll(err.Error(), "password", "")
+		if _, sp, ok := strings.Cut(tail, "sentinel_password="); ok {
+			sp, _, _ = strings.Cut(sp, "&")
+			if len(sp) >= 6 && strings.Count(raw, sp) == 1 && strings.Contains(msg, sp) {
+				t.Fatalf("unexpected sentinel password %q in the error for %q: %q", sp, raw, err)
+			}
+		}
+		for _, p := range []string{pass, pass[:len(pass)/2], pass[len(pass)/2:]} {
+			if len(p) >= 3 && !strings.Contains(scheme+user+hosts+tail, p) && strings.Contains(msg, p) {
+				t.Fatalf("unexpected password part %q in the error for %q: %q", p, raw, err)
+			}
+		}
+	})
+}
