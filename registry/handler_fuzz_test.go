@@ -15,10 +15,11 @@ var fuzzEndpoints = []struct{ path, token string }{
 	{"/registry/drain", operatorToken},
 	{"/registry/undrain", operatorToken},
 	{"/registry/wind-down", operatorToken},
+	{"/registry/placement?", operatorToken}, // GET; the body is the query
 }
 
-// FuzzRegistryBodies posts a body to the worker and operator endpoints of
-// a registry with one live session ("$SID" in a body stands for its id,
+// FuzzRegistryBodies posts a body to the worker and operator endpoints (to
+// GET /registry/placement, it is the query) of a registry with one live session ("$SID" in a body stands for its id,
 // "$CH"/"$CV" for a challenge pair its worker answers). Every reply is a
 // JSON object; a refusal is a 4xx with a non-empty one-line "error"; a 400
 // changes nothing in the store; a drain or wind-down deadline outside
@@ -50,6 +51,10 @@ func FuzzRegistryBodies(f *testing.F) {
 		{5, `{"namespace":"/counters","id":"x","deadline":"soon"}`},
 		{5, `{"namespace":"/counters","id":"x","deadline":1e400}`},
 		{5, `{"id":"alice","deadline":1}`},
+		{6, `namespace=/counters&id=x`},
+		{6, `namespace=/counters&id=bob`},
+		{6, `namespace=/counters`},
+		{6, `namespace=%2Fcounters&id=%00&id=x`},
 	}
 	for _, s := range seeds {
 		f.Add(s.ep, s.body)
@@ -65,7 +70,12 @@ func FuzzRegistryBodies(f *testing.F) {
 		e := fuzzEndpoints[int(ep)%len(fuzzEndpoints)]
 		body = strings.NewReplacer("$SID", sid, "$CH", ch, "$CV", cv).Replace(body)
 		before := h.snapshot()
-		res := h.post(e.path, e.token, body)
+		var res response
+		if strings.HasSuffix(e.path, "?") {
+			res = h.get(e.path+body, e.token)
+		} else {
+			res = h.post(e.path, e.token, body)
+		}
 		var reply map[string]any
 		if err := json.Unmarshal([]byte(res.body), &reply); err != nil || reply == nil {
 			t.Fatalf("unexpected reply to %s %q; got %d %q; want a JSON object", e.path, body, res.status, res.body)
