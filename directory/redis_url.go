@@ -31,7 +31,9 @@ var ErrInvalidURL = errors.New("invalid redis url")
 func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	var o rueidis.ClientOption
 	bad := func(format string, args ...any) (rueidis.ClientOption, error) {
-		return o, fmt.Errorf("%w %s: %s", ErrInvalidURL, redactURL(raw), fmt.Sprintf(format, args...))
+		// %q: the URL may hold a line break or other control bytes, and
+		// the message must stay one line (R-SRV-2: main prints it as one).
+		return o, fmt.Errorf("%w %q: %s", ErrInvalidURL, redactURL(raw), fmt.Sprintf(format, args...))
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
@@ -52,6 +54,13 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 		sentinel, useTLS = true, true
 	default:
 		return bad("unknown scheme %q", scheme)
+	}
+	// A "/", "?" or "#" in a password pasted as it is ends the authority
+	// early: the password's tail would be read as a path or query and its
+	// head as a host, and both echoed in errors. An "@" past the authority
+	// is refused instead (names and parameters never need one unencoded).
+	if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.IndexByte(rest[end:], '@') >= 0 {
+		return bad("an @ follows the host: percent-encode /, ?, # and @ in the user name, password and parameters (%%2F, %%3F, %%23, %%40)")
 	}
 	// Split userinfo@hosts/path?query by hand: net/url rejects host lists.
 	rest, query, _ := strings.Cut(rest, "?")
@@ -157,23 +166,45 @@ func hostPort(h, defPort string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
-// redactURL hides the password of a Redis URL for messages and logs.
+// redactURL hides the password of a Redis URL for messages and logs: the
+// userinfo's, everything up to the last "@" when one follows the host (a
+// password holding "/", "?" or "#"), and the sentinel_password parameter.
 func redactURL(raw string) string {
 	scheme, rest, ok := strings.Cut(raw, "://")
 	if !ok {
 		return "(unparseable url)"
 	}
+	if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.IndexByte(rest[end:], '@') >= 0 {
+		return scheme + "://xxxxx@" + redactQuery(rest[strings.LastIndexByte(rest, '@')+1:])
+	}
 	authority, tail := rest, ""
 	if i := strings.IndexAny(rest, "/?"); i >= 0 {
 		authority, tail = rest[:i], rest[i:]
 	}
+	tail = redactQuery(tail)
 	i := strings.LastIndexByte(authority, '@')
 	if i < 0 {
-		return raw
+		return scheme + "://" + authority + tail
 	}
 	user, _, hasPass := strings.Cut(authority[:i], ":")
 	if hasPass {
 		user += ":xxxxx"
 	}
 	return scheme + "://" + user + "@" + authority[i+1:] + tail
+}
+
+// redactQuery hides the values of sentinel_password parameters in s, a
+// URL's path and query.
+func redactQuery(s string) string {
+	path, query, ok := strings.Cut(s, "?")
+	if !ok {
+		return s
+	}
+	params := strings.Split(query, "&")
+	for i, p := range params {
+		if k, _, ok := strings.Cut(p, "="); ok && strings.EqualFold(k, "sentinel_password") {
+			params[i] = k + "=xxxxx"
+		}
+	}
+	return path + "?" + strings.Join(params, "&")
 }

@@ -56,11 +56,10 @@ func decode(b []byte, v any) error {
 		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
 			return errInvalidJSON
 		}
-		if exactKeys(b, t) {
-			return errShape
-		}
 		// The wrong type may be under a key in another case, which the
-		// reference never reads.
+		// reference never reads, or under an earlier duplicate of a key,
+		// which JSON.parse replaces with the last: decodeExact reads the
+		// body as the reference does (a rare path: the body was refused).
 		return decodeExact(b, v, t)
 	}
 	if !exactKeys(b, t) {
@@ -69,11 +68,12 @@ func decode(b []byte, v any) error {
 	return nil
 }
 
-// decodeExact decodes b into v as the reference reads it (body.sessionId):
-// members whose key names a field only in another case are dropped, so
-// they neither fill the field (encoding/json would match them) nor
-// replace the exactly named member. A rare path: a body exactKeys found
-// such a key in.
+// decodeExact decodes b into v as the reference reads it (JSON.parse, then
+// body.sessionId): of duplicate keys the last wins, and members whose key
+// names a field only in another case are dropped, so they neither fill the
+// field (encoding/json would match them) nor replace the exactly named
+// member. A rare path: a body exactKeys found such a key in, or one
+// encoding/json refused.
 func decodeExact(b []byte, v any, t reflect.Type) error {
 	names := fieldNames(t)
 	variant := func(k string, _ json.RawMessage) bool { return caseVariant(k, names) }
