@@ -189,6 +189,9 @@ func TestClientIP_RPL4(t *testing.T) {
 	if _, err := ParseTrustedProxies("localhost"); err == nil {
 		t.Fatalf("unexpected acceptance of a hostname")
 	}
+	if _, err := ParseTrustedProxies("10.0.0.1, fe80::1%eth0"); err == nil || !strings.Contains(err.Error(), `"fe80::1%eth0": an IPv6 zone cannot be trusted`) {
+		t.Fatalf("unexpected result for a zoned address; got %v; want an error naming the entry and the zone", err)
+	}
 }
 
 // The client IP for affinity reads every X-Forwarded-For line: a trusted
