@@ -1,6 +1,7 @@
 // Package rawio gives TCP connections raw read(2) and write(2): the
 // calling goroutine keeps its P instead of entering the scheduler's
-// syscall state. See Conn.
+// syscall state (see Conn); and a server's connections a lingering close
+// (see Linger).
 package rawio
 
 import (
