@@ -508,6 +508,10 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 // here as well as by fasthttp's Shutdown (see onceCloseListener).
 func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
 	pb.stopping.Store(true)
+	// From now on connections close at once: fasthttp closes idle ones to
+	// end their wait for a next request, and one lingering instead would
+	// read and serve a request that arrived just then, its answer lost.
+	pb.linger.Stop()
 	pb.registry.Stop()
 	start := time.Now()
 	sctx, cancel := context.WithCancel(context.Background())
@@ -520,8 +524,6 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 
 	var err error
 	finished := pb.drain(grace, done, &err)
-	// Past the grace, connections close at once: what still runs is cut.
-	pb.linger.Stop()
 	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
 		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
 	cctx, ccancel := context.WithTimeout(context.Background(), CloseWait)

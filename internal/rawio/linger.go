@@ -38,7 +38,7 @@ func NewLinger(max int, wait, total time.Duration) *Linger {
 }
 
 // Stop makes every later close immediate: a server shutting down closes
-// its connections, idle ones included, to end them.
+// its connections, idle ones included, to end their reads.
 func (l *Linger) Stop() {
 	select {
 	case <-l.stopped:
