@@ -88,11 +88,18 @@ func TestLingerClose_RDP2(t *testing.T) {
 	})
 
 	t.Run("a silent client is let go after Wait", func(t *testing.T) {
-		l := NewLinger(4, 50*time.Millisecond, 10*time.Second)
+		// Total far past waitFor's 10 s: only Wait can end this linger.
+		l := NewLinger(4, 50*time.Millisecond, time.Hour)
 		client, server := lingerPair(t, l)
 		unreadInput(t, client, server, 10)
 		_ = server.Close()
+		if len(l.slots) != 1 {
+			t.Fatalf("unexpected lingering count; got %d; want 1", len(l.slots))
+		}
 		waitFor(t, func() bool { return len(l.slots) == 0 })
+		if err := closeEnd(t, client); err != nil {
+			t.Fatalf("unexpected end after a lingering close; got %v; want a clean end", err)
+		}
 	})
 
 	t.Run("MoreInput lingers with nothing unread yet", func(t *testing.T) {
