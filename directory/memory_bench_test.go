@@ -3,6 +3,7 @@ package directory_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -19,27 +20,14 @@ import (
 func BenchmarkMemoryReregister100k(b *testing.B) {
 	m := directory.NewMemory(time.Hour, time.Now())
 	reg, now := ownInstances(b, m, 100_000)
-	var hold, wait time.Duration
-	var mark time.Time
-	directory.SetAfterRegisterBatch(m, func() {
-		hold = max(hold, time.Since(mark))
-		mark = time.Now()
-	})
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		waited := lockWaitWhile(m, now)
-		mark = time.Now()
+	memoryHoldRounds(b, m, directory.SetAfterRegisterBatch, func() time.Time { return now }, func() error {
 		res, err := m.Register(context.Background(), reg, now)
-		hold = max(hold, time.Since(mark))
-		wait = max(wait, waited())
 		if err != nil || len(res.Duplicates) != 0 {
-			b.Fatalf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
+			return fmt.Errorf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
 		}
 		reg.PrevSessionID = res.SessionID
-	}
-	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
-	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+		return nil
+	}, nil)
 }
 
 // BenchmarkMemoryDrop100k: a worker holding 100,000 ids deregisters.
@@ -48,29 +36,14 @@ func BenchmarkMemoryReregister100k(b *testing.B) {
 // and max-wait-ms, the longest another goroutine waited for the lock.
 func BenchmarkMemoryDrop100k(b *testing.B) {
 	m := directory.NewMemory(time.Hour, time.Now())
-	var hold, wait time.Duration
-	var mark time.Time
-	directory.SetAfterDropBatch(m, func() {
-		hold = max(hold, time.Since(mark))
-		mark = time.Now()
-	})
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		reg, now := ownInstances(b, m, 100_000)
-		b.StartTimer()
-		waited := lockWaitWhile(m, now)
-		mark = time.Now()
-		err := m.Deregister(context.Background(), reg.PrevSessionID, now)
-		hold = max(hold, time.Since(mark))
-		wait = max(wait, waited())
-		if err != nil {
-			b.Fatalf("cannot deregister: %v", err)
-		}
-	}
-	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
-	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+	var reg *directory.Registration
+	var now time.Time
+	memoryHoldRounds(b, m, directory.SetAfterDropBatch, func() time.Time {
+		reg, now = ownInstances(b, m, 100_000)
+		return now
+	}, func() error {
+		return m.Deregister(context.Background(), reg.PrevSessionID, now)
+	}, nil)
 }
 
 // BenchmarkMemoryDrainRelease100k: an operator's timed drain of a worker
@@ -78,10 +51,27 @@ func BenchmarkMemoryDrop100k(b *testing.B) {
 // them (R-LS-5). Reported as BenchmarkMemoryDrop100k.
 func BenchmarkMemoryDrainRelease100k(b *testing.B) {
 	m := directory.NewMemory(time.Hour, time.Now())
-	ctx := context.Background()
+	var deadline time.Time
+	memoryHoldRounds(b, m, directory.SetAfterDropBatch, func() time.Time {
+		deadline = drainedOwner(b, m)
+		return deadline
+	}, func() error {
+		return m.Sweep(context.Background(), deadline)
+	}, func() { unplacedAfterRelease(b, m, deadline) })
+}
+
+// memoryHoldRounds runs b.N rounds of prepare (untimed; it returns the
+// store's time for the round), op (timed) and check (untimed, when not
+// nil), and reports what a long hold of the memory store's lock costs
+// everybody else: max-hold-ms, the longest stretch between the start of
+// an op, the batch boundaries hook reports (where the lock is free) and
+// its end, and max-wait-ms, the longest another goroutine waited for the
+// lock (through Quarantine, which takes it and does nothing else).
+func memoryHoldRounds(b *testing.B, m *directory.Memory, hook func(directory.Store, func()),
+	prepare func() time.Time, op func() error, check func()) {
 	var hold, wait time.Duration
 	var mark time.Time
-	directory.SetAfterDropBatch(m, func() {
+	hook(m, func() {
 		hold = max(hold, time.Since(mark))
 		mark = time.Now()
 	})
@@ -89,30 +79,46 @@ func BenchmarkMemoryDrainRelease100k(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		reg, now := ownInstances(b, m, 100_000)
-		deadline := now.Add(time.Minute)
-		if found, err := m.SetDrain(ctx, reg.ClientID, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
-			b.Fatalf("cannot drain; got %v, %v", found, err)
-		}
+		now := prepare()
 		b.StartTimer()
-		waited := lockWaitWhile(m, deadline)
+		waited := lockWaitWhile(m, now)
 		mark = time.Now()
-		err := m.Sweep(ctx, deadline)
+		err := op()
 		hold = max(hold, time.Since(mark))
 		wait = max(wait, waited())
 		if err != nil {
-			b.Fatalf("cannot sweep: %v", err)
+			b.Fatal(err)
 		}
-		b.StopTimer()
-		for _, id := range []string{"instance-0", "instance-99999"} {
-			if p, err := m.Placement(ctx, "/c", id, deadline); !errors.Is(err, directory.ErrNoPlacement) {
-				b.Fatalf("unexpected placement of %s after the forced release; got %+v, %v", id, p, err)
-			}
+		if check != nil {
+			b.StopTimer()
+			check()
+			b.StartTimer()
 		}
-		b.StartTimer()
 	}
 	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
 	b.ReportMetric(float64(wait.Microseconds())/1000, "max-wait-ms")
+}
+
+// drainedOwner gives a worker 100,000 ids and an operator's timed drain,
+// and returns the drain's deadline.
+func drainedOwner(b *testing.B, s directory.Store) time.Time {
+	ctx := context.Background()
+	reg, now := ownInstances(b, s, 100_000)
+	deadline := now.Add(time.Minute)
+	if found, err := s.SetDrain(ctx, reg.ClientID, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
+		b.Fatalf("cannot drain; got %v, %v", found, err)
+	}
+	return deadline
+}
+
+// unplacedAfterRelease checks that the forced release freed the drained
+// worker's first and last ids.
+func unplacedAfterRelease(b *testing.B, s directory.Store, deadline time.Time) {
+	for _, id := range []string{"instance-0", "instance-99999"} {
+		if p, err := s.Placement(context.Background(), "/c", id, deadline); !errors.Is(err, directory.ErrNoPlacement) {
+			b.Fatalf("unexpected placement of %s after the forced release; got %+v, %v", id, p, err)
+		}
+	}
 }
 
 // lockWaitWhile takes the memory store's lock back to back until the

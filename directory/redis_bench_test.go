@@ -2,7 +2,6 @@ package directory_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -163,30 +162,15 @@ func BenchmarkRedisReregister100k(b *testing.B) {
 	srv := redistest.StartServer(b)
 	ctx := context.Background()
 	s := openNode(b, srv.URL(), "bench-rereg", time.Hour)
-	c := rawClient(b, srv.Addr)
 	reg, now := ownInstances(b, s, 100_000)
-	var hold, ping time.Duration
-	var calls int
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		slowlogAll(b, c)
-		b.StartTimer()
-		pinged := pingWhile(c)
+	redisHoldRounds(b, rawClient(b, srv.Addr), func() {}, func() error {
 		res, err := s.Register(ctx, reg, now)
-		ping = max(ping, pinged())
 		if err != nil || len(res.Duplicates) != 0 {
-			b.Fatalf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
+			return fmt.Errorf("cannot re-register: %v, %d duplicates", err, len(res.Duplicates))
 		}
 		reg.PrevSessionID = res.SessionID
-		b.StopTimer()
-		h, n := scriptCalls(b, c)
-		hold, calls = max(hold, h), n
-		b.StartTimer()
-	}
-	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
-	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-max-ms")
-	b.ReportMetric(float64(calls), "script-calls")
+		return nil
+	}, nil)
 }
 
 // BenchmarkRedisDrop100k: a worker holding 100,000 ids deregisters (a
@@ -199,29 +183,11 @@ func BenchmarkRedisDrop100k(b *testing.B) {
 	srv := redistest.StartServer(b)
 	ctx := context.Background()
 	s := openNode(b, srv.URL(), "bench-drop", time.Hour)
-	c := rawClient(b, srv.Addr)
-	var hold, ping time.Duration
-	var calls int
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		reg, now := ownInstances(b, s, 100_000)
-		slowlogAll(b, c)
-		b.StartTimer()
-		pinged := pingWhile(c)
-		err := s.Deregister(ctx, reg.PrevSessionID, now)
-		ping = max(ping, pinged())
-		if err != nil {
-			b.Fatalf("cannot deregister: %v", err)
-		}
-		b.StopTimer()
-		h, n := scriptCalls(b, c)
-		hold, calls = max(hold, h), n
-		b.StartTimer()
-	}
-	b.ReportMetric(float64(hold.Microseconds())/1000, "max-hold-ms")
-	b.ReportMetric(float64(ping.Microseconds())/1000, "ping-max-ms")
-	b.ReportMetric(float64(calls), "script-calls")
+	var reg *directory.Registration
+	var now time.Time
+	redisHoldRounds(b, rawClient(b, srv.Addr), func() { reg, now = ownInstances(b, s, 100_000) }, func() error {
+		return s.Deregister(ctx, reg.PrevSessionID, now)
+	}, nil)
 }
 
 // BenchmarkRedisDrainRelease100k: an operator's timed drain of a worker
@@ -231,32 +197,38 @@ func BenchmarkRedisDrainRelease100k(b *testing.B) {
 	srv := redistest.StartServer(b)
 	ctx := context.Background()
 	s := openNode(b, srv.URL(), "bench-drain", time.Hour)
-	c := rawClient(b, srv.Addr)
+	var deadline time.Time
+	redisHoldRounds(b, rawClient(b, srv.Addr), func() { deadline = drainedOwner(b, s) }, func() error {
+		return s.Sweep(ctx, deadline)
+	}, func() { unplacedAfterRelease(b, s, deadline) })
+}
+
+// redisHoldRounds runs b.N rounds of prepare (untimed), op (timed) and
+// check (untimed, when not nil), and reports what a long script call
+// costs everybody else: max-hold-ms, the longest single script call of
+// any op from Redis's SLOWLOG (its own timing), ping-max-ms, the longest
+// PING another client waited while an op ran, and script-calls, the
+// script calls of one op.
+func redisHoldRounds(b *testing.B, c rueidis.Client, prepare func(), op func() error, check func()) {
 	var hold, ping time.Duration
 	var calls int
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
-		reg, now := ownInstances(b, s, 100_000)
-		deadline := now.Add(time.Minute)
-		if found, err := s.SetDrain(ctx, reg.ClientID, directory.DrainState{Draining: true, Deadline: deadline}, now); !found || err != nil {
-			b.Fatalf("cannot drain; got %v, %v", found, err)
-		}
+		prepare()
 		slowlogAll(b, c)
 		b.StartTimer()
 		pinged := pingWhile(c)
-		err := s.Sweep(ctx, deadline)
+		err := op()
 		ping = max(ping, pinged())
 		if err != nil {
-			b.Fatalf("cannot sweep: %v", err)
+			b.Fatal(err)
 		}
 		b.StopTimer()
 		h, n := scriptCalls(b, c)
 		hold, calls = max(hold, h), n
-		for _, id := range []string{"instance-0", "instance-99999"} {
-			if p, err := s.Placement(ctx, "/c", id, deadline); !errors.Is(err, directory.ErrNoPlacement) {
-				b.Fatalf("unexpected placement of %s after the forced release; got %+v, %v", id, p, err)
-			}
+		if check != nil {
+			check()
 		}
 		b.StartTimer()
 	}
