@@ -725,6 +725,13 @@ func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 }
 
+// refusedInBand reports whether a worker's answer is its in-band refusal
+// of a new activation (R-PL-6): 503 with the Pinned-Refusal marker, for a
+// request or a WebSocket handshake alike.
+func refusedInBand(rh *fasthttp.ResponseHeader) bool {
+	return rh.StatusCode() == fasthttp.StatusServiceUnavailable && bytes.Equal(rh.PeekBytes(hdrRefusal), valLeaseRefusal)
+}
+
 var (
 	errTooManyInterim = errors.New("too many interim responses from worker")
 	errUnaskedSwitch  = errors.New("worker switched protocols on a request that asked for no upgrade")
@@ -741,7 +748,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 	rh.ResetConnectionClose()
 	stripResponseHop(rh)
 	noBody := ctx.Request.Header.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
-	if status == fasthttp.StatusServiceUnavailable && bytes.Equal(rh.PeekBytes(hdrRefusal), valLeaseRefusal) {
+	if refusedInBand(rh) {
 		// The refusal body is small; drain it so the connection stays warm.
 		ok := !noBody && cl >= 0 && cl <= p.smallBody && ctx.Response.ReadBody(pc.br, p.smallBody) == nil
 		p.finish(pool, pc, ok && keep, up)

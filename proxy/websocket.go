@@ -100,7 +100,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			})
 			return
 		}
-		if status == fasthttp.StatusServiceUnavailable && bytes.Equal(ctx.Response.Header.PeekBytes(hdrRefusal), valLeaseRefusal) {
+		if refusedInBand(&ctx.Response.Header) {
 			// An in-band refusal (R-PL-6): the worker's resolve dependency
 			// refuses before accept, and starlette sends that as an HTTP
 			// denial response carrying the marker. An upgrade has no body,
