@@ -46,14 +46,7 @@ func TestInBandRefusalRealWorker_RPL6(t *testing.T) {
 				t.Fatalf("unexpected reply for %s; got %s; want H's answer after U's refusal", id, r)
 			}
 		}
-		if !healthy.Stop() {
-			t.Fatalf("H did not stop on SIGTERM")
-		}
-		uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
-		defer ucancel()
-		if err := healthy.WaitUnregistered(uctx); err != nil {
-			t.Fatal(err)
-		}
+		stopDeregistered(ctx, t, healthy)
 		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/nobody-takes-me/whoami", nil, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -115,19 +108,26 @@ func TestInBandRefusalWebSocketRealWorker_RPL6(t *testing.T) {
 			t.Fatalf("unexpected owner of %s; got %d %+v; want H (%s) after U's refusal", id, status, pl, hClient)
 		}
 	}
-	if !healthy.Stop() {
-		t.Fatalf("H did not stop on SIGTERM")
-	}
-	uctx, ucancel := context.WithTimeout(ctx, 10*time.Second)
-	defer ucancel()
-	if err := healthy.WaitUnregistered(uctx); err != nil {
-		t.Fatal(err)
-	}
+	stopDeregistered(ctx, t, healthy)
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer dcancel()
 	_, err := wsDial(dctx, wsBase+"/tickers/ws-nobody/ws", nil)
 	var he *wsHandshakeError
 	if !errors.As(err, &he) || he.Status != http.StatusServiceUnavailable || he.Header.Get("Retry-After") == "" || he.Header.Get("Pinned-Refusal") != "" {
 		t.Fatalf("unexpected answer when every worker refuses the upgrade; got %v (%+v)", err, he)
+	}
+}
+
+// stopDeregistered stops w with SIGTERM and waits up to 10 s for its
+// deregister to leave the registry (R-REG-3).
+func stopDeregistered(ctx context.Context, t *testing.T, w *Worker) {
+	t.Helper()
+	if !w.Stop() {
+		t.Fatalf("%s did not stop on SIGTERM", w.Name)
+	}
+	uctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := w.WaitUnregistered(uctx); err != nil {
+		t.Fatal(err)
 	}
 }

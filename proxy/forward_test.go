@@ -324,19 +324,22 @@ func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
 	}
 }
 
+// refuseActivation answers as the reference worker does while its lease
+// is unhealthy: 503 with the in-band refusal marker (R-PL-6).
+func refuseActivation(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Pinned-Refusal", "lease-unhealthy")
+	w.Header().Set("Retry-After", "1")
+	w.WriteHeader(503)
+	_, _ = w.Write([]byte(`{"detail":"lease unhealthy; refusing new activations"}`))
+}
+
 // A worker refusing a new activation in-band is released and the id
 // placed once more elsewhere; a second refusal answers 503 (R-PL-6).
 func TestInBandRefusal_RPL6(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	refuse := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Pinned-Refusal", "lease-unhealthy")
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(503)
-		_, _ = w.Write([]byte(`{"detail":"lease unhealthy; refusing new activations"}`))
-	}
 	a, b := newStandin(t, "a"), newStandin(t, "b")
-	a.route("/value", refuse)
+	a.route("/value", refuseActivation)
 	rg.add(a, 1000, "/counters")
 	rg.add(b, 1, "/counters")
 	res, body := rg.get("/counters/alice/value", nil)
@@ -349,7 +352,7 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 	}
 	// Both refuse: one retry, then 503 + Retry-After, and no row left on
 	// the refusing worker.
-	b.route("/value", refuse)
+	b.route("/value", refuseActivation)
 	res, body = rg.get("/counters/carol/value", nil)
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.Contains(body, "refused") {
 		t.Fatalf("unexpected reply after two refusals; got %d %s", res.StatusCode, body)
@@ -376,19 +379,13 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 func TestInBandRefusalWebSocket_RPL6(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	refuse := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Pinned-Refusal", "lease-unhealthy")
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(503)
-		_, _ = w.Write([]byte(`{"detail":"lease unhealthy; refusing new activations"}`))
-	}
 	serve := func(w http.ResponseWriter, r *http.Request) {
 		if conn, _, ok := accept101(w); ok {
 			conn.Close()
 		}
 	}
 	a, b := newStandin(t, "a"), newStandin(t, "b")
-	a.route("/ws", refuse)
+	a.route("/ws", refuseActivation)
 	b.route("/ws", serve)
 	rg.add(a, 1000, "/counters")
 	rg.add(b, 1, "/counters")
@@ -399,7 +396,7 @@ func TestInBandRefusalWebSocket_RPL6(t *testing.T) {
 	if p.SessionID != b.session.Load().(string) {
 		t.Fatalf("unexpected owner after the retry; got %s", p.SessionID)
 	}
-	b.route("/ws", refuse)
+	b.route("/ws", refuseActivation)
 	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 	if err != nil {
 		t.Fatal(err)

@@ -432,6 +432,22 @@ func TestAbsoluteFormTarget_RDP1(t *testing.T) {
 	}
 }
 
+// idleStreamUntilGone is a worker's event stream that sends one event
+// and idles: gone closes when pinboard closes the connection, stop ends
+// it otherwise.
+func idleStreamUntilGone(gone, stop chan struct{}) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(rw, "data: 0\n\n")
+		rw.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done(): // pinboard closed the connection
+			close(gone)
+		case <-stop:
+		}
+	}
+}
+
 // A client that goes away from an event stream between events frees the
 // worker's connection (and the stream) without waiting for the next
 // event, which may be hours away: a client opening streams and resetting
@@ -448,16 +464,7 @@ func TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 			rg, w, _ := newCapRigWorker(t, nil)
 			gone, stop := make(chan struct{}), make(chan struct{})
 			t.Cleanup(func() { close(stop) }) // before the worker's Close waits for it
-			w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-				rw.Header().Set("Content-Type", "text/event-stream")
-				_, _ = io.WriteString(rw, "data: 0\n\n")
-				rw.(http.Flusher).Flush()
-				select {
-				case <-r.Context().Done(): // pinboard closed the connection
-					close(gone)
-				case <-stop:
-				}
-			})
+			w.route("/events", idleStreamUntilGone(gone, stop))
 			c := openFirstEvent(t, rg.url)
 			defer c.Close()
 			leave(c.(*net.TCPConn))
@@ -694,16 +701,7 @@ func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 	}
 	gone, stop := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(stop) })
-	s.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(rw, "data: 0\n\n")
-		rw.(http.Flusher).Flush()
-		select {
-		case <-r.Context().Done(): // pinboard closed the connection
-			close(gone)
-		case <-stop:
-		}
-	})
+	s.route("/events", idleStreamUntilGone(gone, stop))
 	rg.serveIDs(t, s, "alice")
 	c := openFirstEvent(t, rg.url)
 	defer c.Close()
