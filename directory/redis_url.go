@@ -59,7 +59,7 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	// early: the password's tail would be read as a path or query and its
 	// head as a host, and both echoed in errors. An "@" past the authority
 	// is refused instead (names and parameters never need one unencoded).
-	if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.IndexByte(rest[end:], '@') >= 0 {
+	if atPastHost(rest) {
 		return bad("an @ follows the host: percent-encode /, ?, # and @ in the user name, password and parameters (%%2F, %%3F, %%23, %%40)")
 	}
 	// Split userinfo@hosts/path?query by hand: net/url rejects host lists.
@@ -166,6 +166,14 @@ func hostPort(h, defPort string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// atPastHost reports whether an "@" follows the authority of rest (a URL
+// past its "scheme://"): a password holding "/", "?" or "#" pasted as it
+// is, which ends the authority early.
+func atPastHost(rest string) bool {
+	end := strings.IndexAny(rest, "/?#")
+	return end >= 0 && strings.IndexByte(rest[end:], '@') >= 0
+}
+
 // redactURL hides the password of a Redis URL for messages and logs: the
 // userinfo's, everything up to the last "@" when one follows the host (a
 // password holding "/", "?" or "#"), and the sentinel_password parameter.
@@ -174,7 +182,7 @@ func redactURL(raw string) string {
 	if !ok {
 		return "(unparseable url)"
 	}
-	if end := strings.IndexAny(rest, "/?#"); end >= 0 && strings.IndexByte(rest[end:], '@') >= 0 {
+	if atPastHost(rest) {
 		return scheme + "://xxxxx@" + redactQuery(rest[strings.LastIndexByte(rest, '@')+1:])
 	}
 	authority, tail := rest, ""
