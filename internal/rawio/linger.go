@@ -74,7 +74,7 @@ func MoreInput(c net.Conn) {
 // (MoreInput).
 func (c *Conn) Close() error {
 	l := c.linger.Swap(nil)
-	if l == nil || !c.moreInput.Load() && !pendingInput(c.TCPConn) {
+	if l == nil || !c.moreInput.Load() && peekTCP(c.TCPConn) != peekData {
 		return c.TCPConn.Close()
 	}
 	select {
@@ -113,20 +113,4 @@ func (l *Linger) drain(tc *net.TCPConn) {
 			return
 		}
 	}
-}
-
-// pendingInput reports whether bytes wait unread in tc's receive queue:
-// one recv(2) with MSG_PEEK and MSG_DONTWAIT into a byte of its own (Close
-// may run beside a read: the connection's shared peek state is not used).
-func pendingInput(tc *net.TCPConn) bool {
-	raw, err := tc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var b [1]byte
-	st := peekNone
-	if raw.Control(func(fd uintptr) { st = peekFD(fd, &b[0]) }) != nil {
-		return false
-	}
-	return st == peekData
 }

@@ -43,7 +43,7 @@ func unreadInput(t *testing.T, client net.Conn, server *Conn, n int) {
 	if _, err := client.Write(make([]byte, n)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return pendingInput(server.TCPConn) })
+	waitFor(t, func() bool { return peekTCP(server.TCPConn) == peekData })
 }
 
 // closeEnd is how the client's read ends after the server's close: nil

@@ -504,7 +504,12 @@ func peek(c net.Conn) peekState {
 			return x.peeked
 		}
 	}
-	tc := TCP(c)
+	return peekTCP(TCP(c))
+}
+
+// peekTCP is peek on a TCP connection (nil: none) into a byte of its own,
+// without a *Conn's shared peek state: safe beside a read.
+func peekTCP(tc *net.TCPConn) peekState {
 	if tc == nil {
 		return peekNone
 	}
