@@ -9,12 +9,12 @@ import (
 	"testing"
 )
 
-// FuzzParsePassport checks PINBOARD_PASSPORT parsing (R-SRV-2, R-TR-1):
+// FuzzParsePassport_RTR1 checks PINBOARD_PASSPORT parsing (R-SRV-2, R-TR-1):
 // a refusal is one line starting "cannot parse" that never repeats a
 // token; warnings are one line each; an accepted passport has a key, each
 // key's token authenticates it and nobody else, subjects read
 // "<provider>:<name>", acct is valid JSON; and parsing is deterministic.
-func FuzzParsePassport(f *testing.F) {
+func FuzzParsePassport_RTR1(f *testing.F) {
 	withKeys := func(keys ...string) string {
 		return `{"providers":[{"type":"staticToken","id":"pinboard","keys":[` + strings.Join(keys, ",") + `]}]}`
 	}

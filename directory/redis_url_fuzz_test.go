@@ -10,12 +10,12 @@ import (
 	"github.com/pinboard-go/pinboard/directory"
 )
 
-// FuzzParseRedisURL checks REDIS_URL parsing: an error wraps ErrInvalidURL,
+// FuzzParseRedisURL_RSRV3 checks REDIS_URL parsing: an error wraps ErrInvalidURL,
 // is one line and never repeats the password; accepted options have at
 // least one host:port address with a port in 1..65535, one address unless
 // clustered or sentinel, a non-negative database, a master name for a
 // sentinel, and TLS exactly for the rediss schemes.
-func FuzzParseRedisURL(f *testing.F) {
+func FuzzParseRedisURL_RSRV3(f *testing.F) {
 	for _, s := range []string{
 		"redis://127.0.0.1:6380", "redis://h", "redis://:p%40ss@h:1/3", "redis://u:p@h?db=2&client_name=pb",
 		"rediss://h:6380", "rediss://h:6380?skip_verify=true", "redis+cluster://a:7000,b:7001,[::1]:7002",
@@ -82,12 +82,12 @@ func passwordOf(raw string) (string, string, bool) {
 	return user, pass, has
 }
 
-// FuzzRedisURLPassword builds REDIS_URL from its parts, the password
+// FuzzRedisURLPassword_RSRV3 builds REDIS_URL from its parts, the password
 // written as an operator would paste it, and checks that no error repeats
 // the password, whatever bytes it holds ("Errors never repeat the
 // password"): percent-encoding it is the operator's job, keeping it out
 // of logs is ours.
-func FuzzRedisURLPassword(f *testing.F) {
+func FuzzRedisURLPassword_RSRV3(f *testing.F) {
 	f.Add("redis", "u", "topsecret", "h:bad", "/0")
 	f.Add("redis", "", "p%40ss", "h:1", "/3")
 	f.Add("redis", "u", "pa/ssword", "h:6379", "")

@@ -225,7 +225,7 @@ func (f fakeStore) Quarantine(context.Context, time.Time) (time.Duration, error)
 // The stores list live sessions only, so sessions whose lease passed and
 // that the sweep has not dropped yet are counted apart (directory.
 // ExpiredCounter): pinboard_workers{state="expired"} over a real store.
-func TestExpiredWorkersFromStore(t *testing.T) {
+func TestExpiredWorkersFromStore_RLS2(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	const ttl = time.Second
 	store := directory.NewMemory(ttl, now)

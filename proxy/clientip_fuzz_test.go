@@ -6,13 +6,13 @@ import (
 	"testing"
 )
 
-// FuzzClientIP checks PINBOARD_TRUSTED_PROXIES parsing and the client-IP
+// FuzzClientIP_RPL4 checks PINBOARD_TRUSTED_PROXIES parsing and the client-IP
 // walk over X-Forwarded-For (R-PL-4). A refused list gives a one-line
 // error naming the entry; every entry of an accepted list is trusted. The
 // client IP is the peer when the peer is not trusted, else the peer or an
 // address written in X-Forwarded-For; it is never IPv4-mapped, and it is
 // a trusted proxy only when every hop walked was one.
-func FuzzClientIP(f *testing.F) {
+func FuzzClientIP_RPL4(f *testing.F) {
 	f.Add("10.0.0.0/8, 127.0.0.1 ::1", "127.0.0.1", []byte("9.9.9.9, 1.2.3.4, 10.1.1.1"))
 	f.Add("10.0.0.0/8, 127.0.0.1 ::1", "203.0.113.9", []byte("1.2.3.4"))
 	f.Add("10.0.0.0/8, 127.0.0.1 ::1", "127.0.0.1", []byte("garbage, 10.1.1.1"))

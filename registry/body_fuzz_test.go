@@ -179,11 +179,11 @@ func checkDecode(t *testing.T, b []byte, newV func() any) {
 	}
 }
 
-// FuzzDecodeBodies checks decode and its exact-keys schema check on every
+// FuzzDecodeBodies_RREG7 checks decode and its exact-keys schema check on every
 // body type the registry reads: syntax errors are errInvalidJSON, wrong
 // shapes errShape, exactKeys agrees with encoding/json's keys, accepted
 // input decodes as the reference reads it and round-trips.
-func FuzzDecodeBodies(f *testing.F) {
+func FuzzDecodeBodies_RREG7(f *testing.F) {
 	for _, s := range bodySeeds {
 		f.Add([]byte(s))
 	}
@@ -204,12 +204,12 @@ func FuzzDecodeBodies(f *testing.F) {
 	})
 }
 
-// FuzzRegisterValidate checks what validate admits: every namespace is "/"
+// FuzzRegisterValidate_RREG1_RREG7 checks what validate admits: every namespace is "/"
 // plus one segment without "/", ASCII white space or NUL (the documented
 // rule, docs/PROTOCOL.md), no NUL in a name the stores separate with it,
 // an integral epoch in [0, 2^63), tokens of 1..512 bytes; and an accepted
 // body, marshalled again, validates to the same registration.
-func FuzzRegisterValidate(f *testing.F) {
+func FuzzRegisterValidate_RREG1_RREG7(f *testing.F) {
 	for _, s := range bodySeeds {
 		f.Add([]byte(s))
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// fuzzEndpoints are the POST endpoints FuzzRegistryBodies sends bodies to,
+// fuzzEndpoints are the POST endpoints FuzzRegistryBodies_RREG7 sends bodies to,
 // with the token allowed to call each.
 var fuzzEndpoints = []struct{ path, token string }{
 	{"/registry/heartbeat", workerToken},
@@ -18,13 +18,13 @@ var fuzzEndpoints = []struct{ path, token string }{
 	{"/registry/placement?", operatorToken}, // GET; the body is the query
 }
 
-// FuzzRegistryBodies posts a body to the worker and operator endpoints (to
+// FuzzRegistryBodies_RREG7 posts a body to the worker and operator endpoints (to
 // GET /registry/placement, it is the query) of a registry with one live session ("$SID" in a body stands for its id,
 // "$CH"/"$CV" for a challenge pair its worker answers). Every reply is a
 // JSON object; a refusal is a 4xx with a non-empty one-line "error"; a 400
 // changes nothing in the store; a drain or wind-down deadline outside
 // 0..604800 is refused; nothing answers 5xx (the store is in memory).
-func FuzzRegistryBodies(f *testing.F) {
+func FuzzRegistryBodies_RREG7(f *testing.F) {
 	seeds := []struct {
 		ep   uint8
 		body string

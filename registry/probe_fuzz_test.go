@@ -8,12 +8,12 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// FuzzProbeTarget checks that the challenge probe dials the host the
+// FuzzProbeTarget_RTR3 checks that the challenge probe dials the host the
 // claims approved (R-TR-3, R-REG-1): an advertiseUrl CheckBackend accepts
 // is parsed by net/url there and in the proxy, but the prober hands it to
 // fasthttp, so the two parsers must agree on its scheme and host, or a
 // worker key limited to one host could have pinboard probe another.
-func FuzzProbeTarget(f *testing.F) {
+func FuzzProbeTarget_RTR3(f *testing.F) {
 	for _, s := range []string{
 		"http://127.0.0.1:8000", "http://127.0.0.1:8000/", "http://127.0.0.1/prefix/", "https://127.0.0.1",
 		"http://127.0.0.1:8000?x=1", "http://u@127.0.0.1", "http://127.0.0.1.:80", "http://[::ffff:127.0.0.1]:80",

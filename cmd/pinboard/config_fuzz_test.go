@@ -9,12 +9,12 @@ import (
 	"time"
 )
 
-// FuzzLoadConfig checks the environment parsing (R-SRV-2, R-SRV-3). The
+// FuzzLoadConfig_RSRV2_RSRV3 checks the environment parsing (R-SRV-2, R-SRV-3). The
 // input is lines "NAME=value" set over a working environment ("NAME" alone
 // unsets it). A refusal is a configError naming a variable, one line, that
 // never repeats a token; an accepted configuration keeps every documented
 // bound, and loading it again gives the same configuration.
-func FuzzLoadConfig(f *testing.F) {
+func FuzzLoadConfig_RSRV2_RSRV3(f *testing.F) {
 	for _, s := range []string{
 		"",
 		"PORT=9000\nHOST=127.0.0.1\nPINBOARD_LEASE_TTL_MS=3000\nPINBOARD_TRUSTED_PROXIES=10.0.0.0/8, 127.0.0.1\nPINBOARD_AFFINITY_BALANCE_FACTOR=1.5",

@@ -51,7 +51,7 @@ func TestMalformedRedisURL_RSRV3(t *testing.T) {
 // observer, so a scrape after a placement attempt shows the claim script's
 // latency, and no error for the NOSCRIPT that a script's first EVALSHA on a
 // server (or any after a Redis restart) answers.
-func TestRedisCommandsMetered(t *testing.T) {
+func TestRedisCommandsMetered_RSRV3(t *testing.T) {
 	srv := redistest.StartServer(t)
 	m := metrics.New(metrics.Options{})
 	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
