@@ -239,3 +239,38 @@ func TestMutationsNeedPinboardsAnswer_RREG6_RCM1(t *testing.T) {
 		}
 	}
 }
+
+// The reads must not pass off a front end's answer as pinboard's either:
+// with --json, workers, health and where printed a login page (or any
+// JSON catch-all) unchanged and exited 0, so a script piping them into
+// jq saw success; without it, a JSON catch-all read as "no live
+// workers" or an empty health line. docs/OPERATIONS.md promises exit 1
+// for "a 2xx that is not pinboard's answer" (R-REG-4, R-REG-5).
+func TestReadsNeedPinboardsAnswer_RREG4_RREG5(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/redirect/"):
+			http.Redirect(w, r, "/login", http.StatusFound)
+		case strings.HasPrefix(r.URL.Path, "/json/"):
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"status":"ok"}`)
+		default:
+			w.Header().Set("Content-Type", "text/html")
+			io.WriteString(w, "<html>sign in</html>")
+		}
+	}))
+	t.Cleanup(srv.Close)
+	for _, base := range []string{srv.URL + "/redirect", srv.URL + "/page", srv.URL + "/json"} {
+		env := map[string]string{"PINBOARD_URL": base, "PINBOARD_TOKEN": "good"}
+		for _, args := range [][]string{
+			{"workers"}, {"workers", "--json"},
+			{"health"}, {"health", "--json"},
+			{"where", "counters", "alice"}, {"where", "counters", "alice", "--json"},
+		} {
+			code, out, errs := runCtl(t, env, args...)
+			if code != exitAPI || out != "" || !strings.Contains(errs, "unexpected answer") {
+				t.Errorf("unexpected result for %v at %s; got exit %d, stdout %q, stderr %q; want exit %d, no output and \"unexpected answer\"", args, base, code, out, errs, exitAPI)
+			}
+		}
+	}
+}
