@@ -231,12 +231,14 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 		return badUsage("wind-down needs exactly one of --deadline D or --revoke")
 	}
 	body := map[string]any{"namespace": namespace(args[0]), "id": args[1], "deadline": nil}
+	what := "wind-down revoked"
 	if !o.revoke {
 		s, err := parseDeadline(o.deadline)
 		if err != nil {
 			return err
 		}
 		body["deadline"] = s
+		what = "wind-down within " + seconds(s)
 	}
 	var raw json.RawMessage
 	if err := c.do(ctx, http.MethodPost, "/registry/wind-down", nil, body, &raw); err != nil {
@@ -251,10 +253,6 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 	}
 	if o.json {
 		return printJSON(w, raw)
-	}
-	what := "wind-down within " + o.deadline
-	if o.revoke {
-		what = "wind-down revoked"
 	}
 	_, err := fmt.Fprintf(w, "%s/%s: %s (msgId %s, session %s; delivered with its next heartbeat)\n",
 		namespace(args[0]), args[1], what, out.MsgID, out.SessionID)

@@ -274,3 +274,17 @@ func TestReadsNeedPinboardsAnswer_RREG4_RREG5(t *testing.T) {
 		}
 	}
 }
+
+// A wind-down deadline given in seconds ("--deadline 300", which the
+// documentation allows) was echoed as "within 300", with no unit; it
+// reads as the duration sent, as drain's does (R-CM-1).
+func TestWindDownEchoesDuration_RCM1(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for in, want := range map[string]string{"300": "within 5m0s", "30s": "within 30s", "1h30m": "within 1h30m0s", "0.5": "within 500ms"} {
+		code, out, errs := runCtl(t, env, "wind-down", "counters", "alice", "--deadline", in)
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("unexpected result for --deadline %s; got exit %d, stdout %q, stderr %q; want %q", in, code, out, errs, want)
+		}
+	}
+}
