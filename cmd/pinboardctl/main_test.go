@@ -288,3 +288,26 @@ func TestWindDownEchoesDuration_RCM1(t *testing.T) {
 		}
 	}
 }
+
+// --deadline and --revoke belong to drain and wind-down. Elsewhere they
+// were dropped without a word: "undrain c1 --deadline 5m" undrained at
+// once, "where ns id --revoke" looked an id up. A flag that does nothing
+// is a usage error, as "drain --revoke" already was (R-REG-6).
+func TestFlagsForOtherCommandsRefused_RREG6(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{
+		{"undrain", "c1", "--deadline", "5m"},
+		{"undrain", "c1", "--revoke"},
+		{"workers", "--deadline", "5m"},
+		{"health", "--revoke"},
+		{"where", "counters", "alice", "--revoke"},
+		{"where", "counters", "alice", "--deadline", "30s"},
+	} {
+		f.method = ""
+		code, out, errs := runCtl(t, env, args...)
+		if code != exitUsage || out != "" || f.method != "" || !strings.Contains(errs, args[0]+" takes no --") {
+			t.Errorf("unexpected result for %v; got exit %d, stdout %q, stderr %q, request %q; want exit %d, no request, %q", args, code, out, errs, f.method, exitUsage, args[0]+" takes no --")
+		}
+	}
+}
