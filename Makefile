@@ -8,6 +8,10 @@ VENV := .venv
 BIN := bin
 DEV_TOKEN ?= dev-token-change-me
 PORT ?= 8080
+# make run listens on loopback: the dev passport admits anyone, and its
+# well-known token may register a worker at any host. RUN_HOST=0.0.0.0
+# (or another address) to reach it from elsewhere.
+RUN_HOST ?= 127.0.0.1
 
 DEV_PASSPORT := {"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}
 
@@ -25,7 +29,7 @@ run: build
 	@echo "pinboard dev token: $(DEV_TOKEN)"
 	@echo "  workers:   PINBOARD_URL=http://127.0.0.1:$(PORT) PINBOARD_TOKEN=$(DEV_TOKEN)"
 	@echo "  operators: curl -H 'Authorization: Bearer $(DEV_TOKEN)' http://127.0.0.1:$(PORT)/registry/workers"
-	PINBOARD_TOKEN='$(DEV_TOKEN)' PINBOARD_PASSPORT='$(DEV_PASSPORT)' REDIS_URL=memory: PORT=$(PORT) \
+	PINBOARD_TOKEN='$(DEV_TOKEN)' PINBOARD_PASSPORT='$(DEV_PASSPORT)' REDIS_URL=memory: HOST=$(RUN_HOST) PORT=$(PORT) \
 		./$(BIN)/pinboard
 
 # Everything the tests need, then every test.

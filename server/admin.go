@@ -80,9 +80,7 @@ func (pb *Pinboard) closeAdmin() {
 
 // HandleAdmin is the admin listener's handler (see ServeAdmin).
 func (pb *Pinboard) HandleAdmin(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsGet() && !ctx.IsHead() {
-		ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD")
-		ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+	if !getOrHead(ctx) {
 		return
 	}
 	path := ctx.Path()

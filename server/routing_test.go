@@ -196,3 +196,42 @@ func TestRoutingAbsoluteForm_RSRV1(t *testing.T) {
 		}
 	}
 }
+
+// /livez and /readyz are GET or HEAD (docs/OPERATIONS.md, "Health
+// endpoints"). The admin listener answered other methods 405 with no
+// body; the public one answered them 200 as if they were probes. Both
+// now answer 405 with Allow and a JSON error (R-DP-4's error shape).
+func TestHealthMethods_RSRV1(t *testing.T) {
+	pb, _ := testPinboard(t, "")
+	for _, h := range []struct {
+		name   string
+		handle func(*fasthttp.RequestCtx)
+	}{{"public", pb.Handle}, {"admin", pb.HandleAdmin}} {
+		for _, path := range []string{"/livez", "/readyz"} {
+			for _, m := range []string{"GET", "HEAD"} {
+				ctx := probeCtx(m, path)
+				h.handle(ctx)
+				if ctx.Response.StatusCode() != 200 {
+					t.Errorf("unexpected %s %s on the %s listener; got %d; want 200", m, path, h.name, ctx.Response.StatusCode())
+				}
+			}
+			for _, m := range []string{"POST", "PUT", "DELETE"} {
+				ctx := probeCtx(m, path)
+				h.handle(ctx)
+				status, allow, body := ctx.Response.StatusCode(), string(ctx.Response.Header.Peek("Allow")), string(ctx.Response.Body())
+				if status != 405 || allow != "GET, HEAD" || body != `{"error":"method not allowed"}` {
+					t.Errorf("unexpected %s %s on the %s listener; got %d Allow %q %s; want 405 Allow \"GET, HEAD\" {\"error\":\"method not allowed\"}", m, path, h.name, status, allow, body)
+				}
+			}
+		}
+	}
+}
+
+func probeCtx(method, uri string) *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	req.Header.SetMethod(method)
+	req.SetRequestURI(uri)
+	ctx := &fasthttp.RequestCtx{}
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+	return ctx
+}

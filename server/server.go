@@ -339,12 +339,30 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	case bytes.HasPrefix(path, registryPrefix):
 		pb.registry.ServeHTTP(ctx, path)
 	case bytes.Equal(path, pathLivez):
-		pb.livez(ctx)
+		if getOrHead(ctx) {
+			pb.livez(ctx)
+		}
 	case bytes.Equal(path, pathReadyz):
-		pb.readyz(ctx)
+		if getOrHead(ctx) {
+			pb.readyz(ctx)
+		}
 	default:
 		pb.proxy.ServeHTTP(ctx)
 	}
+}
+
+// getOrHead reports whether the request is a GET or HEAD; otherwise it
+// answers 405 with Allow. The probes and the admin listener take only
+// those (docs/OPERATIONS.md, "Health endpoints").
+func getOrHead(ctx *fasthttp.RequestCtx) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	ctx.Response.Header.Set(fasthttp.HeaderAllow, "GET, HEAD")
+	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(`{"error":"method not allowed"}`)
+	return false
 }
 
 // livez answers 200 while the process serves: liveness for orchestrators

@@ -76,23 +76,24 @@ func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.
 	if err := c.do(ctx, http.MethodGet, "/registry/workers", nil, nil, &raw); err != nil {
 		return err
 	}
+	var body struct {
+		Workers *[]worker `json:"workers"`
+	}
+	if json.Unmarshal(raw, &body) != nil || body.Workers == nil {
+		return unexpectedAnswer("GET /registry/workers", raw, false)
+	}
 	if o.json {
 		return printJSON(w, raw)
 	}
-	var body struct {
-		Workers []worker `json:"workers"`
-	}
-	if err := json.Unmarshal(raw, &body); err != nil {
-		return fmt.Errorf("cannot decode GET /registry/workers: %w", err)
-	}
-	if len(body.Workers) == 0 {
+	workers := *body.Workers
+	if len(workers) == 0 {
 		_, err := fmt.Fprintln(w, "no live workers visible to this token")
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CLIENT ID\tSTATE\tADVERTISE URL\tNAMESPACES\tHEADROOM\tPLACEMENTS\tLEASE\tDRAIN DEADLINE")
-	for i := range body.Workers {
-		wk := &body.Workers[i]
+	for i := range workers {
+		wk := &workers[i]
 		deadline := "-"
 		if wk.DrainDeadline != nil {
 			deadline = seconds(*wk.DrainDeadline)
@@ -113,21 +114,21 @@ func cmdHealth(ctx context.Context, c *client, o *options, args []string, w io.W
 	if err := c.do(ctx, http.MethodGet, "/registry/health", nil, nil, &raw); err != nil {
 		return err
 	}
-	if o.json {
-		return printJSON(w, raw)
-	}
 	var h struct {
-		OK           bool   `json:"ok"`
+		OK           *bool  `json:"ok"`
 		Store        string `json:"store"`
 		QuarantineMs int64  `json:"quarantineMs"`
 		LeaseTTLMs   int64  `json:"leaseTtlMs"`
 		Workers      int    `json:"workers"`
 	}
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return fmt.Errorf("cannot decode GET /registry/health: %w", err)
+	if json.Unmarshal(raw, &h) != nil || h.OK == nil || h.Store == "" {
+		return unexpectedAnswer("GET /registry/health", raw, false)
+	}
+	if o.json {
+		return printJSON(w, raw)
 	}
 	status := "ok"
-	if !h.OK {
+	if !*h.OK {
 		status = "not ok"
 	}
 	_, err := fmt.Fprintf(w, "%s: store=%s workers=%d leaseTtl=%s quarantine=%s\n", status, h.Store, h.Workers,
@@ -163,7 +164,7 @@ func cmdDrain(ctx context.Context, c *client, o *options, args []string, w io.Wr
 		DrainDeadline *float64 `json:"drainDeadline"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || !out.Draining {
-		return unexpectedAnswer("POST /registry/drain", raw)
+		return unexpectedAnswer("POST /registry/drain", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -189,7 +190,7 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 		Draining *bool  `json:"draining"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || out.Draining == nil || *out.Draining {
-		return unexpectedAnswer("POST /registry/undrain", raw)
+		return unexpectedAnswer("POST /registry/undrain", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -198,15 +199,20 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 	return err
 }
 
-// unexpectedAnswer is a 2xx that is not pinboard's answer to a change: a
-// front end's login page or catch-all. Reporting success then would tell
-// the operator a drain happened when nothing did.
-func unexpectedAnswer(req string, raw []byte) error {
+// unexpectedAnswer is a 2xx that is not pinboard's answer: a front end's
+// login page or catch-all. Reporting success then would tell the operator
+// a drain happened when nothing did, or hand a script a page for the
+// worker list (with --json too: it prints only what pinboard answered).
+func unexpectedAnswer(req string, raw []byte, change bool) error {
 	b := strings.TrimSpace(string(raw))
 	if len(b) > 200 {
 		b = b[:200] + "…"
 	}
-	return fmt.Errorf("%s: unexpected answer %q: nothing was changed as far as pinboardctl can tell (is PINBOARD_URL pinboard itself, with its base path?)", req, b)
+	what := "it is not pinboard's"
+	if change {
+		what = "nothing was changed as far as pinboardctl can tell"
+	}
+	return fmt.Errorf("%s: unexpected answer %q: %s (is PINBOARD_URL pinboard itself, with its base path?)", req, b, what)
 }
 
 // withClientHint explains a 404 on drain and undrain.
@@ -225,12 +231,14 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 		return badUsage("wind-down needs exactly one of --deadline D or --revoke")
 	}
 	body := map[string]any{"namespace": namespace(args[0]), "id": args[1], "deadline": nil}
+	what := "wind-down revoked"
 	if !o.revoke {
 		s, err := parseDeadline(o.deadline)
 		if err != nil {
 			return err
 		}
 		body["deadline"] = s
+		what = "wind-down within " + seconds(s)
 	}
 	var raw json.RawMessage
 	if err := c.do(ctx, http.MethodPost, "/registry/wind-down", nil, body, &raw); err != nil {
@@ -241,14 +249,10 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 		SessionID string `json:"sessionId"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.MsgID == "" {
-		return unexpectedAnswer("POST /registry/wind-down", raw)
+		return unexpectedAnswer("POST /registry/wind-down", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
-	}
-	what := "wind-down within " + o.deadline
-	if o.revoke {
-		what = "wind-down revoked"
 	}
 	_, err := fmt.Fprintf(w, "%s/%s: %s (msgId %s, session %s; delivered with its next heartbeat)\n",
 		namespace(args[0]), args[1], what, out.MsgID, out.SessionID)
@@ -271,9 +275,6 @@ func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Wr
 	if err := c.do(ctx, http.MethodGet, "/registry/placement", q, nil, &raw); err != nil {
 		return withPlacementHint(err, args[0], args[1])
 	}
-	if o.json {
-		return printJSON(w, raw)
-	}
 	var p struct {
 		Namespace    string `json:"namespace"`
 		ID           string `json:"id"`
@@ -281,13 +282,16 @@ func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Wr
 		ClientID     string `json:"clientId"`
 		AdvertiseURL string `json:"advertiseUrl"`
 		Epoch        string `json:"epoch"`
-		Live         bool   `json:"live"`
+		Live         *bool  `json:"live"`
 	}
-	if err := json.Unmarshal(raw, &p); err != nil {
-		return fmt.Errorf("cannot decode GET /registry/placement: %w", err)
+	if json.Unmarshal(raw, &p) != nil || p.ClientID == "" || p.SessionID == "" || p.Live == nil {
+		return unexpectedAnswer("GET /registry/placement", raw, false)
+	}
+	if o.json {
+		return printJSON(w, raw)
 	}
 	live := "live"
-	if !p.Live {
+	if !*p.Live {
 		live = "owner's lease lapsed: re-places on the next request"
 	}
 	_, err := fmt.Fprintf(w, "%s/%s -> %s at %s (session %s, epoch %s, %s)\n",

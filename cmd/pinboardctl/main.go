@@ -100,6 +100,14 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if !ok {
 		return usageError(stderr, "unknown command %q", cmd)
 	}
+	// A flag the command does not take would be dropped without a word
+	// ("undrain c1 --deadline 5m" undrains now): refuse it.
+	if o.deadline != "" && cmd != "drain" && cmd != "wind-down" {
+		return usageError(stderr, "%s takes no --deadline (drain and wind-down do)", cmd)
+	}
+	if o.revoke && cmd != "drain" && cmd != "wind-down" {
+		return usageError(stderr, "%s takes no --revoke (wind-down does)", cmd)
+	}
 	o.url = strings.TrimSpace(o.url)
 	if o.url == "" {
 		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")

@@ -239,3 +239,75 @@ func TestMutationsNeedPinboardsAnswer_RREG6_RCM1(t *testing.T) {
 		}
 	}
 }
+
+// The reads must not pass off a front end's answer as pinboard's either:
+// with --json, workers, health and where printed a login page (or any
+// JSON catch-all) unchanged and exited 0, so a script piping them into
+// jq saw success; without it, a JSON catch-all read as "no live
+// workers" or an empty health line. docs/OPERATIONS.md promises exit 1
+// for "a 2xx that is not pinboard's answer" (R-REG-4, R-REG-5).
+func TestReadsNeedPinboardsAnswer_RREG4_RREG5(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/redirect/"):
+			http.Redirect(w, r, "/login", http.StatusFound)
+		case strings.HasPrefix(r.URL.Path, "/json/"):
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"status":"ok"}`)
+		default:
+			w.Header().Set("Content-Type", "text/html")
+			io.WriteString(w, "<html>sign in</html>")
+		}
+	}))
+	t.Cleanup(srv.Close)
+	for _, base := range []string{srv.URL + "/redirect", srv.URL + "/page", srv.URL + "/json"} {
+		env := map[string]string{"PINBOARD_URL": base, "PINBOARD_TOKEN": "good"}
+		for _, args := range [][]string{
+			{"workers"}, {"workers", "--json"},
+			{"health"}, {"health", "--json"},
+			{"where", "counters", "alice"}, {"where", "counters", "alice", "--json"},
+		} {
+			code, out, errs := runCtl(t, env, args...)
+			if code != exitAPI || out != "" || !strings.Contains(errs, "unexpected answer") {
+				t.Errorf("unexpected result for %v at %s; got exit %d, stdout %q, stderr %q; want exit %d, no output and \"unexpected answer\"", args, base, code, out, errs, exitAPI)
+			}
+		}
+	}
+}
+
+// A wind-down deadline given in seconds ("--deadline 300", which the
+// documentation allows) was echoed as "within 300", with no unit; it
+// reads as the duration sent, as drain's does (R-CM-1).
+func TestWindDownEchoesDuration_RCM1(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for in, want := range map[string]string{"300": "within 5m0s", "30s": "within 30s", "1h30m": "within 1h30m0s", "0.5": "within 500ms"} {
+		code, out, errs := runCtl(t, env, "wind-down", "counters", "alice", "--deadline", in)
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("unexpected result for --deadline %s; got exit %d, stdout %q, stderr %q; want %q", in, code, out, errs, want)
+		}
+	}
+}
+
+// --deadline and --revoke belong to drain and wind-down. Elsewhere they
+// were dropped without a word: "undrain c1 --deadline 5m" undrained at
+// once, "where ns id --revoke" looked an id up. A flag that does nothing
+// is a usage error, as "drain --revoke" already was (R-REG-6).
+func TestFlagsForOtherCommandsRefused_RREG6(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{
+		{"undrain", "c1", "--deadline", "5m"},
+		{"undrain", "c1", "--revoke"},
+		{"workers", "--deadline", "5m"},
+		{"health", "--revoke"},
+		{"where", "counters", "alice", "--revoke"},
+		{"where", "counters", "alice", "--deadline", "30s"},
+	} {
+		f.method = ""
+		code, out, errs := runCtl(t, env, args...)
+		if code != exitUsage || out != "" || f.method != "" || !strings.Contains(errs, args[0]+" takes no --") {
+			t.Errorf("unexpected result for %v; got exit %d, stdout %q, stderr %q, request %q; want exit %d, no request, %q", args, code, out, errs, f.method, exitUsage, args[0]+" takes no --")
+		}
+	}
+}
