@@ -174,6 +174,38 @@ func TestReadinessExclusions_RCS1(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// Readiness's 503s carry Retry-After like every other 503 of pinboard's
+// (docs/PROTOCOL.md, conventions): the rest of the quarantine rounded up
+// to seconds, 1 for a store that does not answer and for a shutdown
+// (R-CS-1, R-DP-4). They had none.
+func TestReadinessRetryAfter_RCS1_RDP4(t *testing.T) {
+	retryAfter := func(pb *Pinboard, uri string) (int, string) {
+		var req fasthttp.Request
+		req.SetRequestURI(uri)
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+		pb.Handle(&ctx)
+		return ctx.Response.StatusCode(), string(ctx.Response.Header.Peek("Retry-After"))
+	}
+	pb, _ := testPinboard(t, "")
+	if status, ra := retryAfter(pb, "/readyz"); status != 200 || ra != "" {
+		t.Fatalf("unexpected readiness before the quarantine; got %d Retry-After %q; want 200 without", status, ra)
+	}
+	call(pb, "GET", "/counters/alice/value", "") // stamps the 1 s quarantine
+	if status, ra := retryAfter(pb, "/readyz"); status != 503 || ra != "1" {
+		t.Fatalf("unexpected readiness in the quarantine; got %d Retry-After %q; want 503 and 1", status, ra)
+	}
+	down, _ := testPinboard(t, "")
+	down.store = downStore{down.store}
+	if status, ra := retryAfter(down, "/readyz"); status != 503 || ra != "1" {
+		t.Fatalf("unexpected readiness with the store down; got %d Retry-After %q; want 503 and 1", status, ra)
+	}
+	pb.stopping.Store(true)
+	if status, ra := retryAfter(pb, "/readyz?exclude=store&exclude=quarantine"); status != 503 || ra != "1" {
+		t.Fatalf("unexpected readiness while stopping; got %d Retry-After %q; want 503 and 1", status, ra)
+	}
+}
+
 // An absolute-form request target (RFC 9112 §3.2.2: a server must accept
 // it; edges configured as forward proxies send it) routes like its
 // origin form: the data plane took it, but /registry/*, /livez and

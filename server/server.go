@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -400,7 +401,7 @@ func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	if pb.stopping.Load() {
-		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		notReady(ctx, time.Second)
 		ctx.SetBodyString(`{"ok":false,"shuttingDown":true}`)
 		return
 	}
@@ -415,14 +416,23 @@ func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
 	case err != nil && noStore:
 		ctx.SetBodyString(`{"ok":true,"error":"directory unavailable"}`)
 	case err != nil:
-		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		notReady(ctx, time.Second)
 		ctx.SetBodyString(`{"ok":false,"error":"directory unavailable"}`)
 	case q > 0 && !noQuarantine:
-		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		notReady(ctx, q)
 		ctx.SetBodyString(fmt.Sprintf(`{"ok":false,"quarantineMs":%d}`, q.Milliseconds()))
 	default:
 		ctx.SetBodyString(fmt.Sprintf(`{"ok":true,"quarantineMs":%d}`, q.Milliseconds()))
 	}
+}
+
+// notReady answers readiness's 503 with Retry-After, as every 503 of
+// pinboard's carries one (docs/PROTOCOL.md, conventions): the rest of the
+// quarantine rounded up, 1 s otherwise.
+func notReady(ctx *fasthttp.RequestCtx, after time.Duration) {
+	ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+	s := max(int64((after+time.Second-1)/time.Second), 1)
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.FormatInt(s, 10))
 }
 
 // Proxy returns the data plane (for metrics and tests).
