@@ -59,6 +59,51 @@ func TestInBandRefusalRealWorker_RPL6(t *testing.T) {
 
 func bodyHas(r reply, s string) bool { return strings.Contains(string(r.Body), s) }
 
+// A worker at its max_instances refuses new activations with 503
+// "instance capacity reached; retry" and no marker; its headroom (memory)
+// does not show it, and zero headroom stays eligible anyway (R-PL-3), so
+// it keeps winning new ids. pinboard releases each declined placement and
+// places the id once more on another worker, as for an in-band refusal
+// (R-PL-6): every id answers 200. Before, the 503 was relayed and the row
+// stayed on the full worker, so the id answered 503 on every retry.
+func TestFullWorkerDeclinesMove_RPL3_RPL6(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		full := StartWorker(t, pb, WorkerOptions{Name: "F", Headroom: 1000, Env: []string{"MAX_INSTANCES=1"}})
+		other := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
+		for _, w := range []*Worker{full, other} {
+			if _, err := w.WaitRegistered(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
+			t.Fatal(err)
+		}
+		// F hosts one instance at most (the warm-up's, or the first id's);
+		// every other id ends on H.
+		onF := 0
+		for i := range 12 {
+			id := "declined-" + strconv.Itoa(i)
+			r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != http.StatusOK {
+				t.Fatalf("unexpected reply for %s; got %s; want 200 from a worker with room", id, r)
+			}
+			if bodyHas(r, `"worker":"F"`) {
+				onF++
+			}
+		}
+		if onF > 1 {
+			t.Fatalf("unexpected ids served by the full worker; got %d; want at most 1", onF)
+		}
+	})
+}
+
 // The same refusal on a WebSocket upgrade (R-PL-6): the worker's resolve
 // dependency raises the refusal before accept, which starlette sends as
 // an HTTP denial response (the websocket.http.response extension uvicorn

@@ -314,7 +314,46 @@ const (
 	refused                   // the worker refused a new activation in-band
 	failed                    // an error response is set on ctx
 	unattested                // the worker did not accept the attestation yet
+	declined                  // the worker cannot take a new activation (draining, full); its answer is on ctx
+	released                  // the worker let the placement go (its fence); its answer is on ctx
 )
+
+// The reference worker's 503s (detail with Retry-After: 1, pinned
+// hosting/_records.py _retry_503) that say the placement itself is no good
+// there, raised before any route runs (hosting/directory.py
+// LocalDirectory.get): a new activation refused while the host drains
+// (PinnedHost wind_down_all, which pinboard never hears of: only the
+// worker's own drain reaches the heartbeat) or at its max_instances (which
+// headroom does not reflect, so zero headroom keeps it eligible, R-PL-3);
+// and the fence refusing an epoch the worker has released
+// (hosting/_fencing.py FenceTable.admit) before its release reaches
+// pinboard. Relayed, they came back on every retry of the client: the row
+// stayed on that worker. See docs/PROTOCOL.md, "Answers that move a
+// placement".
+var (
+	bodyHostDraining  = []byte(`{"detail":"host draining; retry"}`)
+	bodyAtCapacity    = []byte(`{"detail":"instance capacity reached; retry"}`)
+	bodyReleasedEpoch = []byte(`{"detail":"released placement epoch; retry"}`)
+)
+
+// mayMovePlacement reports whether a worker's answer with this status and
+// Content-Length may be one of the 503s above (read its body to know).
+func mayMovePlacement(status, cl int) bool {
+	return status == fasthttp.StatusServiceUnavailable &&
+		(cl == len(bodyHostDraining) || cl == len(bodyAtCapacity) || cl == len(bodyReleasedEpoch))
+}
+
+// movesPlacement classifies a worker's 503 body: declined, released, or
+// served for any other answer.
+func movesPlacement(body []byte) outcome {
+	switch {
+	case bytes.Equal(body, bodyHostDraining), bytes.Equal(body, bodyAtCapacity):
+		return declined
+	case bytes.Equal(body, bodyReleasedEpoch):
+		return released
+	}
+	return served
+}
 
 // bodyUnattested is what the reference worker answers, with 403, to an
 // attestation whose audience is not its session (pinned
@@ -388,6 +427,14 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			waits++
 			continue
 		}
+		if out == declined || out == released {
+			var ok bool
+			if route, ok = p.afterDecline(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
+				break
+			}
+			refusals++
+			continue
+		}
 		if out != refused {
 			break
 		}
@@ -446,6 +493,32 @@ func (p *Proxy) afterRefusal(ctx *fasthttp.RequestCtx, rq *request, route direct
 		return route, false
 	}
 	return route, true
+}
+
+// afterDecline handles a worker's 503 that says the placement is no good
+// there (declined or released, see bodyHostDraining): it releases the
+// placement at its epoch — a decline refused a new activation and the
+// fence's epoch is one the worker let go, so no instance lives on under
+// it — and, unless last is set (a second refusal, or a request that
+// cannot be sent again), places the id once more: elsewhere after a
+// decline, anywhere after a release (a fresh epoch passes the fence).
+// Otherwise, and when that placement fails, the worker's answer on ctx
+// is relayed as it is (false): its Retry-After finds the id free.
+func (p *Proxy) afterDecline(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, bool) {
+	p.release(rq, route, now)
+	if last {
+		return route, false
+	}
+	exclude := ""
+	if out == declined {
+		exclude = route.Owner.SessionID
+	}
+	next, err := p.place(ctx, rq, now, exclude)
+	if err != nil {
+		return route, false
+	}
+	ctx.Response.Reset()
+	return next, true
 }
 
 func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
@@ -754,6 +827,12 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		p.finish(pool, pc, ok && keep, up)
 		ctx.Response.Reset()
 		return refused
+	}
+	if mayMovePlacement(status, cl) && !noBody {
+		if !p.readSmallBody(ctx, pool, pc, keep, up) {
+			return failed
+		}
+		return movesPlacement(ctx.Response.Body())
 	}
 	if status == fasthttp.StatusForbidden && cl == len(bodyUnattested) && !noBody {
 		if !p.readSmallBody(ctx, pool, pc, keep, up) {

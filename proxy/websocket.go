@@ -113,6 +113,18 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			refusals++
 			continue
 		}
+		if status == fasthttp.StatusServiceUnavailable {
+			// A decline or a released epoch (see bodyHostDraining) moves
+			// the placement as for any request; other 503s are relayed.
+			p.relayRefusedUpgrade(ctx, conn, br)
+			if out := movesPlacement(ctx.Response.Body()); out != served {
+				if route, ok = p.afterDecline(ctx, rq, route, now, out, refusals > 0); ok {
+					refusals++
+					continue
+				}
+			}
+			return
+		}
 		if status != fasthttp.StatusForbidden || waits == len(unattestedWaits) || !p.maybeGap(rq, route, st, now) {
 			p.relayRefusedUpgrade(ctx, conn, br)
 			return

@@ -222,8 +222,16 @@ class Ticker(PinnedAPI):
 
 
 def _host_kwargs() -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
     raw = os.environ.get("COUNTERS_IDLE_TIMEOUT")
-    return {"idle_timeout": float(raw)} if raw else {}
+    if raw:
+        kwargs["idle_timeout"] = float(raw)
+    # MAX_INSTANCES: the host's instance cap; past it new activations are
+    # answered 503 "instance capacity reached; retry".
+    raw = os.environ.get("MAX_INSTANCES")
+    if raw:
+        kwargs["max_instances"] = int(raw)
+    return kwargs
 
 
 worker = _make_worker()

@@ -1,0 +1,166 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// retry503 answers as the reference worker's _retry_503 does: 503, the
+// detail as FastAPI encodes it, Retry-After: 1.
+func retry503(body []byte) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write(body)
+	}
+}
+
+// A worker that cannot take a new activation — its host drains without the
+// worker draining (PinnedHost wind_down_all), or it is at max_instances,
+// which its headroom does not show — answers 503 with a detail and no
+// marker. Its placement is released and the id placed once more on
+// another worker, as for an in-band refusal; before, the 503 was relayed
+// and the row stayed, so the id answered 503 on every retry for as long
+// as the condition lasted (R-PL-6, R-PL-3).
+func TestDeclinedActivationMoves_RPL6(t *testing.T) {
+	for name, detail := range map[string][]byte{"draining host": bodyHostDraining, "at capacity": bodyAtCapacity} {
+		t.Run(name, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			a, b := newStandin(t, "a"), newStandin(t, "b")
+			a.route("/value", retry503(detail))
+			rg.add(a, 1000, "/counters")
+			rg.add(b, 1, "/counters")
+			res, body := rg.get("/counters/alice/value", nil)
+			if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+				t.Fatalf("unexpected reply after a decline; got %d %s; want b's answer", res.StatusCode, body)
+			}
+			if p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now()); p.SessionID != b.session.Load().(string) {
+				t.Fatalf("unexpected owner after the decline; got %s; want b's session", p.SessionID)
+			}
+
+			// Both decline: one more placement, then the worker's own
+			// answer as it is, and no row left for the client's retry.
+			b.route("/value", retry503(detail))
+			res, body = rg.get("/counters/carol/value", nil)
+			if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || body != string(detail) {
+				t.Fatalf("unexpected reply after two declines; got %d %v %s; want the worker's 503", res.StatusCode, res.Header, body)
+			}
+			if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
+				t.Fatalf("unexpected placement left after the declines: %v", err)
+			}
+
+			// A streamed upload cannot be sent again: the answer is relayed,
+			// and the placement is released all the same.
+			b.route("/value", nil)
+			up, _ := http.NewRequest(http.MethodPost, rg.url+"/counters/dave/value", bytes.NewReader(make([]byte, 256<<10)))
+			res, body = rg.do(up)
+			if res.StatusCode != 503 || body != string(detail) {
+				t.Fatalf("unexpected reply to a streamed upload declined; got %d %s; want the worker's 503", res.StatusCode, body)
+			}
+			if _, err := rg.store.Placement(t.Context(), "/counters", "dave", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
+				t.Fatalf("unexpected placement left after the declined upload: %v", err)
+			}
+		})
+	}
+}
+
+// A worker that released an id fences its epoch (pinned _fencing.py
+// FenceTable.admit) and answers 503 "released placement epoch; retry" to
+// requests carrying it until its release reaches pinboard. The proxy
+// releases that placement itself and places the id again: a fresh epoch,
+// which the fence admits, on the same worker here (R-PL-1, R-PL-6).
+func TestReleasedEpochPlacedAgain_RPL1_RPL6(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var mu sync.Mutex
+	fenced := ""
+	w.route("/value", func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		epoch := r.Header.Get("Pinboard-Epoch")
+		if fenced == "" {
+			fenced = epoch
+		}
+		stale := epoch == fenced
+		mu.Unlock()
+		if stale {
+			retry503(bodyReleasedEpoch)(rw, r)
+			return
+		}
+		_, _ = rw.Write([]byte("epoch " + epoch))
+	})
+	before, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, body := rg.get("/counters/alice/value", nil)
+	if res.StatusCode != 200 || !strings.HasPrefix(body, "epoch ") {
+		t.Fatalf("unexpected reply after the fence; got %d %s; want the worker's answer", res.StatusCode, body)
+	}
+	after, err := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Epoch <= before.Epoch || body != "epoch "+strconv.FormatUint(after.Epoch, 10) {
+		t.Fatalf("unexpected placement after the fence; got epoch %d (answer %q); want one past %d", after.Epoch, body, before.Epoch)
+	}
+}
+
+// Other 503s of the worker's — "activation queue full", "instance past its
+// wind-down deadline", an application's own — are relayed and leave the
+// placement where it is.
+func TestOther503sLeavePlacement_RPL6(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	placed, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if before.Epoch != placed.Epoch {
+		t.Fatalf("unexpected placement; got %+v; want epoch %d", before, placed.Epoch)
+	}
+	for _, detail := range []string{`{"detail":"activation queue full; retry"}`, `{"detail":"instance past its wind-down deadline; retry"}`, `{"detail":"host draining; retry!"}`} {
+		w.route("/value", retry503([]byte(detail)))
+		res, body := rg.get("/counters/alice/value", nil)
+		if res.StatusCode != 503 || body != detail {
+			t.Fatalf("unexpected reply; got %d %s; want the worker's %s", res.StatusCode, body, detail)
+		}
+		if p, _ := rg.store.Placement(t.Context(), "/counters", "alice", rg.now()); p.Epoch != before.Epoch || p.SessionID != before.SessionID {
+			t.Fatalf("unexpected placement after %s; got %+v; want %+v", detail, p, before)
+		}
+	}
+}
+
+// A WebSocket upgrade declined the same way — the worker's resolve
+// dependency raises before accept, sent as an HTTP denial response — is
+// placed once more elsewhere (R-PL-6, R-DP-2).
+func TestDeclinedUpgradeMoves_RPL6_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	a.route("/ws", retry503(bodyAtCapacity))
+	b.route("/ws", func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, ok := accept101(w); ok {
+			conn.Close()
+		}
+	})
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer after a decline; got %q; want b's 101", line)
+	}
+	b.route("/ws", retry503(bodyAtCapacity))
+	if line := rg.upgrade("/counters/carol/ws"); !strings.HasPrefix(line, "HTTP/1.1 503") {
+		t.Fatalf("unexpected answer after two declines; got %q; want the worker's 503", line)
+	}
+	if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected placement left after the declines: %v", err)
+	}
+}
