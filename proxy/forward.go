@@ -102,6 +102,15 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	if ctx.Request.Header.IsConnect() {
+		// The data plane does not tunnel (nginx refuses CONNECT too,
+		// since 1.21.1). Forwarded, a 2xx answer would make the worker's
+		// connection a tunnel (RFC 9110 §9.3.6; h11 switches protocols
+		// on it) that relay would read as a plain response and pool, to
+		// answer the next client's request with the tunnel's bytes.
+		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
+		return
+	}
 	if err := ToOriginForm(&ctx.Request); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return
