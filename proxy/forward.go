@@ -102,6 +102,15 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	if ctx.Request.Header.IsConnect() {
+		// The data plane does not tunnel (nginx refuses CONNECT too,
+		// since 1.21.1). Forwarded, a 2xx answer would make the worker's
+		// connection a tunnel (RFC 9110 §9.3.6; h11 switches protocols
+		// on it) that relay would read as a plain response and pool, to
+		// answer the next client's request with the tunnel's bytes.
+		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
+		return
+	}
 	if err := ToOriginForm(&ctx.Request); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return
@@ -854,6 +863,14 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			ctx.Response.SkipBody = true
 			if cl >= 0 {
 				rh.SetContentLength(cl)
+			} else {
+				// An unsized GET body (an event stream, a generated
+				// download) may still be running: uvicorn runs the app
+				// for HEAD too, drops what it sends, and reads the
+				// connection's next request only once it ends. Pooled,
+				// the connection would hold the next client's request
+				// until then; closed, the app sees the disconnect.
+				keep = false
 			}
 		}
 		p.finish(pool, pc, keep, up)

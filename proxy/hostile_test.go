@@ -715,3 +715,112 @@ func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 		t.Fatalf("unexpected worker connection still open 5s after the client left; got %d open streams; want 0", rg.p.OpenStreams())
 	}
 }
+
+// A CONNECT is never forwarded: a 2xx answer to it turns the worker's
+// connection into a tunnel (RFC 9110 §9.3.6; h11 switches protocols on
+// it), whose bytes would otherwise go back to the pool and answer the
+// next client's request. The worker here is such a tunnel: past its 200,
+// whatever it reads gets the same canned bytes back (R-DP-1, R-DP-3).
+func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	tunnel := "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ntunnel"
+	var connects atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if r.Method == http.MethodConnect {
+						connects.Add(1)
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+						buf := make([]byte, 4096)
+						for {
+							if _, err := c.Read(buf); err != nil {
+								return
+							}
+							_, _ = io.WriteString(c, tunnel)
+						}
+					}
+					body := "for " + r.URL.Path
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}(c)
+		}
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+	got := rg.raw("CONNECT /counters/alice/x HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second)
+	if strings.HasPrefix(got, "HTTP/1.1 2") || connects.Load() != 0 {
+		t.Fatalf("unexpected answer to CONNECT; got %q (%d reached the worker); want an error from pinboard and none forwarded", got, connects.Load())
+	}
+	if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+	}
+}
+
+// A HEAD answered without a Content-Length (chunked: the GET body would
+// stream) leaves the worker still running the route: uvicorn runs the
+// app for HEAD, drops what it sends, and reads the connection's next
+// request only once it ends — an event stream never does. That
+// connection does not go back to the pool, or the next client's request
+// would wait on it until the header timeout. The worker here answers
+// HEAD /sse that way and reads nothing more on the connection (R-DP-2,
+// R-DP-3).
+func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 2 * time.Second })
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/sse") {
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+						_, _ = io.Copy(io.Discard, c) // the stream runs until pinboard goes
+						return
+					}
+					body := "for " + r.URL.Path
+					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}(c)
+		}
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+	req, _ := http.NewRequest(http.MethodHead, rg.url+"/counters/alice/sse", nil)
+	if res, _ := rg.do(req); res.StatusCode != http.StatusOK {
+		t.Fatalf("unexpected status for HEAD; got %d; want 200", res.StatusCode)
+	}
+	if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+	}
+}
