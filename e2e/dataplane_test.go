@@ -249,12 +249,18 @@ func TestForwardingHeaders_RDP1(t *testing.T) {
 		"X-E2e-Probe": {"kept"},
 		"Connection":  {"X-E2e-Hop"},
 		"X-E2e-Hop":   {"dropped"},
+		"Cookie":      {`a="x \"y\""; b=2`, "c=3"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := seen["x-e2e-probe"]; len(got) != 1 || got[0] != "kept" {
 		t.Errorf("unexpected x-e2e-probe at the worker; got %q; want [kept]: %s", got, r)
+	}
+	// The Cookie lines as the client sent them (fasthttp would merge them
+	// and drop the quoted one).
+	if got := seen["cookie"]; strings.Join(got, "\n") != `a="x \"y\""; b=2`+"\n"+"c=3" {
+		t.Errorf("unexpected cookie lines at the worker; got %q; want both lines verbatim: %s", got, r)
 	}
 	if got, ok := seen["x-e2e-hop"]; ok {
 		t.Errorf("unexpected x-e2e-hop at the worker; got %q; want it dropped (named by Connection): %s", got, r)

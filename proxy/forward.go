@@ -65,6 +65,11 @@ type request struct {
 	body      []byte
 	principal *attest.Principal
 
+	// The client's Cookie lines as sent (rawCookies), cookieEnds[i] the
+	// end of line i (saveCookies).
+	rawCookies []byte
+	cookieEnds []int
+
 	// Attested cluster call (R-TR-6).
 	call          bool
 	caller        []byte
@@ -85,6 +90,7 @@ func (rq *request) reset() {
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.routed = false
+	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 }
 
 // ServeHTTP handles one data-plane request: /{ns}/{id}/{rest...}.
@@ -115,6 +121,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return
 	}
+	saveCookies(&ctx.Request.Header, rq)
 	t, err := ParseTarget(ctx.Request.Header.RequestURI(), p.base)
 	if err != nil {
 		if err == errNotInstance || err == errOutsideBase {
@@ -407,6 +414,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		h.DelBytes(hdrAuthorization)
 	}
 	p.setForwarded(ctx, rq)
+	restoreCookies(h, rq)
 	h.SetNoDefaultContentType(true)
 	if ctx.Request.IsBodyStream() {
 		if cl := h.ContentLength(); cl >= 0 && cl <= p.smallBody {

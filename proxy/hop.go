@@ -227,3 +227,42 @@ func asciiEqualFold(b []byte, s string) bool {
 func hasPrefixFold(b []byte, prefix string) bool {
 	return len(b) >= len(prefix) && asciiEqualFold(b[:len(prefix)], prefix)
 }
+
+// hdrCookie is the request header saveCookies keeps.
+var hdrCookie = []byte(fasthttp.HeaderCookie)
+
+// saveCookies keeps the client's Cookie lines as they came, before
+// anything iterates h; restoreCookies puts them back once the header
+// passes are done. Why: fasthttp parses the Cookie lines into its cookie
+// list the first time the header is iterated (RequestHeader.All, used by
+// the hop-by-hop and forwarding passes and the placement's affinity) and
+// from then on writes that list instead of the lines: several lines
+// became one, quotes were dropped, and a quoted value with an escaped
+// quote was lost altogether. The worker gets the client's bytes (R-DP-1).
+// Nothing is copied for a request without cookies.
+func saveCookies(h *fasthttp.RequestHeader, rq *request) {
+	for _, v := range h.PeekAll(fasthttp.HeaderCookie) {
+		rq.rawCookies = append(rq.rawCookies, v...)
+		rq.cookieEnds = append(rq.cookieEnds, len(rq.rawCookies))
+	}
+}
+
+// restoreCookies replaces whatever h holds as cookies by the lines
+// saveCookies kept, as plain header lines: with special headers off for
+// the call, the additions bypass the cookie parser. h's cookie list stays
+// collected and empty, so no later iteration parses them again.
+func restoreCookies(h *fasthttp.RequestHeader, rq *request) {
+	if len(rq.cookieEnds) == 0 {
+		return
+	}
+	h.DelAllCookies()
+	was := h.DisableSpecialHeader()
+	start := 0
+	for _, end := range rq.cookieEnds {
+		h.AddBytesKV(hdrCookie, rq.rawCookies[start:end])
+		start = end
+	}
+	if !was {
+		h.EnableSpecialHeader()
+	}
+}

@@ -824,3 +824,42 @@ func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
 	}
 }
+
+// The client's Cookie lines reach the worker byte for byte (R-DP-1).
+// fasthttp parses them into its cookie list as soon as the header is
+// iterated (RequestHeader.All, which the hop-by-hop and forwarding passes
+// use) and from then on writes that list instead: several lines became
+// one and quoted values lost their quotes (a="x \"y\"" → a=x \"y\", which
+// Starlette's parser then reads differently). On a placed id, on a new
+// placement, and on a WebSocket handshake.
+func TestCookiesForwardedVerbatim_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	got := make(chan []string, 1)
+	record := func(rw http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Values("Cookie")
+		if r.Header.Get("Upgrade") != "" {
+			if conn, _, ok := accept101(rw); ok {
+				conn.Close()
+			}
+		}
+	}
+	w.route("/value", record)
+	w.route("/ws", record)
+	lines := []string{`a="x \"y\""; b=2`, `c=3;d`, `e= "f g" `}
+	want := []string{`a="x \"y\""; b=2`, `c=3;d`, `e= "f g"`}
+	for _, path := range []string{"/counters/new/value", "/counters/new/value", "/counters/sock/ws"} {
+		req := "GET " + path + " HTTP/1.1\r\nHost: x\r\n"
+		if strings.HasSuffix(path, "/ws") {
+			req += "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+		}
+		for _, l := range lines {
+			req += "Cookie: " + l + "\r\n"
+		}
+		if status, err := rg.rawStatus(req + "\r\n"); err != nil || !strings.Contains(status, " 200 ") && !strings.Contains(status, " 101 ") {
+			t.Fatalf("unexpected answer for %s; got %q, %v", path, status, err)
+		}
+		if c := <-got; strings.Join(c, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("unexpected cookies at the worker for %s; got %q; want %q", path, c, want)
+		}
+	}
+}

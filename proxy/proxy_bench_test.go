@@ -139,6 +139,26 @@ func TestHotPathWithMetricsAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestHotPathWithCookiesAllocatesNothing: a browser's request carries
+// cookies, which the proxy keeps as sent and puts back after the header
+// passes (saveCookies): still 0 allocations per request (R-DP-1).
+func TestHotPathWithCookiesAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	h := newHotPath(t)
+	raw := "GET /bench/alice/json HTTP/1.1\r\nHost: pinboard.test\r\nAccept: application/json\r\nUser-Agent: pinbench\r\n" +
+		"Cookie: session=\"abc==\"; theme=dark\r\nCookie: ab=1\r\n\r\n"
+	h.req.Reset()
+	if err := h.req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatal(err)
+	}
+	h.once(t)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied request with cookies; got %v; want 0", n)
+	}
+}
+
 // asHTTP10 turns h's request into one an HTTP/1.0 client sends (ab's,
 // without keep-alive), parsed as the server parses it, and warms the path.
 func (h *hotPath) asHTTP10(tb testing.TB) {

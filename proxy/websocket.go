@@ -66,6 +66,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		h.DelBytes(hdrAuthorization)
 	}
 	p.setForwarded(ctx, rq)
+	restoreCookies(h, rq)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
 	for waits, refusals := 0, 0; ; {
 		st, err := p.state(route.Owner)
