@@ -863,3 +863,21 @@ func TestCookiesForwardedVerbatim_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// A worker's Set-Cookie lines reach the client as the worker sent them:
+// each line whole, two for one name (different paths) both kept, quoted
+// values and attributes untouched (R-DP-1).
+func TestSetCookiesRelayedVerbatim_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	lines := []string{`a="x \"y\""; Path=/; HttpOnly`, `a=2; Path=/sub; Max-Age=0`, `b=; Expires=Thu, 01 Jan 1970 00:00:00 GMT; SameSite=Lax`}
+	w.route("/value", func(rw http.ResponseWriter, r *http.Request) {
+		for _, l := range lines {
+			rw.Header().Add("Set-Cookie", l)
+		}
+		_, _ = io.WriteString(rw, "ok")
+	})
+	res, body := rg.get("/counters/alice/value", nil)
+	if got := res.Header.Values("Set-Cookie"); res.StatusCode != 200 || body != "ok" || strings.Join(got, "\n") != strings.Join(lines, "\n") {
+		t.Fatalf("unexpected Set-Cookie lines; got %d %q; want %q", res.StatusCode, got, lines)
+	}
+}
