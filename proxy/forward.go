@@ -871,13 +871,15 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			ctx.Response.SkipBody = true
 			if cl >= 0 {
 				rh.SetContentLength(cl)
-			} else {
-				// An unsized GET body (an event stream, a generated
-				// download) may still be running: uvicorn runs the app
-				// for HEAD too, drops what it sends, and reads the
-				// connection's next request only once it ends. Pooled,
-				// the connection would hold the next client's request
-				// until then; closed, the app sees the disconnect.
+			}
+			if cl < 0 || cl > p.smallBody {
+				// The GET body — unsized (an event stream) or large (a
+				// generated download) — may still be running: uvicorn
+				// runs the app for HEAD too, drops what it sends, and
+				// reads the connection's next request only once it ends.
+				// Pooled, the connection would hold the next client's
+				// request until then; closed, the app sees the
+				// disconnect. A small body is done in a moment.
 				keep = false
 			}
 		}

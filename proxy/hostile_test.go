@@ -780,7 +780,9 @@ func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
 // connection does not go back to the pool, or the next client's request
 // would wait on it until the header timeout. The worker here answers
 // HEAD /sse that way and reads nothing more on the connection (R-DP-2,
-// R-DP-3).
+// R-DP-3). The same for a HEAD answered with a large Content-Length: the
+// route generates the whole body (a download) before uvicorn reads on;
+// only a small sized answer (up to 64 KiB) keeps its connection.
 func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 2 * time.Second })
 	rg.warm()
@@ -809,6 +811,11 @@ func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 						_, _ = io.Copy(io.Discard, c) // the stream runs until pinboard goes
 						return
 					}
+					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/big") {
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+						_, _ = io.Copy(io.Discard, c) // a 1 GiB body generated and dropped
+						return
+					}
 					body := "for " + r.URL.Path
 					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 				}
@@ -816,12 +823,14 @@ func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 		}
 	}()
 	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
-	req, _ := http.NewRequest(http.MethodHead, rg.url+"/counters/alice/sse", nil)
-	if res, _ := rg.do(req); res.StatusCode != http.StatusOK {
-		t.Fatalf("unexpected status for HEAD; got %d; want 200", res.StatusCode)
-	}
-	if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
-		t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+	for _, path := range []string{"/counters/alice/sse", "/counters/alice/big"} {
+		req, _ := http.NewRequest(http.MethodHead, rg.url+path, nil)
+		if res, _ := rg.do(req); res.StatusCode != http.StatusOK {
+			t.Fatalf("unexpected status for HEAD %s; got %d; want 200", path, res.StatusCode)
+		}
+		if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+			t.Fatalf("unexpected body for bob after HEAD %s; got %q; want %q", path, body, "for /counters/bob/x")
+		}
 	}
 }
 
