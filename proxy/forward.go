@@ -872,16 +872,15 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			if cl >= 0 {
 				rh.SetContentLength(cl)
 			}
-			if cl < 0 || cl > p.smallBody {
-				// The GET body — unsized (an event stream) or large (a
-				// generated download) — may still be running: uvicorn
-				// runs the app for HEAD too, drops what it sends, and
-				// reads the connection's next request only once it ends.
-				// Pooled, the connection would hold the next client's
-				// request until then; closed, the app sees the
-				// disconnect. A small body is done in a moment.
-				keep = false
-			}
+			// The GET body (an event stream, a streamed download, sized
+			// or not) may still be running: uvicorn runs the app for
+			// HEAD too, drops what it sends, and reads the connection's
+			// next request only once it ends, which nothing on the wire
+			// tells — and a small body is not done sooner: the time is
+			// the route's (a slow generator), not the size's. Pooled,
+			// the connection would hold the next client's request until
+			// then; closed, the app sees the disconnect.
+			keep = false
 		}
 		p.finish(pool, pc, keep, up)
 	case cl >= 0 && cl <= p.smallBody:

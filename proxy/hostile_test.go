@@ -780,9 +780,11 @@ func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
 // connection does not go back to the pool, or the next client's request
 // would wait on it until the header timeout. The worker here answers
 // HEAD /sse that way and reads nothing more on the connection (R-DP-2,
-// R-DP-3). The same for a HEAD answered with a large Content-Length: the
-// route generates the whole body (a download) before uvicorn reads on;
-// only a small sized answer (up to 64 KiB) keeps its connection.
+// R-DP-3). The same for a HEAD answered with a Content-Length, large or
+// small: the route produces the whole body (a download) before uvicorn
+// reads on, and how long that takes is the route's, not the size's — a
+// StreamingResponse of 100 bytes from a slow generator (3 s) held the
+// next client's request on the real uvicorn for those 3 s.
 func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 2 * time.Second })
 	rg.warm()
@@ -816,6 +818,11 @@ func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 						_, _ = io.Copy(io.Discard, c) // a 1 GiB body generated and dropped
 						return
 					}
+					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/slow") {
+						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+						_, _ = io.Copy(io.Discard, c) // 100 bytes from a generator that takes its time
+						return
+					}
 					body := "for " + r.URL.Path
 					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 				}
@@ -823,7 +830,7 @@ func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 		}
 	}()
 	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
-	for _, path := range []string{"/counters/alice/sse", "/counters/alice/big"} {
+	for _, path := range []string{"/counters/alice/sse", "/counters/alice/big", "/counters/alice/slow"} {
 		req, _ := http.NewRequest(http.MethodHead, rg.url+path, nil)
 		if res, _ := rg.do(req); res.StatusCode != http.StatusOK {
 			t.Fatalf("unexpected status for HEAD %s; got %d; want 200", path, res.StatusCode)
