@@ -836,6 +836,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 	cl := rh.ContentLength()
 	keep := !rh.ConnectionClose()
 	rh.ResetConnectionClose()
+	ownVersion(rh)
 	stripResponseHop(rh)
 	noBody := ctx.Request.Header.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
 	if refusedInBand(rh) {
@@ -915,6 +916,19 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 	}
 	return served
+}
+
+// ownVersion answers the client in pinboard's HTTP version whatever the
+// worker's (RFC 9110 §6.2: an intermediary sends its own HTTP-version).
+// A worker's "HTTP/1.0" went to the client as it was, with the chunked
+// framing pinboard gives an unsized body, which an HTTP/1.1 client must
+// take as faulty (RFC 9112 §6.1): Go's client read the chunk framing as
+// the body, and waited for a close that never came. Whether the worker's
+// connection stays open was read from its version before (ConnectionClose).
+func ownVersion(rh *fasthttp.ResponseHeader) {
+	if !rh.IsHTTP11() {
+		rh.SetProtocol(http11)
+	}
 }
 
 // readSmallBody reads a sized response body whole and lets go of the

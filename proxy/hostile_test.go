@@ -897,3 +897,81 @@ func TestSetCookiesRelayedVerbatim_RDP1(t *testing.T) {
 		t.Fatalf("unexpected Set-Cookie lines; got %d %q; want %q", res.StatusCode, got, lines)
 	}
 }
+
+// A worker answering in HTTP/1.0 (a server other than uvicorn, which
+// always answers HTTP/1.1) is answered for by pinboard in its own
+// version (RFC 9110 §6.2: an intermediary sends its own HTTP-version):
+// the client read "HTTP/1.0" with the chunked framing pinboard gives an
+// unsized body, which an HTTP/1.1 client must take as faulty (RFC 9112
+// §6.1) — Go's client read the chunk framing as the body and waited for
+// a close that never came — and a sized answer told it to close a
+// connection pinboard kept. The worker's connection is not reused
+// (HTTP/1.0 without keep-alive) and the next client gets its own answer
+// (R-DP-1, R-DP-3).
+func TestWorkerHTTP10AnswerRelayedAsHTTP11_RDP1_RDP3(t *testing.T) {
+	for _, answer := range []string{
+		"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nhello",
+		"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+	} {
+		rg := newRig(t, nil)
+		rg.warm()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func(c net.Conn) {
+					defer c.Close()
+					br := bufio.NewReader(c)
+					for {
+						r, err := http.ReadRequest(br)
+						if err != nil {
+							return
+						}
+						_, _ = io.Copy(io.Discard, r.Body)
+						if strings.HasSuffix(r.URL.Path, "/old") {
+							_, _ = io.WriteString(c, answer)
+							return
+						}
+						if strings.HasSuffix(r.URL.Path, "/oldws") {
+							_, _ = io.WriteString(c, "HTTP/1.0 404 Not Found\r\nContent-Length: 2\r\n\r\nno")
+							return
+						}
+						body := "for " + r.URL.Path
+						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					}
+				}(c)
+			}
+		}()
+		rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /counters/alice/old HTTP/1.1\r\nHost: a\r\n\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("cannot read the answer to %q: %v", answer, err)
+		}
+		body, err := io.ReadAll(res.Body)
+		c.Close()
+		if res.Proto != "HTTP/1.1" || string(body) != "hello" || err != nil || res.Close {
+			t.Fatalf("unexpected answer for a worker's %q; got %s, body %q (%v), close %v; want HTTP/1.1, body %q, kept alive", answer, res.Proto, body, err, res.Close, "hello")
+		}
+		if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
+			t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")
+		}
+		// A WebSocket handshake the worker refuses in HTTP/1.0 too.
+		if line := rg.upgrade("/counters/alice/oldws"); line != "HTTP/1.1 404 Not Found" {
+			t.Fatalf("unexpected answer to an upgrade refused in HTTP/1.0; got %q; want %q", line, "HTTP/1.1 404 Not Found")
+		}
+	}
+}

@@ -199,6 +199,7 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 	defer conn.Close()
 	rh := &ctx.Response.Header
 	rh.ResetConnectionClose()
+	ownVersion(rh)
 	stripResponseHop(rh)
 	if s := rh.StatusCode(); s == fasthttp.StatusNoContent || s == fasthttp.StatusNotModified {
 		return
