@@ -657,3 +657,48 @@ func TestUpgradeWithBodyRefused_RDP2(t *testing.T) {
 		}
 	})
 }
+
+// Interim answers a worker sends before its answer to an upgrade (103
+// Early Hints, RFC 8297; 100 Continue) are read past, as for any request:
+// the client gets the 101 and its WebSocket. Before, the first interim
+// answer was taken for the final one: the client got a bare 103 and then
+// nothing, waiting on its connection for an answer that never came, and
+// the worker's 101 was dropped with its connection (R-DP-2).
+func TestWebSocketInterimAnswersSkipped_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 103 Early Hints\r\nLink: </app.js>; rel=preload\r\n\r\n")
+		brw.Flush()
+		time.Sleep(20 * time.Millisecond) // its own read for pinboard
+		brw.WriteString("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		if brw.Flush() != nil {
+			return
+		}
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 64)
+		n, _ := brw.Read(buf)
+		_, _ = conn.Write(buf[:n])
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	br := bufio.NewReader(c)
+	if head := readHead(t, br); head[0] != "HTTP/1.1 101 Switching Protocols" {
+		t.Fatalf("unexpected answer to an upgrade the worker answered 103, 100, 101; got %q; want the 101", head)
+	}
+	_, _ = io.WriteString(c, "ping")
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != "ping" {
+		t.Fatalf("unexpected echo; got %q, %v; want %q", got, err, "ping")
+	}
+}

@@ -178,12 +178,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		return nil, nil, nil, false
 	}
 	br := bufio.NewReaderSize(conn, 4096)
-	raw, err := readRawHeader(br)
-	if err == nil {
-		// Sized to the header: bufio's default 4 KiB would refuse a 101
-		// with a long Set-Cookie that readRawHeader accepted.
-		err = ctx.Response.Header.Read(bufio.NewReaderSize(bytes.NewReader(raw), len(raw)+16))
-	}
+	raw, err := readHandshakeAnswer(br, &ctx.Response.Header)
 	if err != nil {
 		_ = conn.Close()
 		ctx.Response.Reset()
@@ -207,6 +202,32 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
 		ctx.Response.Reset()
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+	}
+}
+
+// readHandshakeAnswer reads the worker's answer to an upgrade into rh and
+// returns its raw bytes. Interim answers before it (100 Continue, 103
+// Early Hints, RFC 9110 §15.2) are read past, as readResponseHeader does
+// for other requests: taken for the answer, a 103 went to the client as
+// its final response, which then waited for one that never came. A 101
+// is the answer here.
+func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte, error) {
+	for i := 0; ; i++ {
+		raw, err := readRawHeader(br)
+		if err != nil {
+			return nil, err
+		}
+		// Sized to the header: bufio's default 4 KiB would refuse a 101
+		// with a long Set-Cookie that readRawHeader accepted.
+		if err := rh.Read(bufio.NewReaderSize(bytes.NewReader(raw), len(raw)+16)); err != nil {
+			return nil, err
+		}
+		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
+			return raw, nil
+		}
+		if i == 8 {
+			return nil, errTooManyInterim
+		}
 	}
 }
 
