@@ -54,7 +54,10 @@ func TestShutdownBeforeServeStarted(t *testing.T) {
 func TestShutdownWaitsForHTTP10Download_RDP2(t *testing.T) {
 	release, stopped := make(chan struct{}), make(chan struct{})
 	defer close(stopped)
-	pb, public, stop := workerNodeStop(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// A grace of an hour: the download must end by itself within it however
+	// loaded the machine is (with 1s, a slow one cut it before "last"), and
+	// stop fails after 10s a shutdown that waits for anything else.
+	pb, public, stop := workerNodeStop(t, Options{}, time.Hour, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "first,")
 		w.(http.Flusher).Flush()
 		select {
@@ -86,7 +89,7 @@ func TestShutdownWaitsForHTTP10Download_RDP2(t *testing.T) {
 	}
 	stopErr := make(chan error, 1)
 	go func() { stopErr <- stop() }()
-	// The download goes on during the grace (1s) and ends by itself.
+	// The download goes on during the grace and ends by itself.
 	time.Sleep(200 * time.Millisecond)
 	select {
 	case err := <-stopErr:
