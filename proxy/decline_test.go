@@ -1,13 +1,17 @@
 package proxy
 
 import (
-	"bytes"
+	"bufio"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
 )
@@ -61,8 +65,7 @@ func TestDeclinedActivationMoves_RPL6(t *testing.T) {
 			// A streamed upload cannot be sent again: the answer is relayed,
 			// and the placement is released all the same.
 			b.route("/value", nil)
-			up, _ := http.NewRequest(http.MethodPost, rg.url+"/counters/dave/value", bytes.NewReader(make([]byte, 256<<10)))
-			res, body = rg.do(up)
+			res, body = rg.postEarlyAnswered("/counters/dave/value", 256<<10)
 			if res.StatusCode != 503 || body != string(detail) {
 				t.Fatalf("unexpected reply to a streamed upload declined; got %d %s; want the worker's 503", res.StatusCode, body)
 			}
@@ -163,4 +166,36 @@ func TestDeclinedUpgradeMoves_RPL6_RDP2(t *testing.T) {
 	if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
 		t.Fatalf("unexpected placement left after the declines: %v", err)
 	}
+}
+
+// postEarlyAnswered POSTs size bytes to path through the rig on a raw
+// connection, the body written in the background, and returns the answer
+// and its body. The answer may come before the body is all up, and the
+// connection close right after it: the rest of the body's write then
+// fails, and net/http's client returns that write error instead of the
+// answer whenever the error is in first (Transport.roundTrip), so a test
+// using it failed now and then with "write: broken pipe".
+func (rg *rig) postEarlyAnswered(path string, size int) (*http.Response, string) {
+	rg.t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	go func() { // ends at the first failed write, at the latest when c closes
+		if _, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", path, size); err == nil {
+			_, _ = c.Write(make([]byte, size))
+		}
+	}()
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		rg.t.Fatalf("cannot read the answer to POST %s: %v", path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		rg.t.Fatalf("cannot read the answer's body to POST %s: %v", path, err)
+	}
+	return res, string(b)
 }

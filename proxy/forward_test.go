@@ -284,7 +284,10 @@ func TestForward_RDP1_RTR5(t *testing.T) {
 func formatUint(n uint64) string { return fmt.Sprint(n) }
 
 func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
-	rg := newRig(t, nil)
+	// A dead owner must fail fast, not after the dial timeout or the wait
+	// for a pooled connection: an hour each here, so that a bounded wait
+	// tells the two apart on any machine (no bound on a duration).
+	rg := newRig(t, func(o *Options) { o.Upstream.DialTimeout, o.Upstream.ConnWait = time.Hour, time.Hour })
 	// Cold start: the first placement attempt stamps the quarantine.
 	res, body := rg.get("/counters/alice/value", nil)
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "10" || !strings.HasPrefix(body, `{"error":"cold start`) {
@@ -311,10 +314,15 @@ func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
 	w := newStandin(t, "dead")
 	rg.add(w, 1, "/counters")
 	w.srv.Close()
-	start := time.Now()
-	res, body = rg.get("/counters/alice/value", nil)
-	if res.StatusCode != 502 || body != `{"error":"owner unreachable"}` || time.Since(start) > time.Second {
-		t.Fatalf("unexpected reply for a dead owner; got %d %s after %v", res.StatusCode, body, time.Since(start))
+	client := &http.Client{Timeout: 20 * time.Second}
+	res, err := client.Get(rg.url + "/counters/alice/value")
+	if err != nil {
+		t.Fatalf("unexpected wait for a dead owner (dial timeout and connection wait 1h); got %v; want 502 at once", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if body = string(b); res.StatusCode != 502 || body != `{"error":"owner unreachable"}` {
+		t.Fatalf("unexpected reply for a dead owner; got %d %s", res.StatusCode, body)
 	}
 	// Draining workers only: 503 with Retry-After.
 	_, _ = rg.store.SetDrain(t.Context(), "client-dead", directory.DrainState{Draining: true}, rg.now())

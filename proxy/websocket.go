@@ -256,6 +256,9 @@ func readRawHeader(br *bufio.Reader) ([]byte, error) {
 type hijacks struct {
 	// stall bounds each relayed write (wsDir.stall); set once at start.
 	stall time.Duration
+	// closeWait is how long the worker gets to close its end after the
+	// client's FIN (DefaultCloseWait); set once at start, by tests only.
+	closeWait time.Duration
 
 	mu sync.Mutex
 	m  map[*wsRelay]struct{}
@@ -275,7 +278,7 @@ type hijacks struct {
 }
 
 func newHijacks() *hijacks {
-	return &hijacks{m: make(map[*wsRelay]struct{}), pending: make(map[*hijackGuard]struct{})}
+	return &hijacks{m: make(map[*wsRelay]struct{}), pending: make(map[*hijackGuard]struct{}), closeWait: DefaultCloseWait}
 }
 
 // Open returns the number of relayed connections.
@@ -364,7 +367,7 @@ func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 		// have nothing to send for hours, and the relay would wait for it.
 		if tc := rawio.TCP(upstream); tc != nil && errors.Is(err, io.EOF) {
 			_ = tc.CloseWrite()
-			wait := time.Now().Add(DefaultCloseWait)
+			wait := time.Now().Add(hj.closeWait)
 			_ = upstream.SetReadDeadline(wait)
 			// A client answering shutdown's Close does exactly this:
 			// the wait must not outlast the goodbye's deadline.

@@ -406,23 +406,21 @@ func TestGoodbyeDeadlineNotPushedBack_RDP2(t *testing.T) {
 // (the closing handshake, RFC 6455 §7.1.1) gives the worker
 // DefaultCloseWait to close its end — but no longer than the goodbye's
 // deadline: a silent worker is cut at that deadline, not 2 s after the
-// client's FIN (R-DP-2).
+// client's FIN (R-DP-2). The close wait is an hour here, so that a
+// bounded wait tells the two apart on any machine.
 func TestHalfCloseWaitWithinGoodbye_RDP2(t *testing.T) {
 	hj := newHijacks()
+	hj.closeWait = time.Hour
 	client, _, cbr, _ := relayed(t, hj, nil)
 	hj.shutdown(time.Now().Add(300 * time.Millisecond))
 	if op, p := readFrame(t, cbr); op != 0x8 || !bytes.Equal(p, goingAway) {
 		t.Fatalf("unexpected frame at the client; got %x %q; want close 1001", op, p)
 	}
-	start := time.Now()
 	client.Write(frame(0x8, goingAway[:2], true))
 	client.(*net.TCPConn).CloseWrite() // the worker stays silent, its end open
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if !hj.wait(ctx) {
-		t.Fatal("unexpected relay still open 5s after the goodbye's deadline")
-	}
-	if d := time.Since(start); d > DefaultCloseWait*3/4 {
-		t.Fatalf("unexpected relay end %v after the client's half-close; want by the goodbye's deadline (300ms)", d)
+		t.Fatal("unexpected relay still open 20s after the client's half-close; want it cut at the goodbye's deadline (300ms), not after the close wait (1h)")
 	}
 }

@@ -277,7 +277,7 @@ func abuseNode(t *testing.T) (*Pinboard, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveUntilStopped(t, pb, ln)
+	serveUntilStopped(t, pb, ln, time.Second)
 	return pb, ln.Addr().String()
 }
 

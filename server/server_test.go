@@ -61,18 +61,19 @@ func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
 		t.Fatal(err)
 	}
 	go pb.ServeAdmin(aln)
-	stop := serveUntilStopped(t, pb, ln)
+	stop := serveUntilStopped(t, pb, ln, time.Second)
 	return pb, "http://" + ln.Addr().String(), "http://" + aln.Addr().String(), stop
 }
 
-// serveUntilStopped runs pb.Serve on ln until stop, which cancels it, waits
-// for Serve to return and hands back its error; stop runs once however often
-// it is called, and at cleanup if the test did not call it.
-func serveUntilStopped(t *testing.T, pb *Pinboard, ln net.Listener) (stop func() error) {
+// serveUntilStopped runs pb.Serve on ln with the given grace until stop,
+// which cancels it, waits for Serve to return and hands back its error;
+// stop runs once however often it is called, and at cleanup if the test
+// did not call it.
+func serveUntilStopped(t *testing.T, pb *Pinboard, ln net.Listener, grace time.Duration) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- pb.Serve(ctx, ln, time.Second) }()
+	go func() { done <- pb.Serve(ctx, ln, grace) }()
 	var once sync.Once
 	var serveErr error
 	stop = func() error {

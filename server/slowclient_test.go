@@ -85,14 +85,14 @@ func TestClientNotReadingCut_RDP2(t *testing.T) {
 // The node's clock stands still past the quarantine; deadlines are real.
 func workerNode(t *testing.T, o Options, worker http.Handler) (*Pinboard, string) {
 	t.Helper()
-	pb, public, _ := workerNodeStop(t, o, worker)
+	pb, public, _ := workerNodeStop(t, o, time.Second, worker)
 	return pb, public
 }
 
 // workerNodeStop is workerNode that also returns the node's stop: a
-// graceful shutdown with a grace of 1s, returning Serve's result (or
+// graceful shutdown with the given grace, returning Serve's result (or
 // failing the test after 10s).
-func workerNodeStop(t *testing.T, o Options, worker http.Handler) (*Pinboard, string, func() error) {
+func workerNodeStop(t *testing.T, o Options, grace time.Duration, worker http.Handler) (*Pinboard, string, func() error) {
 	t.Helper()
 	ws := httptest.NewServer(worker)
 	t.Cleanup(ws.Close)
@@ -124,7 +124,7 @@ func workerNodeStop(t *testing.T, o Options, worker http.Handler) (*Pinboard, st
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := serveUntilStopped(t, pb, ln)
+	stop := serveUntilStopped(t, pb, ln, grace)
 	return pb, "http://" + ln.Addr().String(), stop
 }
 

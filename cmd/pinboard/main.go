@@ -83,6 +83,12 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Error("cannot start", "err", err)
 		return 1
 	}
+	// SIGTERM is a graceful shutdown from the moment a listener accepts:
+	// an orchestrator that sees the port open (or /livez answer) may stop
+	// the process at once, and a signal before Notify would kill it with
+	// the default action instead (exit by signal, not 0).
+	ctx, stop := signalContext(log)
+	defer stop()
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
@@ -105,8 +111,6 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	log.Info("pinboard listening", "addr", ln.Addr().String(), "store", store.Name(), "leaseTtlMs", cfg.LeaseTTL.Milliseconds(),
 		"basePath", cfg.BasePath, "shutdownGraceMs", cfg.Grace.Milliseconds(), "version", version())
 
-	ctx, stop := signalContext(log)
-	defer stop()
 	if err := pb.Serve(ctx, ln, cfg.Grace); err != nil {
 		log.Error("stopped with an error", "err", err)
 		return 1
