@@ -60,7 +60,7 @@ func (m *Metrics) appendDataPlane(e *expo) {
 	e.family("pinboard_directory_lookups_total", "counter", "Data-plane resolutions: hit is a live placement found in the directory cache, miss went to the store to place.")
 	e.sample("pinboard_directory_lookups_total", "result", "hit", "", "", m.cacheHit.Load())
 	e.sample("pinboard_directory_lookups_total", "result", "miss", "", "", m.cacheMiss.Load())
-	e.family("pinboard_placements_total", "counter", "New placements made by this node: kind=new, or kind=replaced when the id moved: off a worker that refused the activation in-band (R-PL-6), or off an owner whose lease had passed while its row was kept (R-LS-2: a crashed or cut-off worker, within one lease of its expiry).")
+	e.family("pinboard_placements_total", "counter", "New placements made by this node: kind=new, or kind=replaced when the id moved: off a worker that refused the activation in-band (R-PL-6) or declined it (host draining, instance capacity reached), or off an owner whose lease had passed while its row was kept (R-LS-2: a crashed or cut-off worker, within one lease of its expiry).")
 	e.sample("pinboard_placements_total", "kind", "new", "", "", m.placed.Load())
 	e.sample("pinboard_placements_total", "kind", "replaced", "", "", m.replaced.Load())
 }
