@@ -305,7 +305,7 @@ func placeFailed(ctx *fasthttp.RequestCtx, err error) {
 	var q *directory.QuarantineError
 	switch {
 	case errors.As(err, &q):
-		writeError(ctx, fasthttp.StatusServiceUnavailable, q.Error(), retryAfterSeconds(q.Remaining))
+		writeError(ctx, fasthttp.StatusServiceUnavailable, q.Error(), RetryAfterSeconds(q.Remaining))
 	case errors.Is(err, directory.ErrUnknownNamespace):
 		writeError(ctx, fasthttp.StatusNotFound, "unknown namespace", 0)
 	case errors.Is(err, directory.ErrNoEligible):
@@ -315,7 +315,10 @@ func placeFailed(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-func retryAfterSeconds(d time.Duration) int {
+// RetryAfterSeconds is a Retry-After value for a wait of d: whole
+// seconds rounded up, at least 1 (a client retrying sooner would meet
+// the same refusal).
+func RetryAfterSeconds(d time.Duration) int {
 	s := int((d + time.Second - 1) / time.Second)
 	if s < 1 {
 		s = 1

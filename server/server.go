@@ -431,8 +431,7 @@ func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
 // quarantine rounded up, 1 s otherwise.
 func notReady(ctx *fasthttp.RequestCtx, after time.Duration) {
 	ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-	s := max(int64((after+time.Second-1)/time.Second), 1)
-	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.FormatInt(s, 10))
+	ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(proxy.RetryAfterSeconds(after)))
 }
 
 // Proxy returns the data plane (for metrics and tests).
