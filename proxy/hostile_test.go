@@ -100,6 +100,50 @@ func rawWorker(name string, ln net.Listener) *standin {
 	return s
 }
 
+// rawRequestWorker is a worker the test answers byte for byte, on a
+// listener of its own on 127.0.0.1 (closed at cleanup): each connection's
+// requests are read in turn, their bodies dropped, and answer writes each
+// response itself and reports whether to read the connection's next
+// request. It returns the worker (rawWorker) and its listener.
+func rawRequestWorker(t *testing.T, answer func(c net.Conn, r *http.Request) bool) (*standin, net.Listener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, r.Body)
+					if !answer(c, r) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return rawWorker("raw", ln), ln
+}
+
+// answerPath answers r with "for <its path>", sized, and reads on.
+func answerPath(c net.Conn, r *http.Request) bool {
+	body := "for " + r.URL.Path
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	return true
+}
+
 // raw sends req on a fresh connection and returns the bytes of the first
 // response, read whole (or what came of it within d). It returns as soon
 // as that response is in, not when d runs out: a kept-alive connection
@@ -139,44 +183,21 @@ func headerValues(t *testing.T, wire, name string) []string {
 func TestConnectionCannotUnframeResponse_RDP1_RDP3(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	inner := "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nINJECTED"
 	var n int
 	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					mu.Lock()
-					n++
-					first := n == 1
-					mu.Unlock()
-					if first {
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: %d\r\n\r\n%s", len(inner), inner)
-						continue
-					}
-					body := "for " + r.URL.Path
-					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				}
-			}(c)
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: %d\r\n\r\n%s", len(inner), inner)
+			return true
 		}
-	}()
-	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob", "carol")
+		return answerPath(c, r)
+	})
+	rg.serveIDs(t, w, "alice", "bob", "carol")
 	for _, id := range []string{"alice", "bob", "carol"} {
 		want := "for /counters/" + id + "/x"
 		if id == "alice" {
@@ -491,44 +512,22 @@ func TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 func TestUnaskedSwitchingProtocols_RDP1_RDP3(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	reused := make(chan string, 1)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for switched := false; ; {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if switched {
-						reused <- r.URL.Path
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
-						continue
-					}
-					if strings.Contains(r.URL.Path, "alice") {
-						_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\n\r\n")
-						switched = true
-						continue
-					}
-					body := "for " + r.URL.Path
-					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				}
-			}(c)
+	var switched sync.Map // the connections answered 101
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		if _, ok := switched.Load(c); ok {
+			reused <- r.URL.Path
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+			return true
 		}
-	}()
-	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+		if strings.Contains(r.URL.Path, "alice") {
+			_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\n\r\n")
+			switched.Store(c, true)
+			return true
+		}
+		return answerPath(c, r)
+	})
+	rg.serveIDs(t, w, "alice", "bob")
 	if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != http.StatusBadGateway {
 		t.Fatalf("unexpected answer to a 101 nobody asked for; got %d %q; want 502", res.StatusCode, body)
 	}
@@ -567,49 +566,27 @@ func TestStalledSmallBodyCut_RDP2(t *testing.T) {
 func TestUnsolicitedBytesOnIdleConnection_RDP1_RDP3(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	sent := make(chan struct{})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					body := "for " + r.URL.Path
-					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-					if strings.Contains(r.URL.Path, "alice") {
-						// Once alice's answer is read and its connection
-						// pooled: the test waits for the pool to hold it.
-						for deadline := time.Now().Add(10 * time.Second); ; {
-							if u, err := rg.p.ups.get("http://" + ln.Addr().String()); err == nil && idleConns(u.pool) == 1 {
-								break
-							}
-							if time.Now().After(deadline) {
-								return
-							}
-							time.Sleep(time.Millisecond)
-						}
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nalice-secret")
-						close(sent)
-					}
+	w, ln := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		answerPath(c, r)
+		if strings.Contains(r.URL.Path, "alice") {
+			// Once alice's answer is read and its connection pooled:
+			// the test waits for the pool to hold it.
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				if u, err := rg.p.ups.get("http://" + c.LocalAddr().String()); err == nil && idleConns(u.pool) == 1 {
+					break
 				}
-			}(c)
+				if time.Now().After(deadline) {
+					return false
+				}
+				time.Sleep(time.Millisecond)
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nalice-secret")
+			close(sent)
 		}
-	}()
-	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob", "carol")
+		return true
+	})
+	rg.serveIDs(t, w, "alice", "bob", "carol")
 	if _, body := rg.get("/counters/alice/x", nil); body != "for /counters/alice/x" {
 		t.Fatalf("unexpected body for alice; got %q; want %q", body, "for /counters/alice/x")
 	}
@@ -724,46 +701,23 @@ func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	tunnel := "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ntunnel"
 	var connects atomic.Int64
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if r.Method == http.MethodConnect {
-						connects.Add(1)
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-						buf := make([]byte, 4096)
-						for {
-							if _, err := c.Read(buf); err != nil {
-								return
-							}
-							_, _ = io.WriteString(c, tunnel)
-						}
-					}
-					body := "for " + r.URL.Path
-					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		if r.Method == http.MethodConnect {
+			connects.Add(1)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+			buf := make([]byte, 4096)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					return false
 				}
-			}(c)
+				_, _ = io.WriteString(c, tunnel)
+			}
 		}
-	}()
-	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+		return answerPath(c, r)
+	})
+	rg.serveIDs(t, w, "alice", "bob")
 	got := rg.raw("CONNECT /counters/alice/x HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second)
 	if strings.HasPrefix(got, "HTTP/1.1 2") || connects.Load() != 0 {
 		t.Fatalf("unexpected answer to CONNECT; got %q (%d reached the worker); want an error from pinboard and none forwarded", got, connects.Load())
@@ -788,48 +742,25 @@ func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
 func TestHeadOfStreamNotPooled_RDP2_RDP3(t *testing.T) {
 	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 2 * time.Second })
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/sse") {
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-						_, _ = io.Copy(io.Discard, c) // the stream runs until pinboard goes
-						return
-					}
-					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/big") {
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
-						_, _ = io.Copy(io.Discard, c) // a 1 GiB body generated and dropped
-						return
-					}
-					if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/slow") {
-						_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-						_, _ = io.Copy(io.Discard, c) // 100 bytes from a generator that takes its time
-						return
-					}
-					body := "for " + r.URL.Path
-					_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				}
-			}(c)
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/sse") {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+			_, _ = io.Copy(io.Discard, c) // the stream runs until pinboard goes
+			return false
 		}
-	}()
-	rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+		if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/big") {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+			_, _ = io.Copy(io.Discard, c) // a 1 GiB body generated and dropped
+			return false
+		}
+		if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, "/slow") {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+			_, _ = io.Copy(io.Discard, c) // 100 bytes from a generator that takes its time
+			return false
+		}
+		return answerPath(c, r)
+	})
+	rg.serveIDs(t, w, "alice", "bob")
 	for _, path := range []string{"/counters/alice/sse", "/counters/alice/big", "/counters/alice/slow"} {
 		req, _ := http.NewRequest(http.MethodHead, rg.url+path, nil)
 		if res, _ := rg.do(req); res.StatusCode != http.StatusOK {
@@ -915,41 +846,18 @@ func TestWorkerHTTP10AnswerRelayedAsHTTP11_RDP1_RDP3(t *testing.T) {
 	} {
 		rg := newRig(t, nil)
 		rg.warm()
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func(c net.Conn) {
-					defer c.Close()
-					br := bufio.NewReader(c)
-					for {
-						r, err := http.ReadRequest(br)
-						if err != nil {
-							return
-						}
-						_, _ = io.Copy(io.Discard, r.Body)
-						if strings.HasSuffix(r.URL.Path, "/old") {
-							_, _ = io.WriteString(c, answer)
-							return
-						}
-						if strings.HasSuffix(r.URL.Path, "/oldws") {
-							_, _ = io.WriteString(c, "HTTP/1.0 404 Not Found\r\nContent-Length: 2\r\n\r\nno")
-							return
-						}
-						body := "for " + r.URL.Path
-						_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-					}
-				}(c)
+		w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+			if strings.HasSuffix(r.URL.Path, "/old") {
+				_, _ = io.WriteString(c, answer)
+				return false
 			}
-		}()
-		rg.serveIDs(t, rawWorker("raw", ln), "alice", "bob")
+			if strings.HasSuffix(r.URL.Path, "/oldws") {
+				_, _ = io.WriteString(c, "HTTP/1.0 404 Not Found\r\nContent-Length: 2\r\n\r\nno")
+				return false
+			}
+			return answerPath(c, r)
+		})
+		rg.serveIDs(t, w, "alice", "bob")
 		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
 		if err != nil {
 			t.Fatal(err)
