@@ -405,14 +405,8 @@ func TestInBandRefusalWebSocket_RPL6(t *testing.T) {
 		t.Fatalf("unexpected owner after the retry; got %s", p.SessionID)
 	}
 	b.route("/ws", refuseActivation)
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, _ = io.WriteString(c, "GET /counters/carol/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	_, br := rg.dialUpgrade("/counters/carol/ws", "")
+	res, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

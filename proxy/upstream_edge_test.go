@@ -203,12 +203,33 @@ func (rg *rig) rawStatus(req string) (string, error) {
 	return strings.TrimSpace(line), err
 }
 
+// upgradeRequest is a client's WebSocket handshake for path, whole.
+func upgradeRequest(path string) string {
+	return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+}
+
 // upgrade sends a WebSocket handshake for path through the rig and returns
 // the status line of the answer.
 func (rg *rig) upgrade(path string) string {
 	rg.t.Helper()
-	line, _ := rg.rawStatus("GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	line, _ := rg.rawStatus(upgradeRequest(path))
 	return line
+}
+
+// dialUpgrade sends the handshake for path, then extra, on a connection of
+// its own (10 s deadline, closed at cleanup), and returns the connection
+// and a reader at the answer.
+func (rg *rig) dialUpgrade(path, extra string) (net.Conn, *bufio.Reader) {
+	rg.t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		rg.t.Fatal(err)
+	}
+	rg.t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, upgradeRequest(path)+extra)
+	return c, bufio.NewReader(c)
 }
 
 // The reference worker refuses an upgrade it cannot attest with a bare
@@ -342,7 +363,7 @@ func upgradeBehindResetClient(t *testing.T, rg *rig, w *standin) (chan<- struct{
 	// One write: both requests reach pinboard's read buffer together, so
 	// the first answer is held back for the second.
 	_, _ = io.WriteString(c, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n"+
-		"GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+		upgradeRequest("/counters/alice/ws"))
 	select {
 	case <-asked:
 	case <-time.After(10 * time.Second):
@@ -426,15 +447,7 @@ func TestWebSocketBytesBefore101Relayed_RDP2(t *testing.T) {
 			}
 		}
 	})
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\nearly-")
-	br := bufio.NewReader(c)
+	c, br := rg.dialUpgrade("/counters/alice/ws", "early-")
 	readHead(t, br) // the 101
 	_, _ = io.WriteString(c, "late")
 	got := make([]byte, len("early-late"))
@@ -472,8 +485,7 @@ func TestWebSocketStalledReaderCut_RDP2_RDP3(t *testing.T) {
 	}
 	defer c.Close()
 	_ = c.(*net.TCPConn).SetReadBuffer(4096)
-	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	_, _ = io.WriteString(c, upgradeRequest("/counters/alice/ws"))
 	select {
 	case <-gone:
 	case <-time.After(15 * time.Second):
@@ -685,15 +697,7 @@ func TestWebSocketInterimAnswersSkipped_RDP2(t *testing.T) {
 		n, _ := brw.Read(buf)
 		_, _ = conn.Write(buf[:n])
 	})
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	br := bufio.NewReader(c)
+	c, br := rg.dialUpgrade("/counters/alice/ws", "")
 	if head := readHead(t, br); head[0] != "HTTP/1.1 101 Switching Protocols" {
 		t.Fatalf("unexpected answer to an upgrade the worker answered 103, 100, 101; got %q; want the 101", head)
 	}
