@@ -447,19 +447,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			waits++
 			continue
 		}
-		if out == declined || out == released {
-			var ok bool
-			if route, ok = p.afterDecline(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
-				break
-			}
-			refusals++
-			continue
-		}
-		if out != refused {
+		if out != refused && out != declined && out != released {
 			break
 		}
 		var ok bool
-		if route, ok = p.afterRefusal(ctx, rq, route, now, refusals > 0 || !replayable); !ok {
+		if route, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
 			break
 		}
 		refusals++
@@ -496,45 +488,34 @@ func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 	return true
 }
 
-// afterRefusal handles a worker's in-band refusal of a new activation
-// (R-PL-6): it releases the refused placement and, unless last is set (a
-// second refusal, or a request that cannot be sent again), places the id
-// once more, excluding the refusing session. The refusal that ends the
-// request, or a failed placement, is answered here (false).
-func (p *Proxy) afterRefusal(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, last bool) (directory.Route, bool) {
+// moveOff handles a worker's answer that the placement is no good there:
+// an in-band refusal (R-PL-6), a decline or a released epoch (see
+// bodyHostDraining). It releases the placement at its epoch — a refusal
+// or a decline turned a new activation away, and the fence's epoch is
+// one the worker let go, so no instance lives on under it — and, unless
+// last is set (a second refusal, or a request that cannot be sent again),
+// places the id once more: off that session, or anywhere after a release
+// (a fresh epoch passes the fence). When it goes no further (false) the
+// answer is on ctx: pinboard's own 503 for a refusal, whose marker must
+// not reach the client, and for a placement that failed after it; the
+// worker's own answer otherwise, whose Retry-After finds the id free.
+func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, bool) {
 	p.release(rq, route, now)
 	if last {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+		if out == refused {
+			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
+		}
 		return route, false
 	}
-	route, err := p.place(ctx, rq, now, route.Owner.SessionID)
-	if err != nil {
-		placeFailed(ctx, err)
-		return route, false
-	}
-	return route, true
-}
-
-// afterDecline handles a worker's 503 that says the placement is no good
-// there (declined or released, see bodyHostDraining): it releases the
-// placement at its epoch — a decline refused a new activation and the
-// fence's epoch is one the worker let go, so no instance lives on under
-// it — and, unless last is set (a second refusal, or a request that
-// cannot be sent again), places the id once more: elsewhere after a
-// decline, anywhere after a release (a fresh epoch passes the fence).
-// Otherwise, and when that placement fails, the worker's answer on ctx
-// is relayed as it is (false): its Retry-After finds the id free.
-func (p *Proxy) afterDecline(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, bool) {
-	p.release(rq, route, now)
-	if last {
-		return route, false
-	}
-	exclude := ""
-	if out == declined {
-		exclude = route.Owner.SessionID
+	exclude := route.Owner.SessionID
+	if out == released {
+		exclude = ""
 	}
 	next, err := p.place(ctx, rq, now, exclude)
 	if err != nil {
+		if out == refused {
+			placeFailed(ctx, err)
+		}
 		return route, false
 	}
 	ctx.Response.Reset()

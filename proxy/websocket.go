@@ -108,7 +108,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// so it is placed once more elsewhere, as forward does.
 			_ = conn.Close()
 			ctx.Response.Reset()
-			if route, ok = p.afterRefusal(ctx, rq, route, now, refusals > 0); !ok {
+			if route, ok = p.moveOff(ctx, rq, route, now, refused, refusals > 0); !ok {
 				return
 			}
 			refusals++
@@ -119,7 +119,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// the placement as for any request; other 503s are relayed.
 			p.relayRefusedUpgrade(ctx, conn, br)
 			if out := movesPlacement(ctx.Response.Body()); out != served {
-				if route, ok = p.afterDecline(ctx, rq, route, now, out, refusals > 0); ok {
+				if route, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0); ok {
 					refusals++
 					continue
 				}
