@@ -139,10 +139,10 @@ func TestHotPathWithMetricsAllocatesNothing(t *testing.T) {
 	}
 }
 
-// TestHotPathWithCookiesAllocatesNothing: a browser's request carries
+// TestHotPathWithCookiesAllocatesNothing_RDP1: a browser's request carries
 // cookies, which the proxy keeps as sent and puts back after the header
 // passes (saveCookies): still 0 allocations per request (R-DP-1).
-func TestHotPathWithCookiesAllocatesNothing(t *testing.T) {
+func TestHotPathWithCookiesAllocatesNothing_RDP1(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
