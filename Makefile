@@ -43,7 +43,7 @@ deps-redis:
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 		echo "installing redis-server from Debian's packages"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 	@redis-server --version
 
 # A Python venv with the reference worker (pinned==0.16.0) for the e2e suite.
@@ -81,7 +81,7 @@ bench-deps:
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
 		echo "installing nginx-light from Debian's packages"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
 	@command -v taskset >/dev/null || { echo "taskset (util-linux) is required"; exit 1; }
 
 # gofmt, go vet and staticcheck (default checks, no exceptions: a finding
