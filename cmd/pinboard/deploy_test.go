@@ -742,3 +742,78 @@ func TestReadmeConfiguration_RSRV2(t *testing.T) {
 	checkKnown(t, "README.md", kv)
 	loadFrom(t, "README.md", kv)
 }
+
+// make test installs redis-server from Debian's packages on a fresh
+// machine, as root (CI, containers) or as a user with sudo; make bench
+// installs nginx-light the same way. Each recipe runs here with a PATH of
+// stand-ins: no redis-server, an id that says who we are, and an apt-get
+// (and sudo) that record how they were called. A fresh root machine once
+// failed here: an empty $SUDO left DEBIAN_FRONTEND=… as the command name.
+func TestMakeInstallsDebianPackages(t *testing.T) {
+	makeBin, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("no make on PATH")
+	}
+	envBin, err := exec.LookPath("env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chmodBin, err := exec.LookPath("chmod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipes := []struct{ target, pkg string }{{"deps-redis", "redis-server"}}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		// bench-deps looks there too, whatever PATH says.
+		t.Log("bench-deps not run: /usr/sbin/nginx is installed")
+	} else {
+		recipes = append(recipes, struct{ target, pkg string }{"bench-deps", "nginx-light"})
+	}
+	for _, r := range recipes {
+		for _, uid := range []string{"0", "1000"} {
+			t.Run(r.target+"/uid"+uid, func(t *testing.T) {
+				dir := t.TempDir()
+				log := filepath.Join(dir, "calls.log")
+				script := func(name, body string) {
+					t.Helper()
+					if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/bash\n"+body+"\n"), 0o755); err != nil {
+						t.Fatal(err)
+					}
+				}
+				script("id", "echo "+uid)
+				// Like sudo(8), leading NAME=value arguments set the
+				// command's environment.
+				script("sudo", `echo "sudo $*" >>`+log+`
+while [[ $1 == [A-Z]*=* ]]; do export "$1"; shift; done
+exec "$@"`)
+				// apt-get "installs" stand-ins for what the recipes
+				// check for afterwards.
+				script("apt-get", `echo "apt-get DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >>`+log+`
+for b in redis-server redis-cli taskset; do printf '#!/bin/bash\necho stand-in\n' >`+dir+`/$b; `+chmodBin+` +x `+dir+`/$b; done`)
+				if err := os.Symlink(envBin, filepath.Join(dir, "env")); err != nil {
+					t.Fatal(err)
+				}
+				if r.target == "bench-deps" {
+					script("taskset", "true")
+				}
+				cmd := exec.Command(makeBin, "-s", "-C", "../..", r.target)
+				cmd.Env = []string{"PATH=" + dir, "HOME=" + dir}
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("make %s as uid %s: %v\n%s", r.target, uid, err, out)
+				}
+				calls, err := os.ReadFile(log)
+				if err != nil {
+					t.Fatalf("make %s as uid %s called no apt-get: %v\n%s", r.target, uid, err, out)
+				}
+				want := "apt-get DEBIAN_FRONTEND=noninteractive install -y -qq " + r.pkg
+				if !strings.Contains(string(calls), want) {
+					t.Errorf("make %s as uid %s: calls\n%s\nwant a line %q", r.target, uid, calls, want)
+				}
+				if sudo := strings.Contains(string(calls), "sudo "); sudo != (uid != "0") {
+					t.Errorf("make %s as uid %s: sudo used = %v\n%s", r.target, uid, sudo, calls)
+				}
+			})
+		}
+	}
+}
