@@ -182,3 +182,37 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestOperatorDrainLogsDeadlineSeconds: the operator drain line's deadline
+// reads as seconds in the text format `make run` logs, not as the address
+// of the reply's *float64 (`deadline=0xc000…`); undrain logs none.
+func TestOperatorDrainLogsDeadlineSeconds(t *testing.T) {
+	h := newHarness(t)
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	r, err := New(Options{
+		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	h.register(map[string]any{"clientId": "drain-me"})
+	h.post("/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":300}`)
+	h.post("/registry/undrain", operatorToken, `{"clientId":"drain-me"}`)
+
+	logMu.Lock()
+	defer logMu.Unlock()
+	var drains []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(line, "msg=drain") {
+			drains = append(drains, line)
+		}
+	}
+	if len(drains) != 2 || !strings.HasSuffix(drains[0], " deadline=300") || !strings.HasSuffix(drains[1], " deadline=<nil>") {
+		t.Fatalf("unexpected drain lines; got %q; want deadline=300, then deadline=<nil>", drains)
+	}
+}

@@ -229,11 +229,13 @@ func (r *Registry) setDrain(ctx *fasthttp.RequestCtx, pr *attest.Principal, clie
 		Draining      bool     `json:"draining"`
 		DrainDeadline *float64 `json:"drainDeadline,omitempty"`
 	}{ClientID: clientID, Draining: state.Draining}
+	var deadline any // the seconds, not the *float64: a text log prints a pointer's address
 	if !state.Deadline.IsZero() {
 		d := seconds(state.Deadline.Sub(now))
 		out.DrainDeadline = &d
+		deadline = d
 	}
-	r.log.Info("drain", "clientId", clientID, "draining", state.Draining, "by", "operator", "deadline", out.DrainDeadline)
+	r.log.Info("drain", "clientId", clientID, "draining", state.Draining, "by", "operator", "deadline", deadline)
 	replyJSON(ctx, fasthttp.StatusOK, out)
 }
 
