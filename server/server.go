@@ -259,17 +259,24 @@ func New(o Options) (*Pinboard, error) {
 	return pb, nil
 }
 
-// serverError is fasthttp's default answer to a request it cannot read.
+// serverError is fasthttp's default answer to a request it cannot read
+// (a request target neither /… nor http(s)://host/…, a header too large
+// or too slow), in the JSON error shape of every other answer (R-DP-4).
 func serverError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var op *net.OpError
+	ctx.Response.Reset()
+	ctx.SetContentType("application/json")
 	switch {
 	case errors.As(err, &small):
-		ctx.Error("Too big request header", fasthttp.StatusRequestHeaderFieldsTooLarge)
+		ctx.SetStatusCode(fasthttp.StatusRequestHeaderFieldsTooLarge)
+		ctx.SetBodyString(`{"error":"request header too large"}`)
 	case errors.As(err, &op) && op.Timeout():
-		ctx.Error("Request timeout", fasthttp.StatusRequestTimeout)
+		ctx.SetStatusCode(fasthttp.StatusRequestTimeout)
+		ctx.SetBodyString(`{"error":"request timeout"}`)
 	default:
-		ctx.Error("Error when parsing request", fasthttp.StatusBadRequest)
+		ctx.SetStatusCode(fasthttp.StatusBadRequest)
+		ctx.SetBodyString(`{"error":"cannot parse the request"}`)
 	}
 }
 

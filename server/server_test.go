@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
@@ -194,5 +198,37 @@ func TestStalledBodyCutBeforeHandler_RDP2(t *testing.T) {
 	_ = c.SetReadDeadline(start.Add(10 * time.Second))
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("unexpected connection still open %v after its body went silent; got %v; want it answered and closed after the 300ms stall timeout", time.Since(start), err)
+	}
+}
+
+// A request fasthttp cannot read — a target neither /… nor
+// http(s)://host/… (docs/PROTOCOL.md §5), a header too large — is
+// answered by serverError, never by Handle; it answered fasthttp's
+// text/plain "Error when parsing request" where every other error is
+// JSON {"error": …} (R-DP-4).
+func TestUnreadableRequestErrorsAreJSON_RDP4(t *testing.T) {
+	_, public, _, _ := node(t, Options{})
+	for _, tc := range []struct {
+		req    string
+		status int
+	}{
+		{"GET * HTTP/1.1\r\nHost: a\r\n\r\n", 400},
+		{"GET counters/alice/value HTTP/1.1\r\nHost: a\r\n\r\n", 400},
+		{"GET /livez HTTP/1.1\r\nHost: a\r\nX-Big: " + strings.Repeat("x", 64<<10) + "\r\n\r\n", 431},
+	} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, tc.req)
+		var res fasthttp.Response
+		err = res.Read(bufio.NewReader(c))
+		c.Close()
+		var body struct{ Error string }
+		jerr := json.Unmarshal(res.Body(), &body)
+		if err != nil || res.StatusCode() != tc.status || string(res.Header.ContentType()) != "application/json" || jerr != nil || body.Error == "" {
+			t.Errorf("unexpected answer to %.40q; got %d %q %s (%v); want %d application/json {\"error\":…}", tc.req, res.StatusCode(), res.Header.ContentType(), res.Body(), err, tc.status)
+		}
 	}
 }
