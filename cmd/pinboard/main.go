@@ -101,7 +101,11 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 			log.Error("cannot listen", "addr", cfg.MetricsAddr, "var", "PINBOARD_METRICS_ADDR", "err", err)
 			return 1
 		}
-		log.Info("admin listening", "addr", aln.Addr().String(), "paths", "/metrics /livez /readyz")
+		paths := "/metrics /livez /readyz"
+		if cfg.Pprof {
+			paths += " /debug/pprof/"
+		}
+		log.Info("admin listening", "addr", aln.Addr().String(), "paths", paths)
 		go func() {
 			if err := pb.ServeAdmin(aln); err != nil {
 				log.Error("admin listener failed", "err", err)
