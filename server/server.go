@@ -259,25 +259,36 @@ func New(o Options) (*Pinboard, error) {
 	return pb, nil
 }
 
-// serverError is fasthttp's default answer to a request it cannot read
-// (a request target neither /… nor http(s)://host/…, a header too large
-// or too slow), in the JSON error shape of every other answer (R-DP-4).
+// serverError answers a request fasthttp cannot read (431, 408, 400 as
+// fasthttp's default does) with a JSON error like every other error of the
+// proxy (R-DP-4): a malformed or ambiguous framing — duplicate
+// Content-Length, a coding other than chunked, space before the colon —
+// is refused here, before any handler (docs/PROTOCOL.md §5). fasthttp
+// closes the connection after it.
 func serverError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	var op *net.OpError
-	ctx.Response.Reset()
-	ctx.SetContentType("application/json")
 	switch {
 	case errors.As(err, &small):
-		ctx.SetStatusCode(fasthttp.StatusRequestHeaderFieldsTooLarge)
-		ctx.SetBodyString(`{"error":"request header too large"}`)
+		jsonError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, bodyHeaderTooLarge)
 	case errors.As(err, &op) && op.Timeout():
-		ctx.SetStatusCode(fasthttp.StatusRequestTimeout)
-		ctx.SetBodyString(`{"error":"request timeout"}`)
+		jsonError(ctx, fasthttp.StatusRequestTimeout, bodyRequestTimeout)
 	default:
-		ctx.SetStatusCode(fasthttp.StatusBadRequest)
-		ctx.SetBodyString(`{"error":"cannot parse the request"}`)
+		jsonError(ctx, fasthttp.StatusBadRequest, bodyMalformed)
 	}
+}
+
+var (
+	bodyHeaderTooLarge = []byte(`{"error":"request header too large"}`)
+	bodyRequestTimeout = []byte(`{"error":"request timeout"}`)
+	bodyMalformed      = []byte(`{"error":"malformed request"}`)
+)
+
+func jsonError(ctx *fasthttp.RequestCtx, status int, body []byte) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.Response.SetBodyRaw(body)
 }
 
 // bodyTimeout is the client read deadline from the end of a request
