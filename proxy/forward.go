@@ -117,6 +117,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
 		return
 	}
+	if ambiguousFraming(&ctx.Request.Header) {
+		refuseAmbiguousFraming(ctx)
+		return
+	}
 	if err := ToOriginForm(&ctx.Request); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return

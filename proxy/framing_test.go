@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"bufio"
+	"strings"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The framings fasthttp lets through are told apart from the raw header;
+// the matrix through a whole node is server.TestRequestDesyncMatrix_RDP1_RDP4.
+func TestAmbiguousFraming_RDP1(t *testing.T) {
+	for head, want := range map[string]bool{
+		"Content-Length: 5\r\n":                                       false,
+		"Transfer-Encoding: chunked\r\n":                              false,
+		"transfer-encoding: Chunked\r\n":                              false,
+		"X-Transfer-Encoding: identity\r\nX-A: Content-Length: 5\r\n": false,
+		"":                                false,
+		"Transfer-Encoding: identity\r\n": true,
+		"TRANSFER-ENCODING: identity\r\nContent-Length: 5\r\n":        true,
+		"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n":         true,
+		"Transfer-Encoding: chunked\r\ncontent-length: 5\r\n":         true,
+		"X-A: a\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n": true,
+	} {
+		h := parseHeader(t, "POST /a/b HTTP/1.1\r\nHost: x\r\n"+head+"\r\n")
+		if got := ambiguousFraming(h); got != want {
+			t.Errorf("unexpected verdict for %q; got %v; want %v", head, got, want)
+		}
+	}
+}
+
+func TestAmbiguousFramingAllocatesNothing_RDP1(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	h := parseHeader(t, "GET /a/b HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nUser-Agent: t\r\nCookie: a=1\r\n\r\n")
+	if n := testing.AllocsPerRun(1000, func() { _ = ambiguousFraming(h) }); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}
+
+func parseHeader(t *testing.T, s string) *fasthttp.RequestHeader {
+	t.Helper()
+	var h fasthttp.RequestHeader
+	if err := h.Read(bufio.NewReader(strings.NewReader(s))); err != nil {
+		t.Fatalf("cannot parse %q: %v", s, err)
+	}
+	return &h
+}
