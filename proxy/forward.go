@@ -117,8 +117,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
 		return
 	}
-	if ambiguousFraming(&ctx.Request.Header) {
-		refuseAmbiguousFraming(ctx)
+	if RefuseAmbiguousFraming(ctx) {
 		return
 	}
 	if err := ToOriginForm(&ctx.Request); err != nil {

@@ -60,9 +60,16 @@ func fieldNamed(line []byte, name string) bool {
 	return len(line) > len(name) && line[len(name)] == ':' && asciiEqualFold(line[:len(name)], name)
 }
 
-// refuseAmbiguousFraming answers 400 and closes the connection: the body
-// fasthttp has not read stays unread.
-func refuseAmbiguousFraming(ctx *fasthttp.RequestCtx) {
+// RefuseAmbiguousFraming answers a request whose framing is ambiguous
+// (above) 400 and closes the connection, leaving the body fasthttp has not
+// read unread, and reports whether it did. ServeHTTP checks every request
+// itself; a server that routes other paths past it (the node's registry
+// and probes) calls it first.
+func RefuseAmbiguousFraming(ctx *fasthttp.RequestCtx) bool {
+	if !ambiguousFraming(&ctx.Request.Header) {
+		return false
+	}
 	writeError(ctx, fasthttp.StatusBadRequest, "ambiguous request framing: Transfer-Encoding must be chunked alone", 0)
 	ctx.SetConnectionClose()
+	return true
 }

@@ -354,15 +354,19 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 		}
 		path = path[len(pb.base):]
 	}
+	// The data plane refuses an ambiguous framing itself; the node's own
+	// paths must too, or what follows it is read as the next request.
 	switch {
 	case bytes.HasPrefix(path, registryPrefix):
-		pb.registry.ServeHTTP(ctx, path)
+		if !proxy.RefuseAmbiguousFraming(ctx) {
+			pb.registry.ServeHTTP(ctx, path)
+		}
 	case bytes.Equal(path, pathLivez):
-		if getOrHead(ctx) {
+		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.livez(ctx)
 		}
 	case bytes.Equal(path, pathReadyz):
-		if getOrHead(ctx) {
+		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.readyz(ctx)
 		}
 	default:
