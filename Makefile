@@ -34,7 +34,7 @@ run: build
 
 # Everything the tests need, then every test.
 test: deps lint
-	PINBOARD_E2E_PYTHON=$(CURDIR)/$(VENV)/bin/python $(GO) test -race -count=1 -timeout 12m ./...
+	PINBOARD_E2E_PYTHON=$(CURDIR)/$(VENV)/bin/python PINBOARD_REF_PYTHON=$(CURDIR)/$(VENV)/bin/python $(GO) test -race -count=1 -timeout 12m ./...
 
 deps: deps-redis deps-python
 
