@@ -562,25 +562,33 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	h := &ctx.Request.Header
 	peer := addrOf(ctx.RemoteAddr())
 	trusted := p.trusted.Trusted(peer)
-	var nFor, nProto, nHost, nOther int
+	var nFor, nProto, nHost, nOther, nAlias int
 	var proto, host []byte
 	for k, v := range h.All() {
 		switch len(k) {
 		case len(hdrXFF):
 			if asciiEqualFold(k, "X-Forwarded-For") {
 				nFor++
+			} else if underscoreAlias(k, "X-Forwarded-For") {
+				nAlias++
 			}
 		case len(hdrXFProto):
 			if asciiEqualFold(k, "X-Forwarded-Proto") {
 				nProto, proto = nProto+1, v
+			} else if underscoreAlias(k, "X-Forwarded-Proto") {
+				nAlias++
 			}
 		case len(hdrXFHost):
 			if asciiEqualFold(k, "X-Forwarded-Host") {
 				nHost, host = nHost+1, v
+			} else if underscoreAlias(k, "X-Forwarded-Host") {
+				nAlias++
 			}
 		case len("Forwarded"): // and len("X-Real-IP")
 			if asciiEqualFold(k, "Forwarded") || asciiEqualFold(k, "X-Real-IP") {
 				nOther++
+			} else if underscoreAlias(k, "X-Real-IP") {
+				nAlias++
 			}
 		}
 	}
@@ -612,6 +620,27 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	if !trusted && nOther > 0 {
 		h.Del("Forwarded")
 		h.Del("X-Real-IP")
+	}
+	if nAlias > 0 {
+		delForwardedAliases(h)
+	}
+}
+
+// delForwardedAliases removes the underscored aliases of the forwarding
+// headers (underscoreAlias) from every request, a trusted proxy's too: no
+// proxy spells them so (nginx drops underscored names by default). Rare:
+// the names are copied.
+func delForwardedAliases(h *fasthttp.RequestHeader) {
+	var names []string
+	for k := range h.All() {
+		for _, n := range [...]string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Real-IP"} {
+			if underscoreAlias(k, n) {
+				names = append(names, string(k))
+			}
+		}
+	}
+	for _, n := range names {
+		h.Del(n)
 	}
 }
 

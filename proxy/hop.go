@@ -188,8 +188,33 @@ func stripReserved(h *fasthttp.RequestHeader) {
 	}
 }
 
+// hasReservedPrefix reports a pinboard-* name, or its underscored alias
+// pinboard_* (see underscoreAlias).
 func hasReservedPrefix(k []byte) bool {
-	return len(k) >= len(reservedPrefix) && asciiEqualFold(k[:len(reservedPrefix)], "pinboard-")
+	return len(k) >= len(reservedPrefix) && (asciiEqualFold(k[:len(reservedPrefix)], "pinboard-") ||
+		asciiEqualFold(k[:len(reservedPrefix)], "pinboard_"))
+}
+
+// underscoreAlias reports whether k is name spelled with at least one
+// underscore for a hyphen (X_Forwarded_For for X-Forwarded-For), case
+// ignored. To HTTP it is another header; CGI-style environments (WSGI,
+// and frameworks mounting WSGI apps) map both to one variable
+// (HTTP_X_FORWARDED_FOR), so a client could pass its own value under a
+// name pinboard sets.
+func underscoreAlias(k []byte, name string) bool {
+	if len(k) != len(name) || bytes.IndexByte(k, '_') < 0 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c, d := k[i], name[i]
+		if c == '_' && d == '-' {
+			continue
+		}
+		if c|0x20 != d|0x20 || (c|0x20 < 'a' || c|0x20 > 'z') && c != d {
+			return false
+		}
+	}
+	return true
 }
 
 // stripResponseHop removes hop-by-hop headers from a worker's response.

@@ -263,6 +263,41 @@ func TestForwardedHeadersOneCopy_RPL4(t *testing.T) {
 	})
 }
 
+// A header named like a forwarding or reserved one with underscores for
+// hyphens (X_Forwarded_For, Pinboard_Attestation) is not that header to
+// HTTP, but CGI-style environments (WSGI, and frameworks mounting WSGI
+// apps) map both spellings to one name (HTTP_X_FORWARDED_FOR): a client
+// could pass its own value under pinboard's. They are removed from every
+// request, a trusted proxy's too: no proxy spells them so (nginx drops
+// underscored names by default) (R-PL-4, R-TR-5).
+func TestUnderscoreAliasesRemoved_RPL4_RTR5(t *testing.T) {
+	forged := "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" +
+		"X_Forwarded_For: 6.6.6.6\r\nx_forwarded_proto: https\r\nX_Forwarded-Host: evil\r\n" +
+		"X_Real_IP: 6.6.6.6\r\nPinboard_Attestation: forged\r\npinboard_epoch: 9\r\n" +
+		"My_Header: kept\r\n\r\n"
+	for _, trusted := range []bool{false, true} {
+		rg, cl := newCapRig(t, func(o *Options) {
+			if trusted {
+				tp, err := ParseTrustedProxies("127.0.0.1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.TrustedProxies = tp
+			}
+		})
+		rg.raw(forged, 10*time.Second)
+		wire := strings.ToLower(cl.String())
+		for _, name := range []string{"x_forwarded_for:", "x_forwarded_proto:", "x_forwarded-host:", "x_real_ip:", "pinboard_attestation:", "pinboard_epoch:"} {
+			if strings.Contains(wire, "\n"+name) {
+				t.Errorf("trusted %v: unexpected %s at the worker; got\n%s", trusted, name, wire)
+			}
+		}
+		if !strings.Contains(wire, "\nmy_header: kept\r\n") {
+			t.Errorf("trusted %v: unexpected loss of My_Header; got\n%s", trusted, wire)
+		}
+	}
+}
+
 // stallRig is a capture rig whose worker has two pooled connections at
 // most, a one-second stall timeout, and a long wait for a free connection:
 // a request that finds both held waits until a stalled body lets one go.
