@@ -556,6 +556,14 @@ func desyncNode(t *testing.T) (*desyncWorker, string) {
 	t.Cleanup(func() { wln.Close() })
 	w := &desyncWorker{}
 	go w.serve(wln)
+	return w, nodeFor(t, wln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute})
+}
+
+// nodeFor is a node on the memory store, past its cold-start quarantine,
+// with the worker at workerAddr serving /counters; it returns the node's
+// host:port.
+func nodeFor(t *testing.T, workerAddr string, up proxy.UpstreamOptions) string {
+	t.Helper()
 	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
 		func(string) (string, bool) { return "tok", true })
 	if err != nil {
@@ -566,11 +574,11 @@ func desyncNode(t *testing.T) (*desyncWorker, string) {
 	store := directory.NewMemory(lease, born)
 	_, _ = store.Place(t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: born})
 	if _, err := store.Register(t.Context(), &directory.Registration{
-		ClientID: "w", Sub: "p:w", Secret: "s", Namespaces: []string{"/counters"}, AdvertiseURL: "http://" + wln.Addr().String(), Headroom: 1,
+		ClientID: "w", Sub: "p:w", Secret: "s", Namespaces: []string{"/counters"}, AdvertiseURL: "http://" + workerAddr, Headroom: 1,
 	}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	pb, err := New(Options{Store: store, Passport: pp, Upstream: proxy.UpstreamOptions{IdleTimeout: time.Minute}})
+	pb, err := New(Options{Store: store, Passport: pp, Upstream: up})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,5 +587,5 @@ func desyncNode(t *testing.T) (*desyncWorker, string) {
 		t.Fatal(err)
 	}
 	serveUntilStopped(t, pb, ln, time.Second)
-	return w, ln.Addr().String()
+	return ln.Addr().String()
 }
