@@ -813,9 +813,12 @@ func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*uploa
 // must not switch to a protocol the request did not ask for (RFC 9110
 // §15.2.2) — the bytes after it are not HTTP, so its connection must
 // neither be relayed as a response nor go back to the pool.
+//
+// An answer framed ambiguously is an error too (framing.go): its
+// connection is closed and the client gets 502.
 func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	for i := 0; ; i++ {
-		if err := rh.Read(br); err != nil {
+		if err := readFramedHeader(rh, br); err != nil {
 			return err
 		}
 		s := rh.StatusCode()

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 
 	"github.com/valyala/fasthttp"
 )
@@ -56,8 +58,18 @@ func rawFraming(raw []byte) (te, cl bool) {
 	return te, cl
 }
 
+// fieldNamed reports whether line is a field called name. White space
+// before the colon is skipped: fasthttp's response parser drops it and
+// takes the name as it is (its request parser refuses it).
 func fieldNamed(line []byte, name string) bool {
-	return len(line) > len(name) && line[len(name)] == ':' && asciiEqualFold(line[:len(name)], name)
+	if len(line) <= len(name) || !asciiEqualFold(line[:len(name)], name) {
+		return false
+	}
+	rest := line[len(name):]
+	for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t') {
+		rest = rest[1:]
+	}
+	return len(rest) > 0 && rest[0] == ':'
 }
 
 // RefuseAmbiguousFraming answers a request whose framing is ambiguous
@@ -72,4 +84,126 @@ func RefuseAmbiguousFraming(ctx *fasthttp.RequestCtx) bool {
 	writeError(ctx, fasthttp.StatusBadRequest, "ambiguous request framing: Transfer-Encoding must be chunked alone", 0)
 	ctx.SetConnectionClose()
 	return true
+}
+
+// Response framing (RFC 9112 §6.3), worker → pinboard. A worker
+// connection is pooled only when its answer was framed one way and read
+// exactly to its end: bytes pinboard reads past, or stops short of, would
+// be the next client's answer. fasthttp's response parser refuses most
+// ambiguous answers (two Content-Lengths, a length that is not digits, a
+// coding other than chunked, two Transfer-Encodings, CR or NUL in a
+// value); these pass it, and are refused here, 502 and the connection
+// closed, before anything reaches the client:
+//
+//   - Content-Length beside Transfer-Encoding: chunked, in either order:
+//     chunked wins and the connection stays open. §6.3 says it "ought to
+//     be handled as an error" (response splitting): the worker may have
+//     meant the length. nginx refuses it from an upstream too.
+//   - Transfer-Encoding on an answer that is not HTTP/1.1: fasthttp skips
+//     the field and frames the body by its Content-Length or the close,
+//     chunk framing and all. §6.1: the framing is faulty, even with a
+//     Content-Length.
+//   - A status below 100 ("000"): taken for an interim answer, so the
+//     bytes behind it were read as the final answer (RFC 9110 §15: three
+//     digits, 100 to 599).
+//   - A header block not ended by CRLF CRLF (bare LF line ends, §2.2): a
+//     bare LF inside the block is read as a line end, but fasthttp waits
+//     for a CRLF CRLF that never comes, until the header timeout, while
+//     the worker waits for the next request.
+//
+// What the client gets is pinboard's own framing of the body it read
+// (writeResponse): one of Content-Length or chunked, or a body ended by
+// the close.
+
+var (
+	errResponseFraming = errors.New("ambiguous response framing from worker: Transfer-Encoding must be chunked alone, on HTTP/1.1")
+	errResponseStatus  = errors.New("invalid response status from worker")
+	errResponseLineEnd = errors.New("response header from worker not ended by CRLF CRLF")
+)
+
+// peekResponseHeader waits until br holds a whole response header block
+// and returns it, up to and including its blank line, without consuming
+// it (it aliases br's buffer until the next read). A block bigger than
+// br's buffer is errHeaderTooLarge. Allocates nothing.
+func peekResponseHeader(br *bufio.Reader) ([]byte, error) {
+	for n := 1; ; n = br.Buffered() + 1 {
+		if _, err := br.Peek(n); err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return nil, errHeaderTooLarge
+			}
+			return nil, err
+		}
+		b, _ := br.Peek(br.Buffered())
+		if end := headerBlockEnd(b); end >= 0 {
+			return b[:end], nil
+		}
+	}
+}
+
+// headerBlockEnd returns the length of the header block b starts with,
+// its blank line (LF or CRLF) included, or -1 when b does not hold it
+// all. Empty lines before the status line are skipped, as fasthttp does.
+func headerBlockEnd(b []byte) int {
+	i := 0
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	for {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		i += j + 1
+		switch {
+		case i < len(b) && b[i] == '\n':
+			return i + 1
+		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+			return i + 2
+		}
+	}
+}
+
+var crlfcrlf = []byte("\r\n\r\n")
+
+// readFramedHeader reads a response header from br into rh and refuses the
+// framings above.
+func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
+	block, err := peekResponseHeader(br)
+	if err != nil {
+		return err
+	}
+	if !bytes.HasSuffix(block, crlfcrlf) {
+		return errResponseLineEnd
+	}
+	if err := rh.Read(br); err != nil {
+		return err
+	}
+	// block is intact: a whole block in the buffer is parsed without a
+	// read, and the buffer moves only on a read.
+	return checkResponseFraming(rh, block)
+}
+
+// checkResponseFraming refuses a parsed response header whose raw block
+// (status line included) is framed as above.
+func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte) error {
+	if statusBelow100(block) {
+		return errResponseStatus
+	}
+	if te, cl := rawFraming(block); te && (cl || !rh.IsHTTP11()) {
+		return errResponseFraming
+	}
+	return nil
+}
+
+// statusBelow100 reports whether the status code of a status line that
+// fasthttp accepted (a version, spaces, three digits) starts with 0. The
+// parsed header cannot tell: it reports a status 0 as 200.
+func statusBelow100(block []byte) bool {
+	block = bytes.TrimLeft(block, "\r\n")
+	i := bytes.IndexByte(block, ' ')
+	if i < 0 {
+		return false
+	}
+	block = bytes.TrimLeft(block[i:], " ")
+	return len(block) > 0 && block[0] == '0'
 }

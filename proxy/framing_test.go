@@ -48,3 +48,51 @@ func parseHeader(t *testing.T, s string) *fasthttp.RequestHeader {
 	}
 	return &h
 }
+
+// Worker answers fasthttp parses but pinboard must not relay or pool;
+// the matrix through a whole node is server.TestResponseDesyncMatrix_RDP1_RDP3_RDP4.
+func TestResponseFraming_RDP1_RDP3(t *testing.T) {
+	for resp, want := range map[string]error{
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n":                                nil,
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n":                       nil,
+		"\r\nHTTP/1.1 200\r\nX-A: a\nContent-Length: 5\r\n\r\n":                       nil,
+		"HTTP/1.1 200 OK\r\nX-A: a\r\n Transfer-Encoding: chunked\r\n\r\n":            nil,
+		"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n":                                nil,
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n":  errResponseFraming,
+		"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n":  errResponseFraming,
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding : chunked\r\nContent-Length: 5\r\n\r\n": errResponseFraming,
+		"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n":                       errResponseFraming,
+		"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n":  errResponseFraming,
+		"HTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n":                                errResponseStatus,
+		"HTTP/1.1  099 OK\r\nContent-Length: 0\r\n\r\n":                               errResponseStatus,
+		"HTTP/1.1 200 OK\nContent-Length: 5\n\n":                                      errResponseLineEnd,
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\n":                                  errResponseLineEnd,
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\n\r\n":                                  errResponseLineEnd,
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + strings.Repeat("X: y\r\n", 1000): errHeaderTooLarge,
+	} {
+		var rh fasthttp.ResponseHeader
+		br := bufio.NewReaderSize(strings.NewReader(resp+"hello"), 4096)
+		if err := readFramedHeader(&rh, br); err != want {
+			t.Errorf("unexpected verdict for %q; got %v; want %v", resp, err, want)
+		}
+	}
+}
+
+func TestResponseFramingAllocatesNothing_RDP1(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	const resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nhello"
+	var rh fasthttp.ResponseHeader
+	sr := strings.NewReader(resp)
+	br := bufio.NewReaderSize(sr, 4096)
+	if n := testing.AllocsPerRun(1000, func() {
+		sr.Reset(resp)
+		br.Reset(sr)
+		if err := readFramedHeader(&rh, br); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", n)
+	}
+}

@@ -222,6 +222,12 @@ func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte,
 		if err := rh.Read(bufio.NewReaderSize(bytes.NewReader(raw), len(raw)+16)); err != nil {
 			return nil, err
 		}
+		// The same framing rules as other answers (framing.go): a refusal
+		// is relayed as a response, and a status below 100 would make
+		// the answer behind it the handshake's.
+		if err := checkResponseFraming(rh, raw); err != nil {
+			return nil, err
+		}
 		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
 			return raw, nil
 		}
