@@ -96,10 +96,13 @@ var respCases = []respCase{
 	{name: "cl_plus", script: "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello", status: 502},
 	{name: "cl_negative", script: "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nhello", status: 502},
 	{name: "cl_hex", script: "HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\nhello", status: 502},
+	{name: "cl_empty", script: "HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\nhello", status: 502},
+	{name: "cl_overflow", script: "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\nhello", status: 502},
 	// Transfer-Encoding values: chunked alone, or 502.
 	{name: "te_identity", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\n\r\nhello" + respSmuggled, status: 502},
 	{name: "te_gzip_chunked", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked5, status: 502},
 	{name: "te_chunked_gzip", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n" + chunked5, status: 502},
+	{name: "te_chunked_any_case", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n" + chunked5, status: 200, body: "hello", reuse: true},
 	{name: "two_te_lines", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, status: 502},
 	// HTTP/1.0 has no chunked coding: its framing is faulty, with or
 	// without a Content-Length (§6.1).
@@ -169,7 +172,12 @@ var respCases = []respCase{
 	{name: "sse_bad_chunk", script: sseHead + "Transfer-Encoding: chunked\r\n\r\n9\r\n" + sseEvent + "\r\n-1\r\n\r\n", status: 200, truncated: true},
 	// WebSocket handshakes go on a connection of their own, never pooled;
 	// an answer other than 101 is relayed as a response, by the same rules.
+	// A 101 goes byte for byte: one with a bare LF or a folded line would
+	// go out as no sender may write it (RFC 9112 §2.2, §5.2).
 	{name: "ws_101", ws: true, script: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", status: 101},
+	{name: "ws_101_bare_lf", ws: true, script: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\nConnection: Upgrade\r\n\r\n", status: 502},
+	{name: "ws_101_obs_fold", ws: true, script: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nX-A: a\r\n b\r\nConnection: Upgrade\r\n\r\n", status: 502},
+	{name: "ws_101_cl_te", ws: true, script: "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", status: 502},
 	{name: "ws_403", ws: true, script: "HTTP/1.1 403 Forbidden\r\nContent-Length: 5\r\n\r\nhello" + respSmuggled, status: 403, body: "hello"},
 	{name: "ws_403_cl_te", ws: true, script: "HTTP/1.1 403 Forbidden\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, status: 502},
 	{name: "ws_403_http10_te", ws: true, script: "HTTP/1.0 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, after: respClose, status: 502},
