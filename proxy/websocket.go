@@ -228,13 +228,35 @@ func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte,
 		if err := checkResponseFraming(rh, raw); err != nil {
 			return nil, err
 		}
-		if s := rh.StatusCode(); s >= 200 || s == fasthttp.StatusSwitchingProtocols {
+		if s := rh.StatusCode(); s == fasthttp.StatusSwitchingProtocols && !verbatimSafe(raw) {
+			return nil, errHandshakeLines
+		} else if s >= 200 || s == fasthttp.StatusSwitchingProtocols {
 			return raw, nil
 		}
 		if i == 8 {
 			return nil, errTooManyInterim
 		}
 	}
+}
+
+// errHandshakeLines: a 101 with a bare LF line end or a folded line.
+// Relayed byte for byte, pinboard would send what RFC 9112 forbids a
+// sender (§2.2: CRLF; §5.2: a proxy MUST replace obs-fold or answer 502);
+// other answers are written anew by the HTTP server.
+var errHandshakeLines = errors.New("worker handshake answer with bare LF or folded lines")
+
+// verbatimSafe reports whether raw (a header block) may go to the client
+// as it is: every line ended by CRLF, none folded.
+func verbatimSafe(raw []byte) bool {
+	for i, c := range raw {
+		switch {
+		case c == '\n' && (i == 0 || raw[i-1] != '\r'):
+			return false
+		case (c == ' ' || c == '\t') && i > 0 && raw[i-1] == '\n':
+			return false
+		}
+	}
+	return true
 }
 
 // readRawHeader reads a response header up to and including its blank
