@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -731,8 +732,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 				p.metrics.UpstreamError("timeout")
 				writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
 			} else {
-				p.metrics.UpstreamError("read")
-				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+				p.answerReadError(ctx, err)
 			}
 			return failed
 		}
@@ -1000,6 +1000,31 @@ func idempotentRequest(h *fasthttp.RequestHeader) bool {
 		return true
 	}
 	return len(h.PeekCanonical(hdrIdempotencyKey)) > 0 || len(h.PeekCanonical(hdrXIdempotencyKey)) > 0
+}
+
+// answerReadError answers 502 for a worker answer that could not be read:
+// "invalid answer from owner" (kind "invalid") when the worker's bytes
+// were refused for what they said — framing, status line, header size
+// (framing.go) — so an operator looks at the worker's HTTP server, not at
+// whether it runs; "owner unreachable" (kind "read") when the connection
+// failed.
+func (p *Proxy) answerReadError(ctx *fasthttp.RequestCtx, err error) {
+	if invalidAnswer(err) {
+		p.metrics.UpstreamError("invalid")
+		writeError(ctx, fasthttp.StatusBadGateway, "invalid answer from owner", 0)
+		return
+	}
+	p.metrics.UpstreamError("read")
+	writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+}
+
+// invalidAnswer reports whether err refused the bytes a worker sent rather
+// than reporting the connection failing: not a timeout, an end of input, a
+// system call's error or a network error.
+func invalidAnswer(err error) bool {
+	var errno syscall.Errno
+	var ne net.Error
+	return !isTimeout(err) && !staleConn(err) && !errors.As(err, &errno) && !errors.As(err, &ne)
 }
 
 // isTimeout: a deadline passed. fasthttp's ErrTimeout (a header read cut

@@ -918,3 +918,52 @@ func TestWorkerHTTP10AnswerRelayedAsHTTP11_RDP1_RDP3(t *testing.T) {
 		}
 	}
 }
+
+// upstreamCounter is a Metrics that records upstream error kinds.
+type upstreamCounter struct {
+	nopMetrics
+	mu    sync.Mutex
+	kinds []string
+}
+
+func (c *upstreamCounter) UpstreamError(kind string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.kinds = append(c.kinds, kind)
+}
+
+// A worker answer refused for what it says (framing.go) is told apart from
+// a worker that went away: 502 "invalid answer from owner" and kind
+// "invalid", so an operator looks at the worker's HTTP server rather than
+// at whether it runs; a connection closed mid-header stays "owner
+// unreachable", kind "read" (R-DP-4).
+func TestInvalidAnswerToldApart_RDP4(t *testing.T) {
+	for _, tc := range []struct {
+		name, answer, msg, kind string
+	}{
+		{"status 000", "HTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n", "invalid answer from owner", "invalid"},
+		{"CL beside chunked", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "invalid answer from owner", "invalid"},
+		{"not HTTP", "SSH-2.0-OpenSSH_9.2\r\n\r\n", "invalid answer from owner", "invalid"},
+		{"closed mid-header", "HTTP/1.1 200 OK\r\nContent-Le", "owner unreachable", "read"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m upstreamCounter
+			rg := newRig(t, func(o *Options) { o.Metrics = &m })
+			rg.warm()
+			w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+				_, _ = io.WriteString(c, tc.answer)
+				return false
+			})
+			rg.serveIDs(t, w, "alice")
+			res, body := rg.get("/counters/alice/x", nil)
+			if want := `{"error":"` + tc.msg + `"}`; res.StatusCode != http.StatusBadGateway || body != want {
+				t.Errorf("unexpected answer; got %d %s; want 502 %s", res.StatusCode, body, want)
+			}
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if len(m.kinds) != 1 || m.kinds[0] != tc.kind {
+				t.Errorf("unexpected upstream error kinds; got %q; want [%s]", m.kinds, tc.kind)
+			}
+		})
+	}
+}

@@ -182,8 +182,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	if err != nil {
 		_ = conn.Close()
 		ctx.Response.Reset()
-		p.metrics.UpstreamError("read")
-		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		p.answerReadError(ctx, err)
 		return nil, nil, nil, false
 	}
 	return conn, br, raw, true
