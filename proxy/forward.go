@@ -109,16 +109,21 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	// First of all: any answer on a connection whose request is framed
+	// ambiguously leaves what follows it to be read as the next request.
+	if RefuseAmbiguousFraming(ctx) {
+		return
+	}
 	if ctx.Request.Header.IsConnect() {
 		// The data plane does not tunnel (nginx refuses CONNECT too,
 		// since 1.21.1). Forwarded, a 2xx answer would make the worker's
 		// connection a tunnel (RFC 9110 §9.3.6; h11 switches protocols
 		// on it) that relay would read as a plain response and pool, to
-		// answer the next client's request with the tunnel's bytes.
+		// answer the next client's request with the tunnel's bytes. The
+		// client's connection closes: a client may send its tunnel's
+		// first bytes right behind the request, and they are no request.
 		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
-		return
-	}
-	if RefuseAmbiguousFraming(ctx) {
+		ctx.SetConnectionClose()
 		return
 	}
 	if err := ToOriginForm(&ctx.Request); err != nil {

@@ -149,6 +149,8 @@ var desyncCases = []desyncCase{
 	// The node's own paths take no body through an ambiguous framing
 	// either: the probe behind it would be the smuggled request.
 	{name: "livez_te_identity", req: "GET /livez HTTP/1.1\r\nHost: pb\r\nTransfer-Encoding: identity\r\n\r\n", status: refused},
+	{name: "connect_te_identity", req: "CONNECT pb:443 HTTP/1.1\r\nHost: pb:443\r\nTransfer-Encoding: identity\r\n\r\n", status: refused},
+	{name: "outside_path_te_identity", req: "GET /x HTTP/1.1\r\nHost: pb\r\nTransfer-Encoding: identity\r\n\r\n", status: refused},
 	{name: "registry_cl_te", req: "POST /registry/heartbeat HTTP/1.1\r\nHost: pb\r\nContent-Length: 3\r\n" + chunked("0\r\n\r\n"), status: refused},
 	// A GET may carry a chunked body: it goes as it came.
 	{name: "get_chunked", req: "GET /counters/a/x HTTP/1.1\r\nHost: pb\r\n" + chunked("5\r\nhello\r\n0\r\n\r\n"), status: answered2, fwd: []string{"/counters/a/x hello", fwdProbe}},
