@@ -26,9 +26,20 @@ func TestGoalsNotMetWithFailedRequests(t *testing.T) {
 	run(res, "latency", nginx, 4000, 1000, nil, 0)
 	// A fifth of pinboard's requests failed fast: its p99 is of the rest.
 	run(res, "latency", pinboard, 3000, 800, map[string]uint64{"http_502": 200}, 0)
+	checked := 0
 	for _, g := range Goals(res) {
-		if strings.HasPrefix(g.Name, "Hot ids: p99") && g.Met {
+		if !strings.HasPrefix(g.Name, "Hot ids: p99") && !strings.HasPrefix(g.Name, "Hot ids: proxy CPU") {
+			continue
+		}
+		checked++
+		if !g.Known {
+			t.Fatalf("unexpected goal not evaluated; got %+v; want it measured", g)
+		}
+		if g.Met {
 			t.Fatalf("goal met despite 20%% failed requests: %+v", g)
 		}
+	}
+	if checked != 2 {
+		t.Fatalf("unexpected goals checked; got %d; want 2 (the hot p99 and CPU goals)", checked)
 	}
 }
