@@ -267,3 +267,29 @@ func probeCtx(method, uri string) *fasthttp.RequestCtx {
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
 	return ctx
 }
+
+// The library API's affinity key callback (R-SRV-4, the counterpart of
+// servePinboard's affinity.key) reaches the data plane: ExampleNew shows
+// it but has no output, so it is compiled and never run.
+func TestAffinityKeyOption_RSRV4(t *testing.T) {
+	pb, store := testPinboard(t, "/pb")
+	var keys []string
+	pb2, err := New(Options{Store: store, Passport: pb.opts.Passport, BasePath: "/pb", LeaseTTL: time.Second,
+		AffinityKey: func(ctx *fasthttp.RequestCtx) (string, bool) {
+			keys = append(keys, string(ctx.Request.Header.Peek("X-Thread-Id")))
+			return "", false
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pb2.registry.Close(time.Second) })
+	var req fasthttp.Request
+	req.SetRequestURI("/pb/counters/alice/value")
+	req.Header.Set("X-Thread-Id", "thread-7")
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+	pb2.Handle(&ctx)
+	if len(keys) != 1 || keys[0] != "thread-7" {
+		t.Fatalf("unexpected affinity key calls; got %q; want one for the request with X-Thread-Id thread-7", keys)
+	}
+}
