@@ -151,6 +151,14 @@ func TestSweptPoolReusedAgain_RDP1(t *testing.T) {
 	})
 	rg.get("/counters/alice/peer", nil)
 	rg.p.ups.sweep(rg.now().Add(20*time.Minute), 10*time.Minute)
+	// The sweep must have dropped the pool, or the requests below only
+	// show an untouched pool reused.
+	rg.p.ups.mu.RLock()
+	pools := len(rg.p.ups.m)
+	rg.p.ups.mu.RUnlock()
+	if pools != 0 {
+		t.Fatalf("unexpected pools after the sweep; got %d; want the idle worker's dropped", pools)
+	}
 	mu.Lock()
 	clear(peers)
 	mu.Unlock()
