@@ -109,8 +109,11 @@ func TestHTTP10ClientThroughPinboard_RDP1_RDP2_RDP3(t *testing.T) {
 	// now: before, each HTTP/1.0 request had its own, closed after its
 	// answer (7 new ones for 8 requests; now none).
 	if sockErr != nil {
-		t.Logf("cannot count the worker's connections: %v", sockErr)
-	} else if after, err := workerSockets(w.Port); err == nil {
+		t.Fatalf("cannot count the worker's connections: %v", sockErr)
+	}
+	if after, err := workerSockets(w.Port); err != nil {
+		t.Fatalf("cannot count the worker's connections: %v", err)
+	} else {
 		fresh := 0
 		for peer := range after {
 			if !before[peer] {
