@@ -112,7 +112,9 @@ func TestHeartbeatVoided_RLS3(t *testing.T) {
 }
 
 // Unreachable, non-2xx, or no body received: lease renewed, degraded,
-// degraded:true in the ack; the next good probe clears it (R-LS-3).
+// degraded:true in the ack; the next good probe clears it (R-LS-3) —
+// checked after the answers that can turn good again (a closed listener
+// stays closed).
 func TestHeartbeatDegraded_RLS3(t *testing.T) {
 	for _, mode := range []string{"404", "500", "nobody", "down"} {
 		t.Run(mode, func(t *testing.T) {
