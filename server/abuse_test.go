@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pinboard-go/pinboard/attest"
-	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/proxy"
 )
 
@@ -253,32 +251,7 @@ func abuseNode(t *testing.T) (*Pinboard, string) {
 	t.Helper()
 	ws := httptest.NewServer(abuseWorker())
 	t.Cleanup(ws.Close)
-	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
-		func(string) (string, bool) { return "tok", true })
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The quarantine (one lease) began and ended two leases ago; the
-	// worker's lease runs from now on the real clock.
-	lease := time.Minute
-	born := time.Now().Add(-2 * lease)
-	store := directory.NewMemory(lease, born)
-	_, _ = store.Place(t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: born})
-	if _, err := store.Register(t.Context(), &directory.Registration{
-		ClientID: "w", Sub: "p:w", Secret: "s", Namespaces: []string{"/counters"}, AdvertiseURL: ws.URL, Headroom: 1,
-	}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	pb, err := New(Options{Store: store, Passport: pp, Upstream: proxy.UpstreamOptions{IdleTimeout: 100 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveUntilStopped(t, pb, ln, time.Second)
-	return pb, ln.Addr().String()
+	return nodeFor(t, strings.TrimPrefix(ws.URL, "http://"), proxy.UpstreamOptions{IdleTimeout: 100 * time.Millisecond})
 }
 
 // abuseWorker serves /counters/{id}/{json,sse,ws,upload,download}.

@@ -463,18 +463,26 @@ type wireConn struct {
 
 func (c wireConn) String() string { return fmt.Sprintf("%q (closed %v)", c.b, c.closed) }
 
-func (w *desyncWorker) serve(ln net.Listener) {
+// acceptEach runs each on its own goroutine for every connection ln
+// accepts, until ln closes.
+func acceptEach(ln net.Listener, each func(c net.Conn)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		go each(c)
+	}
+}
+
+func (w *desyncWorker) serve(ln net.Listener) {
+	acceptEach(ln, func(c net.Conn) {
 		rec := &wireRec{}
 		w.mu.Lock()
 		w.conns = append(w.conns, rec)
 		w.mu.Unlock()
-		go w.conn(c, rec)
-	}
+		w.conn(c, rec)
+	})
 }
 
 func (w *desyncWorker) conn(c net.Conn, rec *wireRec) {
@@ -558,13 +566,15 @@ func desyncNode(t *testing.T) (*desyncWorker, string) {
 	t.Cleanup(func() { wln.Close() })
 	w := &desyncWorker{}
 	go w.serve(wln)
-	return w, nodeFor(t, wln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute})
+	_, addr := nodeFor(t, wln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute})
+	return w, addr
 }
 
-// nodeFor is a node on the memory store, past its cold-start quarantine,
-// with the worker at workerAddr serving /counters; it returns the node's
-// host:port.
-func nodeFor(t *testing.T, workerAddr string, up proxy.UpstreamOptions) string {
+// nodeFor is a node on the memory store, past its cold-start quarantine
+// (which began and ended two leases ago; the worker's lease runs from now
+// on the real clock), with the worker at workerAddr serving /counters; it
+// returns the node and its public host:port.
+func nodeFor(t *testing.T, workerAddr string, up proxy.UpstreamOptions) (*Pinboard, string) {
 	t.Helper()
 	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
 		func(string) (string, bool) { return "tok", true })
@@ -589,5 +599,5 @@ func nodeFor(t *testing.T, workerAddr string, up proxy.UpstreamOptions) string {
 		t.Fatal(err)
 	}
 	serveUntilStopped(t, pb, ln, time.Second)
-	return ln.Addr().String()
+	return pb, ln.Addr().String()
 }

@@ -416,21 +416,18 @@ func respNode(t *testing.T, tc respCase) (*respWorker, string) {
 	w := &respWorker{tc: tc}
 	t.Cleanup(func() { ln.Close() })
 	go w.serve(ln)
-	return w, nodeFor(t, ln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute, ResponseHeaderTimeout: time.Second})
+	_, addr := nodeFor(t, ln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute, ResponseHeaderTimeout: time.Second})
+	return w, addr
 }
 
 func (w *respWorker) serve(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	acceptEach(ln, func(c net.Conn) {
 		rc := &respConn{}
 		w.mu.Lock()
 		w.conns = append(w.conns, rc)
 		w.mu.Unlock()
-		go w.conn(c, rc)
-	}
+		w.conn(c, rc)
+	})
 }
 
 func (w *respWorker) conn(c net.Conn, rc *respConn) {
