@@ -33,20 +33,27 @@ import (
 // nothing. The parsed header cannot tell: a skipped identity leaves the
 // length of a request without a body (0 once fasthttp read it).
 func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	te, cl := rawFraming(h.RawHeaders())
+	_, te, cl := scanHeader(h.RawHeaders())
 	return te && (cl || h.ContentLength() != -1)
 }
 
-// rawFraming reports whether raw (a header block without its request
-// line) has a Transfer-Encoding and a Content-Length field. fasthttp
-// refused names with anything between them and the colon.
-func rawFraming(raw []byte) (te, cl bool) {
-	for len(raw) > 0 {
-		line := raw
-		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
-			line, raw = raw[:i], raw[i+1:]
-		} else {
-			raw = nil
+// scanHeader walks the header lines b starts with, once: te and cl report
+// a Transfer-Encoding and a Content-Length field among them, and end is
+// the length of the block, its blank line (LF or CRLF) included, or -1
+// when b ends first. Empty lines before the first line are skipped, as
+// fasthttp does. fasthttp's request parser refused names with anything
+// between them and the colon; its response parser drops white space there
+// (fieldNamed).
+func scanHeader(b []byte) (end int, te, cl bool) {
+	i := 0
+	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	for i < len(b) {
+		line := b[i:]
+		j := bytes.IndexByte(line, '\n')
+		if j >= 0 {
+			line = line[:j]
 		}
 		switch {
 		case fieldNamed(line, "Transfer-Encoding"):
@@ -54,8 +61,18 @@ func rawFraming(raw []byte) (te, cl bool) {
 		case fieldNamed(line, "Content-Length"):
 			cl = true
 		}
+		if j < 0 {
+			break
+		}
+		i += j + 1
+		switch {
+		case i < len(b) && b[i] == '\n':
+			return i + 1, te, cl
+		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
+			return i + 2, te, cl
+		}
 	}
-	return te, cl
+	return -1, te, cl
 }
 
 // fieldNamed reports whether line is a field called name. White space
@@ -123,42 +140,20 @@ var (
 
 // peekResponseHeader waits until br holds a whole response header block
 // and returns it, up to and including its blank line, without consuming
-// it (it aliases br's buffer until the next read). A block bigger than
-// br's buffer is errHeaderTooLarge. Allocates nothing.
-func peekResponseHeader(br *bufio.Reader) ([]byte, error) {
+// it (it aliases br's buffer until the next read), with what scanHeader
+// found in it. A block bigger than br's buffer is errHeaderTooLarge.
+// Allocates nothing.
+func peekResponseHeader(br *bufio.Reader) (block []byte, te, cl bool, err error) {
 	for n := 1; ; n = br.Buffered() + 1 {
 		if _, err := br.Peek(n); err != nil {
 			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, errHeaderTooLarge
+				return nil, false, false, errHeaderTooLarge
 			}
-			return nil, err
+			return nil, false, false, err
 		}
 		b, _ := br.Peek(br.Buffered())
-		if end := headerBlockEnd(b); end >= 0 {
-			return b[:end], nil
-		}
-	}
-}
-
-// headerBlockEnd returns the length of the header block b starts with,
-// its blank line (LF or CRLF) included, or -1 when b does not hold it
-// all. Empty lines before the status line are skipped, as fasthttp does.
-func headerBlockEnd(b []byte) int {
-	i := 0
-	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
-		i++
-	}
-	for {
-		j := bytes.IndexByte(b[i:], '\n')
-		if j < 0 {
-			return -1
-		}
-		i += j + 1
-		switch {
-		case i < len(b) && b[i] == '\n':
-			return i + 1
-		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
-			return i + 2
+		if end, te, cl := scanHeader(b); end >= 0 {
+			return b[:end], te, cl, nil
 		}
 	}
 }
@@ -168,7 +163,7 @@ var crlfcrlf = []byte("\r\n\r\n")
 // readFramedHeader reads a response header from br into rh and refuses the
 // framings above.
 func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
-	block, err := peekResponseHeader(br)
+	block, te, cl, err := peekResponseHeader(br)
 	if err != nil {
 		return err
 	}
@@ -180,16 +175,17 @@ func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 	// block is intact: a whole block in the buffer is parsed without a
 	// read, and the buffer moves only on a read.
-	return checkResponseFraming(rh, block)
+	return checkResponseFraming(rh, block, te, cl)
 }
 
 // checkResponseFraming refuses a parsed response header whose raw block
-// (status line included) is framed as above.
-func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte) error {
+// (status line included), with the fields scanHeader found in it, is
+// framed as above.
+func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, te, cl bool) error {
 	if statusBelow100(block) {
 		return errResponseStatus
 	}
-	if te, cl := rawFraming(block); te && (cl || !rh.IsHTTP11()) {
+	if te && (cl || !rh.IsHTTP11()) {
 		return errResponseFraming
 	}
 	return nil

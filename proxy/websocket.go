@@ -224,7 +224,8 @@ func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte,
 		// The same framing rules as other answers (framing.go): a refusal
 		// is relayed as a response, and a status below 100 would make
 		// the answer behind it the handshake's.
-		if err := checkResponseFraming(rh, raw); err != nil {
+		_, te, cl := scanHeader(raw)
+		if err := checkResponseFraming(rh, raw, te, cl); err != nil {
 			return nil, err
 		}
 		if s := rh.StatusCode(); s == fasthttp.StatusSwitchingProtocols && !verbatimSafe(raw) {
