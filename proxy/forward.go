@@ -571,30 +571,26 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	var nFor, nProto, nHost, nOther, nAlias int
 	var proto, host []byte
 	for k, v := range h.All() {
+		if forwardedAlias(k) {
+			nAlias++
+			continue
+		}
 		switch len(k) {
 		case len(hdrXFF):
 			if asciiEqualFold(k, "X-Forwarded-For") {
 				nFor++
-			} else if underscoreAlias(k, "X-Forwarded-For") {
-				nAlias++
 			}
 		case len(hdrXFProto):
 			if asciiEqualFold(k, "X-Forwarded-Proto") {
 				nProto, proto = nProto+1, v
-			} else if underscoreAlias(k, "X-Forwarded-Proto") {
-				nAlias++
 			}
 		case len(hdrXFHost):
 			if asciiEqualFold(k, "X-Forwarded-Host") {
 				nHost, host = nHost+1, v
-			} else if underscoreAlias(k, "X-Forwarded-Host") {
-				nAlias++
 			}
 		case len("Forwarded"): // and len("X-Real-IP")
 			if asciiEqualFold(k, "Forwarded") || asciiEqualFold(k, "X-Real-IP") {
 				nOther++
-			} else if underscoreAlias(k, "X-Real-IP") {
-				nAlias++
 			}
 		}
 	}
@@ -639,15 +635,24 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 func delForwardedAliases(h *fasthttp.RequestHeader) {
 	var names []string
 	for k := range h.All() {
-		for _, n := range [...]string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Real-IP"} {
-			if underscoreAlias(k, n) {
-				names = append(names, string(k))
-			}
+		if forwardedAlias(k) {
+			names = append(names, string(k))
 		}
 	}
 	for _, n := range names {
 		h.Del(n)
 	}
+}
+
+// forwardedAlias reports whether k is an underscored alias of a
+// forwarding header pinboard sets or removes.
+func forwardedAlias(k []byte) bool {
+	for _, n := range [...]string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "X-Real-IP"} {
+		if underscoreAlias(k, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // setOnly leaves key with the single value v (none when v is empty), the
