@@ -1047,6 +1047,12 @@ func isTimeout(err error) bool {
 // writeError sets a JSON error response {"error": msg} (R-DP-4); a
 // positive retryAfter adds Retry-After in seconds.
 func writeError(ctx *fasthttp.RequestCtx, status int, msg string, retryAfter int) {
+	WriteError(ctx, status, msg, retryAfter)
+}
+
+// WriteError is writeError for the server around the proxy: its own
+// answers (requests fasthttp cannot read) take the same JSON shape.
+func WriteError(ctx *fasthttp.RequestCtx, status int, msg string, retryAfter int) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(status)
 	ctx.Response.Header.SetContentType("application/json")

@@ -270,25 +270,12 @@ func serverError(ctx *fasthttp.RequestCtx, err error) {
 	var op *net.OpError
 	switch {
 	case errors.As(err, &small):
-		jsonError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, bodyHeaderTooLarge)
+		proxy.WriteError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, "request header too large", 0)
 	case errors.As(err, &op) && op.Timeout():
-		jsonError(ctx, fasthttp.StatusRequestTimeout, bodyRequestTimeout)
+		proxy.WriteError(ctx, fasthttp.StatusRequestTimeout, "request timeout", 0)
 	default:
-		jsonError(ctx, fasthttp.StatusBadRequest, bodyMalformed)
+		proxy.WriteError(ctx, fasthttp.StatusBadRequest, "malformed request", 0)
 	}
-}
-
-var (
-	bodyHeaderTooLarge = []byte(`{"error":"request header too large"}`)
-	bodyRequestTimeout = []byte(`{"error":"request timeout"}`)
-	bodyMalformed      = []byte(`{"error":"malformed request"}`)
-)
-
-func jsonError(ctx *fasthttp.RequestCtx, status int, body []byte) {
-	ctx.Response.Reset()
-	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/json")
-	ctx.Response.SetBodyRaw(body)
 }
 
 // bodyTimeout is the client read deadline from the end of a request
