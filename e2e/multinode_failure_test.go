@@ -147,13 +147,9 @@ func reregistered(ctx context.Context, t *testing.T, f *MultiFleet, node *Pinboa
 	if err != nil {
 		return false
 	}
-	for _, w := range f.Workers {
-		if w.Name == name {
-			for _, rec := range recs {
-				if rec.AdvertiseURL == w.URL {
-					return true
-				}
-			}
+	for _, rec := range recs {
+		if f.WorkerByURL(rec.AdvertiseURL) == name {
+			return true
 		}
 	}
 	return false
