@@ -186,7 +186,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // TestOperatorDrainLogsDeadlineSeconds: the operator drain line's deadline
 // reads as seconds in the text format `make run` logs, not as the address
 // of the reply's *float64 (`deadline=0xc000…`); undrain logs none.
-func TestOperatorDrainLogsDeadlineSeconds(t *testing.T) {
+func TestOperatorDrainLogsDeadlineSeconds_RREG6(t *testing.T) {
 	h := newHarness(t)
 	var logs bytes.Buffer
 	var logMu sync.Mutex
