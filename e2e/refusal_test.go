@@ -62,16 +62,20 @@ func bodyHas(r reply, s string) bool { return strings.Contains(string(r.Body), s
 // A worker at its max_instances refuses new activations with 503
 // "instance capacity reached; retry" and no marker; its headroom (memory)
 // does not show it, and zero headroom stays eligible anyway (R-PL-3), so
-// it keeps winning new ids. pinboard releases each declined placement and
+// it kept winning new ids. pinboard releases each declined placement and
 // places the id once more on another worker, as for an in-band refusal
 // (R-PL-6): every id answers 200. Before, the 503 was relayed and the row
-// stayed on the full worker, so the id answered 503 on every retry.
+// stayed on the full worker, so the id answered 503 on every retry. And
+// the node ranks the full worker last for new ids for a while after it
+// declined (proxy.declineMemory, 3 s): before, every new id went to it
+// first and was moved (a placement counted "replaced" each).
 func TestFullWorkerDeclinesMove_RPL3_RPL6(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		admin, adminAddr := adminEnv(t)
+		pb := StartPinboard(t, PinboardOptions{Env: append([]string{adminAddr}, storeEnv...)})
 		full := StartWorker(t, pb, WorkerOptions{Name: "F", Headroom: 1000, Env: []string{"MAX_INSTANCES=1"}})
 		other := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
 		for _, w := range []*Worker{full, other} {
@@ -85,6 +89,7 @@ func TestFullWorkerDeclinesMove_RPL3_RPL6(t *testing.T) {
 		// F hosts one instance at most (the warm-up's, or the first id's);
 		// every other id ends on H.
 		onF := 0
+		start := time.Now()
 		for i := range 12 {
 			id := "declined-" + strconv.Itoa(i)
 			r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
@@ -100,6 +105,13 @@ func TestFullWorkerDeclinesMove_RPL3_RPL6(t *testing.T) {
 		}
 		if onF > 1 {
 			t.Fatalf("unexpected ids served by the full worker; got %d; want at most 1", onF)
+		}
+		// One decline per 3 s of the loop at most (a slow machine may
+		// take longer than one memory for the 12 ids), one more for the
+		// warm-up's.
+		moved := scrapeMetrics(ctx, t, admin)[`pinboard_placements_total{kind="replaced"}`]
+		if most := 2 + float64(time.Since(start)/(3*time.Second)); moved > most {
+			t.Fatalf("unexpected placements moved off the full worker; got %v; want at most %v: it keeps winning new ids", moved, most)
 		}
 	})
 }

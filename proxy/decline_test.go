@@ -199,3 +199,58 @@ func (rg *rig) postEarlyAnswered(path string, size int) (*http.Response, string)
 	}
 	return res, string(b)
 }
+
+// A worker that declined a new activation — full at its max_instances,
+// its host draining, its lease unhealthy — is ranked last for new ids on
+// this node for declineMemory: headroom does not show why it declined, so
+// before, it kept winning new ids first and each one paid a round trip to
+// it, a release and a second placement before it moved (R-PL-6, R-PL-3).
+// Once the memory passes it is asked again, and it stays a fallback while
+// it lasts: with only decliners left, they are still tried.
+func TestDeclinerRankedLastForNewIds_RPL6_RPL3(t *testing.T) {
+	for name, answer := range map[string]http.HandlerFunc{
+		"at capacity":     retry503(bodyAtCapacity),
+		"draining host":   retry503(bodyHostDraining),
+		"lease unhealthy": refuseActivation,
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			a, b := newStandin(t, "a"), newStandin(t, "b")
+			a.route("/value", answer)
+			rg.add(a, 1000, "/counters")
+			rg.add(b, 1, "/counters")
+			for i := range 10 {
+				res, body := rg.get(fmt.Sprintf("/counters/id-%d/value", i), nil)
+				if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+					t.Fatalf("unexpected reply for id-%d; got %d %s; want b's answer", i, res.StatusCode, body)
+				}
+			}
+			if n := a.hits.Load(); n != 1 {
+				t.Fatalf("unexpected requests to the decliner for 10 new ids; got %d; want 1", n)
+			}
+
+			// The memory passes: a is asked again, and serves.
+			a.route("/value", nil)
+			rg.advance(declineMemory + time.Millisecond)
+			res, body := rg.get("/counters/later/value", nil)
+			if res.StatusCode != 200 || decodeSeen(t, body).Worker != "a" {
+				t.Fatalf("unexpected reply once the memory passed; got %d %s; want a's answer", res.StatusCode, body)
+			}
+
+			// Both decline: each is remembered, and still tried.
+			a.route("/value", answer)
+			b.route("/value", answer)
+			for _, id := range []string{"x", "y"} {
+				before := a.hits.Load() + b.hits.Load()
+				res, _ := rg.get("/counters/"+id+"/value", nil)
+				if res.StatusCode != 503 {
+					t.Fatalf("unexpected reply from two decliners for %s; got %d; want 503", id, res.StatusCode)
+				}
+				if n := a.hits.Load() + b.hits.Load() - before; n != 2 {
+					t.Fatalf("unexpected requests to the decliners for %s; got %d; want 2 (one each)", id, n)
+				}
+			}
+		})
+	}
+}

@@ -289,7 +289,7 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 	c := p.opCtx.get()
 	r, err := p.store.Place(c, &directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
-		Policy: p.policy, Pick: rq.pick, Exclude: exclude,
+		Policy: p.declines.policy(p.policy, now), Pick: rq.pick, Exclude: exclude,
 		Host: hostOnly(ctx.Request.Header.Host()),
 	})
 	if err == nil && r.Placed {
@@ -510,6 +510,9 @@ func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 // worker's own answer otherwise, whose Retry-After finds the id free.
 func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, bool) {
 	p.release(rq, route, now)
+	if out == refused || out == declined {
+		p.declines.note(route.Owner.SessionID, now)
+	}
 	if last {
 		if out == refused {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)

@@ -99,6 +99,10 @@ type Proxy struct {
 	log       *slog.Logger
 	metrics   Metrics
 
+	// declines ranks workers that lately turned a new activation away
+	// last for new ids (R-PL-6).
+	declines declines
+
 	streams *streams
 	hijacks *hijacks
 

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+)
+
+// declineMemory is how long a worker that turned a new activation away is
+// ranked last for new ids on this node: one heartbeat interval (the
+// worker's 3 s, pinned RegistrationClient), after which the worker has
+// told pinboard what it can — its own drain, a renewed lease — and is
+// asked again. Nothing in a heartbeat says an instance slot came free
+// (headroom is memory, docs/PROTOCOL.md "Answers that move a placement"),
+// so a full worker costs one wasted round trip per node per interval,
+// instead of one per new id.
+const declineMemory = 3 * time.Second
+
+// declines remembers, on this node, the sessions that refused (R-PL-6) or
+// declined a new activation lately. It only ever reorders candidates:
+// a decliner stays eligible and is tried after the others, so a fleet
+// whose every worker declines behaves as without it.
+type declines struct {
+	// n is the number of entries, read without the lock so that placements
+	// pay nothing while no worker has declined.
+	n     atomic.Int32
+	mu    sync.Mutex
+	until map[string]time.Time // session id → end of its memory
+}
+
+// note remembers that session declined at now, and forgets entries that
+// have passed (the map holds at most the fleet's sessions).
+func (d *declines) note(session string, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.until == nil {
+		d.until = make(map[string]time.Time)
+	}
+	for s, t := range d.until {
+		if !now.Before(t) {
+			delete(d.until, s)
+		}
+	}
+	d.until[session] = now.Add(declineMemory)
+	d.n.Store(int32(len(d.until)))
+}
+
+// policy returns inner, or inner ranking the sessions that declined before
+// now last while any is remembered.
+func (d *declines) policy(inner directory.Policy, now time.Time) directory.Policy {
+	if d.n.Load() == 0 {
+		return inner
+	}
+	return &declinersLast{inner: inner, d: d, now: now}
+}
+
+// declined reports whether session declined within declineMemory of now.
+func (d *declines) declined(session string, now time.Time) bool {
+	d.mu.Lock()
+	t, ok := d.until[session]
+	d.mu.Unlock()
+	return ok && now.Before(t)
+}
+
+// declinersLast ranks the candidates that did not decline with the inner
+// policy, then the decliners, ranked among themselves, as fallbacks.
+type declinersLast struct {
+	inner directory.Policy
+	d     *declines
+	now   time.Time
+}
+
+// Rank implements directory.Policy.
+func (p *declinersLast) Rank(dst []int, cands []directory.Candidate, in *directory.PickInput) []int {
+	var keep, last []int
+	for i := range cands {
+		if p.d.declined(cands[i].SessionID, p.now) {
+			last = append(last, i)
+		} else {
+			keep = append(keep, i)
+		}
+	}
+	if len(last) == 0 || len(keep) == 0 {
+		return p.inner.Rank(dst, cands, in)
+	}
+	dst = p.rankSubset(dst, cands, keep, in)
+	return p.rankSubset(dst, cands, last, in)
+}
+
+// rankSubset appends the inner policy's ranking of the candidates at idx
+// to dst, as indices into cands.
+func (p *declinersLast) rankSubset(dst []int, cands []directory.Candidate, idx []int, in *directory.PickInput) []int {
+	sub := make([]directory.Candidate, len(idx))
+	for j, i := range idx {
+		sub[j] = cands[i]
+	}
+	ranked := p.inner.Rank(nil, sub, in)
+	for _, j := range ranked {
+		dst = append(dst, idx[j])
+	}
+	return dst
+}
