@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -90,6 +91,7 @@ func TestAcceptSurvivesFDExhaustion_RSRV1(t *testing.T) {
 		c.Close()
 	}
 	client := &http.Client{Timeout: 2 * time.Second}
+serving:
 	for deadline := time.Now().Add(15 * time.Second); ; {
 		select {
 		case <-exited:
@@ -101,7 +103,7 @@ func TestAcceptSurvivesFDExhaustion_RSRV1(t *testing.T) {
 			_, _ = io.Copy(io.Discard, res.Body)
 			res.Body.Close()
 			if res.StatusCode == 200 {
-				return
+				break serving
 			}
 		}
 		if time.Now().After(deadline) {
@@ -109,12 +111,20 @@ func TestAcceptSurvivesFDExhaustion_RSRV1(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The node did meet the limit: a test whose connections all fit under
+	// it would pass without exercising anything.
+	if !strings.Contains(stderr.String(), "cannot accept connections: out of resources") {
+		t.Fatalf("unexpected child log; want the accept loop's out-of-resources warning (EMFILE never hit?)\n%s", stderr.String())
+	}
 }
 
 // emfileChild serves a node under a descriptor limit a few dozen above
 // what it has open, until stdin closes; a Serve that returns fails it.
 func emfileChild(t *testing.T) {
 	pb, _ := testPinboard(t, "")
+	// The accept loop's warning goes to stderr, for the parent to see
+	// that the limit was met.
+	pb.log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
