@@ -182,7 +182,10 @@ func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 // (status line included), with the fields scanHeader found in it, is
 // framed as above.
 func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, te, cl bool) error {
-	if statusBelow100(block) {
+	// RFC 9110 §15: every valid status is 100 to 599. fasthttp takes any
+	// three digits; a status past 599 means nothing to a client, and one
+	// below 100 reads as 200 (statusBelow100).
+	if statusBelow100(block) || rh.StatusCode() > 599 {
 		return errResponseStatus
 	}
 	if te && (cl || !rh.IsHTTP11()) {

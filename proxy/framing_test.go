@@ -65,6 +65,8 @@ func TestResponseFraming_RDP1_RDP3(t *testing.T) {
 		"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n":  errResponseFraming,
 		"HTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n":                                errResponseStatus,
 		"HTTP/1.1  099 OK\r\nContent-Length: 0\r\n\r\n":                               errResponseStatus,
+		"HTTP/1.1 600 OK\r\nContent-Length: 0\r\n\r\n":                                errResponseStatus,
+		"HTTP/1.1 599 OK\r\nContent-Length: 0\r\n\r\n":                                nil,
 		"HTTP/1.1 200 OK\nContent-Length: 5\n\n":                                      errResponseLineEnd,
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\n":                                  errResponseLineEnd,
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\n\r\n":                                  errResponseLineEnd,

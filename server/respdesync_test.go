@@ -157,6 +157,8 @@ var respCases = []respCase{
 	{name: "no_reason", script: "HTTP/1.1 200\r\nContent-Length: 5\r\n\r\nhello", status: 200, body: "hello", reuse: true},
 	{name: "status_000", script: "HTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n" + respSmuggled, status: 502},
 	{name: "status_099", script: "HTTP/1.1 099 OK\r\nContent-Length: 0\r\n\r\n" + respSmuggled, status: 502},
+	{name: "status_600", script: "HTTP/1.1 600 OK\r\nContent-Length: 0\r\n\r\n" + respSmuggled, status: 502},
+	{name: "status_999", script: "HTTP/1.1 999 OK\r\nContent-Length: 0\r\n\r\n" + respSmuggled, status: 502},
 	{name: "status_1000", script: "HTTP/1.1 1000 OK\r\nContent-Length: 5\r\n\r\nhello", status: 502},
 	{name: "not_http", script: "HTTX/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", status: 502},
 	// Headers that never end, or end too late.
@@ -181,6 +183,7 @@ var respCases = []respCase{
 	{name: "ws_403", ws: true, script: "HTTP/1.1 403 Forbidden\r\nContent-Length: 5\r\n\r\nhello" + respSmuggled, status: 403, body: "hello"},
 	{name: "ws_403_cl_te", ws: true, script: "HTTP/1.1 403 Forbidden\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, status: 502},
 	{name: "ws_403_http10_te", ws: true, script: "HTTP/1.0 403 Forbidden\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, after: respClose, status: 502},
+	{name: "ws_status_600", ws: true, script: "HTTP/1.1 600 OK\r\n\r\n", status: 502},
 	{name: "ws_status_000", ws: true, script: "HTTP/1.1 000 OK\r\n\r\nHTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", status: 502},
 }
 
