@@ -62,6 +62,12 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	if atPastHost(rest) {
 		return bad("an @ follows the host: percent-encode /, ?, # and @ in the user name, password and parameters (%%2F, %%3F, %%23, %%40)")
 	}
+	// Any other "#" starts a fragment, which net/url drops with all that
+	// follows: a sentinel_password holding one would be cut short without
+	// a word, and fail authentication at run time instead of here.
+	if strings.IndexByte(rest, '#') >= 0 {
+		return bad("a # starts a fragment: percent-encode it in names, passwords and parameters (%%23)")
+	}
 	// Split userinfo@hosts/path?query by hand: net/url rejects host lists.
 	rest, query, _ := strings.Cut(rest, "?")
 	authority, path, _ := strings.Cut(rest, "/")
