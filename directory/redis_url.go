@@ -130,6 +130,11 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 			if !useTLS {
 				return bad("skip_verify needs rediss")
 			}
+			// A value read as "off" by mistake would verify a
+			// certificate the operator asked not to; say so instead.
+			if _, ok := skipVerify(v); !ok {
+				return bad("skip_verify takes true, 1, false or 0")
+			}
 		case "sentinel_username":
 			o.Sentinel.Username = v
 		case "sentinel_password":
@@ -141,8 +146,8 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	if useTLS {
 		host, _, _ := net.SplitHostPort(o.InitAddress[0])
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
-		if v := u.Query().Get("skip_verify"); v == "1" || v == "true" || (u.Query().Has("skip_verify") && v == "") {
-			o.TLSConfig.InsecureSkipVerify = true
+		if u.Query().Has("skip_verify") {
+			o.TLSConfig.InsecureSkipVerify, _ = skipVerify(u.Query().Get("skip_verify"))
 		}
 		if sentinel {
 			o.Sentinel.TLSConfig = o.TLSConfig.Clone()
@@ -221,4 +226,17 @@ func redactQuery(s string) string {
 		}
 	}
 	return path + "?" + strings.Join(params, "&")
+}
+
+// skipVerify reads skip_verify's value: empty (the bare parameter), true
+// or 1 turn verification off, false or 0 leave it on; ok is false for
+// anything else.
+func skipVerify(v string) (skip, ok bool) {
+	switch v {
+	case "", "1", "true":
+		return true, true
+	case "0", "false":
+		return false, true
+	}
+	return false, false
 }

@@ -31,3 +31,29 @@ func TestParseRedisURLRefusesFragment_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected passwords; got %q, %q, %v; want %q, %q", o.Password, o.Sentinel.Password, err, "p#w", "se#cret")
 	}
 }
+
+// skip_verify's value is read, not guessed: yes, on or a typo verified the
+// certificate the operator asked not to, without a word. A value other
+// than true, 1, false or 0 (or none) is refused (R-SRV-3).
+func TestParseRedisURLSkipVerifyValues_RSRV3(t *testing.T) {
+	for raw, want := range map[string]bool{
+		"rediss://h":                          false,
+		"rediss://h?skip_verify":              true,
+		"rediss://h?skip_verify=":             true,
+		"rediss://h?skip_verify=1":            true,
+		"rediss://h?skip_verify=true":         true,
+		"rediss://h?skip_verify=0":            false,
+		"rediss://h?skip_verify=false":        false,
+		"rediss+sentinel://s/m?skip_verify=1": true,
+	} {
+		o, err := directory.ParseRedisURL(raw)
+		if err != nil || o.TLSConfig == nil || o.TLSConfig.InsecureSkipVerify != want {
+			t.Errorf("unexpected TLS options for %q; got %+v, %v; want InsecureSkipVerify %v", raw, o.TLSConfig, err, want)
+		}
+	}
+	for _, raw := range []string{"rediss://h?skip_verify=yes", "rediss://h?skip_verify=on", "rediss://h?skip_verify=ture"} {
+		if _, err := directory.ParseRedisURL(raw); !errors.Is(err, directory.ErrInvalidURL) {
+			t.Errorf("unexpected result for %q; got %v; want ErrInvalidURL", raw, err)
+		}
+	}
+}
