@@ -54,7 +54,10 @@ const maxProbeBody = 64 << 10
 // Prober calls GET <advertiseUrl>/_pinned/challenge?challenge=… and
 // compares the answer with challengeValue. It is safe for concurrent use.
 type Prober struct {
-	client  *fasthttp.Client
+	client *fasthttp.Client
+	// fresh confirms a mismatch on a connection of its own, closed after
+	// the answer: a pooled connection can hold a stale answer (see Probe).
+	fresh   *fasthttp.Client
 	timeout time.Duration
 }
 
@@ -62,8 +65,19 @@ type Prober struct {
 // worker's own HTTP timeout on register and heartbeat is 5 s
 // (pinned.pinboard.registration), so the probe must finish well inside it.
 func NewProber(timeout time.Duration) *Prober {
+	dial := func(addr string) (net.Conn, error) {
+		return fasthttp.DialTimeout(addr, timeout)
+	}
 	return &Prober{
 		timeout: timeout,
+		fresh: &fasthttp.Client{
+			NoDefaultUserAgentHeader: true,
+			ReadTimeout:              timeout,
+			WriteTimeout:             timeout,
+			MaxConnWaitTimeout:       timeout,
+			MaxResponseBodySize:      maxProbeBody,
+			Dial:                     dial,
+		},
 		client: &fasthttp.Client{
 			NoDefaultUserAgentHeader: true,
 			ReadTimeout:              timeout,
@@ -78,15 +92,36 @@ func NewProber(timeout time.Duration) *Prober {
 			MaxConnsPerHost:     64,
 			MaxConnWaitTimeout:  timeout,
 			MaxResponseBodySize: maxProbeBody,
-			Dial: func(addr string) (net.Conn, error) {
-				return fasthttp.DialTimeout(addr, timeout)
-			},
+			Dial:                dial,
 		},
 	}
 }
 
 // Probe runs one challenge probe.
+//
+// A mismatch voids the session (R-LS-3), so it is confirmed on a fresh
+// connection first: a pooled connection may still hold an answer to an
+// earlier probe. fasthttp pools a connection after a response framed with
+// both Content-Length and Transfer-Encoding (RFC 9112 section 6.3: "ought
+// to be handled as an error"), reading it as chunked, and whatever the
+// Content-Length covered past the chunked body is the next probe's
+// "answer", with another challenge's value. Idle connections are closed
+// too, so a desynchronised one does not mislead the next probe as well.
+// Both share one timeout: the worker waits 5 s for its register or
+// heartbeat answer.
 func (p *Prober) Probe(advertiseURL, secret, challenge, challengeValue string) (ProbeResult, error) {
+	deadline := time.Now().Add(p.timeout)
+	res, err := p.probe(p.client, deadline, advertiseURL, secret, challenge, challengeValue)
+	if res != ProbeMismatch {
+		return res, err
+	}
+	p.client.CloseIdleConnections()
+	return p.probe(p.fresh, deadline, advertiseURL, secret, challenge, challengeValue)
+}
+
+// probe runs one challenge probe through c; a probe through p.fresh
+// closes its connection after the answer.
+func (p *Prober) probe(c *fasthttp.Client, deadline time.Time, advertiseURL, secret, challenge, challengeValue string) (ProbeResult, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -95,7 +130,10 @@ func (p *Prober) Probe(advertiseURL, secret, challenge, challengeValue string) (
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.Header.Set(ProxySecretHeader, secret)
 	req.Header.Set(fasthttp.HeaderAccept, "application/json")
-	if err := p.client.DoTimeout(req, resp, p.timeout); err != nil {
+	if c == p.fresh {
+		req.SetConnectionClose()
+	}
+	if err := c.DoDeadline(req, resp, deadline); err != nil {
 		return ProbeUnreachable, fmt.Errorf("cannot probe %s: %w", advertiseURL, err)
 	}
 	status := resp.StatusCode()
