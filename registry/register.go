@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -188,7 +190,8 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 		return nil
 	}
 	return &probeCall{
-		url: reg.AdvertiseURL, secret: reg.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
+		offPool: r.unreachable.has(reg.AdvertiseURL, r.now()),
+		url:     reg.AdvertiseURL, secret: reg.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
 		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, err error) { r.admit(ctx, reg, res, err) },
 	}
 }
@@ -196,6 +199,7 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 // admit answers a probed registration: refused or deferred by the probe,
 // else stored and acked.
 func (r *Registry) admit(ctx *fasthttp.RequestCtx, reg *directory.Registration, res ProbeResult, err error) {
+	r.unreachable.set(reg.AdvertiseURL, res == ProbeUnreachable, r.now())
 	switch res {
 	case ProbeOK:
 	case ProbeUnreachable:
@@ -246,6 +250,65 @@ func (r *Registry) admit(ctx *fasthttp.RequestCtx, reg *directory.Registration, 
 	r.log.Info(event, "clientId", reg.ClientID, "sessionId", out.SessionID, "advertiseUrl", reg.AdvertiseURL,
 		"namespaces", reg.Namespaces, "prevSessionId", reg.PrevSessionID, "duplicates", len(out.Duplicates))
 	replyJSON(ctx, fasthttp.StatusOK, ack)
+}
+
+// unreachableFor is how long an advertise URL a register's probe found
+// unreachable is remembered: past the worker's longest register backoff
+// (30 s, pinned.pinboard._backoff.REGISTER_BACKOFF_MAX).
+const unreachableFor = time.Minute
+
+// maxUnreachable and maxUnreachableURL bound the advertise URLs
+// remembered, and how long one may be (the body allows a MiB); a
+// register's probe to any other waits on the pool, as every first attempt
+// does.
+const (
+	maxUnreachable    = 10_000
+	maxUnreachableURL = 2048
+)
+
+// unreachableURLs remembers the advertise URLs whose last register probe
+// found them unreachable: the next register's probe to one waits off the
+// pool (probeCall), as a degraded session's heartbeat does. A worker whose
+// URL does not answer (a firewall that drops pinboard's packets, a wrong
+// ADVERTISE_URL) retries register for as long as it runs, each probe
+// waiting the whole probe timeout; held on the pool, a fleet of them
+// would keep healthy workers' heartbeats queued until their leases lapse
+// (TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1). The zero value is
+// empty; it is safe for concurrent use.
+type unreachableURLs struct {
+	mu sync.Mutex
+	m  map[string]time.Time // advertise URL → when it is forgotten
+}
+
+// has reports whether url's last register probe found it unreachable.
+func (u *unreachableURLs) has(url string, now time.Time) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	until, ok := u.m[url]
+	return ok && now.Before(until)
+}
+
+// set records the outcome of a register's probe of url.
+func (u *unreachableURLs) set(url string, unreachable bool, now time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !unreachable {
+		delete(u.m, url)
+		return
+	}
+	if len(url) > maxUnreachableURL {
+		return
+	}
+	if u.m == nil {
+		u.m = make(map[string]time.Time)
+	}
+	if _, ok := u.m[url]; !ok && len(u.m) >= maxUnreachable {
+		maps.DeleteFunc(u.m, func(_ string, until time.Time) bool { return !now.Before(until) })
+		if len(u.m) >= maxUnreachable {
+			return
+		}
+	}
+	u.m[url] = now.Add(unreachableFor)
 }
 
 // coverage returns why the principal's claims do not cover a registration

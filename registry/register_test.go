@@ -5,6 +5,7 @@ import (
 	"maps"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -281,5 +282,98 @@ func TestRegisterRefusesRegistryNamespace_RREG7(t *testing.T) {
 	}
 	if n := h.fw.probes.Load(); n != 0 {
 		t.Fatalf("unexpected probes; got %d; want 0", n)
+	}
+}
+
+// A worker whose advertise URL does not answer (a firewall that drops
+// pinboard's packets, a wrong ADVERTISE_URL) retries register for as long
+// as it runs, and each probe waits the whole probe timeout. Like a
+// degraded session's heartbeat, only its first attempt may hold a pool
+// slot that long: from its next one on, the probe waits off the pool, or
+// a fleet deployed with such a URL keeps every healthy worker's heartbeat
+// queued until the leases lapse (R-REG-1, R-LS-1). Here the pool has one
+// slot, four registers' probes hang for a minute, and a healthy worker's
+// heartbeat is still answered.
+func TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1(t *testing.T) {
+	h := newHarness(t)
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: 200 * time.Millisecond, Workers: 1, MinWorkers: 1, Queue: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(time.Second) })
+	h.r = r
+	healthy := h.register(nil)
+
+	stuck := newFakeWorker(t)
+	stuck.mode.Store("hang")
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(stuck.hang); wg.Wait() })
+	body := func(i int) string {
+		return mustJSON(t, map[string]any{
+			"clientId": "stuck-" + itoa(i), "secret": stuck.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": stuck.srv.URL, "headroom": 1, "draining": false, "challenge": "c", "challengeValue": "v",
+		})
+	}
+	// The first attempt waits for its probe on the pool and is deferred.
+	if res := h.post("/registry/register", workerToken, body(0)); res.status != 503 {
+		t.Fatalf("unexpected reply to a register whose probe hangs; got %d %s; want %d", res.status, res.body, 503)
+	}
+	r.prober = NewProber(time.Minute)
+	before := stuck.probes.Load()
+	for i := range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); h.do(r, "POST", "/registry/register", workerToken, body(i+1)) }()
+	}
+	for deadline := time.Now().Add(10 * time.Second); stuck.probes.Load()-before < 4; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected probes started; got %d; want %d: the others wait for the pool", stuck.probes.Load()-before, 4)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	got := make(chan response, 1)
+	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
+	select {
+	case res := <-got:
+		if res.status != 200 {
+			t.Fatalf("unexpected reply to the healthy worker; got %d %s; want %d", res.status, res.body, 200)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected wait: a healthy worker's heartbeat waited behind the probes of registers that cannot succeed")
+	}
+}
+
+// unreachableURLs forgets a URL after unreachableFor or a probe that
+// reached it, and remembers no more than maxUnreachable URLs of at most
+// maxUnreachableURL bytes (R-REG-1).
+func TestUnreachableURLsBounds_RREG1(t *testing.T) {
+	var u unreachableURLs
+	now := time.Unix(1_800_000_000, 0)
+	u.set("http://a", true, now)
+	if got := u.has("http://a", now.Add(unreachableFor-time.Second)); !got {
+		t.Fatalf("unexpected has before expiry; got %v; want %v", got, true)
+	}
+	if got := u.has("http://a", now.Add(unreachableFor)); got {
+		t.Fatalf("unexpected has after expiry; got %v; want %v", got, false)
+	}
+	u.set("http://a", false, now)
+	if got := u.has("http://a", now); got {
+		t.Fatalf("unexpected has after a probe reached it; got %v; want %v", got, false)
+	}
+	long := "http://a/" + strings.Repeat("x", maxUnreachableURL)
+	u.set(long, true, now)
+	if got := u.has(long, now); got {
+		t.Fatalf("unexpected has for a long URL; got %v; want %v", got, false)
+	}
+	for i := range maxUnreachable + 10 {
+		u.set("http://h/"+itoa(i), true, now)
+	}
+	if got := len(u.m); got != maxUnreachable {
+		t.Fatalf("unexpected URLs remembered; got %d; want %d", got, maxUnreachable)
+	}
+	later := now.Add(unreachableFor)
+	u.set("http://new", true, later)
+	if got := len(u.m); got != 1 || !u.has("http://new", later) {
+		t.Fatalf("unexpected URLs remembered after the others expired; got %d; want %d", got, 1)
 	}
 }

@@ -87,6 +87,9 @@ type Registry struct {
 	gov      *governor
 	stopGov  context.CancelFunc
 	govDone  chan struct{}
+
+	// unreachable: advertise URLs a register's probe found unreachable.
+	unreachable unreachableURLs
 }
 
 // New returns a Registry; Close releases its pool.
@@ -271,16 +274,17 @@ type probing func(ctx *fasthttp.RequestCtx) *probeCall
 // result. The probe is made in the handler's pool task — the pool bounds
 // how many probe answers can wake goroutines at once, which is what keeps
 // a heartbeat storm off the data plane's tail (governor.go) — except for
-// a degraded session: its last probe failed, so this one most likely
+// a degraded session, or a register whose advertise URL the last one's
+// probe found unreachable: its last probe failed, so this one most likely
 // waits for the whole probe timeout too, and a slot held all that time is
 // a heartbeat another worker cannot get answered. Workers cut off from
 // pinboard (a firewall, a wrong ADVERTISE_URL) thus hold a slot on their
-// first failing heartbeat only; from the next one on, their probes wait
-// on the requests' own goroutines.
+// first failing heartbeat or register only; from the next one on, their
+// probes wait on the requests' own goroutines.
 type probeCall struct {
 	url, secret, challenge, value string
 	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
-	offPool                       bool // probe off the pool: the session is degraded
+	offPool                       bool // probe off the pool: it most likely times out
 }
 
 // route picks the handler (h or p) for path and the scope it requires, answering
