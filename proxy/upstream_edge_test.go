@@ -138,6 +138,34 @@ func TestHeaderTimeoutIs504_RDP4(t *testing.T) {
 	}
 }
 
+// A worker that accepts a WebSocket handshake and never answers it gives
+// 504 "owner timed out" after ResponseHeaderTimeout, as any other request
+// does (R-DP-4). Before, the handshake waited a fixed 30 s whatever the
+// header timeout, and its timeout was answered 502 "owner unreachable".
+func TestWebSocketHandshakeTimeoutIs504_RDP4(t *testing.T) {
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
+	rg.serveIDs(t, w, "alice")
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		// Read until pinboard gives up; answer nothing.
+		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+		_, _ = io.Copy(io.Discard, conn)
+	})
+	_, br := rg.dialUpgrade("/counters/alice/ws", "")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("unexpected read error; got %v; want a 504 within 10s", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusGatewayTimeout || string(body) != `{"error":"owner timed out"}` {
+		t.Fatalf("unexpected answer to a handshake never answered; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
+	}
+}
+
 // After the 10-minute sweep dropped an idle worker's pool, an owner whose
 // session lives on gets a fresh pool: connections are reused again.
 func TestSweptPoolReusedAgain_RDP1(t *testing.T) {

@@ -19,7 +19,9 @@ import (
 // maxHandshakeHeader caps a worker's handshake response header.
 const maxHandshakeHeader = 16 << 10
 
-// handshakeTimeout bounds the upgrade exchange with the worker.
+// handshakeTimeout bounds the upgrade exchange with the worker, or
+// UpstreamOptions.ResponseHeaderTimeout when that is shorter: a 101 is a
+// response header too.
 const handshakeTimeout = 30 * time.Second
 
 var errHeaderTooLarge = errors.New("worker handshake response header too large")
@@ -170,7 +172,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	// Raw reads and writes toward the worker, as on pooled connections:
 	// every relayed message is one of each.
 	conn = rawio.Wrap(conn)
-	_ = conn.SetDeadline(now.Add(handshakeTimeout))
+	_ = conn.SetDeadline(now.Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.metrics.UpstreamError("write")
@@ -182,6 +184,13 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	if err != nil {
 		_ = conn.Close()
 		ctx.Response.Reset()
+		if isTimeout(err) {
+			// As for any other request (R-DP-4): the worker is there
+			// but did not answer in time.
+			p.metrics.UpstreamError("timeout")
+			writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
+			return nil, nil, nil, false
+		}
 		p.answerReadError(ctx, err)
 		return nil, nil, nil, false
 	}
