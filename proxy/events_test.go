@@ -687,3 +687,57 @@ func TestEventStreamSplitWritesRelayed_RDP2(t *testing.T) {
 		t.Fatalf("unexpected bytes after the events; got %q; want the last chunk", last)
 	}
 }
+
+// An event stream the worker frames with Content-Length is flushed per
+// event like an unsized one (R-DP-2; Go's ReverseProxy flushes every
+// text/event-stream at once too): each event reaches the client as it
+// comes, the body whole and in order, to HTTP/1.1 and HTTP/1.0 clients.
+// Before, a sized stream was held until it ended: up to 64 KiB read whole
+// before the header went out, longer ones written through the server's
+// buffer, which fasthttp flushes per read only for unsized bodies.
+func TestSizedEventStreamFlushedPerEvent_RDP2(t *testing.T) {
+	const first = "data: one\n\n"
+	for _, size := range []int{1 << 10, 200 << 10} {
+		for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+			t.Run(proto+"/"+strconv.Itoa(size), func(t *testing.T) {
+				rg, w := newRigWorker(t, nil)
+				rg.serveIDs(t, w, "alice")
+				more := make(chan struct{})
+				w.route("/sized", func(rw http.ResponseWriter, r *http.Request) {
+					c, _, err := rw.(http.Hijacker).Hijack()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: "+
+						strconv.Itoa(size)+"\r\n\r\n"+first)
+					select {
+					case <-more:
+					case <-time.After(5 * time.Second):
+					}
+					_, _ = io.WriteString(c, ":"+strings.Repeat("x", size-len(first)-2)+"\n")
+					_, _ = io.Copy(io.Discard, c) // until pinboard lets go
+				})
+				s := dialStream(t, rg)
+				// The worker sends the rest only once the first event is
+				// here, or after 5 s.
+				_ = s.c.SetDeadline(time.Now().Add(3 * time.Second))
+				fmt.Fprint(s.c, "GET /counters/alice/sized "+proto+"\r\nHost: pb\r\n\r\n")
+				res, err := http.ReadResponse(s.br, nil)
+				if err != nil {
+					t.Fatalf("unexpected error reading the header; got %v; want it while the stream goes on", err)
+				}
+				got := make([]byte, len(first))
+				if _, err := io.ReadFull(res.Body, got); err != nil || string(got) != first {
+					t.Fatalf("unexpected first event while the stream goes on; got %q, %v; want %q", got, err, first)
+				}
+				close(more)
+				_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				rest, err := io.ReadAll(res.Body)
+				if err != nil || len(first)+len(rest) != size {
+					t.Fatalf("unexpected body; got %d bytes, %v; want %d", len(first)+len(rest), err, size)
+				}
+			})
+		}
+	}
+}

@@ -916,7 +916,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			keep = false
 		}
 		p.finish(pool, pc, keep, up)
-	case cl >= 0 && cl <= p.smallBody:
+	case cl >= 0 && cl <= p.smallBody && !isEventStream(rh):
 		if !p.readSmallBody(ctx, pool, pc, keep, up) {
 			return failed
 		}
@@ -930,8 +930,16 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 		pc.clearDeadline()
 		pool.streamReader(pc)
-		sse := hasPrefixFold(rh.ContentType(), "text/event-stream")
+		sse := isEventStream(rh)
 		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up, ctx.Conn())
+		if sse {
+			// Each event is flushed as it comes whatever the worker's
+			// framing (R-DP-2, as Go's ReverseProxy does): fasthttp
+			// flushes per read only an unsized body, so a sized stream
+			// goes out as an unsized one (chunked, or to an HTTP/1.0
+			// client ended by the close, its Content-Length kept).
+			size = -1
+		}
 		if relayable(ctx, sse, size, up) {
 			p.hijackEvents(ctx, b)
 			return served
@@ -948,6 +956,11 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 	}
 	return served
+}
+
+// isEventStream reports a text/event-stream answer (R-DP-2).
+func isEventStream(rh *fasthttp.ResponseHeader) bool {
+	return hasPrefixFold(rh.ContentType(), "text/event-stream")
 }
 
 // ownVersion answers the client in pinboard's HTTP version whatever the
