@@ -530,7 +530,7 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		}
 		return route, false
 	}
-	ctx.Response.Reset()
+	resetForRetry(&ctx.Response)
 	return next, true
 }
 
@@ -875,7 +875,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		// The refusal body is small; drain it so the connection stays warm.
 		ok := !noBody && cl >= 0 && cl <= p.smallBody && ctx.Response.ReadBody(pc.br, p.smallBody) == nil
 		p.finish(pool, pc, ok && keep, up)
-		ctx.Response.Reset()
+		resetForRetry(&ctx.Response)
 		return refused
 	}
 	if mayMovePlacement(status, cl) && !noBody {
@@ -895,7 +895,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		if !retryUnattested {
 			return served
 		}
-		ctx.Response.Reset()
+		resetForRetry(&ctx.Response)
 		return unattested
 	}
 	switch {
@@ -1058,6 +1058,17 @@ func invalidAnswer(err error) bool {
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, fasthttp.ErrTimeout) || (errors.As(err, &te) && te.Timeout())
+}
+
+// resetForRetry clears a worker's answer before the request is tried
+// again. Response.Reset alone also turns the server's NoDefaultContentType
+// off for the rest of the response, and the answer relayed after the
+// retry went out with a "text/plain; charset=utf-8" Content-Type the
+// worker never sent (R-DP-1). pinboard adds none, as on requests
+// (forward). A Date it may add: RFC 9110 §6.6.1 asks that of a proxy.
+func resetForRetry(r *fasthttp.Response) {
+	r.Reset()
+	r.Header.SetNoDefaultContentType(true)
 }
 
 // writeError sets a JSON error response {"error": msg} (R-DP-4); a

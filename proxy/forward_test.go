@@ -419,6 +419,31 @@ func TestInBandRefusalWebSocket_RPL6(t *testing.T) {
 	}
 }
 
+// The answer a request gets after the session gap's retry (R-TR-5) is
+// relayed with the worker's header fields only: one without Content-Type
+// gets none (R-DP-1). Before, the reset between tries turned the server's
+// NoDefaultContentType off and it went out as "text/plain; charset=utf-8".
+func TestAnswerAfterRetryKeepsHeader_RDP1_RTR5(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/bare", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header()["Content-Type"] = nil // no sniffing either
+		_, _ = io.WriteString(rw, "bare")
+	})
+	session := w.session.Load().(string)
+	w.session.Store("")
+	fn := func() { w.session.Store(session) }
+	w.unattested.Store(&fn)
+	defer w.unattested.Store(nil)
+	w.hits.Store(0)
+	res, body := rg.get("/counters/alice/bare", nil)
+	if res.StatusCode != 200 || body != "bare" || w.hits.Load() != 2 {
+		t.Fatalf("unexpected reply; got %d %q after %d hits; want 200 \"bare\" after 2", res.StatusCode, body, w.hits.Load())
+	}
+	if v, ok := res.Header["Content-Type"]; ok {
+		t.Fatalf("unexpected Content-Type on the answer after a retry; got %q; want none, as the worker sent it", v)
+	}
+}
+
 // A worker learns its session from the register ack, so for a moment
 // after pinboard wrote the ack — and for a whole re-registration — it
 // refuses attestations for that session with 403 "invalid attestation"

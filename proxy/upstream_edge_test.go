@@ -166,6 +166,34 @@ func TestWebSocketHandshakeTimeoutIs504_RDP4(t *testing.T) {
 	}
 }
 
+// A worker's refusal of an upgrade reaches the client with the worker's
+// header fields and no others, also once the handshake was tried again
+// (the session gap, R-TR-5): a 403 without Content-Type gets none
+// (R-DP-1). Before, the reset between tries turned the server's
+// NoDefaultContentType off for the rest of the response, and the relayed
+// 403 went out with "text/plain; charset=utf-8" the worker never sent.
+func TestRetriedUpgradeRefusalRelayedAsSent_RDP1_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var tries atomic.Int64
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		tries.Add(1)
+		conn, _, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "HTTP/1.1 403 Forbidden\r\nContent-Length: 6\r\n\r\ndenied")
+	})
+	_, br := rg.dialUpgrade("/counters/alice/ws", "")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusForbidden || tries.Load() < 2 {
+		t.Fatalf("unexpected answer; got %v, %v after %d tries; want the worker's 403 after more than one", res, err, tries.Load())
+	}
+	if v, ok := res.Header["Content-Type"]; ok {
+		t.Fatalf("unexpected Content-Type on the relayed refusal; got %q; want none, as the worker sent it", v)
+	}
+}
+
 // After the 10-minute sweep dropped an idle worker's pool, an owner whose
 // session lives on gets a fresh pool: connections are reused again.
 func TestSweptPoolReusedAgain_RDP1(t *testing.T) {

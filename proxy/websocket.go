@@ -109,7 +109,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// denial response carrying the marker. An upgrade has no body,
 			// so it is placed once more elsewhere, as forward does.
 			_ = conn.Close()
-			ctx.Response.Reset()
+			resetForRetry(&ctx.Response)
 			if route, ok = p.moveOff(ctx, rq, route, now, refused, refusals > 0); !ok {
 				return
 			}
@@ -133,7 +133,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 		_ = conn.Close()
-		ctx.Response.Reset()
+		resetForRetry(&ctx.Response)
 		p.metrics.UpstreamError("unattested")
 		if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
 			return
