@@ -64,6 +64,7 @@ func ParsePassport(raw []byte, lookupEnv func(string) (string, bool)) (*Passport
 		lookupEnv: lookupEnv,
 		p:         &Passport{byDigest: make(map[[sha256.Size]byte]*credential)},
 		keyPaths:  make(map[[sha256.Size]byte]string),
+		subPaths:  make(map[string]string),
 	}
 	warnUnknown(top, "", pp.warn, "providers", "namespaces")
 	providers, ok := top["providers"]
@@ -103,6 +104,7 @@ type passportParser struct {
 	lookupEnv func(string) (string, bool)
 	p         *Passport
 	keyPaths  map[[sha256.Size]byte]string // token digest → key that holds it
+	subPaths  map[string]string            // account id → key that holds it
 }
 
 func (pp *passportParser) warn(w string) {
@@ -185,6 +187,14 @@ func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, i
 		}
 	}
 	pr := &Principal{Sub: provider + ":" + name, Provider: provider, Name: name, Scopes: scopes}
+	// The registry tells accounts apart by sub alone (whose session a
+	// heartbeat, release or deregister may touch) and workers read it as
+	// acct.sub: provider "a:b" key "c" and provider "a" key "b:c" must not
+	// both be "a:b:c".
+	if prev, dup := pp.subPaths[pr.Sub]; dup {
+		return fmt.Errorf("cannot parse %s: its account id %q (provider:name) is also the account id of %s; rename one", named, pr.Sub, prev)
+	}
+	pp.subPaths[pr.Sub] = named
 	var claimsRaw json.RawMessage
 	if raw, ok := obj["claims"]; ok {
 		claimsObj, err := decodeObject(raw)

@@ -269,3 +269,22 @@ func TestParsePassport_TokenWithWhiteSpace_RTR1(t *testing.T) {
 		}
 	}
 }
+
+// Two keys must never share an account id: registry calls compare sub to
+// decide whose session a heartbeat, release or deregister may touch, and
+// workers read acct.sub as the account. Provider "a:b" key "c" and
+// provider "a" key "b:c" would both be "a:b:c".
+func TestParsePassport_SubCollision_RTR1(t *testing.T) {
+	raw := `{"providers":[
+		{"type":"staticToken","id":"a:b","keys":[{"name":"c","token":{"env":"PINBOARD_TOKEN"}}]},
+		{"type":"staticToken","id":"a","keys":[{"name":"b:c","token":{"env":"CLIENT_TOKEN"}}]}]}`
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err == nil {
+		t.Fatalf("unexpected success; got subs %q and %q; want an error", p.Principals()[0].Sub, p.Principals()[1].Sub)
+	}
+	for _, w := range []string{`providers[1].keys[0] "b:c"`, `account id "a:b:c"`, `providers[0].keys[0] "c"`} {
+		if !strings.Contains(err.Error(), w) {
+			t.Fatalf("unexpected error; got %v; want it to contain %q", err, w)
+		}
+	}
+}
