@@ -18,6 +18,7 @@ import (
 type Passport struct {
 	principals []*Principal
 	byDigest   map[[sha256.Size]byte]*credential
+	bySub      map[string]*Principal
 	policies   policySet
 	warnings   []string
 }
@@ -62,7 +63,7 @@ func ParsePassport(raw []byte, lookupEnv func(string) (string, bool)) (*Passport
 	}
 	pp := &passportParser{
 		lookupEnv: lookupEnv,
-		p:         &Passport{byDigest: make(map[[sha256.Size]byte]*credential)},
+		p:         &Passport{byDigest: make(map[[sha256.Size]byte]*credential), bySub: make(map[string]*Principal)},
 		keyPaths:  make(map[[sha256.Size]byte]string),
 		subPaths:  make(map[string]string),
 	}
@@ -223,6 +224,7 @@ func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, i
 	pp.keyPaths[digest] = named
 	pp.p.byDigest[digest] = &credential{token: token, principal: pr}
 	pp.p.principals = append(pp.p.principals, pr)
+	pp.p.bySub[pr.Sub] = pr
 	return nil
 }
 

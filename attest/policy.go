@@ -209,3 +209,21 @@ func (p *Passport) Admit(ns []byte, pr *Principal) Decision {
 	}
 	return Allow
 }
+
+// AdmitCall decides whether an attested cluster call (R-TR-6) from a
+// session that account sub registered may reach namespace ns ("/counters"
+// or "counters"). The call carries no credential of its own, so the
+// registering account's claims bound it as they bound that account's own
+// requests (R-TR-3): a key covering only /a must not reach /b through its
+// worker's session secret. A namespace that admits anonymous clients
+// admits every call; any other (deny included: an internal namespace
+// reached only by its fleet's calls) needs the account, still in the
+// passport, to cover it. AdmitCall allocates nothing.
+func (p *Passport) AdmitCall(ns []byte, sub string) bool {
+	ns = trimNamespace(ns)
+	if pol := p.policies.lookup(ns); pol != nil && pol.allow == allowAnonymous {
+		return true
+	}
+	pr := p.bySub[sub]
+	return pr != nil && coversNamespace(&pr.Claims, ns)
+}

@@ -205,8 +205,10 @@ func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
 // clusterCall verifies an instance-to-instance call (R-TR-6): the calling
 // worker names its session and proves it with the session secret it
 // registered; the caller then rides in the attestation and placement
-// prefers the caller's own worker (R-PL-4). Verified calls are admitted
-// whatever the namespace policy: they come from a registered worker.
+// prefers the caller's own worker (R-PL-4). Verified calls carry no
+// credential: the claims of the account that registered the calling
+// session bound them (attest.Passport.AdmitCall), whatever the namespace
+// policy says of clients.
 func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, now time.Time) bool {
 	h := &ctx.Request.Header
 	c := p.opCtx.get()
@@ -235,6 +237,10 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	// instance of the fleet, which the callee may trust.
 	if !servesNamespace(info.Namespaces, from[:slash]) {
 		writeError(ctx, fasthttp.StatusForbidden, "caller namespace not served by the calling session", 0)
+		return false
+	}
+	if !p.passport.AdmitCall(rq.ns, info.Sub) {
+		writeError(ctx, fasthttp.StatusForbidden, "namespace not covered by the calling session's credential", 0)
 		return false
 	}
 	depth := 1

@@ -639,6 +639,55 @@ func TestClusterCall_RTR6_RPL4(t *testing.T) {
 	}
 }
 
+// A cluster call is bound by the claims of the account that registered
+// the calling session (R-TR-3, R-TR-6): a key covering only /a registers a
+// worker for /a, and its session secret must not reach /b's instances,
+// which the key itself is refused. Namespaces that admit anonymous
+// clients stay open to every cluster call.
+func TestClusterCallBoundByCallerClaims_RTR3_RTR6(t *testing.T) {
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"tenant-a","token":{"env":"A"},"claims":{"pinboard":{"namespaces":["/a"]}}},
+		{"name":"tenant-b","token":{"env":"B"},"claims":{"pinboard":{"namespaces":["/b"]}}}
+	]}],"namespaces":{"*":{"allow":"authenticated"},"/open":{"allow":"anonymous"}}}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg := newRig(t, func(o *Options) { o.Passport = pp })
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	for _, w := range []struct {
+		s   *standin
+		sub string
+		ns  []string
+	}{{a, "p:tenant-a", []string{"/a"}}, {b, "p:tenant-b", []string{"/b", "/open"}}} {
+		res, err := rg.store.Register(t.Context(), &directory.Registration{
+			ClientID: "client-" + w.s.name, Sub: w.sub, Secret: w.s.secret, Namespaces: w.ns,
+			AdvertiseURL: w.s.srv.URL, Headroom: 1,
+		}, rg.now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.s.session.Store(res.SessionID)
+	}
+	call := map[string]string{
+		"Pinboard-Session":        a.session.Load().(string),
+		"Pinboard-Session-Secret": a.secret,
+		"Pinboard-From":           "/a/alice",
+	}
+	if res, body := rg.get("/b/bob/value", map[string]string{"Authorization": "Bearer tok-A"}); res.StatusCode != 403 {
+		t.Fatalf("unexpected reply to tenant a's key on /b; got %d %s; want 403", res.StatusCode, body)
+	}
+	if res, body := rg.get("/b/bob/value", call); res.StatusCode != 403 || b.hits.Load() != 0 {
+		t.Fatalf("unexpected reply to tenant a's cluster call on /b; got %d %s after %d hits at b; want 403 and none", res.StatusCode, body, b.hits.Load())
+	}
+	for _, path := range []string{"/a/carol/value", "/open/dave/value"} {
+		if res, body := rg.get(path, call); res.StatusCode != 200 {
+			t.Fatalf("unexpected reply to a cluster call on %s; got %d %s; want 200", path, res.StatusCode, body)
+		}
+	}
+}
+
 // Server-Sent Events leave as they are produced (R-DP-2).
 func TestSSEFlushedPerEvent_RDP2(t *testing.T) {
 	rg := newRig(t, nil)
