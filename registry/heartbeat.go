@@ -94,8 +94,11 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 		r.storeFailed(ctx, "heartbeat", err)
 		return nil, nil, nil, "unavailable"
 	}
-	// Same account, and its claims must still cover the registration.
-	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" {
+	// Same account, and its claims must still cover the registration,
+	// advertise URL included (R-TR-3): a passport that narrowed the key
+	// ends its sessions at hosts it may no longer register.
+	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" ||
+		pr.Claims.CheckBackend(info.AdvertiseURL) != nil {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 		return nil, nil, nil, "forbidden"
 	}

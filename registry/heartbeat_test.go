@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
 )
 
@@ -403,5 +404,25 @@ func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a healthy worker's heartbeat waited behind degraded sessions' probes")
+	}
+}
+
+// A heartbeat is refused once the key's allowedBackendHosts no longer
+// cover the session's advertise URL, as it is once its namespaces no
+// longer do (R-TR-3): after a passport narrows a key, a session at a host
+// the key may no longer register must not be renewed for ever.
+func TestHeartbeatBackendNoLongerAllowed_RTR3(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["10.0.0.1"]}}}
+	]}]}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := h.do(h.registry(pp), "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
+	if res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
 	}
 }
