@@ -49,12 +49,31 @@ func (e *apiError) Error() string {
 		s += " (PINBOARD_TOKEN was not accepted: check it is the deployment's operator token)"
 	case http.StatusForbidden:
 		s += " (the token lacks the pinboard:operator scope, or its claims do not cover that namespace or worker)"
+	case http.StatusNotFound:
+		if !e.fromRegistry() {
+			// Not the operator API's own 404: a PINBOARD_URL without
+			// pinboard's base path reaches its data plane ("unknown
+			// namespace"), or it is not pinboard at all.
+			s += " (is PINBOARD_URL pinboard itself, with its base path?)"
+		}
 	case http.StatusServiceUnavailable:
 		if e.RetryAfter != "" {
 			s += " (retry after " + e.RetryAfter + "s)"
 		}
 	}
 	return s
+}
+
+// The operator API's own 404 messages (registry/errors.go).
+const (
+	msgUnknownClient = "unknown clientId"
+	msgNoPlacement   = "no placement"
+)
+
+// fromRegistry reports whether a 404 is one the operator API answers about
+// a worker or an id.
+func (e *apiError) fromRegistry() bool {
+	return e.Status == http.StatusNotFound && (e.Message == msgUnknownClient || e.Message == msgNoPlacement)
 }
 
 // unreachableError: no HTTP answer at all.

@@ -215,9 +215,10 @@ func unexpectedAnswer(req string, raw []byte, change bool) error {
 	return fmt.Errorf("%s: unexpected answer %q: %s (is PINBOARD_URL pinboard itself, with its base path?)", req, b, what)
 }
 
-// withClientHint explains a 404 on drain and undrain.
+// withClientHint explains pinboard's 404 on drain and undrain; another 404
+// is not about the worker (apiError names PINBOARD_URL then).
 func withClientHint(err error, clientID string) error {
-	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound {
+	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound && ae.Message == msgUnknownClient {
 		return fmt.Errorf("%w: no live worker has clientId %q (list them with 'pinboardctl workers'; a restarted worker has a new one)", err, clientID)
 	}
 	return err
@@ -259,8 +260,9 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 	return err
 }
 
+// withPlacementHint explains pinboard's 404 on where and wind-down.
 func withPlacementHint(err error, ns, id string) error {
-	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound {
+	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound && ae.Message == msgNoPlacement {
 		return fmt.Errorf("%w: nothing owns %s/%s", err, namespace(ns), id)
 	}
 	return err

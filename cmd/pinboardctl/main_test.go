@@ -311,3 +311,38 @@ func TestFlagsForOtherCommandsRefused_RREG6(t *testing.T) {
 		}
 	}
 }
+
+// A PINBOARD_URL without pinboard's base path reaches the data plane,
+// which answers 404 "unknown namespace" for /registry/… . drain and
+// undrain read every 404 as pinboard's "unknown clientId" and told the
+// operator the worker was gone ("no live worker has clientId"), where
+// and wind-down that "nothing owns" the id: the operator went after the
+// fleet, not the URL. Only pinboard's own 404s get those hints; another
+// 404 points at PINBOARD_URL (R-REG-6).
+func TestNotFoundFromElsewhereNamesTheURL_RREG6(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(404)
+		io.WriteString(w, `{"error":"unknown namespace"}`)
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{
+		{"drain", "c1"},
+		{"undrain", "c1"},
+		{"where", "counters", "alice"},
+		{"wind-down", "counters", "alice", "--deadline", "30s"},
+		{"workers"},
+	} {
+		code, _, errs := runCtl(t, env, args...)
+		if code != exitAPI || strings.Contains(errs, "no live worker") || strings.Contains(errs, "nothing owns") || !strings.Contains(errs, "base path") {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d pointing at PINBOARD_URL's base path, not at the worker or the id", args, code, errs, exitAPI)
+		}
+	}
+	// pinboard's own 404s keep their hints.
+	f := &fake{}
+	env["PINBOARD_URL"] = f.server(t).URL + "/pb"
+	if code, _, errs := runCtl(t, env, "drain", "nope"); code != exitAPI || !strings.Contains(errs, `no live worker has clientId "nope"`) || strings.Contains(errs, "base path") {
+		t.Errorf("unexpected result for pinboard's unknown clientId; got exit %d, stderr %q; want exit %d with the clientId hint only", code, errs, exitAPI)
+	}
+}
