@@ -189,8 +189,14 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		// The port must be 0..65535 or a service name, and the host what
 		// HOST accepts, or net.Listen would refuse it only after the store
 		// was opened.
-		if _, perr := net.LookupPort("tcp", p); err != nil || perr != nil || checkListenHost(h) != nil {
+		mport, perr := net.LookupPort("tcp", p)
+		if err != nil || perr != nil || checkListenHost(h) != nil {
 			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
+		}
+		// The public listener binds first: on its port the admin one
+		// could only fail after it, exit 1, restarted for ever.
+		if pport, _ := strconv.Atoi(port); mport != 0 && mport == pport && sameListenHost(h, host) {
+			return nil, bad("PINBOARD_METRICS_ADDR", "must not be the public listener's address %s (HOST, PORT), got %q", c.Addr, c.MetricsAddr)
 		}
 	}
 	// pprof is served on the admin listener only: without it the setting
@@ -231,6 +237,22 @@ func checkListenHost(h string) error {
 		}
 	}
 	return nil
+}
+
+// sameListenHost reports whether listeners on hosts a and b, as checked
+// by checkListenHost, would clash on one port: the same host, or either
+// one all interfaces.
+func sameListenHost(a, b string) bool {
+	all := func(h string) bool {
+		ip, err := netip.ParseAddr(h)
+		return h == "" || err == nil && ip.IsUnspecified()
+	}
+	if all(a) || all(b) || strings.EqualFold(a, b) {
+		return true
+	}
+	ia, erra := netip.ParseAddr(a)
+	ib, errb := netip.ParseAddr(b)
+	return erra == nil && errb == nil && ia.Unmap() == ib.Unmap()
 }
 
 // checkStoreURL accepts the store schemes; anything else is a start-up

@@ -64,6 +64,12 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"metrics port not a number", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:metrics"}, nil, "PINBOARD_METRICS_ADDR:"},
 		{"metrics port out of range", map[string]string{"PINBOARD_METRICS_ADDR": ":99999"}, nil, "PINBOARD_METRICS_ADDR:"},
 		{"pprof without admin listener", map[string]string{"PINBOARD_PPROF": "1"}, nil, "PINBOARD_PPROF: needs PINBOARD_METRICS_ADDR"},
+		// The admin listener on the public listener's port failed to bind
+		// after the public one started: exit 1, restarted for ever.
+		{"metrics on the public port", map[string]string{"PORT": "18080", "PINBOARD_METRICS_ADDR": ":18080"}, nil, "PINBOARD_METRICS_ADDR: must not be the public listener's address"},
+		{"metrics on the public address", map[string]string{"HOST": "127.0.0.1", "PORT": "18080", "PINBOARD_METRICS_ADDR": "127.0.0.1:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
+		{"metrics on all interfaces at the public port", map[string]string{"HOST": "127.0.0.1", "PORT": "18080", "PINBOARD_METRICS_ADDR": "0.0.0.0:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
+		{"metrics on the public port by name", map[string]string{"HOST": "::1", "PORT": "80", "PINBOARD_METRICS_ADDR": "[::1]:http"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,9 +161,19 @@ func TestConfigListenAddresses_RSRV3(t *testing.T) {
 			t.Errorf("unexpected error for HOST=%q; got %v; want nil", host, err)
 		}
 	}
-	// What net.Listen takes keeps working: a service name for the port.
-	for _, addr := range []string{"127.0.0.1:9090", ":0", "[::1]:http", "localhost:https"} {
+	// What net.Listen takes keeps working: a service name for the port,
+	// the public port on another address, both on a port of the kernel's.
+	for _, addr := range []string{"127.0.0.1:9090", ":0", "[::1]:http", "localhost:https", "127.0.0.2:8080"} {
 		kv := base()
+		kv["HOST"] = "127.0.0.1"
+		kv["PINBOARD_METRICS_ADDR"] = addr
+		if _, err := loadConfig(env(kv)); err != nil {
+			t.Errorf("unexpected error for PINBOARD_METRICS_ADDR=%q; got %v; want nil", addr, err)
+		}
+	}
+	for _, addr := range []string{":0", "127.0.0.1:0"} {
+		kv := base()
+		kv["PORT"] = "0"
 		kv["PINBOARD_METRICS_ADDR"] = addr
 		if _, err := loadConfig(env(kv)); err != nil {
 			t.Errorf("unexpected error for PINBOARD_METRICS_ADDR=%q; got %v; want nil", addr, err)
