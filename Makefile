@@ -12,6 +12,9 @@ PORT ?= 8080
 # well-known token may register a worker at any host. RUN_HOST=0.0.0.0
 # (or another address) to reach it from elsewhere.
 RUN_HOST ?= 127.0.0.1
+# The URL make run prints: RUN_HOST, loopback when it is all interfaces,
+# an IPv6 address in brackets.
+RUN_URL_HOST = $(if $(filter-out 0.0.0.0 ::,$(strip $(RUN_HOST))),$(if $(findstring :,$(RUN_HOST)),[$(strip $(RUN_HOST))],$(strip $(RUN_HOST))),127.0.0.1)
 
 DEV_PASSPORT := {"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}
 
@@ -27,8 +30,8 @@ build:
 # workers and operators). Dev only: see README.md for production.
 run: build
 	@echo "pinboard dev token: $(DEV_TOKEN)"
-	@echo "  workers:   PINBOARD_URL=http://127.0.0.1:$(PORT) PINBOARD_TOKEN=$(DEV_TOKEN)"
-	@echo "  operators: curl -H 'Authorization: Bearer $(DEV_TOKEN)' http://127.0.0.1:$(PORT)/registry/workers"
+	@echo "  workers:   PINBOARD_URL=http://$(RUN_URL_HOST):$(PORT) PINBOARD_TOKEN=$(DEV_TOKEN)"
+	@echo "  operators: curl -H 'Authorization: Bearer $(DEV_TOKEN)' http://$(RUN_URL_HOST):$(PORT)/registry/workers"
 	PINBOARD_TOKEN='$(DEV_TOKEN)' PINBOARD_PASSPORT='$(DEV_PASSPORT)' REDIS_URL=memory: HOST=$(RUN_HOST) PORT=$(PORT) \
 		./$(BIN)/pinboard
 

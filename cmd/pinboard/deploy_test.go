@@ -817,3 +817,34 @@ for b in redis-server redis-cli taskset; do printf '#!/bin/bash\necho stand-in\n
 		}
 	}
 }
+
+// make run prints the URL workers and operators use. It always said
+// 127.0.0.1, which nothing listens on once RUN_HOST names another
+// address (README.md: "make run PORT=… RUN_HOST=…"): the printed
+// commands were refused. It names RUN_HOST, loopback for all interfaces.
+func TestMakeRunPrintsListenURL_RSRV3(t *testing.T) {
+	makeBin, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("no make on PATH")
+	}
+	for host, want := range map[string]string{
+		"127.0.0.1": "http://127.0.0.1:18080",
+		"0.0.0.0":   "http://127.0.0.1:18080",
+		"::":        "http://127.0.0.1:18080",
+		"":          "http://127.0.0.1:18080",
+		"::1":       "http://[::1]:18080",
+		"10.1.2.3":  "http://10.1.2.3:18080",
+		"localhost": "http://localhost:18080",
+	} {
+		// -n prints the recipe, echo lines included, running nothing.
+		out, err := exec.Command(makeBin, "-s", "-n", "-C", "../..", "run", "RUN_HOST="+host, "PORT=18080").CombinedOutput()
+		if err != nil {
+			t.Fatalf("make -n run RUN_HOST=%s: %v\n%s", host, err, out)
+		}
+		for _, line := range []string{"PINBOARD_URL=" + want + " ", want + "/registry/workers"} {
+			if !strings.Contains(string(out), line) {
+				t.Errorf("unexpected make run output for RUN_HOST=%q; got\n%s\nwant a line with %q", host, out, line)
+			}
+		}
+	}
+}
