@@ -175,7 +175,43 @@ func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 	// block is intact: a whole block in the buffer is parsed without a
 	// read, and the buffer moves only on a read.
+	if len(rh.ContentEncoding()) > 0 {
+		joinContentEncodings(rh, block)
+	}
 	return checkResponseFraming(rh, block, te, cl)
+}
+
+// joinContentEncodings gives rh the values of every Content-Encoding line
+// of its raw block, in order, joined by ", ": several lines of a list
+// field are one list (RFC 9110 §5.3, §8.4). fasthttp keeps one value and
+// each line replaced the one before, so a body coded twice on two lines
+// went out as coded once (R-DP-1). Slow path: it allocates only for an
+// answer with two lines or more.
+func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
+	var joined []byte
+	n := 0
+	for rest := block; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if !fieldNamed(line, "Content-Encoding") {
+			continue
+		}
+		v := bytes.Trim(line[bytes.IndexByte(line, ':')+1:], " \t\r")
+		if len(v) == 0 {
+			continue
+		}
+		if n++; n > 1 {
+			joined = append(joined, ", "...)
+		}
+		joined = append(joined, v...)
+	}
+	if n > 1 {
+		rh.SetContentEncodingBytes(joined)
+	}
 }
 
 // checkResponseFraming refuses a parsed response header whose raw block

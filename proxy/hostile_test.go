@@ -968,3 +968,28 @@ func TestInvalidAnswerToldApart_RDP4(t *testing.T) {
 		})
 	}
 }
+
+// TestContentEncodingLinesKept_RDP1: a worker's answer with its codings
+// on several Content-Encoding lines (a list field: RFC 9110 §5.3, §8.4)
+// reaches the client with every coding, in order. fasthttp keeps one
+// Content-Encoding and each line replaced the one before: a body gzipped,
+// then brotli-compressed, went out as "br" alone, and the client decoded
+// gzip bytes as the content.
+func TestContentEncodingLinesKept_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	w.route("/value", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Add("Content-Encoding", "gzip")
+		rw.Header().Add("Content-Encoding", "br")
+		_, _ = io.WriteString(rw, "ok")
+	})
+	res, body := rg.get("/counters/alice/value", nil)
+	var got []string
+	for _, v := range res.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			got = append(got, strings.TrimSpace(c))
+		}
+	}
+	if want := []string{"gzip", "br"}; res.StatusCode != 200 || body != "ok" || strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("unexpected content codings; got %d %q; want %q", res.StatusCode, got, want)
+	}
+}
