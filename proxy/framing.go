@@ -188,7 +188,7 @@ func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 // went out as coded once (R-DP-1). Slow path: it allocates only for an
 // answer with two lines or more.
 func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
-	var joined []byte
+	var first, joined []byte
 	n := 0
 	for rest := block; len(rest) > 0; {
 		line := rest
@@ -204,10 +204,14 @@ func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
 		if len(v) == 0 {
 			continue
 		}
-		if n++; n > 1 {
-			joined = append(joined, ", "...)
+		switch n++; n {
+		case 1:
+			first = v // no copy while it is the only one
+		case 2:
+			joined = append(append(append(joined, first...), ", "...), v...)
+		default:
+			joined = append(append(joined, ", "...), v...)
 		}
-		joined = append(joined, v...)
 	}
 	if n > 1 {
 		rh.SetContentEncodingBytes(joined)

@@ -98,3 +98,23 @@ func TestResponseFramingAllocatesNothing_RDP1(t *testing.T) {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
 	}
 }
+
+// One Content-Encoding line, the usual case of a compressed answer, is
+// read without an allocation (joinContentEncodings' fast path).
+func TestOneContentEncodingAllocatesNothing_RDP1(t *testing.T) {
+	resp := "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello"
+	var rh fasthttp.ResponseHeader
+	sr := strings.NewReader(resp)
+	br := bufio.NewReaderSize(sr, 4096)
+	allocs := testing.AllocsPerRun(100, func() {
+		sr.Reset(resp)
+		br.Reset(sr)
+		rh.Reset()
+		if err := readFramedHeader(&rh, br); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 || string(rh.ContentEncoding()) != "gzip" {
+		t.Fatalf("unexpected read of one Content-Encoding line; got %v allocations, %q; want 0, gzip", allocs, rh.ContentEncoding())
+	}
+}
