@@ -183,6 +183,7 @@ func (p *connPool) wait(now time.Time) (*pconn, error) {
 	defer t.Stop()
 	for {
 		if pc := p.popIdle(now); pc != nil {
+			p.passWake()
 			return pc, nil
 		}
 		select {
@@ -191,6 +192,23 @@ func (p *connPool) wait(now time.Time) (*pconn, error) {
 			return p.dialNew()
 		case <-t.C:
 			return nil, errPoolExhausted
+		}
+	}
+}
+
+// passWake hands the wake-up on when connections are left idle and others
+// wait: idleReady holds one pending wake, so of two puts made while two
+// waiters were between popIdle and their select, the second found it
+// taken, and the waiter left over would sleep beside an idle connection
+// until ConnWait ran out (its client: 503 "owner busy").
+func (p *connPool) passWake() {
+	p.mu.Lock()
+	more := len(p.idle) > 0 && p.waiters > 1 // this one counts until it returns
+	p.mu.Unlock()
+	if more {
+		select {
+		case p.idleReady <- struct{}{}:
+		default:
 		}
 	}
 }
