@@ -1,0 +1,102 @@
+package server
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A connection an event stream was relayed on waits for its next request
+// as a keep-alive connection does, under the idle timeout: it was handed
+// back to the server as a new connection, whose wait for a first byte is
+// the header timeout, and at its end fasthttp wrote an unsolicited 408 —
+// the answer a client read for the request it sent after a pause shorter
+// than the idle timeout; with an idle timeout shorter than the header
+// timeout the connection was held past it (R-DP-2).
+func TestResumedConnectionIdleTimeout_RDP2(t *testing.T) {
+	worker := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/events") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: 1\n\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	for _, tc := range []struct {
+		idle, header, pause time.Duration
+		open                bool
+	}{
+		{idle: 5 * time.Second, header: 300 * time.Millisecond, pause: time.Second, open: true},
+		{idle: 300 * time.Millisecond, header: 5 * time.Second, pause: 1500 * time.Millisecond, open: false},
+	} {
+		_, public := workerNode(t, Options{IdleTimeout: tc.idle, HeaderTimeout: tc.header}, worker)
+		c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprint(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, err := io.ReadAll(res.Body); err != nil || string(b) != "data: 1\n\n" || res.Header.Get("Connection") != "" {
+			t.Fatalf("unexpected event stream; got %q, %v, Connection %q; want one event, keep-alive", b, err, res.Header.Get("Connection"))
+		}
+		time.Sleep(tc.pause)
+		if !tc.open {
+			if b, err := io.ReadAll(br); err != nil || len(b) != 0 {
+				t.Fatalf("unexpected end of a connection idle %v past an event stream (idle timeout %v); got %q, %v; want closed without a byte", tc.pause, tc.idle, b, err)
+			}
+			continue
+		}
+		fmt.Fprint(c, "GET /counters/alice/v HTTP/1.1\r\nHost: a\r\n\r\n")
+		res, err = http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("unexpected answer after idling %v past an event stream (idle timeout %v); got %v; want 200", tc.pause, tc.idle, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode != http.StatusOK || string(b) != "ok" {
+			t.Fatalf("unexpected answer after idling %v past an event stream (idle timeout %v); got %d %q; want 200 %q", tc.pause, tc.idle, res.StatusCode, b, "ok")
+		}
+	}
+}
+
+// A connection handed back by an event relay and waiting for its next
+// request is closed by a graceful shutdown, as an idle keep-alive
+// connection is, not left open until its idle timeout (R-DP-2).
+func TestResumedConnectionClosedAtShutdown_RDP2(t *testing.T) {
+	_, public, stop := workerNodeStop(t, Options{IdleTimeout: time.Minute}, time.Second,
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: 1\n\n")
+		}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	fmt.Fprint(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.ReadAll(res.Body)
+	time.Sleep(100 * time.Millisecond) // the relay hands the connection back
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("unexpected shutdown error; got %v; want nil", err)
+	}
+	if b, err := io.ReadAll(br); err != nil || len(b) != 0 || time.Since(start) > 5*time.Second {
+		t.Fatalf("unexpected end of a resumed connection at shutdown; got %q, %v after %v; want closed at once", b, err, time.Since(start))
+	}
+}
