@@ -5,10 +5,14 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"net"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // MaxBody is the registry request body limit (R-REG-7): 1 MiB. The server
@@ -22,8 +26,9 @@ var (
 	errShape       = errors.New("schema failure")
 )
 
-// readBody returns the request body, at most MaxBody bytes.
-func readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
+// readBody returns the request body, at most MaxBody bytes. A body read
+// in pieces renews the read deadline before each (Options.BodyStall).
+func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 	if cl := ctx.Request.Header.ContentLength(); cl > MaxBody {
 		return nil, errTooLarge
 	}
@@ -34,7 +39,11 @@ func readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 		}
 		return b, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), MaxBody+1))
+	src := ctx.RequestBodyStream()
+	if r.stall > 0 {
+		src = stallReader{r: src, c: ctx.Conn(), stall: r.stall}
+	}
+	b, err := io.ReadAll(io.LimitReader(src, MaxBody+1))
 	if err != nil {
 		return nil, err
 	}
@@ -42,6 +51,23 @@ func readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 		return nil, errTooLarge
 	}
 	return b, nil
+}
+
+// stallReader pushes c's read deadline stall away before each read of r:
+// a body must keep moving, not arrive whole within one deadline. The
+// write deadline the server keeps for the answer (server.Handle) moves
+// with it, or the answer to a body that took longer would be dropped.
+type stallReader struct {
+	r     io.Reader
+	c     net.Conn
+	stall time.Duration
+}
+
+func (s stallReader) Read(p []byte) (int, error) {
+	now := time.Now()
+	_ = s.c.SetReadDeadline(now.Add(s.stall))
+	rawio.KeepWriteDeadline(s.c, now, s.stall)
+	return s.r.Read(p)
 }
 
 // decode parses a JSON body into v. Syntax errors are errInvalidJSON;
@@ -236,8 +262,8 @@ func stringEnd(b []byte, start int) (int, bool) {
 
 // readJSON reads and decodes the body, answering the request itself on
 // failure (413, 400 invalid json, 400 with shapeBody). It reports success.
-func readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) bool {
-	b, err := readBody(ctx)
+func (r *Registry) readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) bool {
+	b, err := r.readBody(ctx)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
 			reply(ctx, fasthttp.StatusRequestEntityTooLarge, bodyTooLarge)

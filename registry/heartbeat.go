@@ -69,7 +69,7 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 		return nil, nil, nil, "auth"
 	}
 	body := &heartbeatBody{}
-	if !readJSON(ctx, body, bodyHeartbeatShape) {
+	if !r.readJSON(ctx, body, bodyHeartbeatShape) {
 		return nil, nil, nil, "bad_request"
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||

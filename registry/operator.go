@@ -170,7 +170,7 @@ func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
 		ClientID *string  `json:"clientId"`
 		Deadline *float64 `json:"deadline"`
 	}
-	if !readJSON(ctx, &body, bodyDrainShape) {
+	if !r.readJSON(ctx, &body, bodyDrainShape) {
 		return
 	}
 	if body.ClientID == nil || *body.ClientID == "" {
@@ -199,7 +199,7 @@ func (r *Registry) undrain(ctx *fasthttp.RequestCtx) {
 	var body struct {
 		ClientID *string `json:"clientId"`
 	}
-	if !readJSON(ctx, &body, bodyUndrainShape) {
+	if !r.readJSON(ctx, &body, bodyUndrainShape) {
 		return
 	}
 	if body.ClientID == nil || *body.ClientID == "" {
@@ -251,7 +251,7 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 		ID        *string         `json:"id"`
 		Deadline  json.RawMessage `json:"deadline"`
 	}
-	if !readJSON(ctx, &body, bodyWindDownShape) {
+	if !r.readJSON(ctx, &body, bodyWindDownShape) {
 		return
 	}
 	if body.Namespace == nil || body.ID == nil || len(body.Deadline) == 0 {

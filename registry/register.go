@@ -165,7 +165,7 @@ func (r *Registry) register(ctx *fasthttp.RequestCtx) *probeCall {
 		return nil
 	}
 	var body registerBody
-	if !readJSON(ctx, &body, bodyRegisterShape) {
+	if !r.readJSON(ctx, &body, bodyRegisterShape) {
 		return nil
 	}
 	reg := body.validate()

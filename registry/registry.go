@@ -56,6 +56,11 @@ type Options struct {
 	Logger   *slog.Logger
 	// Observer receives registry events for metrics; nil ignores them.
 	Observer Observer
+	// BodyStall is how long a request body read in pieces may make no
+	// progress: each read pushes the client connection's read deadline
+	// this far, so a large body over a slow link is not cut while it
+	// moves. 0 leaves the deadline the server set.
+	BodyStall time.Duration
 }
 
 // Observer sees registry outcomes (for metrics). Methods must be cheap.
@@ -83,6 +88,7 @@ type Registry struct {
 	base     string
 	log      *slog.Logger
 	obs      Observer
+	stall    time.Duration // Options.BodyStall
 	stopping atomic.Bool
 	gov      *governor
 	stopGov  context.CancelFunc
@@ -104,6 +110,7 @@ func New(o Options) (*Registry, error) {
 		base:     o.BasePath,
 		log:      o.Logger,
 		obs:      o.Observer,
+		stall:    o.BodyStall,
 	}
 	if r.now == nil {
 		r.now = time.Now

@@ -31,7 +31,7 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 	if pr == nil {
 		return
 	}
-	b, err := readBody(ctx)
+	b, err := r.readBody(ctx)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
 			reply(ctx, fasthttp.StatusRequestEntityTooLarge, bodyTooLarge)
@@ -136,7 +136,7 @@ func (r *Registry) deregister(ctx *fasthttp.RequestCtx) {
 	var body struct {
 		SessionID *string `json:"sessionId"`
 	}
-	if !readJSON(ctx, &body, bodyDeregisterShape) {
+	if !r.readJSON(ctx, &body, bodyDeregisterShape) {
 		return
 	}
 	if body.SessionID == nil {

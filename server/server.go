@@ -157,33 +157,16 @@ func New(o Options) (*Pinboard, error) {
 	if base != "" && base[0] != '/' {
 		return nil, fmt.Errorf("cannot build pinboard: base path %q must start with /", o.BasePath)
 	}
-	reg, err := registry.New(registry.Options{
-		Store:        o.Store,
-		Passport:     o.Passport,
-		LeaseTTL:     o.LeaseTTL,
-		Now:          o.Now,
-		ProbeTimeout: o.ProbeTimeout,
-		Workers:      o.RegistryWorkers,
-		MinWorkers:   o.RegistryMinWorkers,
-		Queue:        o.RegistryQueue,
-		BasePath:     base,
-		Logger:       o.Logger,
-		Observer:     o.RegistryObserver,
-	})
-	if err != nil {
-		return nil, err
-	}
 	pb := &Pinboard{
-		linger:   rawio.NewLinger(lingerMax, lingerWait, lingerTotal),
-		opts:     o,
-		store:    o.Store,
-		registry: reg,
-		base:     []byte(base),
-		log:      o.Logger,
-		now:      o.Now,
-		metrics:  o.Metrics,
-		access:   newAccessLog(o.AccessLogSample, o.Logger),
-		resumed:  make(map[net.Conn]struct{}),
+		linger:  rawio.NewLinger(lingerMax, lingerWait, lingerTotal),
+		opts:    o,
+		store:   o.Store,
+		base:    []byte(base),
+		log:     o.Logger,
+		now:     o.Now,
+		metrics: o.Metrics,
+		access:  newAccessLog(o.AccessLogSample, o.Logger),
+		resumed: make(map[net.Conn]struct{}),
 	}
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,
@@ -201,6 +184,24 @@ func New(o Options) (*Pinboard, error) {
 		Resume: pb.resume,
 	})
 	pb.stall = pb.proxy.StallTimeout()
+	reg, err := registry.New(registry.Options{
+		Store:        o.Store,
+		Passport:     o.Passport,
+		LeaseTTL:     o.LeaseTTL,
+		Now:          o.Now,
+		ProbeTimeout: o.ProbeTimeout,
+		Workers:      o.RegistryWorkers,
+		MinWorkers:   o.RegistryMinWorkers,
+		Queue:        o.RegistryQueue,
+		BasePath:     base,
+		Logger:       o.Logger,
+		Observer:     o.RegistryObserver,
+		BodyStall:    bodyStall(o.ReadTimeout, pb.stall),
+	})
+	if err != nil {
+		return nil, err
+	}
+	pb.registry = reg
 	bodyRead := bodyTimeout(o.ReadTimeout, pb.stall)
 	handler := pb.Handle
 	if pb.access.on() {
@@ -300,6 +301,18 @@ func bodyTimeout(read, stall time.Duration) time.Duration {
 		return stall
 	}
 	return 365 * 24 * time.Hour
+}
+
+// bodyStall is the registry's BodyStall: with ReadTimeout set, a body gets
+// that much in all (the server's deadline, set at its header); otherwise
+// it must keep moving, each read within the stall timeout, as an upload
+// to a worker must — a deadline never renewed cut a 1 MiB body sent over
+// a slow link, and answered it 400 "invalid json".
+func bodyStall(read, stall time.Duration) time.Duration {
+	if read > 0 {
+		return 0
+	}
+	return stall
 }
 
 func trimSlash(s string) string {
