@@ -87,6 +87,11 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			pending := make([]byte, br.Buffered())
 			_, _ = io.ReadFull(br, pending)
 			ctx.Response.Reset()
+			// The relay writes the worker's 101 itself and the server
+			// writes nothing (hijack), but the request is counted by the
+			// status left here (Metrics.Request, the access log): a
+			// relayed WebSocket is a 101, not the 200 of a reset response.
+			ctx.Response.SetStatusCode(fasthttp.StatusSwitchingProtocols)
 			client := ctx.Conn()
 			g := p.hijacks.pend(conn)
 			g.hijack(ctx, func(hc net.Conn) {
