@@ -715,7 +715,8 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
 		up, err := writeRequest(ctx, pool, pc)
-		if err == nil {
+		wrote := err == nil
+		if wrote {
 			if up == nil {
 				pc.armHeaderDeadline(now, pool.headerTimeout)
 			}
@@ -747,10 +748,17 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 				continue
 			}
 			ctx.Response.Reset()
-			if isTimeout(err) {
+			switch {
+			case isTimeout(err):
 				p.metrics.UpstreamError("timeout")
 				writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
-			} else {
+			case !wrote:
+				// The worker's connection did not take the request:
+				// nothing was read from it, so neither "read" nor
+				// "invalid" says what failed.
+				p.metrics.UpstreamError("write")
+				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+			default:
 				p.answerReadError(ctx, err)
 			}
 			return failed

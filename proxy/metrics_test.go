@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -88,5 +89,44 @@ func TestWebSocketRequestCountedAs101_RDP2(t *testing.T) {
 	want := []recorded{{"/counters", true, 101}}
 	if len(got) != 1 || got[0] != want[0] {
 		t.Fatalf("unexpected requests recorded; got %v; want %v", got, want)
+	}
+}
+
+// A request the worker's connection fails to take (it reset the connection
+// while the body went out) counts as kind "write", not "read": nothing
+// was read from it (pinboard_proxy_upstream_errors_total, R-DP-4).
+func TestWriteFailureCountedAsWrite_RDP4(t *testing.T) {
+	var m recorder
+	rg := newRig(t, func(o *Options) { o.Metrics = &m; o.SmallBody = 16 << 20 })
+	rg.warm()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Take the start of the request, then reset the connection.
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, _ = c.Read(make([]byte, 1024))
+			_ = c.(*net.TCPConn).SetLinger(0)
+			_ = c.Close()
+		}
+	}()
+	w := rawWorker("w", ln)
+	rg.serveIDs(t, w, "alice")
+	req, _ := http.NewRequest("POST", rg.url+"/counters/alice/x", strings.NewReader(strings.Repeat("x", 16<<20)))
+	res, body := rg.do(req)
+	if res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unexpected answer; got %d %s; want 502", res.StatusCode, body)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.upstream) != 1 || m.upstream[0] != "write" {
+		t.Fatalf("unexpected upstream error kinds; got %q; want [write]", m.upstream)
 	}
 }
