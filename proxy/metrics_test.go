@@ -130,3 +130,30 @@ func TestWriteFailureCountedAsWrite_RDP4(t *testing.T) {
 		t.Fatalf("unexpected upstream error kinds; got %q; want [write]", m.upstream)
 	}
 }
+
+// A worker's refusal of an upgrade cut short (its body never whole) is
+// answered 502 "owner unreachable" and counted as kind "read", as the same
+// failure on any other request is (pinboard_proxy_upstream_errors_total,
+// R-DP-4).
+func TestCutUpgradeRefusalCountedAsRead_RDP4(t *testing.T) {
+	var m recorder
+	rg, w := newRigWorker(t, func(o *Options) { o.Metrics = &m })
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 10\r\n\r\nabc")
+	})
+	_, br := rg.dialUpgrade("/counters/alice/ws", "")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unexpected answer; got %v, %v; want 502", res, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.upstream) != 1 || m.upstream[0] != "read" {
+		t.Fatalf("unexpected upstream error kinds; got %q; want [read]", m.upstream)
+	}
+}

@@ -214,6 +214,7 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 	}
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
 		ctx.Response.Reset()
+		p.metrics.UpstreamError("read")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 	}
 }
