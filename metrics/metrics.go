@@ -91,8 +91,9 @@ func upstreamKind(kind string) int {
 	return len(upstreamKinds) - 1
 }
 
-// Heartbeat outcomes (registry.Observer.Heartbeat).
-var heartbeatOutcomes = [...]string{"ok", "degraded", "auth", "bad_request", "unknown_session", "forbidden", "voided", "unavailable", "other"}
+// Heartbeat outcomes (registry.Observer.Heartbeat): every outcome the
+// registry reports, superseded (R-LS-4) included, then other.
+var heartbeatOutcomes = [...]string{"ok", "degraded", "auth", "bad_request", "unknown_session", "superseded", "forbidden", "voided", "unavailable", "other"}
 
 func heartbeatOutcome(o string) int {
 	for i, k := range heartbeatOutcomes[:len(heartbeatOutcomes)-1] {

@@ -246,3 +246,14 @@ func TestExpiredWorkersFromStore_RLS2(t *testing.T) {
 	_ = store.Sweep(t.Context(), now)
 	want(t, scrape(t, m), `pinboard_workers{state="expired"}`, "0")
 }
+
+// A superseded session's heartbeat (409 registration superseded, R-LS-4),
+// an outcome the registry reports, counts under its own outcome, not as
+// "other".
+func TestSupersededHeartbeatOutcome_RLS4(t *testing.T) {
+	m := New(Options{})
+	m.Heartbeat(time.Millisecond, "superseded")
+	got := scrape(t, m)
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="superseded"}`, "1")
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="other"}`, "0")
+}
