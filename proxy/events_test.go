@@ -405,7 +405,7 @@ func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
 }
 
 // relayGoroutines counts the goroutines inside a relay off the server:
-// a stream's (relayStream) or a WebSocket's (hijacks.relay).
+// a stream's (relayStream) or a WebSocket's (hijacks.run).
 func relayGoroutines() int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -418,7 +418,7 @@ func relayGoroutines() int {
 	}
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "proxy.(*Proxy).relayStream") || strings.Contains(g, "proxy.(*hijacks).relay") {
+		if strings.Contains(g, "proxy.(*Proxy).relayStream") || strings.Contains(g, "proxy.(*hijacks).run") {
 			n++
 		}
 	}
