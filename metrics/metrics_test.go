@@ -257,3 +257,17 @@ func TestSupersededHeartbeatOutcome_RLS4(t *testing.T) {
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="superseded"}`, "1")
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="other"}`, "0")
 }
+
+// Heartbeats the registry turned away before they ran count under their
+// own outcomes, "busy" (pool full) and "stopping" (node shutting down),
+// not as "other" (R-REG-2).
+func TestRefusedHeartbeatOutcomes_RREG2(t *testing.T) {
+	m := New(Options{})
+	m.Heartbeat(time.Millisecond, "busy")
+	m.Heartbeat(time.Millisecond, "busy")
+	m.Heartbeat(time.Millisecond, "stopping")
+	got := scrape(t, m)
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="busy"}`, "2")
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="stopping"}`, "1")
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="other"}`, "0")
+}

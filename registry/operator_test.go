@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -270,5 +271,72 @@ func TestReleaseNullBody_RREG7(t *testing.T) {
 		if res := h.post("/registry/release", workerToken, body); res.status != 400 || res.body != want {
 			t.Fatalf("unexpected reply for %q; got %d %s; want 400 %s", body, res.status, res.body, want)
 		}
+	}
+}
+
+// outcomes records the heartbeat outcomes a Registry reports.
+type outcomes struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (o *outcomes) Heartbeat(_ time.Duration, outcome string) {
+	o.mu.Lock()
+	o.got = append(o.got, outcome)
+	o.mu.Unlock()
+}
+func (o *outcomes) Probe(time.Duration, ProbeResult) {}
+func (o *outcomes) QueueDepth(int)                   {}
+
+func (o *outcomes) last() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.got) == 0 {
+		return ""
+	}
+	return o.got[len(o.got)-1]
+}
+
+// A heartbeat the registry turns away before it runs — its pool full
+// (503 registry busy) or the node stopping (503 not the serving fleet) —
+// is an answered heartbeat all the same: pinboard_registry_heartbeats_total
+// counts it by why, "busy" or "stopping", and an operator sees workers
+// being refused, where before nothing was counted (R-REG-2).
+func TestRefusedHeartbeatsObserved_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	obs := &outcomes{}
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	block := make(chan struct{})
+	started := make(chan struct{})
+	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	queued := make(chan struct{})
+	go func() {
+		defer close(queued)
+		_ = r.pool.Submit(func() {})
+	}()
+	waitQueued(t, r)
+	res := h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
+	close(block)
+	<-queued
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || obs.last() != "busy" {
+		t.Fatalf("unexpected heartbeat on a full pool; got %d %s, outcome %q; want 503 registry busy, busy", res.status, res.body, obs.last())
+	}
+
+	r.Stop()
+	res = h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
+	if res.status != 503 || obs.last() != "stopping" {
+		t.Fatalf("unexpected heartbeat on a stopping node; got %d %s, outcome %q; want 503, stopping", res.status, res.body, obs.last())
+	}
+	res = h.do(r, "POST", "/registry/heartbeat", "wrong", h.beatBody(session, nil))
+	if res.status != 401 || obs.last() != "auth" {
+		t.Fatalf("unexpected heartbeat with a bad token on a stopping node; got %d %s, outcome %q; want 401, auth", res.status, res.body, obs.last())
 	}
 }

@@ -196,16 +196,25 @@ func (r *Registry) Capacity() int { return r.pool.Cap() }
 // path removed. The handler waits for the pool task: fasthttp's ctx must
 // not be touched after ServeHTTP returns.
 func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
+	start := time.Now()
 	h, p, scope := r.route(ctx, path)
 	if h == nil && p == nil {
 		return
 	}
+	// Heartbeats turned away before their handler runs are counted here,
+	// by why: a worker refused is what an operator watches for.
+	beat := string(path) == "/registry/heartbeat"
 	if r.stopping.Load() {
 		// The reference's error table puts credentials first: a worker
 		// with a bad token learns that (401/403) from a stopping node too,
 		// not only a Retry-After.
+		outcome := "auth"
 		if r.principal(ctx, scope) != nil {
 			replyRetry(ctx, bodyNotServing, 1)
+			outcome = "stopping"
+		}
+		if beat {
+			r.obs.Heartbeat(time.Since(start), outcome)
 		}
 		return
 	}
@@ -224,6 +233,13 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		call.then(ctx, res, err)
 		return nil
 	})
+	if !ok && beat {
+		outcome := "busy"
+		if r.stopping.Load() {
+			outcome = "stopping" // the pool closed under it
+		}
+		r.obs.Heartbeat(time.Since(start), outcome)
+	}
 	if !ok || call == nil {
 		return
 	}
