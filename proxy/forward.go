@@ -748,19 +748,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 				continue
 			}
 			ctx.Response.Reset()
-			switch {
-			case isTimeout(err):
-				p.metrics.UpstreamError("timeout")
-				writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
-			case !wrote:
-				// The worker's connection did not take the request:
-				// nothing was read from it, so neither "read" nor
-				// "invalid" says what failed.
-				p.metrics.UpstreamError("write")
-				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-			default:
-				p.answerReadError(ctx, err)
-			}
+			p.answerUpstreamError(ctx, err, wrote)
 			return failed
 		}
 		return p.relay(ctx, pool, pc, up, retryUnattested)
@@ -912,6 +900,9 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		resetForRetry(&ctx.Response)
 		return unattested
 	}
+	// An event stream is relayed per event whatever its framing (R-DP-2):
+	// never read whole, even when small and sized.
+	sse := isEventStream(rh)
 	switch {
 	case noBody:
 		if ctx.Request.Header.IsHead() {
@@ -930,7 +921,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 			keep = false
 		}
 		p.finish(pool, pc, keep, up)
-	case cl >= 0 && cl <= p.smallBody && !isEventStream(rh):
+	case cl >= 0 && cl <= p.smallBody && !sse:
 		if !p.readSmallBody(ctx, pool, pc, keep, up) {
 			return failed
 		}
@@ -944,7 +935,6 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 		pc.clearDeadline()
 		pool.streamReader(pc)
-		sse := isEventStream(rh)
 		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up, ctx.Conn())
 		if sse {
 			// Each event is flushed as it comes whatever the worker's
@@ -1042,20 +1032,31 @@ func idempotentRequest(h *fasthttp.RequestHeader) bool {
 	return len(h.PeekCanonical(hdrIdempotencyKey)) > 0 || len(h.PeekCanonical(hdrXIdempotencyKey)) > 0
 }
 
-// answerReadError answers 502 for a worker answer that could not be read:
-// "invalid answer from owner" (kind "invalid") when the worker's bytes
+// answerUpstreamError answers an exchange with a worker that failed, by
+// where (R-DP-4): 504 "owner timed out" (kind "timeout") when the worker
+// did not answer or take the request in time; 502 "owner unreachable"
+// (kind "write") when its connection did not take the request (wrote
+// false: nothing was read, so neither "read" nor "invalid" says what
+// failed); 502 "invalid answer from owner" (kind "invalid") when its bytes
 // were refused for what they said — framing, status line, header size
 // (framing.go) — so an operator looks at the worker's HTTP server, not at
-// whether it runs; "owner unreachable" (kind "read") when the connection
-// failed.
-func (p *Proxy) answerReadError(ctx *fasthttp.RequestCtx, err error) {
-	if invalidAnswer(err) {
+// whether it runs; 502 "owner unreachable" (kind "read") when the
+// connection failed under the answer.
+func (p *Proxy) answerUpstreamError(ctx *fasthttp.RequestCtx, err error, wrote bool) {
+	switch {
+	case isTimeout(err):
+		p.metrics.UpstreamError("timeout")
+		writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
+	case !wrote:
+		p.metrics.UpstreamError("write")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+	case invalidAnswer(err):
 		p.metrics.UpstreamError("invalid")
 		writeError(ctx, fasthttp.StatusBadGateway, "invalid answer from owner", 0)
-		return
+	default:
+		p.metrics.UpstreamError("read")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 	}
-	p.metrics.UpstreamError("read")
-	writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
 }
 
 // invalidAnswer reports whether err refused the bytes a worker sent rather

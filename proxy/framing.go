@@ -33,18 +33,25 @@ import (
 // nothing. The parsed header cannot tell: a skipped identity leaves the
 // length of a request without a body (0 once fasthttp read it).
 func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	_, te, cl := scanHeader(h.RawHeaders())
-	return te && (cl || h.ContentLength() != -1)
+	_, f := scanHeader(h.RawHeaders())
+	return f.te && (f.cl || h.ContentLength() != -1)
 }
 
-// scanHeader walks the header lines b starts with, once: te and cl report
-// a Transfer-Encoding and a Content-Length field among them, and end is
-// the length of the block, its blank line (LF or CRLF) included, or -1
-// when b ends first. Empty lines before the first line are skipped, as
-// fasthttp does. fasthttp's request parser refused names with anything
-// between them and the colon; its response parser drops white space there
-// (fieldNamed).
-func scanHeader(b []byte) (end int, te, cl bool) {
+// headerFields is what scanHeader finds among a block's header lines.
+type headerFields struct {
+	te, cl bool // a Transfer-Encoding, a Content-Length field
+	// encodings counts Content-Encoding lines: fasthttp keeps the last
+	// one alone (joinContentEncodings).
+	encodings int
+}
+
+// scanHeader walks the header lines b starts with, once, and reports the
+// fields above among them; end is the length of the block, its blank line
+// (LF or CRLF) included, or -1 when b ends first. Empty lines before the
+// first line are skipped, as fasthttp does. fasthttp's request parser
+// refused names with anything between them and the colon; its response
+// parser drops white space there (fieldNamed).
+func scanHeader(b []byte) (end int, f headerFields) {
 	i := 0
 	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
 		i++
@@ -57,9 +64,11 @@ func scanHeader(b []byte) (end int, te, cl bool) {
 		}
 		switch {
 		case fieldNamed(line, "Transfer-Encoding"):
-			te = true
+			f.te = true
 		case fieldNamed(line, "Content-Length"):
-			cl = true
+			f.cl = true
+		case fieldNamed(line, "Content-Encoding"):
+			f.encodings++
 		}
 		if j < 0 {
 			break
@@ -67,12 +76,12 @@ func scanHeader(b []byte) (end int, te, cl bool) {
 		i += j + 1
 		switch {
 		case i < len(b) && b[i] == '\n':
-			return i + 1, te, cl
+			return i + 1, f
 		case i+1 < len(b) && b[i] == '\r' && b[i+1] == '\n':
-			return i + 2, te, cl
+			return i + 2, f
 		}
 	}
-	return -1, te, cl
+	return -1, f
 }
 
 // fieldNamed reports whether line is a field called name. White space
@@ -143,17 +152,17 @@ var (
 // it (it aliases br's buffer until the next read), with what scanHeader
 // found in it. A block bigger than br's buffer is errHeaderTooLarge.
 // Allocates nothing.
-func peekResponseHeader(br *bufio.Reader) (block []byte, te, cl bool, err error) {
+func peekResponseHeader(br *bufio.Reader) (block []byte, f headerFields, err error) {
 	for n := 1; ; n = br.Buffered() + 1 {
 		if _, err := br.Peek(n); err != nil {
 			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, false, false, errHeaderTooLarge
+				return nil, f, errHeaderTooLarge
 			}
-			return nil, false, false, err
+			return nil, f, err
 		}
 		b, _ := br.Peek(br.Buffered())
-		if end, te, cl := scanHeader(b); end >= 0 {
-			return b[:end], te, cl, nil
+		if end, f := scanHeader(b); end >= 0 {
+			return b[:end], f, nil
 		}
 	}
 }
@@ -163,7 +172,7 @@ var crlfcrlf = []byte("\r\n\r\n")
 // readFramedHeader reads a response header from br into rh and refuses the
 // framings above.
 func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
-	block, te, cl, err := peekResponseHeader(br)
+	block, f, err := peekResponseHeader(br)
 	if err != nil {
 		return err
 	}
@@ -175,20 +184,20 @@ func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
 	}
 	// block is intact: a whole block in the buffer is parsed without a
 	// read, and the buffer moves only on a read.
-	if len(rh.ContentEncoding()) > 0 {
+	if f.encodings > 1 {
 		joinContentEncodings(rh, block)
 	}
-	return checkResponseFraming(rh, block, te, cl)
+	return checkResponseFraming(rh, block, f)
 }
 
 // joinContentEncodings gives rh the values of every Content-Encoding line
 // of its raw block, in order, joined by ", ": several lines of a list
 // field are one list (RFC 9110 §5.3, §8.4). fasthttp keeps one value and
 // each line replaced the one before, so a body coded twice on two lines
-// went out as coded once (R-DP-1). Slow path: it allocates only for an
-// answer with two lines or more.
+// went out as coded once (R-DP-1). Slow path, for an answer with two
+// lines or more (scanHeader counted them).
 func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
-	var first, joined []byte
+	var joined []byte
 	n := 0
 	for rest := block; len(rest) > 0; {
 		line := rest
@@ -204,31 +213,25 @@ func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
 		if len(v) == 0 {
 			continue
 		}
-		switch n++; n {
-		case 1:
-			first = v // no copy while it is the only one
-		case 2:
-			joined = append(append(append(joined, first...), ", "...), v...)
-		default:
-			joined = append(append(joined, ", "...), v...)
+		if n++; n > 1 {
+			joined = append(joined, ", "...)
 		}
+		joined = append(joined, v...)
 	}
-	if n > 1 {
-		rh.SetContentEncodingBytes(joined)
-	}
+	rh.SetContentEncodingBytes(joined)
 }
 
 // checkResponseFraming refuses a parsed response header whose raw block
 // (status line included), with the fields scanHeader found in it, is
 // framed as above.
-func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, te, cl bool) error {
+func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, f headerFields) error {
 	// RFC 9110 §15: every valid status is 100 to 599. fasthttp takes any
 	// three digits; a status past 599 means nothing to a client, and one
 	// below 100 reads as 200 (statusBelow100).
 	if statusBelow100(block) || rh.StatusCode() > 599 {
 		return errResponseStatus
 	}
-	if te && (cl || !rh.IsHTTP11()) {
+	if f.te && (f.cl || !rh.IsHTTP11()) {
 		return errResponseFraming
 	}
 	return nil

@@ -180,8 +180,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	_ = conn.SetDeadline(now.Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
-		p.metrics.UpstreamError("write")
-		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		p.answerUpstreamError(ctx, err, false)
 		return nil, nil, nil, false
 	}
 	br := bufio.NewReaderSize(conn, 4096)
@@ -189,14 +188,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	if err != nil {
 		_ = conn.Close()
 		ctx.Response.Reset()
-		if isTimeout(err) {
-			// As for any other request (R-DP-4): the worker is there
-			// but did not answer in time.
-			p.metrics.UpstreamError("timeout")
-			writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)
-			return nil, nil, nil, false
-		}
-		p.answerReadError(ctx, err)
+		p.answerUpstreamError(ctx, err, true)
 		return nil, nil, nil, false
 	}
 	return conn, br, raw, true
@@ -239,8 +231,8 @@ func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte,
 		// The same framing rules as other answers (framing.go): a refusal
 		// is relayed as a response, and a status below 100 would make
 		// the answer behind it the handshake's.
-		_, te, cl := scanHeader(raw)
-		if err := checkResponseFraming(rh, raw, te, cl); err != nil {
+		_, f := scanHeader(raw)
+		if err := checkResponseFraming(rh, raw, f); err != nil {
 			return nil, err
 		}
 		if s := rh.StatusCode(); s == fasthttp.StatusSwitchingProtocols && !verbatimSafe(raw) {
