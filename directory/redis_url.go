@@ -115,6 +115,7 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 		}
 		o.SelectDB = db
 	}
+	insecure := false // skip_verify
 	for k, vs := range u.Query() {
 		v := vs[len(vs)-1]
 		switch k {
@@ -132,7 +133,8 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 			}
 			// A value read as "off" by mistake would verify a
 			// certificate the operator asked not to; say so instead.
-			if _, ok := skipVerify(v); !ok {
+			var ok bool
+			if insecure, ok = skipVerify(v); !ok {
 				return bad("skip_verify takes true, 1, false or 0")
 			}
 		case "sentinel_username":
@@ -146,9 +148,7 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 	if useTLS {
 		host, _, _ := net.SplitHostPort(o.InitAddress[0])
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
-		if u.Query().Has("skip_verify") {
-			o.TLSConfig.InsecureSkipVerify, _ = skipVerify(u.Query().Get("skip_verify"))
-		}
+		o.TLSConfig.InsecureSkipVerify = insecure
 		if sentinel {
 			o.Sentinel.TLSConfig = o.TLSConfig.Clone()
 		}
