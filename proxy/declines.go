@@ -56,14 +56,6 @@ func (d *declines) policy(inner directory.Policy, now time.Time) directory.Polic
 	return &declinersLast{inner: inner, d: d, now: now}
 }
 
-// declined reports whether session declined within declineMemory of now.
-func (d *declines) declined(session string, now time.Time) bool {
-	d.mu.Lock()
-	t, ok := d.until[session]
-	d.mu.Unlock()
-	return ok && now.Before(t)
-}
-
 // declinersLast ranks the candidates that did not decline with the inner
 // policy, then the decliners, ranked among themselves, as fallbacks.
 type declinersLast struct {
@@ -75,13 +67,15 @@ type declinersLast struct {
 // Rank implements directory.Policy.
 func (p *declinersLast) Rank(dst []int, cands []directory.Candidate, in *directory.PickInput) []int {
 	var keep, last []int
+	p.d.mu.Lock()
 	for i := range cands {
-		if p.d.declined(cands[i].SessionID, p.now) {
+		if t, ok := p.d.until[cands[i].SessionID]; ok && p.now.Before(t) {
 			last = append(last, i)
 		} else {
 			keep = append(keep, i)
 		}
 	}
+	p.d.mu.Unlock()
 	if len(last) == 0 || len(keep) == 0 {
 		return p.inner.Rank(dst, cands, in)
 	}
