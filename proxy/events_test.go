@@ -407,6 +407,11 @@ func TestEventStreamAfterShutdownEnded_RDP2(t *testing.T) {
 // relayGoroutines counts the goroutines inside a relay off the server:
 // a stream's (relayStream) or a WebSocket's (hijacks.run).
 func relayGoroutines() int {
+	return goroutinesIn("proxy.(*Proxy).relayStream", "proxy.(*hijacks).run")
+}
+
+// goroutinesIn counts the goroutines whose stacks name any of funcs.
+func goroutinesIn(funcs ...string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -418,8 +423,11 @@ func relayGoroutines() int {
 	}
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "proxy.(*Proxy).relayStream") || strings.Contains(g, "proxy.(*hijacks).run") {
-			n++
+		for _, f := range funcs {
+			if strings.Contains(g, f) {
+				n++
+				break
+			}
 		}
 	}
 	return n

@@ -107,6 +107,39 @@ func rawWorker(name string, ln net.Listener) *standin {
 // request. It returns the worker (rawWorker) and its listener.
 func rawRequestWorker(t *testing.T, answer func(c net.Conn, r *http.Request) bool) (*standin, net.Listener) {
 	t.Helper()
+	return rawRequests(t, true, answer)
+}
+
+// rawRequests is rawRequestWorker, each body dropped before answer runs
+// (drainFirst) or after it.
+func rawRequests(t *testing.T, drainFirst bool, answer func(c net.Conn, r *http.Request) bool) (*standin, net.Listener) {
+	t.Helper()
+	ln := rawListener(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			r, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			if drainFirst {
+				_, _ = io.Copy(io.Discard, r.Body)
+			}
+			if !answer(c, r) {
+				return
+			}
+			if !drainFirst {
+				_, _ = io.Copy(io.Discard, r.Body)
+			}
+		}
+	})
+	return rawWorker("raw", ln), ln
+}
+
+// rawListener listens on 127.0.0.1 (closed at cleanup) and runs serve on
+// each connection it accepts, in a goroutine of its own, until it closes.
+func rawListener(t *testing.T, serve func(c net.Conn)) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -118,23 +151,10 @@ func rawRequestWorker(t *testing.T, answer func(c net.Conn, r *http.Request) boo
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-					if !answer(c, r) {
-						return
-					}
-				}
-			}()
+			go serve(c)
 		}
 	}()
-	return rawWorker("raw", ln), ln
+	return ln
 }
 
 // answerPath answers r with "for <its path>", sized, and reads on.

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"net/http"
@@ -235,53 +234,11 @@ func TestExchangeEndsLeaveNothing_RDP2_RDP3(t *testing.T) {
 // before the request body is read (answer drains it if it wants).
 func rawRequestWorkerNoDrain(t *testing.T, answer func(c net.Conn, r *http.Request) bool) (*standin, net.Listener) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					if !answer(c, r) {
-						return
-					}
-					_, _ = io.Copy(io.Discard, r.Body)
-				}
-			}()
-		}
-	}()
-	return rawWorker("raw", ln), ln
+	return rawRequests(t, false, answer)
 }
 
 // proxyGoroutines counts the goroutines in this package's code: relays,
 // uploads, lingering closes, and the server's inside the handler.
 func proxyGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	n := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "pinboard/proxy.(*") || strings.Contains(g, "proxy.startUpload") || strings.Contains(g, "rawio.(*Linger)") {
-			n++
-		}
-	}
-	return n
+	return goroutinesIn("pinboard/proxy.(*", "proxy.startUpload", "rawio.(*Linger)")
 }

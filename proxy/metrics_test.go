@@ -99,24 +99,13 @@ func TestWriteFailureCountedAsWrite_RDP4(t *testing.T) {
 	var m recorder
 	rg := newRig(t, func(o *Options) { o.Metrics = &m; o.SmallBody = 16 << 20 })
 	rg.warm()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Take the start of the request, then reset the connection.
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			_, _ = c.Read(make([]byte, 1024))
-			_ = c.(*net.TCPConn).SetLinger(0)
-			_ = c.Close()
-		}
-	}()
+	ln := rawListener(t, func(c net.Conn) {
+		// Take the start of the request, then reset the connection.
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, _ = c.Read(make([]byte, 1024))
+		_ = c.(*net.TCPConn).SetLinger(0)
+		_ = c.Close()
+	})
 	w := rawWorker("w", ln)
 	rg.serveIDs(t, w, "alice")
 	req, _ := http.NewRequest("POST", rg.url+"/counters/alice/x", strings.NewReader(strings.Repeat("x", 16<<20)))

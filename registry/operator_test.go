@@ -213,6 +213,18 @@ func TestRegistrySaturated(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(time.Second)
+	release := saturate(t, r)
+	res := h.do(r, "GET", "/registry/health", operatorToken, "")
+	release()
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply from a saturated registry; got %d %s", res.status, res.body)
+	}
+}
+
+// saturate fills r's pool (one worker, a queue of one: Options Workers 1,
+// Queue 1) until release: one task running, one waiting.
+func saturate(t *testing.T, r *Registry) (release func()) {
+	t.Helper()
 	block := make(chan struct{})
 	started := make(chan struct{})
 	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
@@ -225,11 +237,9 @@ func TestRegistrySaturated(t *testing.T) {
 		_ = r.pool.Submit(func() {})
 	}()
 	waitQueued(t, r)
-	res := h.do(r, "GET", "/registry/health", operatorToken, "")
-	close(block)
-	<-queued
-	if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
-		t.Fatalf("unexpected reply from a saturated registry; got %d %s", res.status, res.body)
+	return func() {
+		close(block)
+		<-queued
 	}
 }
 
@@ -311,21 +321,9 @@ func TestRefusedHeartbeatsObserved_RREG2(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(time.Second)
-	block := make(chan struct{})
-	started := make(chan struct{})
-	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
-		t.Fatal(err)
-	}
-	<-started
-	queued := make(chan struct{})
-	go func() {
-		defer close(queued)
-		_ = r.pool.Submit(func() {})
-	}()
-	waitQueued(t, r)
+	release := saturate(t, r)
 	res := h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	close(block)
-	<-queued
+	release()
 	if res.status != 503 || res.body != `{"error":"registry busy"}` || obs.last() != "busy" {
 		t.Fatalf("unexpected heartbeat on a full pool; got %d %s, outcome %q; want 503 registry busy, busy", res.status, res.body, obs.last())
 	}

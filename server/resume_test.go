@@ -35,21 +35,7 @@ func TestResumedConnectionIdleTimeout_RDP2(t *testing.T) {
 		{idle: 300 * time.Millisecond, header: 5 * time.Second, pause: 1500 * time.Millisecond, open: false},
 	} {
 		_, public := workerNode(t, Options{IdleTimeout: tc.idle, HeaderTimeout: tc.header}, worker)
-		c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		br := bufio.NewReader(c)
-		fmt.Fprint(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
-		res, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if b, err := io.ReadAll(res.Body); err != nil || string(b) != "data: 1\n\n" || res.Header.Get("Connection") != "" {
-			t.Fatalf("unexpected event stream; got %q, %v, Connection %q; want one event, keep-alive", b, err, res.Header.Get("Connection"))
-		}
+		c, br := streamedOn(t, public)
 		time.Sleep(tc.pause)
 		if !tc.open {
 			if b, err := io.ReadAll(br); err != nil || len(b) != 0 {
@@ -58,7 +44,7 @@ func TestResumedConnectionIdleTimeout_RDP2(t *testing.T) {
 			continue
 		}
 		fmt.Fprint(c, "GET /counters/alice/v HTTP/1.1\r\nHost: a\r\n\r\n")
-		res, err = http.ReadResponse(br, nil)
+		res, err := http.ReadResponse(br, nil)
 		if err != nil {
 			t.Fatalf("unexpected answer after idling %v past an event stream (idle timeout %v); got %v; want 200", tc.pause, tc.idle, err)
 		}
@@ -78,19 +64,7 @@ func TestResumedConnectionClosedAtShutdown_RDP2(t *testing.T) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			_, _ = io.WriteString(w, "data: 1\n\n")
 		}))
-	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	br := bufio.NewReader(c)
-	fmt.Fprint(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
-	res, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.ReadAll(res.Body)
+	_, br := streamedOn(t, public)
 	time.Sleep(100 * time.Millisecond) // the relay hands the connection back
 	start := time.Now()
 	if err := stop(); err != nil {
@@ -99,4 +73,27 @@ func TestResumedConnectionClosedAtShutdown_RDP2(t *testing.T) {
 	if b, err := io.ReadAll(br); err != nil || len(b) != 0 || time.Since(start) > 5*time.Second {
 		t.Fatalf("unexpected end of a resumed connection at shutdown; got %q, %v after %v; want closed at once", b, err, time.Since(start))
 	}
+}
+
+// streamedOn opens a connection to the node at public (closed at cleanup,
+// 10 s deadline), relays one event stream on it, "data: 1", to its end,
+// and returns the connection, kept alive, and its reader.
+func streamedOn(t *testing.T, public string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	fmt.Fprint(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(res.Body); err != nil || string(b) != "data: 1\n\n" || res.Header.Get("Connection") != "" {
+		t.Fatalf("unexpected event stream; got %q, %v, Connection %q; want one event, keep-alive", b, err, res.Header.Get("Connection"))
+	}
+	return c, br
 }
