@@ -98,6 +98,17 @@ func (s *standin) serve(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(seen{Worker: s.name, Method: r.Method, URI: r.RequestURI, Header: r.Header, BodyLen: len(body), Claims: claims})
 }
 
+// unattestedOnce makes s refuse the attestations of its next request, as a
+// worker that has not taken its session from the register ack yet, and
+// take the session back at that refusal; the returned func ends it.
+func (s *standin) unattestedOnce() (done func()) {
+	session := s.session.Load().(string)
+	s.session.Store("")
+	fn := func() { s.session.Store(session) }
+	s.unattested.Store(&fn)
+	return func() { s.unattested.Store(nil) }
+}
+
 func (s *standin) route(suffix string, fn http.HandlerFunc) {
 	s.mu.Lock()
 	s.routes[suffix] = fn
@@ -429,11 +440,7 @@ func TestAnswerAfterRetryKeepsHeader_RDP1_RTR5(t *testing.T) {
 		rw.Header()["Content-Type"] = nil // no sniffing either
 		_, _ = io.WriteString(rw, "bare")
 	})
-	session := w.session.Load().(string)
-	w.session.Store("")
-	fn := func() { w.session.Store(session) }
-	w.unattested.Store(&fn)
-	defer w.unattested.Store(nil)
+	defer w.unattestedOnce()()
 	w.hits.Store(0)
 	res, body := rg.get("/counters/alice/bare", nil)
 	if res.StatusCode != 200 || body != "bare" || w.hits.Load() != 2 {
@@ -458,11 +465,7 @@ func TestUnattestedRetried_RTR5(t *testing.T) {
 	}
 
 	t.Run("ack not yet taken", func(t *testing.T) {
-		session := w.session.Load().(string)
-		w.session.Store("")
-		fn := func() { w.session.Store(session) }
-		w.unattested.Store(&fn)
-		defer w.unattested.Store(nil)
+		defer w.unattestedOnce()()
 		w.hits.Store(0)
 		res, body := rg.get("/counters/alice/value", nil)
 		if res.StatusCode != 200 || decodeSeen(t, body).Worker != "w" || w.hits.Load() != 2 {
