@@ -236,6 +236,12 @@ func New(o Options) (*Pinboard, error) {
 		// on a keep-alive connection may have passed since, and the
 		// answer would be dropped for a bare close.
 		ErrorHandler: func(ctx *fasthttp.RequestCtx, err error) {
+			if nothingRead(ctx, err) {
+				// Nothing to answer: closed without a byte (what
+				// fasthttp writes after this goes nowhere).
+				_ = ctx.Conn().Close()
+				return
+			}
 			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.stall)
 			serverError(ctx, err)
 		},
@@ -282,6 +288,20 @@ func serverError(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		proxy.WriteError(ctx, fasthttp.StatusBadRequest, "malformed request", 0)
 	}
+}
+
+// nothingRead reports whether err ended a new connection on which the
+// client sent nothing: its header timeout passed (or the read failed)
+// before a first byte. fasthttp hands such a first request's read error
+// over bare, where a header it began reading comes wrapped ("error when
+// reading request headers") and a body's read error follows a parsed
+// header. Such a connection is closed without an answer, as nginx and
+// Go's net/http close it: an unsolicited 408 on a connection a client or
+// a load balancer opened ahead of its first request is read by the
+// client as the answer to the request it sends just then (R-DP-4).
+func nothingRead(ctx *fasthttp.RequestCtx, err error) bool {
+	_, bare := err.(*net.OpError)
+	return bare && len(ctx.Request.Header.RawHeaders()) == 0
 }
 
 // bodyTimeout is the client read deadline from the end of a request
