@@ -18,6 +18,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // Wire names from the reference worker (pinned.pinboard.wire), in
@@ -103,9 +104,38 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	if rq.routed {
 		ns = rq.ns
 	}
-	p.metrics.Request(ns, ctx.Response.StatusCode(), p.now().Sub(start))
+	end := p.now()
+	p.metrics.Request(ns, ctx.Response.StatusCode(), end.Sub(start))
 	rq.reset()
 	p.reqPool.Put(rq)
+	p.keepWriteDeadline(ctx, end)
+}
+
+// keepWriteDeadline gives the answer the server writes after ServeHTTP the
+// stall timeout from now to reach the client's socket (R-DP-2). The
+// deadline set at the request's arrival may be spent by then: a worker
+// may take up to the response header timeout (5 min by default, against
+// a 60 s stall timeout) to answer, and its answer — or the 504 when it
+// did not — was dropped for a bare close. Lazily kept: on a busy
+// connection a timer operation about once a second
+// (rawio.KeepWriteDeadline). The server keeps that deadline on the
+// connections it accepts, all *rawio.Conn (server.Handle); others have
+// none to renew.
+func (p *Proxy) keepWriteDeadline(ctx *fasthttp.RequestCtx, now time.Time) {
+	if c, ok := ctx.Conn().(*rawio.Conn); ok {
+		c.KeepWriteDeadline(p.wallClock(now), p.ups.opts.StallTimeout)
+	}
+}
+
+// wallClock returns now, a reading of the proxy's clock, for a socket
+// deadline: as it is from the real clock, else the real time. An injected
+// clock (Options.Now) is for leases; a deadline set from one that stands
+// still or runs ahead never fires.
+func (p *Proxy) wallClock(now time.Time) time.Time {
+	if p.realClock {
+		return now
+	}
+	return time.Now()
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
@@ -718,7 +748,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		wrote := err == nil
 		if wrote {
 			if up == nil {
-				pc.armHeaderDeadline(now, pool.headerTimeout)
+				pc.armHeaderDeadline(p.wallClock(now), pool.headerTimeout)
 			}
 			err = readResponseHeader(&ctx.Response.Header, pc.br)
 			if up != nil {

@@ -90,6 +90,7 @@ type Proxy struct {
 	store     directory.Store
 	passport  *attest.Passport
 	now       func() time.Time
+	realClock bool // now is time.Now: its readings may set deadlines
 	base      []byte
 	policy    directory.Policy
 	affinity  func(ctx *fasthttp.RequestCtx) (string, bool)
@@ -132,7 +133,7 @@ func New(o Options) *Proxy {
 	}
 	p.hijacks.stall = p.ups.opts.StallTimeout
 	if p.now == nil {
-		p.now = time.Now
+		p.now, p.realClock = time.Now, true
 	}
 	if p.policy == nil {
 		p.policy = &directory.HeadroomPolicy{}

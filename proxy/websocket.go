@@ -177,7 +177,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	// Raw reads and writes toward the worker, as on pooled connections:
 	// every relayed message is one of each.
 	conn = rawio.Wrap(conn)
-	_ = conn.SetDeadline(now.Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
+	_ = conn.SetDeadline(p.wallClock(now).Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.answerUpstreamError(ctx, err, false)

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // MaxBody is the registry request body limit (R-REG-7): 1 MiB. The server
@@ -55,8 +53,7 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 
 // stallReader pushes c's read deadline stall away before each read of r:
 // a body must keep moving, not arrive whole within one deadline. The
-// write deadline the server keeps for the answer (server.Handle) moves
-// with it, or the answer to a body that took longer would be dropped.
+// server renews the answer's write deadline once ServeHTTP returns.
 type stallReader struct {
 	r     io.Reader
 	c     net.Conn
@@ -64,9 +61,7 @@ type stallReader struct {
 }
 
 func (s stallReader) Read(p []byte) (int, error) {
-	now := time.Now()
-	_ = s.c.SetReadDeadline(now.Add(s.stall))
-	rawio.KeepWriteDeadline(s.c, now, s.stall)
+	_ = s.c.SetReadDeadline(time.Now().Add(s.stall))
 	return s.r.Read(p)
 }
 

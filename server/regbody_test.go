@@ -17,10 +17,20 @@ import (
 // whole, however long it takes, as an upload to a worker is: its read
 // deadline was the stall timeout from the end of the header, never
 // renewed, and a body taking longer was cut and answered 400 "invalid
-// json" (R-REG-7, R-DP-2).
+// json" (R-REG-7, R-DP-2). With a read timeout set (PINBOARD_READ_TIMEOUT_MS)
+// the body has that long in all, and its answer is written under the stall
+// timeout from the body's end: it was dropped, its write deadline counted
+// from the request's start.
 func TestRegistryBodyMovingSlowly_RREG7(t *testing.T) {
-	_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}},
-		http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, read := range []time.Duration{0, 10 * time.Second} {
+		t.Run(fmt.Sprint("read timeout ", read), func(t *testing.T) {
+			registryBodyMovingSlowly(t, Options{ReadTimeout: read, Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}})
+		})
+	}
+}
+
+func registryBodyMovingSlowly(t *testing.T, o Options) {
+	_, public := workerNode(t, o, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	body := `{"clientId":"w"` + strings.Repeat(" ", 30000) + `}`
 	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
 	if err != nil {
@@ -43,5 +53,45 @@ func TestRegistryBodyMovingSlowly_RREG7(t *testing.T) {
 	b, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("unexpected answer to a registry body sent over 3s (stall timeout 1s); got %d %s; want 200", res.StatusCode, b)
+	}
+}
+
+// A worker that takes longer than the stall timeout to answer (within the
+// response header timeout) has its answer relayed, and one that takes
+// longer than the header timeout its 504: the write deadline the server
+// keeps counts from when the answer is written, not from the request's
+// arrival (R-DP-2, R-DP-4).
+func TestSlowAnswerOutlivesStallTimeout_RDP2_RDP4(t *testing.T) {
+	for _, tc := range []struct {
+		body, want string
+		status     int
+		header     time.Duration
+	}{
+		{body: "ok", want: "ok", status: http.StatusOK},
+		{body: strings.Repeat("x", 200<<10), want: strings.Repeat("x", 200<<10), status: http.StatusOK},
+		{body: "late", want: `{"error":"owner timed out"}`, status: http.StatusGatewayTimeout, header: 1500 * time.Millisecond},
+	} {
+		body := tc.body
+		_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second, ResponseHeaderTimeout: tc.header}},
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				time.Sleep(2 * time.Second)
+				_, _ = io.WriteString(w, body)
+			}))
+		c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprint(c, "GET /counters/alice/v HTTP/1.1\r\nHost: a\r\n\r\n")
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("unexpected answer from a worker answering after 2s (stall timeout 1s, header timeout %v); got %v; want %d", tc.header, err, tc.status)
+		}
+		b, _ := io.ReadAll(res.Body)
+		c.Close()
+		if res.StatusCode != tc.status || string(b) != tc.want {
+			t.Fatalf("unexpected answer from a worker answering after 2s (stall timeout 1s, header timeout %v); got %d, %d bytes; want %d, %d bytes", tc.header, res.StatusCode, len(b), tc.status, len(tc.want))
+		}
 	}
 }

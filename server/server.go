@@ -385,6 +385,13 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	case bytes.HasPrefix(path, registryPrefix):
 		if !proxy.RefuseAmbiguousFraming(ctx) {
 			pb.registry.ServeHTTP(ctx, path)
+			// The answer is written after this: reading the body, the
+			// pool's queue and a probe may have taken longer than the
+			// stall timeout the deadline above counts from the
+			// request's arrival, and the answer would be dropped.
+			if c, ok := ctx.Conn().(*rawio.Conn); ok {
+				c.KeepWriteDeadline(time.Now(), pb.stall)
+			}
 		}
 	case bytes.Equal(path, pathLivez):
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
