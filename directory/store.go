@@ -38,7 +38,10 @@ type Store interface {
 	Register(ctx context.Context, reg *Registration, now time.Time) (*RegisterResult, error)
 
 	// Session returns a session that is still inside its lease, or
-	// ErrUnknownSession.
+	// ErrUnknownSession, or a *SupersededError for a session a
+	// higher-epoch registration displaced (R-LS-4) while that is
+	// remembered: callers that only ask whether the session is live treat
+	// both as gone.
 	Session(ctx context.Context, sessionID string, now time.Time) (*SessionInfo, error)
 
 	// Heartbeat renews the lease (R-LS-1), replaces headroom and the own

@@ -244,7 +244,11 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	c := p.opCtx.get()
 	info, err := p.store.Session(c, string(sess), now)
 	if err != nil {
-		if errors.Is(err, directory.ErrUnknownSession) {
+		// A superseded session (R-LS-4) is as gone as a lapsed one: the
+		// stores answer it with their superseded error, and a 503 would
+		// have the calling instance retry a call that can never pass.
+		var se *directory.SupersededError
+		if errors.Is(err, directory.ErrUnknownSession) || errors.As(err, &se) {
 			writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
 		} else {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "directory unavailable", 1)

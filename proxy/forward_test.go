@@ -691,6 +691,45 @@ func TestClusterCallBoundByCallerClaims_RTR3_RTR6(t *testing.T) {
 	}
 }
 
+// A cluster call naming a session a higher epoch superseded (R-LS-4) is
+// refused as an unknown caller session (R-TR-6): the stores answer such a
+// session with their superseded error, not ErrUnknownSession, and it was
+// answered 503 "directory unavailable" with Retry-After, which tells the
+// calling instance to retry a call that can never pass.
+func TestClusterCallFromSupersededSession_RTR6_RLS4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	old, next := newStandin(t, "old"), newStandin(t, "next")
+	for _, w := range []struct {
+		s     *standin
+		epoch int64
+	}{{old, 1}, {next, 2}} {
+		res, err := rg.store.Register(t.Context(), &directory.Registration{
+			ClientID: "client-" + w.s.name, Sub: "p:worker", Secret: w.s.secret, Namespaces: []string{"/counters"},
+			AdvertiseURL: w.s.srv.URL, Headroom: 1, Hostname: "app.example", Epoch: w.epoch,
+		}, rg.now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.s.session.Store(res.SessionID)
+	}
+	if _, err := rg.store.Session(t.Context(), old.session.Load().(string), rg.now()); err == nil {
+		t.Fatal("unexpected live session for the superseded worker")
+	}
+	res, body := rg.get("/counters/bob/value", map[string]string{
+		"Pinboard-Session":        old.session.Load().(string),
+		"Pinboard-Session-Secret": old.secret,
+		"Pinboard-From":           "/counters/alice",
+	})
+	if res.StatusCode != 403 || body != `{"error":"unknown caller session"}` || res.Header.Get("Retry-After") != "" {
+		t.Fatalf("unexpected reply to a superseded session's cluster call; got %d %s (Retry-After %q); want 403 unknown caller session",
+			res.StatusCode, body, res.Header.Get("Retry-After"))
+	}
+	if n := next.hits.Load() + old.hits.Load(); n != 0 {
+		t.Fatalf("unexpected %d worker hits for a refused cluster call", n)
+	}
+}
+
 // Server-Sent Events leave as they are produced (R-DP-2).
 func TestSSEFlushedPerEvent_RDP2(t *testing.T) {
 	rg := newRig(t, nil)
