@@ -26,6 +26,9 @@ type Memory struct {
 	sessions map[string]*memSession
 	byNS     map[string]map[string]*memSession
 	byClient map[string]map[string]*memSession
+	// byURL: the session last registered at each advertise URL (a
+	// registration voids the one it finds there, RegisterResult.Voided).
+	byURL    map[string]*memSession
 	drains   map[string]*memDrain
 	queues   map[string]*memQueue
 	bindings map[string]*memBinding
@@ -104,6 +107,7 @@ func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 		sessions: make(map[string]*memSession),
 		byNS:     make(map[string]map[string]*memSession),
 		byClient: make(map[string]map[string]*memSession),
+		byURL:    make(map[string]*memSession),
 		drains:   make(map[string]*memDrain),
 		queues:   make(map[string]*memQueue),
 		bindings: make(map[string]*memBinding),
@@ -190,6 +194,9 @@ func (m *Memory) dropSession(s *memSession) {
 		}
 	}
 	delete(m.queues, s.info.SessionID)
+	if m.byURL[s.info.AdvertiseURL] == s {
+		delete(m.byURL, s.info.AdvertiseURL)
+	}
 	if set := m.byClient[s.info.ClientID]; set != nil {
 		delete(set, s.info.SessionID)
 		if len(set) == 0 {

@@ -146,6 +146,7 @@ func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegiste
 	}
 	g := &memRegistering{s: s, earlier: earlier, res: &RegisterResult{SessionID: id, LeaseUntil: lease}}
 	g.displaced = m.applyBindings(s, plans, earlier, now)
+	m.takeURL(g, earlier)
 	if d := m.drains[reg.ClientID]; d != nil {
 		spendTimedDrain(&d.state, now, m.ttl)
 		g.res.Drain = d.state
@@ -155,6 +156,23 @@ func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegiste
 		s.info.LeaseUntil = g.res.LeaseUntil
 	}
 	return g, nil
+}
+
+// takeURL makes g's session the one registered at its advertise URL and
+// voids the session of another process found there (RegisterResult.Voided,
+// R-LS-3): the registration's probe was answered at that URL with the new
+// session's secret, so the URL no longer reaches it. Its rows are taken,
+// as a superseded session's are. Callers hold m.mu.
+func (m *Memory) takeURL(g *memRegistering, earlier []*memSession) {
+	url := g.s.info.AdvertiseURL
+	o := m.byURL[url]
+	m.byURL[url] = g.s
+	if o == nil || o == g.s || slices.Contains(earlier, o) || slices.Contains(g.displaced, o) || m.sessions[o.info.SessionID] != o {
+		return
+	}
+	m.dropSession(o)
+	g.displaced = append(g.displaced, o)
+	g.res.Voided = append(g.res.Voided, SessionRef{SessionID: o.info.SessionID, ClientID: o.info.ClientID})
 }
 
 // earlierSessions returns the sessions this registration continues

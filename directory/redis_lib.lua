@@ -158,7 +158,7 @@ end
 -- frees at most budget of its rows (freerows; the rest later, in calls of
 -- their own). Returns the budget left.
 local function dropsession(P, sid, out, budget)
-  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host')
+  local s = redis.call('HMGET', P .. 's:' .. sid, 'cid', 'ns', 'host', 'url')
   if s[2] then
     for ns in string.gmatch(s[2], '[^ ]+') do
       redis.call('SREM', P .. 'n:' .. ns, sid)
@@ -172,6 +172,9 @@ local function dropsession(P, sid, out, budget)
   end
   if s[1] then
     redis.call('SREM', P .. 'k:' .. s[1], sid)
+  end
+  if s[4] and redis.call('GET', P .. 'u:' .. s[4]) == sid then
+    redis.call('DEL', P .. 'u:' .. s[4])
   end
   redis.call('DEL', P .. 's:' .. sid, P .. 'l:' .. sid, P .. 'h:' .. sid, P .. 'q:' .. sid)
   redis.call('ZREM', P .. 'leases', sid)

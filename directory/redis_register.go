@@ -132,6 +132,12 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 	for _, displaced := range g.displaced {
 		r.kill(displaced)
 	}
+	if len(reply) > 8 {
+		v := strs(arr(reply[8]))
+		for i := 0; i+1 < len(v); i += 2 {
+			res.Voided = append(res.Voided, SessionRef{SessionID: v[i], ClientID: v[i+1]})
+		}
+	}
 	g.earlier = strs(arr(reply[6]))
 	if complete {
 		g.reclaimed(rw, rows, back, strs(arr(reply[3])), strs(arr(reply[4])))

@@ -18,7 +18,8 @@
 -- registration (nothing changed), else {lease, draining (0/1), drain
 -- deadline (0: untimed), duplicates, reclaimed rows, freed rows, earlier
 -- sessions of this process (dropped when complete, else still to hand
--- over), superseded sessions}. Without complete, the freed rows are those
+-- over), superseded sessions (and voided ones), voided sessions as
+-- session, clientId pairs}. Without complete, the freed rows are those
 -- the superseded sessions held: listed ones are duplicates.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sid, cid, sub, prev = ARGV[4], ARGV[5], ARGV[6], ARGV[15]
@@ -109,6 +110,29 @@ for _, p in ipairs(plans) do
   end
 end
 
+-- The advertise URL's last registration: the session of another process
+-- found there is void (R-LS-3, memory_register.go takeURL). This
+-- registration's probe was answered at the URL with the new secret, so
+-- the URL no longer reaches it. Its rows are taken, as a superseded
+-- session's are.
+local ukey, voided = P .. 'u:' .. ARGV[8], {}
+local o = redis.call('GET', ukey)
+redis.call('SET', ukey, sid)
+if o and o ~= sid and not earlier[o] and not taken[o] then
+  local ocid = redis.call('HGET', P .. 's:' .. o, 'cid')
+  if ocid then
+    local from = #freed + 1
+    budget = dropsession(P, o, freed, budget)
+    for i = from, #freed do
+      taken[freed[i]] = true
+    end
+    taken[o] = true
+    displaced[#displaced + 1] = o
+    voided[#voided + 1] = o
+    voided[#voided + 1] = ocid
+  end
+end
+
 local l, draining, dl = now + ttl, '0', '0'
 local d = P .. 'd:' .. cid
 if redis.call('EXISTS', d) == 1 then
@@ -131,4 +155,4 @@ if ARGV[18] == '1' then
   reclaim(P, sid, now, earlier, taken, 19, dups, written)
   handover(P, sid, ttl, elist, freed)
 end
-return { fmt(l), draining, dl, dups, written, freed, elist, displaced }
+return { fmt(l), draining, dl, dups, written, freed, elist, displaced, voided }

@@ -146,6 +146,21 @@ type RegisterResult struct {
 	LeaseUntil time.Time
 	Duplicates []NSID
 	Drain      DrainState
+	// Voided are the sessions of other processes that were registered at
+	// the same advertise URL, dropped by this registration (R-LS-3): its
+	// challenge probe, answered there with the new session's secret,
+	// proved the URL no longer reaches them. A worker restarted in place
+	// (the same host and port, a new clientId) would otherwise leave its
+	// dead predecessor's session live until the lease lapses, and the
+	// predecessor's ids routed to the new process, which refuses an
+	// attestation signed with the old secret: 403s for up to a lease.
+	Voided []SessionRef
+}
+
+// SessionRef names a session and its client id (for logs).
+type SessionRef struct {
+	SessionID string
+	ClientID  string
 }
 
 // DrainState is the operator drain on a client id (R-REG-6, R-LS-5).

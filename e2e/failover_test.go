@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -163,5 +164,59 @@ func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
 	defer ucancel()
 	if err := victim.WaitUnregistered(uctx); err != nil {
 		t.Errorf("unexpected registry after the lease lapsed (R-LS-2): %v", err)
+	}
+}
+
+// A worker SIGKILLed and started again on the same port (a container
+// restarted in its pod, a systemd restart) registers under a new clientId
+// while its predecessor's session still looks live. The registration's
+// probe, answered at that URL with the new secret, voids the predecessor
+// (R-LS-3): its ids re-place at their next request — on the new process —
+// instead of reaching the new process signed with the old secret, which
+// refused them 403 invalid attestation until the lease lapsed. The lease
+// here is long enough that waiting it out would show.
+func TestWorkerRestartedInPlace_RLS3(t *testing.T) {
+	t.Parallel()
+	const ttl = 15 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"first"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb, first := f.Pinboard, f.Worker("first")
+	ids, owners := placeIDs(ctx, t, pb, "restarted-", 4)
+	for _, id := range ids {
+		if owners[id] != first.Name {
+			t.Fatalf("unexpected owner of %s; got %s; want %s (the only worker)", id, owners[id], first.Name)
+		}
+	}
+	leaseFloor, err := first.LeaseFloor(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Kill()
+	killed := time.Now()
+	second := StartWorker(t, pb, WorkerOptions{Name: "second", Headroom: sharedHeadroom, Port: first.Port})
+	if _, err := second.WaitRegistered(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Worker string `json:"worker"`
+		}
+		if r.Status != http.StatusOK || r.JSON(&body) != nil || body.Worker != second.Name {
+			t.Fatalf("unexpected answer for %s %v after its worker was restarted in place (lease %v); got %s; want 200 from %s", id, time.Since(killed).Round(time.Millisecond), ttl, r, second.Name)
+		}
+	}
+	if time.Now().After(leaseFloor) {
+		t.Fatalf("unexpected test timing: the ids were served %v after the kill, past the dead worker's lease (%v); the restart came too late to tell", time.Since(killed).Round(time.Millisecond), ttl)
+	}
+	if !strings.Contains(pb.Output(), "voided: advertise URL registered by another process") {
+		t.Errorf("unexpected pinboard log without the voided line:\n%s", pb.Output())
 	}
 }

@@ -488,6 +488,9 @@ type WorkerOptions struct {
 	HeartbeatInterval time.Duration
 	LeaseBuffer       time.Duration
 	Env               []string
+	// Port, when set, is the port to listen on (a worker restarted in
+	// place); otherwise a free one.
+	Port int
 }
 
 // Worker is a running worker_app.py process registered (or registering) with
@@ -520,9 +523,11 @@ func startWorker(pb *Pinboard, opts WorkerOptions) (*Worker, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < startAttempts; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
+		port := opts.Port
+		if port == 0 {
+			if port, err = freePort(); err != nil {
+				return nil, err
+			}
 		}
 		url := "http://127.0.0.1:" + strconv.Itoa(port)
 		env := append(scrubbedEnv(),
@@ -560,7 +565,7 @@ func startWorker(pb *Pinboard, opts WorkerOptions) (*Worker, error) {
 		}
 		p.kill()
 		lastErr = fmt.Errorf("%w\n--- %s output ---\n%s", err, p.name, p.out)
-		if !isBindFailure(p.out.String()) {
+		if opts.Port != 0 || !isBindFailure(p.out.String()) {
 			break
 		}
 	}

@@ -371,8 +371,8 @@ func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 	orig := h.fw
 	h.fw = stuck
 	var bodies []string
-	for range 4 {
-		s := h.register(map[string]any{"advertiseUrl": stuck.srv.URL})
+	for i := range 4 {
+		s := h.register(map[string]any{"advertiseUrl": fmt.Sprintf("%s/w%d", stuck.srv.URL, i)})
 		stuck.mode.Store("404")
 		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)); res.status != 200 || !strings.Contains(res.body, `"degraded":true`) {
 			t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)

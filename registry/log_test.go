@@ -48,7 +48,8 @@ func (c *challengeServer) set(f func()) {
 }
 
 // TestOneLogLinePerRegistryEvent: each registry event — register,
-// re-register, degraded, recovered, voided, drain (worker and operator),
+// re-register, degraded, recovered, voided (by a heartbeat's probe or by
+// another process registering at the URL), drain (worker and operator),
 // deregister, superseded — logs exactly one line naming the clientId, and the
 // sessionId where there is one.
 func TestOneLogLinePerRegistryEvent(t *testing.T) {
@@ -143,6 +144,9 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	if out := beat(blue, false); out["status"] != 409 || out["superseded"] != true {
 		t.Fatalf("unexpected heartbeat answer of a superseded session; got %v; want 409 superseded", out)
 	}
+	// Another process at client-5's advertise URL: client-5's session is
+	// void (R-LS-3), one line naming it.
+	register("client-6", "")
 
 	logMu.Lock()
 	defer logMu.Unlock()
@@ -163,8 +167,8 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 		}
 	}
 	for msg, want := range map[string]int{
-		"register": 4, "re-register": 1, "degraded": 1, "recovered": 1, "voided": 1,
-		"drain": 4, "deregister": 1, "superseded": 1,
+		"register": 5, "re-register": 1, "degraded": 1, "recovered": 1, "voided": 1,
+		"drain": 4, "deregister": 1, "superseded": 1, "voided: advertise URL registered by another process": 1,
 	} {
 		if counts[msg] != want {
 			t.Errorf("unexpected number of %q lines; got %d; want %d\n%s", msg, counts[msg], want, logs.String())

@@ -252,7 +252,7 @@ func TestReleaseBatchForbiddenFreesNothing_RREG3(t *testing.T) {
 	c, v := h.fw.pair("other")
 	res := h.post("/registry/register", otherToken, mustJSON(t, map[string]any{
 		"clientId": "other-client", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		"advertiseUrl": h.fw.srv.URL + "/other", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
 		"instances": map[string][]string{"/counters": {"y"}},
 	}))
 	if res.status != 200 {

@@ -243,6 +243,13 @@ func (r *Registry) admit(ctx *fasthttp.RequestCtx, reg *directory.Registration, 
 		d := seconds(out.Drain.Deadline.Sub(now))
 		ack.DrainDeadline = &d
 	}
+	for _, v := range out.Voided {
+		// R-LS-3 at register: the probe was answered at this URL with the
+		// new secret, so the session there before is unreachable — a
+		// worker restarted in place, or two processes behind one URL.
+		r.log.Warn("voided: advertise URL registered by another process", "clientId", v.ClientID, "sessionId", v.SessionID,
+			"advertiseUrl", reg.AdvertiseURL, "byClientId", reg.ClientID, "bySessionId", out.SessionID)
+	}
 	event := "register"
 	if reg.PrevSessionID != "" {
 		event = "re-register"

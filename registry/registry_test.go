@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,7 +46,10 @@ func testPassport(t testing.TB) *attest.Passport {
 }
 
 // fakeWorker answers the challenge probe the way pinned's PinnedWorker
-// does (pinned.pinboard.worker: _mount_challenge, _verify_probe).
+// does (pinned.pinboard.worker: _mount_challenge, _verify_probe), also
+// under a base path: one server stands for workers at distinct advertise
+// URLs (srv.URL + "/w1"), as registrations of other processes at one URL
+// void each other (R-LS-3).
 type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
@@ -62,7 +66,7 @@ func newFakeWorker(t testing.TB) *fakeWorker {
 	fw.mode.Store("ok")
 	fw.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fw.probes.Add(1)
-		if r.URL.Path != "/_pinned/challenge" {
+		if !strings.HasSuffix(r.URL.Path, "/_pinned/challenge") {
 			http.NotFound(w, r)
 			return
 		}

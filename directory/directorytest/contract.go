@@ -41,6 +41,7 @@ func Run(t *testing.T, f Factory) {
 		{"ReclaimKeepsEpoch_RREG1_RREG3", testReclaimKeepsEpoch},
 		{"ReleaseAndDeregister_RREG3", testRelease},
 		{"VoidDropsRecords_RLS3", testVoid},
+		{"URLTakeoverVoidsEarlierProcess_RLS3", testURLTakeover},
 		{"EpochsGrowPerID_RPL2", testEpochs},
 		{"WorkersListing_RREG4", testWorkers},
 		{"OperatorDrain_RREG6", testOperatorDrain},

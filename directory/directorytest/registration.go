@@ -197,3 +197,72 @@ func testReclaimKeepsEpoch(t *testing.T, f Factory) {
 		t.Fatalf("unexpected release of x at its epoch by the new session; got %v, %v; want freed", freed, err)
 	}
 }
+
+// testURLTakeover: a registration of another process at an advertise URL
+// a live session holds voids that session (R-LS-3) — the registration's
+// probe was answered at the URL with the new session's secret, so the URL
+// no longer reaches the old one: a worker restarted in place, with a new
+// clientId, whose predecessor died without deregistering. Its records go
+// (its heartbeat is an unknown session), its ids re-place at once instead
+// of going to the new process signed with the old secret until the lease
+// lapses, and listed ones it held are duplicates, as a superseded
+// session's are. The same process re-registering, and other URLs, void
+// nothing; a URL whose session was dropped is free.
+func testURLTakeover(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	url := "http://127.0.0.1:9/a"
+	a := fx.register("a", []string{"/c"}, 100)
+	other := fx.register("o", []string{"/c"}, 0)
+	for _, id := range []string{"x", "y"} {
+		if r := fx.place("/c", id); r.Owner.SessionID != a {
+			t.Fatalf("unexpected owner of %s; got %s; want %s (most headroom)", id, r.Owner.SessionID, a)
+		}
+	}
+	fx.advance(time.Second)
+	at := func(client, prev string, instances ...string) *directory.RegisterResult {
+		t.Helper()
+		reg := &directory.Registration{
+			ClientID: client, Sub: "test:worker", Secret: "secret-" + client, Namespaces: []string{"/c"},
+			AdvertiseURL: url, Headroom: 100, PrevSessionID: prev,
+		}
+		if len(instances) > 0 {
+			reg.Instances = map[string][]string{"/c": instances}
+		}
+		res, err := fx.s.Register(fx.ctx, reg, fx.now)
+		if err != nil {
+			t.Fatalf("cannot register %s at %s: %v", client, url, err)
+		}
+		return res
+	}
+	b := at("b", "", "y")
+	if want := []directory.SessionRef{{SessionID: a, ClientID: "a"}}; !slices.Equal(b.Voided, want) {
+		t.Fatalf("unexpected sessions voided by another process's registration at %s; got %v; want %v", url, b.Voided, want)
+	}
+	if !slices.Equal(b.Duplicates, []directory.NSID{{NS: "/c", ID: "y"}}) {
+		t.Fatalf("unexpected duplicates of a registration listing an id the voided session held; got %v; want /c y", b.Duplicates)
+	}
+	fx.wantGone(a)
+	if _, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected placement of x after its owner's URL was taken over; want none")
+	}
+	if r := fx.place("/c", "x"); r.Owner.SessionID != b.SessionID {
+		t.Fatalf("unexpected owner of x after its owner's URL was taken over; got %s; want %s", r.Owner.SessionID, b.SessionID)
+	}
+	if _, err := fx.s.Session(fx.ctx, other, fx.now); err != nil {
+		t.Fatalf("unexpected end of a session at another URL; got %v; want live", err)
+	}
+	again := at("b", b.SessionID, "x")
+	if len(again.Voided) != 0 || len(again.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration of the same process at %s; got voided %v, duplicates %v; want none", url, again.Voided, again.Duplicates)
+	}
+	if r, ok := fx.lookup("/c", "x"); !ok || r.Owner.SessionID != again.SessionID {
+		t.Fatalf("unexpected owner of x after its process re-registered; got %+v, %v; want %s", r, ok, again.SessionID)
+	}
+	if err := fx.s.Deregister(fx.ctx, again.SessionID, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if c := at("c", ""); len(c.Voided) != 0 {
+		t.Fatalf("unexpected sessions voided at a URL whose session deregistered; got %v; want none", c.Voided)
+	}
+}
