@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -115,8 +116,22 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 		}
 		o.SelectDB = db
 	}
+	// A literal "+" would be read as a space (form encoding): a
+	// sentinel_password holding one failed authentication at run time.
+	// Say so instead of guessing which was meant.
+	if strings.IndexByte(query, '+') >= 0 {
+		return bad("a + in the query reads as a space: percent-encode it (%%2B, a space %%20)")
+	}
+	// url.URL.Query drops the pairs it cannot decode (a bad %-escape, a
+	// ";") without a word: "?db=2;" opened database 0 and a
+	// sentinel_password holding "%" was sent empty. The error is not
+	// repeated: it quotes the pair, which may be the password.
+	params, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return bad("cannot decode the query: percent-encode %%, ; and + in parameters (%%25, %%3B, %%2B)")
+	}
 	insecure := false // skip_verify
-	for k, vs := range u.Query() {
+	for k, vs := range params {
 		v := vs[len(vs)-1]
 		switch k {
 		case "db":
@@ -126,6 +141,12 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 			}
 			o.SelectDB = db
 		case "client_name":
+			// Redis refuses other bytes in CLIENT SETNAME, which would
+			// fail every connection: an outage at start-up (exit 1)
+			// instead of a configuration error.
+			if strings.IndexFunc(v, func(c rune) bool { return c < '!' || c > '~' }) >= 0 {
+				return bad("client_name may hold only printable ASCII without spaces")
+			}
 			o.ClientName = v
 		case "skip_verify":
 			if !useTLS {
@@ -170,6 +191,14 @@ func hostPort(h, defPort string) (string, error) {
 	}
 	if host == "" {
 		return "", fmt.Errorf("bad host %q", h)
+	}
+	// A host with colons is an IPv6 address, or a mistake such as a port
+	// typed twice ("h:6379:6380"), which would be dialled as the host
+	// "[h:6379:6380]" and fail as an outage.
+	if strings.IndexByte(host, ':') >= 0 {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return "", fmt.Errorf("bad host %q", h)
+		}
 	}
 	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
 		return "", fmt.Errorf("bad port in %q", h)

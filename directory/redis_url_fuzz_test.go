@@ -110,7 +110,9 @@ func FuzzRedisURLPassword_RSRV3(f *testing.F) {
 		others := strconv.Quote(scheme+"://"+user+":xxxxx@"+hosts+tail) + strconv.Quote(hosts) + strconv.Quote(tail) +
 			strconv.Quote(scheme) + strconv.Quote(user) + ` invalid redis url an @ follows the host: percent-encode /, ?, # and @ in the user name, password and parameters (%2F, %3F, %23, %40) ` +
 			`unknown scheme parameter bad port in host empty database is not a number db= is not allowed here skip_verify needs rediss several hosts need redis+cluster:// or redis+sentinel:// ` +
-			`needs one master name as its path a cluster has no database number cannot parse credentials, path or query missing scheme`
+			`needs one master name as its path a cluster has no database number cannot parse credentials, path or query missing scheme ` +
+			`a + in the query reads as a space: percent-encode it (%2B, a space %20) ` +
+			`cannot decode the query: percent-encode %, ; and + in parameters (%25, %3B, %2B) client_name may hold only printable ASCII without spaces`
 		if _, sp, ok := strings.Cut(tail, "sentinel_password="); ok {
 			sp, _, _ = strings.Cut(sp, "&")
 			if len(sp) >= 6 && strings.Count(raw, sp) == 1 && strings.Contains(msg, sp) {

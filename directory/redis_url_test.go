@@ -57,3 +57,65 @@ func TestParseRedisURLSkipVerifyValues_RSRV3(t *testing.T) {
 		}
 	}
 }
+
+// A query net/url cannot decode — a "%" not followed by two hex digits, a
+// ";" — was dropped pair by pair without a word (url.URL.Query ignores the
+// error): "?db=2;" opened database 0, a sentinel_password holding "%" or
+// ";" was sent empty, and a misspelt parameter with a bad escape was never
+// refused. A literal "+" was read as a space (form encoding), so a
+// sentinel_password holding one failed authentication at run time. Both
+// are refused at start-up instead, like an unencoded "#" (R-SRV-3).
+func TestParseRedisURLRefusesUndecodableQuery_RSRV3(t *testing.T) {
+	for _, raw := range []string{
+		"redis://h?db=2;",
+		"redis://h?db=2%",
+		"redis://h/3?db=2%zz",
+		"redis://h?typo%zz=1",
+		"redis+sentinel://s/m?sentinel_password=pa%ss",
+		"redis+sentinel://s/m?sentinel_password=a;b",
+		"redis+sentinel://s/m?sentinel_password=a+b",
+		"redis://h?client_name=a;b&db=1",
+	} {
+		o, err := directory.ParseRedisURL(raw)
+		if !errors.Is(err, directory.ErrInvalidURL) {
+			t.Errorf("unexpected result for %q; got %v (db %d, sentinel password %q, client name %q); want ErrInvalidURL",
+				raw, err, o.SelectDB, o.Sentinel.Password, o.ClientName)
+		}
+	}
+	o, err := directory.ParseRedisURL("redis+sentinel://s/m?sentinel_password=a%2Bb%3Bc%25d%20e&db=2")
+	if err != nil || o.Sentinel.Password != "a+b;c%d e" || o.SelectDB != 2 {
+		t.Fatalf("unexpected options; got sentinel password %q, db %d, %v; want %q, 2", o.Sentinel.Password, o.SelectDB, err, "a+b;c%d e")
+	}
+}
+
+// Redis refuses a client name holding a space, a line break or any byte
+// outside '!'..'~' (CLIENT SETNAME), so every connection failed and
+// pinboard exited as if Redis were unreachable (exit 1, restarted for
+// ever) instead of naming the bad REDIS_URL (exit 2, R-SRV-3).
+func TestParseRedisURLRefusesBadClientName_RSRV3(t *testing.T) {
+	for _, raw := range []string{"redis://h?client_name=a%20b", "redis://h?client_name=a%0Ab", "redis://h?client_name=%C3%A9"} {
+		if o, err := directory.ParseRedisURL(raw); !errors.Is(err, directory.ErrInvalidURL) {
+			t.Errorf("unexpected result for %q; got %v (client name %q); want ErrInvalidURL", raw, err, o.ClientName)
+		}
+	}
+	if o, err := directory.ParseRedisURL("redis://h?client_name=pinboard-1_a.b"); err != nil || o.ClientName != "pinboard-1_a.b" {
+		t.Fatalf("unexpected options; got client name %q, %v; want %q", o.ClientName, err, "pinboard-1_a.b")
+	}
+}
+
+// A host holding colons that is no IPv6 address ("h:6379:6380", a port
+// typed twice) was taken for a bare IPv6 address and dialled as
+// "[h:6379:6380]:6379": an unreachable Redis (exit 1) instead of a
+// configuration error (R-SRV-3).
+func TestParseRedisURLRefusesColonHost_RSRV3(t *testing.T) {
+	for _, raw := range []string{"redis://h:6379:6380", "redis+cluster://a:1,b:2:3", "redis://[h:1]:7000"} {
+		if o, err := directory.ParseRedisURL(raw); !errors.Is(err, directory.ErrInvalidURL) {
+			t.Errorf("unexpected result for %q; got %v (addresses %v); want ErrInvalidURL", raw, err, o.InitAddress)
+		}
+	}
+	for raw, want := range map[string]string{"redis://::1": "[::1]:6379", "redis://[::1]": "[::1]:6379", "redis://[fe80::1]:7000": "[fe80::1]:7000"} {
+		if o, err := directory.ParseRedisURL(raw); err != nil || len(o.InitAddress) != 1 || o.InitAddress[0] != want {
+			t.Errorf("unexpected addresses for %q; got %v, %v; want %s", raw, o.InitAddress, err, want)
+		}
+	}
+}
