@@ -29,7 +29,8 @@ type RedisOptions struct {
 	// tight that a CPU-starved node (notes: invalidations stretched to
 	// 16 ms p90 on 2 busy cores) drops healthy connections.
 	Staleness time.Duration
-	// TLSConfig replaces the TLS settings a rediss:// URL implies.
+	// TLSConfig replaces the TLS settings a rediss:// URL implies: the
+	// masters', and the sentinels' of a rediss+sentinel:// URL.
 	TLSConfig *tls.Config
 	// CacheBytes is rueidis's client-side cache per connection; default
 	// 64 MiB. The node-local decoded cache is bounded by
@@ -124,12 +125,9 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	if opts.LeaseTTL <= 0 {
 		return nil, errors.New("cannot open the redis directory: RedisOptions.LeaseTTL is required")
 	}
-	copt, err := ParseRedisURL(url)
+	copt, err := redisClientOptions(url, opts)
 	if err != nil {
 		return nil, err
-	}
-	if opts.TLSConfig != nil {
-		copt.TLSConfig = opts.TLSConfig
 	}
 	r := newRedis(opts)
 	r.configure(&copt, opts)
@@ -148,6 +146,24 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	go func() { defer r.wg.Done(); r.revalidateLoop(bg) }()
 	go func() { defer r.wg.Done(); r.refreshLoop(bg) }()
 	return r, nil
+}
+
+// redisClientOptions parses url (ParseRedisURL) and applies opts.TLSConfig
+// to every connection the URL makes over TLS: the masters, and the
+// sentinels of a rediss+sentinel:// URL, which would otherwise still
+// verify against the system roots a private CA in TLSConfig replaces.
+func redisClientOptions(url string, opts RedisOptions) (rueidis.ClientOption, error) {
+	copt, err := ParseRedisURL(url)
+	if err != nil {
+		return copt, err
+	}
+	if opts.TLSConfig != nil {
+		copt.TLSConfig = opts.TLSConfig
+		if copt.Sentinel.TLSConfig != nil {
+			copt.Sentinel.TLSConfig = opts.TLSConfig.Clone()
+		}
+	}
+	return copt, nil
 }
 
 func newRedis(opts RedisOptions) *Redis {
