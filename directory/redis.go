@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,6 +141,7 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 		c.Close()
 		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)
 	}
+	r.checkEviction(ctx)
 	bg, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	r.wg.Add(2)
@@ -343,4 +345,31 @@ func (r *Redis) Stats() RedisStats {
 	s.Sessions = len(r.sessions)
 	r.smu.RUnlock()
 	return s
+}
+
+// checkEviction warns when the Redis serving the directory's slot may evict
+// keys. The directory keeps its state in keys only scripts remove, so an
+// eviction is a silent loss: under allkeys-* an evicted placement row is
+// placed again while its owner still hosts the instance (two owners,
+// R-PL-1) and an evicted lease ends a live worker; under volatile-* the
+// control queues (the only keys with a TTL but the tombs) go before they
+// are acked (R-CM-1). Managed offerings often default to such a policy.
+// Only a warning: INFO may be denied by ACLs, and memory may never fill.
+func (r *Redis) checkEviction(ctx context.Context) {
+	// The keyed read pins INFO to the node serving the directory's slot.
+	res := r.c.DoMulti(ctx, r.c.B().Get().Key(r.prefix+"era").Build(), r.c.B().Info().Section("memory").Build())
+	info, err := res[1].ToString()
+	if err != nil {
+		r.log.Debug("directory cannot read the redis eviction policy", "err", err)
+		return
+	}
+	for _, line := range strings.Split(strings.TrimPrefix(info, "txt:"), "\n") {
+		policy, ok := strings.CutPrefix(strings.TrimSpace(line), "maxmemory_policy:")
+		if !ok || policy == "noeviction" {
+			continue
+		}
+		r.log.Warn("redis may evict directory keys (maxmemory-policy "+policy+"): placements, leases or control messages "+
+			"can vanish under memory pressure, and an evicted placement is placed twice; set maxmemory-policy noeviction",
+			"maxmemory_policy", policy)
+	}
 }
