@@ -1,6 +1,9 @@
 package directory
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // MemoryQueues exposes the number of control queues to tests.
 func MemoryQueues(m *Memory) int {
@@ -43,3 +46,20 @@ func SetAfterDropBatch(s Store, fn func()) {
 
 // LuaLib is the helpers every directory script starts with.
 var LuaLib = luaLib
+
+// SetAfterSessionRead makes r call fn in resolve after it read unknown
+// sessions from Redis and before it adopts them. Set it before r is used.
+func SetAfterSessionRead(r *Redis, fn func()) { r.afterSessionRead = fn }
+
+// LeaseGen counts the lease invalidations r has handled.
+func LeaseGen(r *Redis) uint64 { return r.leaseGen.Load() }
+
+// RefreshDirty re-reads every lease r marked as possibly changed, due or
+// not, and reports how many it read.
+func RefreshDirty(ctx context.Context, r *Redis) (int, error) { return r.refreshDue(ctx, true) }
+
+// KnownLive reports whether r knows session sid and holds it live at now.
+func KnownLive(r *Redis, sid string, now time.Time) bool {
+	s := r.session(sid)
+	return s != nil && s.owner.Live(now)
+}

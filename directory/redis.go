@@ -101,6 +101,9 @@ type Redis struct {
 	// afterDrop, when set (tests only, before use), runs between the
 	// script calls that free a dropped session's rows.
 	afterDrop func()
+	// afterSessionRead, when set (tests only, before use), runs in resolve
+	// between reading unknown sessions and adopting them.
+	afterSessionRead func()
 }
 
 var (

@@ -105,6 +105,7 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 			defer rw.release(r)
 		}
 	}
+	gen := r.leaseGen.Load() // the new lease is read back tracked: adoptRead
 	msg, back, err := r.execTracked(ctx, "register", scriptRegister, r.key("s", g.sid), args, rw.keys, []string{r.key("l", g.sid)}, true)
 	if err != nil {
 		return nil, unavailable("register", g.reg.ClientID, err)
@@ -124,8 +125,8 @@ func (g *registering) open(ctx context.Context, rows []string, complete bool) (*
 	if head[1] == "1" {
 		res.Drain = DrainState{Draining: true, Deadline: fromMicros(head[2])}
 	}
-	g.s = r.adopt(g.sid, &redisSession{owner: NewOwner(g.sid, g.reg.ClientID, g.reg.AdvertiseURL, []byte(g.reg.Secret), res.LeaseUntil),
-		host: ascii.Lower(g.reg.Hostname)})
+	g.s = r.adoptRead(g.sid, &redisSession{owner: NewOwner(g.sid, g.reg.ClientID, g.reg.AdvertiseURL, []byte(g.reg.Secret), res.LeaseUntil),
+		host: ascii.Lower(g.reg.Hostname)}, gen)
 	freed := strs(arr(reply[5]))
 	r.forget(r.rowKeys(freed))
 	g.displaced = strs(arr(reply[7]))

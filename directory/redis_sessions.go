@@ -45,6 +45,20 @@ func (r *Redis) adopt(sid string, s *redisSession) *redisSession {
 	return s
 }
 
+// adoptRead adopts a session whose lease was read with tracking on after
+// leaseGen was gen. A lease push handled since then may be for it: one
+// handled before the adoption found no session to mark, and Redis sends no
+// other until the key is read again, so the session is marked dirty (its
+// lease re-read before it runs low) when the generation moved. Compared
+// after the adoption: a push handled later finds the session itself.
+func (r *Redis) adoptRead(sid string, s *redisSession, gen uint64) *redisSession {
+	s = r.adopt(sid, s)
+	if r.leaseGen.Load() != gen {
+		s.dirty.Store(true)
+	}
+	return s
+}
+
 // kill ends a session locally: its Owner is revoked for good.
 func (r *Redis) kill(sid string) {
 	r.smu.Lock()
@@ -112,10 +126,10 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 			continue // gone
 		}
 		s := &redisSession{owner: NewOwner(sid, f[0], f[1], []byte(f[2]), fromMicros(l)), host: ascii.Lower(f[3])}
-		if r.leaseGen.Load() != gen {
-			s.dirty.Store(true)
+		if r.afterSessionRead != nil {
+			r.afterSessionRead()
 		}
-		out[sid] = r.adopt(sid, s)
+		out[sid] = r.adoptRead(sid, s, gen)
 	}
 	return out, nil
 }
