@@ -64,10 +64,42 @@ for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
 end
 -- Bindings no live session holds any more are free (R-LS-4). A binding
 -- key is P .. 'b:' .. lower(host) .. '\0' .. ns (redis_register.lua).
+-- What the live sessions of a namespace hold is read once per sweep —
+-- lower(host) → epoch → env, as holds() compares them — not once per
+-- binding: per binding (binding()), the sweep was quadratic in the bound
+-- workers sharing a namespace, and 1,000 of them held Redis for seconds
+-- every time any node swept.
+local held = {}
+local function holders(ns)
+  local h = held[ns]
+  if h then
+    return h
+  end
+  h = {}
+  for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
+    if lease(P, sid) > now then
+      local s = redis.call('HMGET', P .. 's:' .. sid, 'host', 'rep', 'env', 'envs')
+      local env = s[1] and s[2] and envof(s[3], s[4], ns)
+      if env then
+        local host = string.lower(s[1])
+        h[host] = h[host] or {}
+        h[host][s[2]] = h[host][s[2]] or {}
+        h[host][s[2]][env] = true
+      end
+    end
+  end
+  held[ns] = h
+  return h
+end
 for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
   local sep = string.find(bkey, '\0', 1, true)
-  local cur = sep and binding(P, string.sub(bkey, #P + 3, sep - 1), string.sub(bkey, sep + 1), now)
-  if not (cur and cur.live) then
+  local live = false
+  if sep then
+    local b = redis.call('HMGET', bkey, 'host', 'env', 'ep')
+    local h = b[1] and b[2] and b[3] and holders(string.sub(bkey, sep + 1))[string.lower(b[1])]
+    live = h and h[b[3]] and h[b[3]][b[2]] or false
+  end
+  if not live then
     redis.call('DEL', bkey)
     redis.call('SREM', P .. 'bindings', bkey)
   end
