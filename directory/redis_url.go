@@ -250,9 +250,21 @@ func redactQuery(s string) string {
 	}
 	params := strings.Split(query, "&")
 	for i, p := range params {
-		if k, _, ok := strings.Cut(p, "="); ok && strings.EqualFold(k, "sentinel_password") {
-			params[i] = k + "=xxxxx"
+		// A ";" is refused as a separator (ParseRedisURL), but the
+		// message that says so must not show what follows it either.
+		parts := strings.Split(p, ";")
+		for j, part := range parts {
+			k, _, ok := strings.Cut(part, "=")
+			// The key as ParseRedisURL reads it: "sentinel%5Fpassword"
+			// sets the sentinel password too.
+			if dk, err := url.QueryUnescape(k); err == nil {
+				k = dk
+			}
+			if ok && strings.EqualFold(k, "sentinel_password") {
+				parts[j] = part[:strings.IndexByte(part, '=')] + "=xxxxx"
+			}
 		}
+		params[i] = strings.Join(parts, ";")
 	}
 	return path + "?" + strings.Join(params, "&")
 }

@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/pinboard-go/pinboard/directory"
@@ -117,5 +118,35 @@ func TestParseRedisURLRefusesColonHost_RSRV3(t *testing.T) {
 		if o, err := directory.ParseRedisURL(raw); err != nil || len(o.InitAddress) != 1 || o.InitAddress[0] != want {
 			t.Errorf("unexpected addresses for %q; got %v, %v; want %s", raw, o.InitAddress, err, want)
 		}
+	}
+}
+
+// The query is decoded before its parameters are read, so
+// "sentinel%5Fpassword=…" sets the sentinel password like
+// "sentinel_password=…" — and error messages, which hide the value of the
+// latter, printed the former's (R-SRV-3: errors never repeat a password).
+func TestParseRedisURLRedactsEncodedSentinelPassword_RSRV3(t *testing.T) {
+	for _, raw := range []string{
+		"redis+sentinel://s/m?sentinel%5Fpassword=topsecret&db=x",
+		"redis+sentinel://s/m?sentinel%5fpassword=topsecret&db=x",
+		"redis+sentinel://s/m?%73entinel_password=topsecret&db=x",
+	} {
+		_, err := directory.ParseRedisURL(raw)
+		if !errors.Is(err, directory.ErrInvalidURL) || strings.Contains(err.Error(), "topsecret") {
+			t.Errorf("unexpected error for %q; got %v; want ErrInvalidURL without the sentinel password", raw, err)
+		}
+	}
+	if o, err := directory.ParseRedisURL("redis+sentinel://s/m?sentinel%5Fpassword=topsecret"); err != nil || o.Sentinel.Password != "topsecret" {
+		t.Fatalf("unexpected sentinel password; got %q, %v; want %q", o.Sentinel.Password, err, "topsecret")
+	}
+}
+
+// A ";" in the query is refused, with a message that shows the URL: a
+// sentinel_password after it ("x=1;sentinel_password=…") was printed as
+// part of the value of the parameter before it (R-SRV-3).
+func TestParseRedisURLRedactsAfterSemicolon_RSRV3(t *testing.T) {
+	_, err := directory.ParseRedisURL("redis+sentinel://s/m?x=1;sentinel_password=topsecret")
+	if !errors.Is(err, directory.ErrInvalidURL) || strings.Contains(err.Error(), "topsecret") {
+		t.Fatalf("unexpected error; got %v; want ErrInvalidURL without the sentinel password", err)
 	}
 }
