@@ -170,7 +170,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return
 	}
-	rq.ns = append(rq.ns, t.NS...)
+	rq.ns = appendNamespace(rq.ns, t.NS)
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
 

@@ -1042,3 +1042,54 @@ func TestPlacementMetrics_RLS2_RPL6(t *testing.T) {
 	}
 	count(2, 1)
 }
+
+// A namespace outside ASCII is sent percent-escaped by HTTP clients
+// ("/caf%C3%A9"), and the worker's server decodes the path before routing
+// it to the host of "/café": pinboard resolves the decoded namespace and
+// forwards the path as the client sent it. Resolved raw, it was 404
+// unknown namespace (R-DP-1, R-PL-5).
+func TestPercentEscapedNamespace_RDP1_RPL5(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w1")
+	rg.add(w, 10, "/café")
+	for _, tc := range []struct{ path, ns string }{
+		{"/caf%C3%A9/alice/v", "/café"},
+		{"/caf%c3%a9/alice/v", "/café"},
+	} {
+		res, body := rawGet(t, rg.url, tc.path)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("unexpected answer for %s (namespace %q); got %d %s; want 200", tc.path, tc.ns, res.StatusCode, body)
+		}
+		if s := decodeSeen(t, body); s.URI != tc.path {
+			t.Fatalf("unexpected path forwarded for %s; got %q; want it as sent", tc.path, s.URI)
+		}
+	}
+	if res, body := rg.get("/caf%C3%A8/alice/v", nil); res.StatusCode != http.StatusNotFound || body != `{"error":"unknown namespace"}` {
+		t.Fatalf("unexpected answer for another namespace; got %d %s; want 404 unknown namespace", res.StatusCode, body)
+	}
+	if p, err := rg.store.Placement(t.Context(), "/café", "alice", rg.now()); err != nil || p.SessionID != w.session.Load().(string) {
+		t.Fatalf("unexpected placement of /café alice; got %+v, %v; want on w1", p, err)
+	}
+}
+
+// rawGet sends GET path as written (Go's client refuses or re-escapes some
+// paths) on a connection of its own and returns the answer and its body.
+func rawGet(t *testing.T, base, path string) (*http.Response, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("cannot read the answer to GET %s: %v", path, err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b)
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 
 	"github.com/valyala/fasthttp"
@@ -234,3 +235,37 @@ var idChar = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// appendNamespace appends the namespace ns, as the request spelt it, to
+// dst with its percent-escapes decoded: the worker's server decodes the
+// path before routing (uvicorn's scope["path"], urllib.parse.unquote), so
+// "/caf%C3%A9" — how an HTTP client sends it — reaches the host of the
+// namespace registered as "/café", and is resolved as that namespace
+// here; raw, it was 404 unknown namespace. An escape that is not two hex
+// digits stays as it is, as unquote leaves it. The path forwarded is the
+// raw one, and an id has no escapes (checkID). Fast path: no '%'.
+func appendNamespace(dst, ns []byte) []byte {
+	if bytes.IndexByte(ns, '%') < 0 {
+		return append(dst, ns...)
+	}
+	for i := 0; i < len(ns); i++ {
+		if c := ns[i]; c == '%' && i+2 < len(ns) && isHex(ns[i+1]) && isHex(ns[i+2]) {
+			dst = append(dst, unhex(ns[i+1])<<4|unhex(ns[i+2]))
+			i += 2
+			continue
+		}
+		dst = append(dst, ns[i])
+	}
+	return dst
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c|0x20 && c|0x20 <= 'f'
+}
+
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c|0x20 - 'a' + 10
+}

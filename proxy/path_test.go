@@ -240,3 +240,22 @@ func TestOriginForm_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// appendNamespace decodes a namespace's percent-escapes as the worker's
+// server decodes the path (urllib.parse.unquote): valid escapes in either
+// case, anything else as it is (R-DP-1).
+func TestAppendNamespace_RDP1(t *testing.T) {
+	for in, want := range map[string]string{
+		"/counters":    "/counters",
+		"/caf%C3%A9":   "/café",
+		"/caf%c3%a9":   "/café",
+		"/a%zz":        "/a%zz",
+		"/a%2":         "/a%2",
+		"/a%":          "/a%",
+		"/%41%4a%4A%z": "/AJJ%z",
+	} {
+		if got := string(appendNamespace([]byte("x"), []byte(in))); got != "x"+want {
+			t.Errorf("unexpected namespace for %q; got %q; want %q", in, got[1:], want)
+		}
+	}
+}
