@@ -35,6 +35,11 @@ type pconn struct {
 	// worker closed it while idle (retryable when the request can be
 	// replayed).
 	reused bool
+	// waitStart is when awaitHeader began a wait for the worker's answer
+	// that checks on the client (zero: none); waitFor is its length, the
+	// header timeout (see keepWaiting).
+	waitStart time.Time
+	waitFor   time.Duration
 }
 
 // lazyDeadline keeps a connection deadline about d ahead of now without

@@ -745,6 +745,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			return failed
 		}
 		reused := pc.reused
+		pc.waitStart = time.Time{} // set again by awaitHeader when it checks on the client
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
@@ -752,15 +753,22 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		wrote := err == nil
 		if wrote {
 			if up == nil {
-				pc.armHeaderDeadline(p.wallClock(now), pool.headerTimeout)
-			}
-			err = readResponseHeader(&ctx.Response.Header, pc.br)
-			if up != nil {
+				err = awaitHeader(ctx, pool, pc, p.wallClock(now))
+			} else {
+				err = readResponseHeader(&ctx.Response.Header, pc.br)
 				up.headerDone()
 			}
 		}
 		if err != nil {
 			pool.discard(pc)
+			if errors.Is(err, errClientGone) {
+				// Nobody reads this answer; it is for the access log and
+				// the metrics (nginx's 499).
+				ctx.Response.Reset()
+				writeError(ctx, statusClientClosed, "client closed the request", 0)
+				ctx.SetConnectionClose()
+				return failed
+			}
 			if up != nil {
 				up.stop()
 				if up.clientErr {
@@ -787,6 +795,101 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		}
 		return p.relay(ctx, pool, pc, up, retryUnattested)
 	}
+}
+
+// statusClientClosed is nginx's 499: the client left before the worker
+// answered. No client sees it; the access log and metrics do.
+const statusClientClosed = 499
+
+// awaitHeader reads the worker's response header to a request sent whole
+// (no upload running), within the pool's header timeout from now. While it
+// waits it checks, every clientCheckEvery, that the client is still there
+// (rawio.PeerClosed, as nginx does with proxy_ignore_client_abort off),
+// and gives up with errClientGone once it left: its worker connection is
+// then closed, which tells the worker (uvicorn's http.disconnect).
+// Before, a client that sent a long-poll request and left held a pooled
+// worker connection, and the worker's route, until the worker answered or
+// the header timeout (5 minutes by default) passed; a client could leave
+// a worker's whole pool held that way without holding one socket itself.
+// The check rides on the header deadline, kept lazily as before
+// (armHeaderDeadline), only shorter: no timer or goroutine per request.
+func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time) error {
+	d, check := pool.headerTimeout, clientCheckEvery
+	if d <= check {
+		pc.armHeaderDeadline(now, d)
+		return readResponseHeader(&ctx.Response.Header, pc.br)
+	}
+	// Real time, not the proxy's clock: the deadlines are the kernel's.
+	pc.waitStart, pc.waitFor = time.Now(), d
+	pc.armHeaderDeadline(pc.waitStart, check)
+	for {
+		err := readResponseHeader(&ctx.Response.Header, pc.br)
+		if err == nil {
+			return nil
+		}
+		if again, err := pc.keepWaiting(err, ctx.Conn()); !again {
+			return err
+		}
+	}
+}
+
+// keepWaiting decides on a read from the worker that failed with err
+// during a wait awaitHeader started: true when it was only the client
+// check's deadline, the client is still there and the header timeout has
+// not passed (the deadline is then set for the next check); otherwise
+// false with the error to report, errClientGone when the client left. A
+// deadline is no failure of the read: what was read stays in pc.br, and
+// the read goes on from there.
+func (pc *pconn) keepWaiting(err error, client net.Conn) (bool, error) {
+	if pc.waitStart.IsZero() || !isTimeout(err) {
+		return false, err
+	}
+	t := time.Now()
+	left := pc.waitFor - t.Sub(pc.waitStart)
+	if left <= 0 {
+		return false, err
+	}
+	if rawio.PeerClosed(client) {
+		return false, errClientGone
+	}
+	pc.deadline = lazyDeadline{t.Add(min(left, clientCheckEvery))}
+	_ = pc.c.SetReadDeadline(pc.deadline.at)
+	return true, nil
+}
+
+// readSized reads resp's sized body (its Content-Length, at most
+// maxSize) from pc whole, as Response.ReadBody does, under the wait
+// awaitHeader started: the body of an answer read in the handler has
+// the header timeout, as before the client checks, not only the time to
+// the next check; and a client that leaves meanwhile is noticed too.
+// Allocates nothing once the response's body buffer is warm.
+func readSized(resp *fasthttp.Response, pc *pconn, client net.Conn, maxSize int) error {
+	if pc.waitStart.IsZero() {
+		return resp.ReadBody(pc.br, maxSize)
+	}
+	n := resp.Header.ContentLength()
+	if n < 0 || n > maxSize {
+		return fasthttp.ErrBodyTooLarge
+	}
+	resp.ResetBody()
+	for n > 0 {
+		if pc.br.Buffered() == 0 {
+			if _, err := pc.br.Peek(1); err != nil {
+				if again, err := pc.keepWaiting(err, client); !again {
+					if err == io.EOF {
+						err = io.ErrUnexpectedEOF
+					}
+					return err
+				}
+				continue
+			}
+		}
+		b, _ := pc.br.Peek(min(pc.br.Buffered(), n))
+		resp.AppendBody(b)
+		_, _ = pc.br.Discard(len(b))
+		n -= len(b)
+	}
+	return nil
 }
 
 // http11 is the version every request goes to a worker with.
@@ -909,7 +1012,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 	noBody := ctx.Request.Header.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
 	if refusedInBand(rh) {
 		// The refusal body is small; drain it so the connection stays warm.
-		ok := !noBody && cl >= 0 && cl <= p.smallBody && ctx.Response.ReadBody(pc.br, p.smallBody) == nil
+		ok := !noBody && cl >= 0 && cl <= p.smallBody && readSized(&ctx.Response, pc, ctx.Conn(), p.smallBody) == nil
 		p.finish(pool, pc, ok && keep, up)
 		resetForRetry(&ctx.Response)
 		return refused
@@ -1017,7 +1120,7 @@ func ownVersion(rh *fasthttp.ResponseHeader) {
 // readSmallBody reads a sized response body whole and lets go of the
 // connection; on a read error it answers 502 itself and reports false.
 func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, keep bool, up *upload) bool {
-	if err := ctx.Response.ReadBody(pc.br, p.smallBody); err != nil {
+	if err := readSized(&ctx.Response, pc, ctx.Conn(), p.smallBody); err != nil {
 		p.finish(pool, pc, false, up)
 		ctx.Response.Reset()
 		p.metrics.UpstreamError("read")

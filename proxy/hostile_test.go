@@ -1013,3 +1013,75 @@ func TestContentEncodingLinesKept_RDP1(t *testing.T) {
 		t.Fatalf("unexpected content codings; got %d %q; want %q", res.StatusCode, got, want)
 	}
 }
+
+// A client that leaves while the worker has not answered yet (a long-poll
+// route) frees its worker connection within clientCheckEvery: the worker
+// sees the close and its route is cancelled. Before, the connection and
+// the route were held until the worker answered or the header timeout
+// (5 minutes by default) passed, so a client could hold a worker's whole
+// pool without holding a socket. A client still there is not cut by the
+// checks, also when the header arrives in pieces across them, or a small
+// body long after its header (R-DP-3).
+func TestClientGoneBeforeAnswerFreesWorker_RDP3(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 100 * time.Millisecond
+	rg, w, _ := newCapRigWorker(t, nil)
+	gone := make(chan bool, 1)
+	w.route("/poll", func(rw http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			gone <- true
+		case <-time.After(8 * time.Second):
+			gone <- false
+		}
+	})
+	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
+		// Several checks pass before the header, then the header comes in
+		// two pieces with more checks between them.
+		time.Sleep(350 * time.Millisecond)
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = brw.Flush()
+		_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nX-Part: 1\r\n")
+		time.Sleep(350 * time.Millisecond)
+		_, _ = io.WriteString(conn, "Content-Length: 4\r\nConnection: close\r\n\r\nlate")
+	})
+	w.route("/slowbody", func(rw http.ResponseWriter, r *http.Request) {
+		// A small sized body that comes well after its header: the read
+		// has the header timeout, not only the time to the next check.
+		rw.Header().Set("Content-Length", "9")
+		rw.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(rw, "slow")
+		rw.(http.Flusher).Flush()
+		time.Sleep(450 * time.Millisecond)
+		_, _ = io.WriteString(rw, " body")
+	})
+
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, "GET /counters/alice/poll HTTP/1.1\r\nHost: x\r\n\r\n")
+	time.Sleep(150 * time.Millisecond)
+	_ = c.Close()
+	if !<-gone {
+		t.Fatal("unexpected wait: the worker's route was not cancelled within 8 s of its client leaving")
+	}
+	up, err := rg.p.ups.get(w.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the worker connection closed", func() bool { return up.pool.open() == 0 })
+
+	if got := rg.raw("GET /counters/alice/late HTTP/1.1\r\nHost: x\r\n\r\n", 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") || !strings.HasSuffix(got, "\r\n\r\nlate") {
+		t.Fatalf("unexpected answer to a client that stayed; got %q; want 200 with body late", got)
+	}
+	for range 2 { // a fresh worker connection, then the pooled one
+		if res, body := rg.get("/counters/alice/slowbody", nil); res.StatusCode != 200 || body != "slow body" {
+			t.Fatalf("unexpected answer with a slow small body; got %d %q; want 200 \"slow body\"", res.StatusCode, body)
+		}
+	}
+}
