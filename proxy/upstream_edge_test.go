@@ -771,3 +771,34 @@ func TestWebSocketInterimAnswersSkipped_RDP2(t *testing.T) {
 		t.Fatalf("unexpected echo; got %q, %v; want %q", got, err, "ping")
 	}
 }
+
+// A WebSocket handshake sent with HEAD (no client should, RFC 6455 §4.1
+// asks for GET; a hostile one may) that the worker refuses gets the
+// worker's answer at once, its Content-Length kept and no body. Before,
+// the refusal's body was read as for a GET: the worker, rightly, sent
+// none, and the client waited for the handshake's deadline (30 s) and got
+// 502 "owner unreachable" (R-DP-2).
+func TestHeadUpgradeRefusalRelayed_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\n")
+		return true
+	})
+	rg.serveIDs(t, w, "alice")
+	start := time.Now()
+	c2, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.WriteString(c2, strings.Replace(upgradeRequest("/counters/alice/ws"), "GET", "HEAD", 1))
+	res, err := http.ReadResponse(bufio.NewReader(c2), &http.Request{Method: http.MethodHead})
+	if err != nil {
+		t.Fatalf("unexpected read error after %v; got %v; want the worker's 404 at once", time.Since(start), err)
+	}
+	if res.StatusCode != http.StatusNotFound || res.ContentLength != 10 {
+		t.Fatalf("unexpected answer to a HEAD handshake; got %d with Content-Length %d; want 404 with 10", res.StatusCode, res.ContentLength)
+	}
+}

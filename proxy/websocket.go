@@ -204,6 +204,19 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 	if s := rh.StatusCode(); s == fasthttp.StatusNoContent || s == fasthttp.StatusNotModified {
 		return
 	}
+	if ctx.Request.Header.IsHead() {
+		// Nothing follows the header of an answer to HEAD, whatever its
+		// Content-Length says (RFC 9110 §9.3.2): read for one, the
+		// handshake waited for bytes that never came until its deadline
+		// (30 s) and the client got 502 instead of the worker's answer.
+		// The length goes to the client as the worker sent it.
+		cl := rh.ContentLength()
+		ctx.Response.SkipBody = true
+		if cl >= 0 {
+			rh.SetContentLength(cl)
+		}
+		return
+	}
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
 		ctx.Response.Reset()
 		p.metrics.UpstreamError("read")
