@@ -84,6 +84,10 @@ type request struct {
 	// routed is set once the request resolved to a worker: its namespace
 	// is then a registered one, safe as a metrics label.
 	routed bool
+
+	// noHost: the client sent no Host (HTTP/1.0 need not); each try
+	// gets its worker's (prepare), and placement sees none.
+	noHost bool
 }
 
 func (rq *request) reset() {
@@ -91,7 +95,7 @@ func (rq *request) reset() {
 	rq.principal = nil
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
-	rq.routed = false
+	rq.routed, rq.noHost = false, false
 	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 }
 
@@ -170,6 +174,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return
 	}
+	rq.noHost = len(ctx.Request.Header.Host()) == 0
 	rq.ns = appendNamespace(rq.ns, t.NS)
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
@@ -326,11 +331,17 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 			}
 		}
 	}
+	var host string
+	if !rq.noHost {
+		// Not a worker's Host that prepare gave a request without one
+		// on an earlier try: that would pick by the worker's name.
+		host = hostOnly(ctx.Request.Header.Host())
+	}
 	c := p.opCtx.get()
 	r, err := p.store.Place(c, &directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
 		Policy: p.declines.policy(p.policy, now), Pick: rq.pick, Exclude: exclude,
-		Host: hostOnly(ctx.Request.Header.Host()),
+		Host: host,
 	})
 	if err == nil && r.Placed {
 		// Replaced: the id moved, off a refusing worker (R-PL-6) or off
@@ -718,7 +729,10 @@ func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, r
 	// server's parsed URI, which Request.Write would otherwise re-render
 	// (normalised) in place of the raw path.
 	ctx.Request.SetRequestURIBytes(rq.uri)
-	if len(h.Host()) == 0 {
+	if rq.noHost {
+		// Each try's own worker: after a refusal or a session gap the
+		// request may go to another worker than the one an earlier try
+		// named here, which got that worker's host:port before.
 		h.SetHost(st.up.host)
 	}
 	h.SetCanonical(hdrAttestation, st.att.token(now, route.Owner, rq))

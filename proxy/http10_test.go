@@ -278,3 +278,22 @@ func TestHTTP10KeepAlive_RDP1_RDP2(t *testing.T) {
 		t.Fatalf("unexpected request lines to the worker; got %d HTTP/1.1 ones; want %d", n, len(reqs)+1)
 	}
 }
+
+// An HTTP/1.0 request without Host gets the Host of the worker it goes
+// to, on every try: after an in-band refusal moved it to another worker,
+// that worker got the refusing worker's host:port, which prepare had set
+// on the first try (R-DP-1, R-PL-6).
+func TestHostlessRequestRetriedGetsItsWorkersHost_RDP1_RPL6(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	a.route("/host", refuseActivation)
+	b.route("/host", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Host) })
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	got := rg.raw("GET /counters/alice/host HTTP/1.0\r\n\r\n", 10*time.Second)
+	want := strings.TrimPrefix(b.srv.URL, "http://")
+	if !strings.HasPrefix(got, "HTTP/1.1 200 ") || !strings.HasSuffix(got, "\r\n\r\n"+want) {
+		t.Fatalf("unexpected answer from the second worker; got %q; want 200 with its own host %s", got, want)
+	}
+}
