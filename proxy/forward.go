@@ -776,11 +776,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		if err != nil {
 			pool.discard(pc)
 			if errors.Is(err, errClientGone) {
-				// Nobody reads this answer; it is for the access log and
-				// the metrics (nginx's 499).
-				ctx.Response.Reset()
-				writeError(ctx, statusClientClosed, "client closed the request", 0)
-				ctx.SetConnectionClose()
+				clientClosed(ctx)
 				return failed
 			}
 			if up != nil {
@@ -814,6 +810,14 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 // statusClientClosed is nginx's 499: the client left before the worker
 // answered. No client sees it; the access log and metrics do.
 const statusClientClosed = 499
+
+// clientClosed answers a request whose client left while pinboard waited
+// for the worker (errClientGone): 499, and the connection closes.
+func clientClosed(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Reset()
+	writeError(ctx, statusClientClosed, "client closed the request", 0)
+	ctx.SetConnectionClose()
+}
 
 // awaitHeader reads the worker's response header to a request sent whole
 // (no upload running), within the pool's header timeout from now. While it
@@ -1136,6 +1140,10 @@ func ownVersion(rh *fasthttp.ResponseHeader) {
 func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, keep bool, up *upload) bool {
 	if err := readSized(&ctx.Response, pc, ctx.Conn(), p.smallBody); err != nil {
 		p.finish(pool, pc, false, up)
+		if errors.Is(err, errClientGone) {
+			clientClosed(ctx)
+			return false
+		}
 		ctx.Response.Reset()
 		p.metrics.UpstreamError("read")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
