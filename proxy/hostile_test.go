@@ -1085,3 +1085,33 @@ func TestClientGoneBeforeAnswerFreesWorker_RDP3(t *testing.T) {
 		}
 	}
 }
+
+// A worker behind an https advertise URL whose connection opens but whose
+// TLS handshake never answers (a stopped process: the kernel still
+// accepts into its backlog) fails the request as a dead worker does,
+// within the dial timeout: 502 "owner unreachable". Before, the handshake
+// had no deadline: the request, and the pool slot it held, waited for as
+// long as the worker stayed silent (R-DP-3, R-DP-4).
+func TestSilentTLSWorkerFailsFast_RDP3_RDP4(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.DialTimeout = 300 * time.Millisecond })
+	rg.warm()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	ln := rawListener(t, func(c net.Conn) {
+		defer c.Close()
+		<-stop // accepted, never answered
+	})
+	w := &standin{name: "tls", secret: "secret-tls", srv: &httptest.Server{URL: "https://" + ln.Addr().String()}}
+	w.session.Store("")
+	rg.serveIDs(t, w, "alice")
+	for _, req := range []string{
+		"GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n",
+		upgradeRequest("/counters/alice/ws"),
+	} {
+		start := time.Now()
+		got := rg.raw(req, 5*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 502 ") || !strings.HasSuffix(got, `{"error":"owner unreachable"}`) {
+			t.Fatalf("unexpected answer after %v with a silent TLS worker; got %q; want 502 owner unreachable within the dial timeout", time.Since(start), got)
+		}
+	}
+}

@@ -146,11 +146,17 @@ func (us *upstreams) build(advertiseURL string) (*upstream, error) {
 		if err != nil || tlsConfig == nil {
 			return c, err
 		}
+		// The handshake is part of connecting and has the dial's bound:
+		// without a deadline, a worker whose kernel accepts (a stopped
+		// process's backlog) but which never answers held the request,
+		// and its pool slot, for as long as it stayed silent.
+		_ = c.SetDeadline(time.Now().Add(o.DialTimeout))
 		tc := tls.Client(c, tlsConfig)
 		if err := tc.Handshake(); err != nil {
 			_ = c.Close()
 			return nil, err
 		}
+		_ = c.SetDeadline(time.Time{})
 		return tc, nil
 	}
 	u.pool = newConnPool(u.addr, u.dial, o)
