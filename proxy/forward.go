@@ -769,8 +769,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			if up == nil {
 				err = awaitHeader(ctx, pool, pc, p.wallClock(now))
 			} else {
-				err = readResponseHeader(&ctx.Response.Header, pc.br)
-				up.headerDone()
+				err = awaitUploadHeader(ctx, pc, up)
 			}
 		}
 		if err != nil {
@@ -844,6 +843,24 @@ func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.T
 		err := readResponseHeader(&ctx.Response.Header, pc.br)
 		if err == nil {
 			return nil
+		}
+		if again, err := pc.keepWaiting(err, ctx.Conn()); !again {
+			return err
+		}
+	}
+}
+
+// awaitUploadHeader is awaitHeader for a request whose body streams up
+// (up): no deadline until the body is out, then the header timeout with
+// the client checked on as awaitHeader does (the upload arms the wait).
+func awaitUploadHeader(ctx *fasthttp.RequestCtx, pc *pconn, up *upload) error {
+	defer up.headerDone()
+	for {
+		err := readResponseHeader(&ctx.Response.Header, pc.br)
+		// Only the upload's deadline can pass here, set as it ended:
+		// wait orders its setting of the wait before keepWaiting reads it.
+		if err == nil || !isTimeout(err) || !up.wait() {
+			return err
 		}
 		if again, err := pc.keepWaiting(err, ctx.Conn()); !again {
 			return err
@@ -974,7 +991,7 @@ func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*uploa
 		pool.putWriter(bw)
 		return nil, err
 	}
-	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter, ctx.Conn(), pc, pool.headerTimeout, pool.stall), nil
+	return startUpload(ctx.RequestBodyStream(), bw, cl, pool.putWriter, ctx.Conn(), pc, pool.headerTimeout, pool.stall, clientCheckEvery), nil
 }
 
 // readResponseHeader reads the final response header, skipping 1xx

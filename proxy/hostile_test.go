@@ -1115,3 +1115,48 @@ func TestSilentTLSWorkerFailsFast_RDP3_RDP4(t *testing.T) {
 		}
 	}
 }
+
+// The same once a streamed upload is out: a client that sent its whole
+// body and left frees its worker connection within clientCheckEvery,
+// instead of holding it for the header timeout; one that stays gets its
+// answer (R-DP-2, R-DP-3).
+func TestClientGoneAfterUploadFreesWorker_RDP2_RDP3(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 100 * time.Millisecond
+	rg, w, _ := newCapRigWorker(t, nil)
+	gone := make(chan bool, 1)
+	w.route("/poll", func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+			gone <- true
+		case <-time.After(8 * time.Second):
+			gone <- false
+		}
+	})
+	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		time.Sleep(450 * time.Millisecond)
+		_, _ = io.WriteString(rw, "late")
+	})
+	body := strings.Repeat("u", 100<<10) // past the 64 KiB read whole
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, fmt.Sprintf("POST /counters/alice/poll HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	time.Sleep(300 * time.Millisecond)
+	_ = c.Close()
+	if !<-gone {
+		t.Fatal("unexpected wait: the worker's route was not cancelled within 8 s of its client leaving")
+	}
+	res, err := http.Post(rg.url+"/counters/alice/late", "text/plain", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || string(got) != "late" {
+		t.Fatalf("unexpected answer to a client that stayed; got %d %q; want 200 late", res.StatusCode, got)
+	}
+}

@@ -92,9 +92,10 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retur
 
 // startUpload writes body to bw in its own goroutine: cl bytes as they
 // are, or chunked when cl < 0. The caller already wrote the header. bw
-// goes to release when the upload ends.
+// goes to release when the upload ends. check is clientCheckEvery, read
+// by the caller.
 func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer),
-	client net.Conn, worker *pconn, headerTimeout, stall time.Duration) *upload {
+	client net.Conn, worker *pconn, headerTimeout, stall, check time.Duration) *upload {
 	u := &upload{done: make(chan struct{}), client: client, worker: worker, stall: stall}
 	go func() {
 		defer close(u.done)
@@ -122,7 +123,16 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 		}
 		u.mu.Lock()
 		if !u.headerRead {
-			_ = worker.c.SetReadDeadline(time.Now().Add(headerTimeout))
+			// The wait for the answer starts now, and checks on the
+			// client as awaitHeader's does (keepWaiting): a client that
+			// left once its body was out held the worker connection
+			// for the whole header timeout.
+			t, d := time.Now(), headerTimeout
+			if d > check {
+				worker.waitStart, worker.waitFor = t, d
+				d = check
+			}
+			_ = worker.c.SetReadDeadline(t.Add(d))
 		}
 		u.mu.Unlock()
 	}()
