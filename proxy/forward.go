@@ -966,6 +966,15 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 // duplex), returned as the upload the caller must wait for before it lets
 // go of the connection.
 func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
+	if pool.stall > 0 {
+		// A worker that takes no bytes (frozen, its receive window
+		// closed) is cut after the stall timeout, as a streamed upload
+		// is (upload.renew): the header timeout bounds reads only, and a
+		// request read whole — up to 64 KiB of body — waited for as long
+		// as the worker stayed frozen. Kept lazily: a timer operation
+		// about once a second on a busy connection.
+		rawio.KeepWriteDeadline(pc.c, time.Now(), pool.stall)
+	}
 	bw := pool.writer(pc)
 	if !ctx.Request.IsBodyStream() {
 		err := ctx.Request.Write(bw)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1158,5 +1159,60 @@ func TestClientGoneAfterUploadFreesWorker_RDP2_RDP3(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || string(got) != "late" {
 		t.Fatalf("unexpected answer to a client that stayed; got %d %q; want 200 late", res.StatusCode, got)
+	}
+}
+
+// A request read whole (a body of at most 64 KiB) that the worker does not
+// take — a frozen worker whose socket buffers are full — is cut after the
+// stall timeout, as a streamed upload is: 504 "owner timed out". Before,
+// its write had no deadline (the header timeout bounds reads), and the
+// request and its pool slot waited for as long as the worker stayed
+// frozen. The socket buffers are made small here; on a real network a
+// closed receive window does the same (R-DP-3, R-DP-4).
+func TestFrozenWorkerSmallBodyCut_RDP3_RDP4(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.StallTimeout = 500 * time.Millisecond })
+	rg.warm()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	// A small receive buffer from the start (set on the listener, so the
+	// window the worker advertises is small too).
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				<-stop // never reads
+			}()
+		}
+	}()
+	w := rawWorker("frozen", ln)
+	rg.serveIDs(t, w, "alice")
+	up, err := rg.p.ups.get(w.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.pool.dial = func(addr string) (net.Conn, error) {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = c.(*net.TCPConn).SetWriteBuffer(1024)
+		}
+		return c, err
+	}
+	body := strings.Repeat("b", 60<<10)
+	start := time.Now()
+	got := rg.raw(fmt.Sprintf("POST /counters/alice/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 5*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 504 ") || !strings.HasSuffix(got, `{"error":"owner timed out"}`) {
+		t.Fatalf("unexpected answer after %v from a worker that takes no request; got %q; want 504 owner timed out after the stall timeout", time.Since(start), got)
 	}
 }
