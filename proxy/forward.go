@@ -763,11 +763,12 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
-		up, err := writeRequest(ctx, pool, pc)
+		wall := p.wallClock(now)
+		up, err := writeRequest(ctx, pool, pc, wall)
 		wrote := err == nil
 		if wrote {
 			if up == nil {
-				err = awaitHeader(ctx, pool, pc, p.wallClock(now))
+				err = awaitHeader(ctx, pool, pc, wall)
 			} else {
 				err = awaitUploadHeader(ctx, pc, up)
 			}
@@ -819,7 +820,9 @@ func clientClosed(ctx *fasthttp.RequestCtx) {
 }
 
 // awaitHeader reads the worker's response header to a request sent whole
-// (no upload running), within the pool's header timeout from now. While it
+// (no upload running), within the pool's header timeout from now (a
+// reading of the real clock, wallClock: the deadlines are the kernel's;
+// the caller's, so the wait costs no clock read of its own). While it
 // waits it checks, every clientCheckEvery, that the client is still there
 // (rawio.PeerClosed, as nginx does with proxy_ignore_client_abort off),
 // and gives up with errClientGone once it left: its worker connection is
@@ -836,8 +839,7 @@ func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.T
 		pc.armHeaderDeadline(now, d)
 		return readResponseHeader(&ctx.Response.Header, pc.br)
 	}
-	// Real time, not the proxy's clock: the deadlines are the kernel's.
-	pc.waitStart, pc.waitFor = time.Now(), d
+	pc.waitStart, pc.waitFor = now, d
 	pc.armHeaderDeadline(pc.waitStart, check)
 	for {
 		err := readResponseHeader(&ctx.Response.Header, pc.br)
@@ -948,15 +950,15 @@ var http11 = []byte("HTTP/1.1")
 // version is restored once the header is out: the server reads it after
 // the handler to frame the answer (Content-Length, Connection:
 // keep-alive), and relay and relayable decide by it.
-func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
+func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time) (*upload, error) {
 	h := &ctx.Request.Header
 	if h.IsHTTP11() {
-		return writeRequest11(ctx, pool, pc)
+		return writeRequest11(ctx, pool, pc, now)
 	}
 	var proto [len("HTTP/1.0")]byte // fasthttp admits HTTP/d.d only
 	n := copy(proto[:], h.Protocol())
 	h.SetProtocolBytes(http11)
-	up, err := writeRequest11(ctx, pool, pc)
+	up, err := writeRequest11(ctx, pool, pc, now)
 	h.SetProtocolBytes(proto[:n])
 	return up, err
 }
@@ -965,7 +967,7 @@ func writeRequest(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload,
 // goes with the header; a streamed body goes from its own goroutine (full
 // duplex), returned as the upload the caller must wait for before it lets
 // go of the connection.
-func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*upload, error) {
+func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time) (*upload, error) {
 	if pool.stall > 0 {
 		// A worker that takes no bytes (frozen, its receive window
 		// closed) is cut after the stall timeout, as a streamed upload
@@ -973,7 +975,7 @@ func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn) (*uploa
 		// request read whole — up to 64 KiB of body — waited for as long
 		// as the worker stayed frozen. Kept lazily: a timer operation
 		// about once a second on a busy connection.
-		rawio.KeepWriteDeadline(pc.c, time.Now(), pool.stall)
+		rawio.KeepWriteDeadline(pc.c, now, pool.stall)
 	}
 	bw := pool.writer(pc)
 	if !ctx.Request.IsBodyStream() {
