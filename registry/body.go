@@ -25,8 +25,13 @@ var (
 )
 
 // readBody returns the request body, at most MaxBody bytes. A body read
-// in pieces renews the read deadline before each (Options.BodyStall).
+// in pieces renews the read deadline before each (Options.BodyStall); one
+// still arriving when the request came in was read off the pool
+// (Registry.preread).
 func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
+	if pre, ok := ctx.UserValue(prereadKey{}).(*prereadBody); ok {
+		return pre.b, pre.err // read before the pool task (Registry.preread)
+	}
 	if cl := ctx.Request.Header.ContentLength(); cl > MaxBody {
 		return nil, errTooLarge
 	}

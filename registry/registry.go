@@ -218,6 +218,12 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		}
 		return
 	}
+	if ctx.IsPost() && ctx.Request.IsBodyStream() && !r.preread(ctx, scope) {
+		if beat {
+			r.obs.Heartbeat(time.Since(start), "auth")
+		}
+		return
+	}
 	if h != nil {
 		r.submit(ctx, func() *probeCall { h(ctx); return nil })
 		return
@@ -247,6 +253,34 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	// goroutine; then back to the pool with its answer.
 	res, err := r.probe(call)
 	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+}
+
+// prereadKey is the request user value holding a body preread read.
+type prereadKey struct{}
+
+// prereadBody is a request body read before the pool task, or why not.
+type prereadBody struct {
+	b   []byte
+	err error
+}
+
+// preread reads a body that is still arriving (fasthttp hands the handler
+// only its first few KiB) on the request's own goroutine, before the pool
+// task, which readBody then gives it to. Read on the pool, a body that
+// keeps moving however slowly (BodyStall renews the deadline at every
+// read: one byte a minute keeps a MiB coming for two years) held a pool
+// slot all that time, and as many of them as the pool has workers left
+// every other worker's heartbeat queued until its lease lapsed. The
+// credential is checked first, as the handler does, so only a client
+// with a worker or operator key has a body buffered off the pool; it
+// reports false when it answered the request (401/403).
+func (r *Registry) preread(ctx *fasthttp.RequestCtx, scope string) bool {
+	if r.principal(ctx, scope) == nil {
+		return false
+	}
+	b, err := r.readBody(ctx)
+	ctx.SetUserValue(prereadKey{}, &prereadBody{b: b, err: err})
+	return true
 }
 
 // probe makes call's challenge probe and records it.
