@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -143,14 +144,56 @@ func decodeExact(b []byte, v any, t reflect.Type) error {
 // One pass over the bytes, no tokens: it runs on every heartbeat, and
 // encoding/json's token stream cost as much as the rest of the heartbeat's
 // decoding (BenchmarkExactKeys).
+//
+// A key naming a map field that comes twice goes the slow way too: of a
+// key given twice JSON.parse keeps the last, and encoding/json does so
+// for every other field, but decodes the second object into the map the
+// first one filled — {"instances":{…},"instances":{…}} would be both.
+// (In an array body a map field's key in two elements takes the slow way
+// as well; it is right too, only slower.)
 func exactKeys(b []byte, t reflect.Type) bool {
 	names := fieldNames(t)
 	if names == nil {
 		return true
 	}
+	mapNames := mapFieldNames(t)
+	var seen []string // map fields met so far: a handful at most
 	return eachMemberKey(b, t.Kind() == reflect.Slice, func(key []byte) bool {
-		return !caseVariant(string(key), names)
+		if caseVariant(string(key), names) {
+			return false
+		}
+		if len(mapNames) > 0 && slices.Contains(mapNames, string(key)) {
+			if slices.Contains(seen, string(key)) {
+				return false
+			}
+			seen = append(seen, string(key))
+		}
+		return true
 	})
+}
+
+// mapFieldNames returns the JSON names of the map fields of t, a struct
+// or a slice of structs.
+func mapFieldNames(t reflect.Type) []string {
+	if t.Kind() == reflect.Slice {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct {
+		return nil
+	}
+	var names []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if ft.Kind() == reflect.Map && name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // fieldNames returns the JSON names of the fields of t, a struct or a

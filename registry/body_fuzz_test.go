@@ -51,12 +51,14 @@ var bodySeeds = []string{
 	`{"id":"x"} {}`,
 	`{"n":1e400}`,
 	`{"id":1,"id":"x"}`,
+	`{"instances":{"/a":["x"]},"instances":{"/b":["y"]}}`,
 	" {\n \"id\" : \"x\" ,\t\"SESSIONID\" : 1 } ",
 }
 
 // refExactKeys is exactKeys the slow way, through encoding/json's maps:
 // whether any member key of the top-level object (or of the objects of a
-// top-level array) names a field of t only in another case.
+// top-level array) names a field of t only in another case, or names a
+// map field a second time.
 func refExactKeys(b []byte, t reflect.Type) bool {
 	names := fieldNames(t)
 	if names == nil {
@@ -72,6 +74,7 @@ func refExactKeys(b []byte, t reflect.Type) bool {
 	} else {
 		objs = []json.RawMessage{b}
 	}
+	counts := map[string]int{}
 	for _, o := range objs {
 		var m map[string]json.RawMessage
 		if len(strings.TrimSpace(string(o))) == 0 || strings.TrimSpace(string(o))[0] != '{' || json.Unmarshal(o, &m) != nil {
@@ -82,8 +85,38 @@ func refExactKeys(b []byte, t reflect.Type) bool {
 				return false
 			}
 		}
+		for _, k := range refTopKeys(o) {
+			counts[k]++
+		}
+	}
+	for _, name := range mapFieldNames(t) {
+		if counts[name] > 1 {
+			return false
+		}
 	}
 	return true
+}
+
+// refTopKeys returns the member keys of the JSON object o, duplicates
+// included, from encoding/json's token stream.
+func refTopKeys(o []byte) []string {
+	dec := json.NewDecoder(strings.NewReader(string(o)))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var keys []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return keys
+		}
+		keys = append(keys, tok.(string))
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return keys
+		}
+	}
+	return keys
 }
 
 // refDecodeObject decodes one JSON object into the struct v points to as

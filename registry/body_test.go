@@ -101,3 +101,27 @@ func BenchmarkDecodeHeartbeat(b *testing.B) {
 		}
 	}
 }
+
+// Of an object-valued key given twice the last wins, as with JSON.parse,
+// and not the union of the two: encoding/json decodes the second object
+// into the map the first filled, so a register body with "instances" or
+// "envs" twice reclaimed and bound what the reference never reads
+// (R-REG-7, docs/PROTOCOL.md §3).
+func TestDecodeDuplicateObjectKeyLastWins_RREG7(t *testing.T) {
+	var body registerBody
+	err := decode([]byte(`{"instances":{"/a":["x"]},"envs":{"/a":"prod"},"instances":{"/b":["y"]},"envs":{"/b":"staging"}}`), &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string][]string{"/b": {"y"}}; !reflect.DeepEqual(body.Instances, want) {
+		t.Fatalf("unexpected instances; got %v; want %v", body.Instances, want)
+	}
+	if want := map[string]string{"/b": "staging"}; !reflect.DeepEqual(body.Envs, want) {
+		t.Fatalf("unexpected envs; got %v; want %v", body.Envs, want)
+	}
+	// The last object replaces the first whole, even when it is empty.
+	body = registerBody{}
+	if err := decode([]byte(`{"instances":{"/a":["x"]},"instances":{}}`), &body); err != nil || len(body.Instances) != 0 {
+		t.Fatalf("unexpected instances; got %v %v; want none", body.Instances, err)
+	}
+}
