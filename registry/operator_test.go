@@ -338,3 +338,41 @@ func TestRefusedHeartbeatsObserved_RREG2(t *testing.T) {
 		t.Fatalf("unexpected heartbeat with a bad token on a stopping node; got %d %s, outcome %q; want 401, auth", res.status, res.body, obs.last())
 	}
 }
+
+// A degraded session's heartbeat probes off the pool and then goes back
+// to it with the answer; turned away there — the pool full (503 registry
+// busy) — it is counted as "busy" like one turned away on arrival, where
+// before nothing was counted for it (R-REG-2).
+func TestRefusedDegradedHeartbeatObserved_RREG2(t *testing.T) {
+	h := newHarness(t)
+	obs := &outcomes{}
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 1, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	session := h.register(nil)
+	h.fw.mode.Store("404")
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); !strings.Contains(res.body, `"degraded":true`) {
+		t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)
+	}
+	h.fw.mode.Store("hang")
+	before := h.fw.probes.Load()
+	got := make(chan response, 1)
+	go func() { got <- h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)) }()
+	for deadline := time.Now().Add(10 * time.Second); h.fw.probes.Load() == before; {
+		if time.Now().After(deadline) {
+			t.Fatal("the degraded session's probe did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	release := saturate(t, r)
+	close(h.fw.hang) // the probe answers; the pool is full
+	res := <-got
+	release()
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || obs.last() != "busy" {
+		t.Fatalf("unexpected heartbeat turned away after its probe; got %d %s, outcome %q; want 503 registry busy, busy", res.status, res.body, obs.last())
+	}
+}

@@ -239,20 +239,30 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		call.then(ctx, res, err)
 		return nil
 	})
-	if !ok && beat {
-		outcome := "busy"
-		if r.stopping.Load() {
-			outcome = "stopping" // the pool closed under it
-		}
-		r.obs.Heartbeat(time.Since(start), outcome)
-	}
 	if !ok || call == nil {
+		r.refused(beat, ok, start)
 		return
 	}
 	// A degraded session's probe, off the pool on the request's own
 	// goroutine; then back to the pool with its answer.
 	res, err := r.probe(call)
-	r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+	_, ok = r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+	// Turned away on its way back (its probe done) is turned away all
+	// the same: counted, or a heartbeat answered 503 went uncounted.
+	r.refused(beat, ok, start)
+}
+
+// refused counts a heartbeat the pool turned away (submit's ok false),
+// by why: the pool full ("busy") or closed as the node stops.
+func (r *Registry) refused(beat, ok bool, start time.Time) {
+	if ok || !beat {
+		return
+	}
+	outcome := "busy"
+	if r.stopping.Load() {
+		outcome = "stopping" // the pool closed under it
+	}
+	r.obs.Heartbeat(time.Since(start), outcome)
 }
 
 // prereadKey is the request user value holding a body preread read.
