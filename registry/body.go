@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -172,9 +173,22 @@ func exactKeys(b []byte, t reflect.Type) bool {
 	})
 }
 
+// mapFieldsOf caches mapFieldNames by type: exactKeys runs on every
+// heartbeat, and the walk over the fields cost half its time.
+var mapFieldsOf sync.Map // reflect.Type → []string
+
 // mapFieldNames returns the JSON names of the map fields of t, a struct
 // or a slice of structs.
 func mapFieldNames(t reflect.Type) []string {
+	if names, ok := mapFieldsOf.Load(t); ok {
+		return names.([]string)
+	}
+	names := walkMapFields(t)
+	mapFieldsOf.Store(t, names)
+	return names
+}
+
+func walkMapFields(t reflect.Type) []string {
 	if t.Kind() == reflect.Slice {
 		t = t.Elem()
 	}
