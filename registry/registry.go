@@ -274,9 +274,10 @@ type prereadBody struct {
 	err error
 }
 
-// preread reads a body that is still arriving (fasthttp hands the handler
-// only its first few KiB) on the request's own goroutine, before the pool
-// task, which readBody then gives it to. Read on the pool, a body that
+// preread reads a streamed request body (the server streams every body,
+// for the data plane: Options.BodyStall) on the request's own goroutine,
+// before the pool task, which readBody then gives it to. A small body is
+// there already and costs nothing more here than on the pool. Read on the pool, a body that
 // keeps moving however slowly (BodyStall renews the deadline at every
 // read: one byte a minute keeps a MiB coming for two years) held a pool
 // slot all that time, and as many of them as the pool has workers left
