@@ -360,6 +360,16 @@ func (m *Memory) infoLocked(s *memSession) SessionInfo {
 
 // Heartbeat implements Store.
 func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatResult, error) {
+	// The acks as a set, made before the lock: a body may list tens of
+	// thousands (up to its 1 MiB), and checking each queued message
+	// against the list held every other call for hundreds of ms (R-CM-1).
+	var acked map[string]struct{}
+	if len(beat.Acks) > 0 {
+		acked = make(map[string]struct{}, len(beat.Acks))
+		for _, a := range beat.Acks {
+			acked[a] = struct{}{}
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.liveSession(beat.SessionID, now)
@@ -389,9 +399,10 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 		s.info.Degraded, s.info.DegradedSince = false, time.Time{}
 	}
 	if q := m.queues[beat.SessionID]; q != nil {
-		if len(beat.Acks) > 0 {
+		if len(acked) > 0 {
 			q.msgs = slices.DeleteFunc(q.msgs, func(c ControlMessage) bool {
-				return slices.Contains(beat.Acks, c.MsgID)
+				_, ok := acked[c.MsgID]
+				return ok
 			})
 		}
 		q.touched = now
