@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/proxy"
 )
 
 // accessLog samples requests for an access log (PINBOARD_ACCESS_LOG_SAMPLE).
@@ -44,11 +46,10 @@ func (pb *Pinboard) handleLogged(ctx *fasthttp.RequestCtx) {
 	}
 	start := time.Now()
 	method := string(ctx.Method())
-	uri := ctx.Request.Header.RequestURI()
-	if i := bytes.IndexByte(uri, '?'); i >= 0 {
-		uri = uri[:i]
-	}
-	path := string(uri)
+	// Handle does this first too (the second call costs a byte compare):
+	// an absolute-form target is logged as the path it routes by.
+	_ = proxy.ToOriginForm(&ctx.Request)
+	path := loggedPath(ctx.Request.Header.RequestURI())
 	pb.Handle(ctx)
 	pb.access.log.Info("access",
 		"method", method,
@@ -57,4 +58,24 @@ func (pb *Pinboard) handleLogged(ctx *fasthttp.RequestCtx) {
 		"durationMs", float64(time.Since(start).Microseconds())/1000,
 		"remote", ctx.RemoteAddr().String(),
 	)
+}
+
+// loggedPath is a request target as the access log shows it: without the
+// query, and without the scheme and authority of an absolute form that
+// ToOriginForm refused (userinfo, no host), which it leaves in place: a
+// userinfo ("http://user:password@host/…") is a credential.
+func loggedPath(uri []byte) string {
+	if i := bytes.IndexByte(uri, '?'); i >= 0 {
+		uri = uri[:i]
+	}
+	if len(uri) > 0 && uri[0] != '/' {
+		if i := bytes.Index(uri, []byte("://")); i >= 0 {
+			rest := uri[i+len("://"):]
+			uri = nil
+			if j := bytes.IndexByte(rest, '/'); j >= 0 {
+				uri = rest[j:]
+			}
+		}
+	}
+	return string(uri)
 }

@@ -232,3 +232,32 @@ func TestUnreadableRequestErrorsAreJSON_RDP4(t *testing.T) {
 		}
 	}
 }
+
+// The access log's path is the path: for an absolute-form target
+// (RFC 9112 §3.2.2, sent by clients set up for a forward proxy) it is the
+// origin form the router served, and one the router refuses for its
+// userinfo ("http://user:password@host/…") is logged without scheme and
+// authority — a userinfo is a credential, and the access log promises
+// none ("never the query, which may carry secrets").
+func TestAccessLogAbsoluteFormPath(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	_, public, _, _ := node(t, Options{Logger: log, AccessLogSample: 1})
+	addr := strings.TrimPrefix(public, "http://")
+	for _, target := range []string{"http://" + addr + "/counters/a/value?x=1", "http://user:hunter2@" + addr + "/counters/b/value"} {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "GET "+target+" HTTP/1.1\r\nHost: "+addr+"\r\nConnection: close\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, c)
+		c.Close()
+	}
+	s := logs.String()
+	if !strings.Contains(s, "path=/counters/a/value ") || !strings.Contains(s, "path=/counters/b/value ") || strings.Contains(s, "hunter2") || strings.Contains(s, "path=http") {
+		t.Errorf("unexpected access log for absolute-form targets:\n%s", s)
+	}
+}
