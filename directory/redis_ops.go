@@ -233,8 +233,13 @@ func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*P
 // it changes only when the directory is wiped, and a wipe flushes caches.
 func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, error) {
 	start := time.Now()
-	v, err := r.c.DoCache(ctx, r.c.B().Get().Key(r.prefix+"stamp").Cache(), cacheTTL).ToString()
-	r.observe("quarantine", start, err)
+	res := r.c.DoCache(ctx, r.c.B().Get().Key(r.prefix+"stamp").Cache(), cacheTTL)
+	v, err := res.ToString()
+	if !res.IsCacheHit() {
+		// Every readiness probe and scrape reads the stamp; the cache's
+		// answers are no round trip and would swamp Redis's latency.
+		r.observe("quarantine", start, err)
+	}
 	if rueidis.IsRedisNil(err) {
 		return 0, nil
 	}

@@ -154,8 +154,19 @@ func (r *Redis) observe(op string, start time.Time, err error) {
 	r.obs.StoreCommand(op, time.Since(start), err)
 }
 
-// observeMulti reports a pipelined round trip with its first failure.
+// observeMulti reports a pipelined round trip with its first failure;
+// nothing when the client-side cache answered every command (DoMultiCache
+// then sent none).
 func (r *Redis) observeMulti(op string, start time.Time, res []rueidis.RedisResult) {
+	hits := 0
+	for i := range res {
+		if res[i].IsCacheHit() {
+			hits++
+		}
+	}
+	if len(res) > 0 && hits == len(res) {
+		return
+	}
 	var err error
 	for i := range res {
 		if e := res[i].Error(); e != nil && !rueidis.IsRedisNil(e) {
