@@ -848,3 +848,87 @@ func TestMakeRunPrintsListenURL_RSRV3(t *testing.T) {
 		}
 	}
 }
+
+// The image reports the release it was built as: deploy/Dockerfile's
+// VERSION argument reaches pinboard_build_info and the "pinboard
+// listening" line. It was declared and never used, and an image built
+// without VCS data reported "(devel)" whatever VERSION said. The
+// Dockerfile's own -ldflags for ./cmd/pinboard are built with VERSION
+// set, and the binary started: an -X naming a variable that does not
+// exist would be dropped by the linker without a word (R-SRV-3).
+func TestDockerfileStampsVersion_RSRV3(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(deployDir, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := strings.ReplaceAll(string(b), "\\\n", " ")
+	if !regexp.MustCompile(`(?m)^ARG VERSION=`).MatchString(src) {
+		t.Fatal("deploy/Dockerfile declares no ARG VERSION")
+	}
+	m := regexp.MustCompile(`go build [^\n&]*?-ldflags="([^"]*)"[^\n&]*?\./cmd/pinboard\b`).FindStringSubmatch(src)
+	if m == nil {
+		t.Fatal("deploy/Dockerfile has no go build -ldflags=\"…\" … ./cmd/pinboard")
+	}
+	const want = "9.8.7-test"
+	ldflags := strings.NewReplacer("${VERSION}", want, "$VERSION", want).Replace(m[1])
+	if ldflags == m[1] {
+		t.Fatalf("deploy/Dockerfile's ARG VERSION does not reach pinboard's -ldflags %q", m[1])
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build the binary with")
+	}
+	bin := filepath.Join(t.TempDir(), "pinboard")
+	if out, err := exec.Command(goBin, "build", "-buildvcs=false", "-ldflags="+ldflags, "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build -ldflags=%q: %v\n%s", ldflags, err, out)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"HOST=127.0.0.1", "PORT=0", "REDIS_URL=memory:"}
+	for k, v := range base() {
+		switch k {
+		case "HOST", "PORT", "REDIS_URL", "PINBOARD_METRICS_ADDR":
+		default:
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var listening string
+	timeout := time.After(10 * time.Second)
+	for listening == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("pinboard exited before listening")
+			}
+			if strings.Contains(l, `msg="pinboard listening"`) {
+				listening = l
+			}
+		case <-timeout:
+			_ = cmd.Process.Kill()
+			t.Fatal("pinboard did not listen within 10 s")
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	for range lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("pinboard did not exit 0 after SIGTERM: %v", err)
+	}
+	if !strings.Contains(listening, "version="+want) {
+		t.Errorf("unexpected version in %q; want version=%s (deploy/Dockerfile's VERSION)", listening, want)
+	}
+}

@@ -174,9 +174,18 @@ func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Sto
 	return directory.OpenRedis(ctx, cfg.RedisURL, opts)
 }
 
-// version is the module version the binary was built from ("(devel)" for
-// a source tree build).
+// buildVersion is the release a build stamps with -ldflags
+// "-X main.buildVersion=…" (deploy/Dockerfile's VERSION argument). An
+// image is built without VCS data, so its module version is "(devel)",
+// and every image reported that in pinboard_build_info and its logs.
+var buildVersion string
+
+// version is the stamped buildVersion, else the module version the binary
+// was built from ("(devel)" for a source tree build).
 func version() string {
+	if buildVersion != "" {
+		return buildVersion
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
 		return bi.Main.Version
 	}
