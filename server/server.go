@@ -629,8 +629,9 @@ const CloseWait = 2 * time.Second
 //     toward the client and the worker; up to 2s more for the closing
 //     handshakes, then whatever is left is closed.
 //
-// Then the registry pool and the admin listener stop. errc, if not nil,
-// is the public listener's Serve result, awaited briefly.
+// Then the registry pool and the admin listener stop; requests still
+// running then, registry ones included, end with the process. errc, if
+// not nil, is the public listener's Serve result, awaited briefly.
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	return pb.shutdown(grace, errc, nil)
 }
@@ -669,7 +670,10 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 		}
 	}
 	ccancel()
-	if errors.Is(err, context.Canceled) {
+	// Canceled: requests were still in flight when the budget ran out;
+	// they end with the process.
+	cut := errors.Is(err, context.Canceled)
+	if cut {
 		err = nil
 	}
 	if errc != nil {
@@ -678,12 +682,24 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 		case <-time.After(5 * time.Second):
 		}
 	}
-	if cerr := pb.registry.Close(5 * time.Second); cerr != nil && err == nil {
+	if cut {
+		// Registry requests among them (a body still arriving, a store
+		// call) are cut as the data plane's are: waiting for them took
+		// the shutdown past its budget, then failed it (exit 1).
+		if cerr := pb.registry.Close(registryCutWait); cerr != nil {
+			pb.log.Warn("shutdown: registry requests still running are cut", "err", cerr)
+		}
+	} else if cerr := pb.registry.Close(5 * time.Second); cerr != nil && err == nil {
 		err = fmt.Errorf("cannot stop the registry pool: %w", cerr)
 	}
 	pb.closeAdmin()
 	return err
 }
+
+// registryCutWait is how long the registry pool gets to stop when
+// requests outlived the shutdown's budget: its idle workers' exit, not
+// the requests still running.
+const registryCutWait = 100 * time.Millisecond
 
 // drain is step 2 of Shutdown: it returns when the server finished (true,
 // its result in *err) and no download relayed off it is left, when grace

@@ -108,3 +108,51 @@ func TestShutdownWaitsForHTTP10Download_RDP2(t *testing.T) {
 		t.Fatalf("unexpected relays left after shutdown; got %d downloads, %d streams; want 0, 0", d, o)
 	}
 }
+
+// A registry request still running when the grace and the closing of
+// streams are over — here an operator's drain body still arriving, read
+// on the registry pool — is cut with the process like a data-plane
+// request, and the shutdown stays clean and within its budget (grace +
+// CloseWait). The pool's close waited 5 s more for it, then failed the
+// shutdown: "cannot stop the registry pool: operation timed out", exit 1.
+func TestShutdownCutsRegistryRequestPastGrace(t *testing.T) {
+	_, public, _, stop := node(t, Options{}) // grace 1 s
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Past the 8 KiB fasthttp reads before the handler: the rest is read
+	// by the registry's handler, on the pool.
+	head := "POST /registry/drain HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok\r\nContent-Type: application/json\r\nContent-Length: 500000\r\n\r\n"
+	if _, err := io.WriteString(c, head+`{"clientId":"`+strings.Repeat("x", 20000)); err != nil {
+		t.Fatal(err)
+	}
+	quit := make(chan struct{})
+	defer close(quit)
+	go func() {
+		// A body that keeps moving, slowly: the stall timeout never cuts it.
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				if _, err := io.WriteString(c, "xxxx"); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	err = stop()
+	took := time.Since(start)
+	if err != nil {
+		t.Errorf("unexpected shutdown error with a registry request past the grace: %v", err)
+	}
+	if budget := time.Second + CloseWait + time.Second; took > budget {
+		t.Errorf("unexpected shutdown of %v with a registry request past the grace; want at most grace + CloseWait + 1 s slack = %v", took, budget)
+	}
+}
