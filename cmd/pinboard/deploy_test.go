@@ -41,9 +41,17 @@ import (
 // deployment file gives it.
 const childEnv = "PINBOARD_TEST_RUN_AS_BINARY"
 
+// crashEnv makes the test binary crash as a Go program does on an
+// unrecovered panic, to learn the exit status systemd then sees.
+const crashEnv = "PINBOARD_TEST_CRASH"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(run(nil, os.LookupEnv, os.Stderr))
+	}
+	if os.Getenv(crashEnv) == "1" {
+		go func() { panic("crash for TestSystemdRestartsAfterCrash_RSRV2") }()
+		select {}
 	}
 	os.Exit(m.Run())
 }
@@ -403,6 +411,12 @@ func envFile(t *testing.T, path string) map[string]string {
 // unitKeys returns the [Service] section's keys (the last value of each).
 func unitKeys(t *testing.T, path string) map[string]string {
 	t.Helper()
+	return unitSection(t, path, "[Service]")
+}
+
+// unitSection returns the keys of one section of a systemd unit file.
+func unitSection(t *testing.T, path, want string) map[string]string {
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +429,7 @@ func unitKeys(t *testing.T, path string) map[string]string {
 		case line == "" || line[0] == '#' || line[0] == ';':
 		case line[0] == '[':
 			section = line
-		case section == "[Service]":
+		case section == want:
 			k, v, _ := strings.Cut(line, "=")
 			keys[k] = v
 		}
@@ -450,12 +464,8 @@ func TestSystemdUnit_RSRV2(t *testing.T) {
 	if time.Duration(stop)*time.Second <= cfg.Grace+server.CloseWait {
 		t.Errorf("TimeoutStopSec=%d is not more than grace %v + %v", stop, cfg.Grace, server.CloseWait)
 	}
-	// No restart on a configuration error: that is exit code 2.
-	if got := unit["RestartPreventExitStatus"]; got != "2" {
-		t.Errorf("RestartPreventExitStatus=%s, want 2", got)
-	}
 	if code := run(nil, env(map[string]string{}), io.Discard); code != 2 {
-		t.Errorf("a configuration error exits %d; the unit expects 2", code)
+		t.Errorf("a configuration error exits %d; docs/OPERATIONS.md says 2", code)
 	}
 
 	// systemd's own check, with the paths pointed at files that exist
@@ -930,5 +940,55 @@ func TestDockerfileStampsVersion_RSRV3(t *testing.T) {
 	}
 	if !strings.Contains(listening, "version="+want) {
 		t.Errorf("unexpected version in %q; want version=%s (deploy/Dockerfile's VERSION)", listening, want)
+	}
+}
+
+// systemd restarts pinboard after a crash, and gives up on a
+// configuration error. A Go program that panics (or dies of a fatal
+// runtime error) exits 2, the status pinboard gives a configuration
+// error: RestartPreventExitStatus=2 left a crashed node down for good. A
+// start limit stops the restarts instead: a configuration error fails at
+// once, so its restarts come RestartSec apart and reach the limit within
+// its interval; a start that fails on an unreachable Redis takes
+// storeOpenTimeout each time and never does, so a Redis outage at boot
+// does not leave the node failed (R-SRV-2).
+func TestSystemdRestartsAfterCrash_RSRV2(t *testing.T) {
+	path := filepath.Join(deployDir, "systemd", "pinboard.service")
+	svc := unitKeys(t, path)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{crashEnv + "=1"}
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the crashing child did not exit with a status: %v", err)
+	}
+	crash := ee.ExitCode()
+	if svc["Restart"] != "on-failure" && svc["Restart"] != "always" {
+		t.Errorf("Restart=%s: a crash must be restarted", svc["Restart"])
+	}
+	for _, f := range strings.Fields(svc["RestartPreventExitStatus"]) {
+		if f == strconv.Itoa(crash) {
+			t.Errorf("RestartPreventExitStatus=%s holds %d, the status of a Go panic: a crashed pinboard is never restarted", svc["RestartPreventExitStatus"], crash)
+		}
+	}
+
+	unit := unitSection(t, path, "[Unit]")
+	burst, err1 := strconv.Atoi(unit["StartLimitBurst"])
+	interval, err2 := strconv.Atoi(strings.TrimSuffix(unit["StartLimitIntervalSec"], "s"))
+	restart, err3 := strconv.Atoi(strings.TrimSuffix(svc["RestartSec"], "s"))
+	if err1 != nil || err2 != nil || err3 != nil || burst < 1 {
+		t.Fatalf("want StartLimitBurst and StartLimitIntervalSec in [Unit] and RestartSec in [Service] as whole seconds; got %q, %q, %q",
+			unit["StartLimitBurst"], unit["StartLimitIntervalSec"], svc["RestartSec"])
+	}
+	// burst+1 starts that fail at once span burst × RestartSec.
+	if span := time.Duration(burst*restart) * time.Second; span >= time.Duration(interval)*time.Second {
+		t.Errorf("StartLimitIntervalSec=%d: %d configuration-error starts take %v, so the limit is never hit and a bad variable restarts for ever", interval, burst+1, span)
+	}
+	if span := time.Duration(burst) * (storeOpenTimeout + time.Duration(restart)*time.Second); span < time.Duration(interval)*time.Second {
+		t.Errorf("StartLimitIntervalSec=%d: %d starts that wait %v for an unreachable Redis take %v, so a Redis outage at boot leaves pinboard failed", interval, burst+1, storeOpenTimeout, span)
 	}
 }

@@ -158,6 +158,11 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// storeOpenTimeout bounds connecting to Redis at start: a start that
+// fails on an unreachable store takes this long (deploy/systemd's start
+// limit counts on it).
+const storeOpenTimeout = 10 * time.Second
+
 // openStore opens the directory REDIS_URL names (checkStoreURL already
 // refused malformed URLs). An unreachable Redis is a runtime failure
 // (exit 1: the orchestrator retries).
@@ -169,7 +174,7 @@ func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Sto
 	if m != nil {
 		opts.Observer = m // a nil *Metrics must not become a non-nil interface
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
 	defer cancel()
 	return directory.OpenRedis(ctx, cfg.RedisURL, opts)
 }
