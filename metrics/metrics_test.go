@@ -271,3 +271,22 @@ func TestRefusedHeartbeatOutcomes_RREG2(t *testing.T) {
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="stopping"}`, "1")
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="other"}`, "0")
 }
+
+// The HELP of pinboard_proxy_upstream_errors_total names every kind it
+// counts: "invalid" (a refused answer, 502 invalid answer from owner) and
+// "other" were missing, and an operator reading the HELP in Prometheus
+// could not tell what they count.
+func TestUpstreamErrorsHelpNamesEveryKind(t *testing.T) {
+	exp := string(New(Options{}).AppendPrometheus(t.Context(), nil))
+	var help string
+	for _, l := range strings.Split(exp, "\n") {
+		if strings.HasPrefix(l, "# HELP pinboard_proxy_upstream_errors_total ") {
+			help = l
+		}
+	}
+	for _, k := range upstreamKinds {
+		if !strings.Contains(help, k) {
+			t.Errorf("unexpected HELP without kind %q: %s", k, help)
+		}
+	}
+}
