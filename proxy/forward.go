@@ -284,8 +284,8 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	}
 	depth := 1
 	if d := h.PeekBytes(hdrDepth); len(d) > 0 {
-		n, err := strconv.Atoi(string(d))
-		if err != nil || n < 0 {
+		n, ok := parseDepth(d)
+		if !ok {
 			writeError(ctx, fasthttp.StatusBadRequest, "malformed pinboard-subrequest-depth", 0)
 			return false
 		}
@@ -300,6 +300,23 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	rq.depth = depth
 	rq.callerSession = info.SessionID
 	return true
+}
+
+// parseDepth reads a pinboard-subrequest-depth value: a non-negative
+// decimal integer, digits only (docs/PROTOCOL.md §2; strconv.Atoi also
+// took "+3" and "-0"). Past 9 digits it is no depth a worker sends.
+func parseDepth(d []byte) (int, bool) {
+	if len(d) == 0 || len(d) > 9 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 func servesNamespace(namespaces []string, ns []byte) bool {

@@ -640,6 +640,18 @@ func TestClusterCall_RTR6_RPL4(t *testing.T) {
 	if res, _ := rg.get("/counters/bob/value", call); res.StatusCode != 400 {
 		t.Fatalf("unexpected reply past the depth limit; got %d", res.StatusCode)
 	}
+	// Not a non-negative decimal integer (docs/PROTOCOL.md §2): strconv
+	// took a sign.
+	for _, d := range []string{"+3", "-0", "0x3", "1e1", "3.0", "99999999999999999999"} {
+		call["Pinboard-Subrequest-Depth"] = d
+		if res, body := rg.get("/counters/bob/value", call); res.StatusCode != 400 || body != `{"error":"malformed pinboard-subrequest-depth"}` {
+			t.Fatalf("unexpected reply for depth %q; got %d %s; want 400 malformed", d, res.StatusCode, body)
+		}
+	}
+	call["Pinboard-Subrequest-Depth"] = "007"
+	if res, body := rg.get("/counters/bob/value", call); res.StatusCode != 200 || decodeSeen(t, body).Claims.Depth != 7 {
+		t.Fatalf("unexpected reply for depth 007; got %d %s; want 200 at depth 7", res.StatusCode, body)
+	}
 }
 
 // A cluster call is bound by the claims of the account that registered
