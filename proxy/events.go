@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // An event stream (text/event-stream, R-DP-2) is relayed off the fasthttp
@@ -198,6 +200,13 @@ func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
 	}
 	// Closed before the relay counts as ended, so that a shutdown that
 	// waited for the relays (CloseStreamsContext) finds its client gone.
+	// A relay that wrote its whole body (err nil) is done with the
+	// connection: it lingers like any other (rawio.Relinger), so that
+	// bytes the client sent past its request, which nobody read, do not
+	// turn the close that ends the body into a reset.
+	if err == nil {
+		rawio.Relinger(client)
+	}
 	_ = client.Close()
 	p.streams.relayEnd(sse)
 }

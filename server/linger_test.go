@@ -58,3 +58,46 @@ func TestEarlyAnswerToUploadNotReset_RDP2(t *testing.T) {
 		t.Fatalf("unexpected upload error after the answer; got %v; want the rest of the body taken (lingering close)", err)
 	}
 }
+
+// A body relayed off the server and ended by the connection's close (an
+// unsized download to an HTTP/1.0 client) ends with a FIN, not a reset,
+// also when the client sent bytes after its request that nobody read: the
+// close is the body's end, and a reset in its place failed the download
+// (the client reads ECONNRESET, not the end of the stream) and may cut
+// body bytes still in flight. The relay is done reading by then, so its
+// connection lingers like any other (R-DP-2, rawio.Linger).
+func TestRelayedDownloadEndNotReset_RDP2(t *testing.T) {
+	release := make(chan struct{})
+	_, public := workerNode(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = io.WriteString(w, "part1")
+		w.(http.Flusher).Flush()
+		<-release
+		_, _ = io.WriteString(w, "part2")
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/download HTTP/1.0\r\nHost: pb\r\nConnection: keep-alive\r\n\r\n")
+	br := bufio.NewReader(c)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("cannot read the response header: %v", err)
+		}
+		if l == "\r\n" {
+			break
+		}
+	}
+	// Bytes the relay never reads: waiting unread when the body ends.
+	_, _ = io.WriteString(c, "GET /counters/alice/next HTTP/1.0\r\n\r\n")
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	body, err := io.ReadAll(br)
+	if err != nil || string(body) != "part1part2" {
+		t.Fatalf("unexpected end of a close-delimited body; got %q, %v; want %q and the end of the stream", body, err, "part1part2")
+	}
+}

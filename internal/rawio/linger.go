@@ -51,12 +51,29 @@ func (l *Linger) Stop() {
 func ListenerLinger(ln net.Listener, l *Linger) net.Listener { return listener{ln, l} }
 
 // NoLinger makes c's Close immediate: for a connection handed over to
-// code that closes it to interrupt a read of its own (a hijacked relay),
-// which a lingering close would leave reading. Other connections are
+// code that closes it to interrupt a read or write of its own (a hijacked
+// relay, shutdown cutting it), which a lingering close would leave
+// running. The linger is kept aside for Relinger. Other connections are
 // left as they are.
 func NoLinger(c net.Conn) {
 	if rc, ok := c.(*Conn); ok {
-		rc.linger.Store(nil)
+		if l := rc.linger.Swap(nil); l != nil {
+			rc.parked.Store(l)
+		}
+	}
+}
+
+// Relinger gives c back the lingering close NoLinger took, for a relay
+// that ended cleanly and closes c with nothing of its own left to
+// interrupt: closed at once with the client's bytes unread, the kernel
+// would answer with a reset in place of the end of the stream — which
+// ends a close-delimited body — and may drop the last bytes still in
+// flight.
+func Relinger(c net.Conn) {
+	if rc, ok := c.(*Conn); ok {
+		if l := rc.parked.Swap(nil); l != nil {
+			rc.linger.Store(l)
+		}
 	}
 }
 

@@ -320,8 +320,10 @@ type Conn struct {
 	// wdl is the write deadline last set (unix ns; 0: none), for
 	// KeepWriteDeadline.
 	wdl atomic.Int64
-	// linger closes c lingering (Linger); nil: at once.
+	// linger closes c lingering (Linger); nil: at once. parked holds it
+	// while NoLinger has taken it (Relinger).
 	linger atomic.Pointer[Linger]
+	parked atomic.Pointer[Linger]
 	// moreInput: the client may still be sending (MoreInput).
 	moreInput atomic.Bool
 }
