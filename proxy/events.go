@@ -189,12 +189,15 @@ func appendChunk(buf []byte, n int) []byte {
 // the server for its next request when resume, closed otherwise.
 func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
 	client, sse := b.client, b.sse
-	_ = b.CloseWithError(err) // also clears the client's write deadline
+	_ = b.CloseWithError(err)
 	if resume {
 		// A cleanly ended stream: the connection serves the client's
 		// next request, as it would have on the server's path (resume
-		// returns when that connection ends: the relay ends first).
+		// returns when that connection ends: the relay ends first),
+		// and closes lingering as the server's connections do (a
+		// shutdown's closes are immediate: rawio.Linger.Stop).
 		p.streams.relayEnd(sse)
+		rawio.Relinger(client)
 		_ = p.resume(client)
 		return
 	}

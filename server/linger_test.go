@@ -101,3 +101,46 @@ func TestRelayedDownloadEndNotReset_RDP2(t *testing.T) {
 		t.Fatalf("unexpected end of a close-delimited body; got %q, %v; want %q and the end of the stream", body, err, "part1part2")
 	}
 }
+
+// A connection handed back to the server after an event stream (resume)
+// closes lingering like any other: the relay had turned its lingering off
+// for good, and a client still sending a body the server answered
+// without reading on that connection got a reset instead of the answer
+// and a clean end (R-DP-2, rawio.Linger).
+func TestResumedConnectionLingers_RDP2(t *testing.T) {
+	_, public := workerNode(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/events") {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: 1\n\n")
+			return
+		}
+		refuseEarly(w, r)
+	}))
+	c, br := streamedOn(t, public)
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	time.Sleep(100 * time.Millisecond) // the relay hands the connection back
+	const size = 16 << 20
+	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", size)
+	wrote := make(chan error, 1)
+	go func() {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for n := 0; n < size; n += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("unexpected failure reading the answer on a resumed connection; got %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusForbidden || string(body) != `{"detail":"invalid attestation"}` {
+		t.Fatalf("unexpected answer on a resumed connection; got %d %s; want the worker's 403", res.StatusCode, body)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("unexpected upload error after the answer on a resumed connection; got %v; want the rest of the body taken (lingering close)", err)
+	}
+}
