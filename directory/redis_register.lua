@@ -85,6 +85,18 @@ redis.call('SADD', P .. 'k:' .. cid, sid)
 -- (redis_drop.lua), so taken holds the rows freed here and the displaced
 -- sessions themselves (row names hold a '\0', session ids never do).
 local freed, displaced, taken, budget = {}, {}, {}, DROPBATCH
+-- displace drops session o and takes what it held: the rows freed here
+-- and the rows it still holds beyond the budget (the caller frees them in
+-- batches; reclaim checks their owner), named by o itself.
+local function displace(o)
+  local from = #freed + 1
+  budget = dropsession(P, o, freed, budget)
+  for i = from, #freed do
+    taken[freed[i]] = true
+  end
+  taken[o] = true
+  displaced[#displaced + 1] = o
+end
 for _, p in ipairs(plans) do
   local bkey = P .. 'b:' .. string.lower(host) .. '\0' .. p.ns
   redis.call('HSET', bkey, 'host', host, 'env', p.env, 'ep', rep)
@@ -95,15 +107,7 @@ for _, p in ipairs(plans) do
         local oh = redis.call('HMGET', P .. 's:' .. o, 'host', 'cid')
         if oh[1] and string.lower(oh[1]) == string.lower(host) and not holds(P, o, host, p.ns, p.env, rep, now) then
           tomb(P, o, { host, p.ns, p.env, rep, oh[2] or '' }, now + 2 * ttl, fmt(2 * ttl / 1000))
-          local from = #freed + 1
-          budget = dropsession(P, o, freed, budget)
-          for i = from, #freed do
-            taken[freed[i]] = true
-          end
-          -- The rows it still holds (beyond the budget; the caller frees
-          -- them in batches) are taken too: reclaim checks their owner.
-          taken[o] = true
-          displaced[#displaced + 1] = o
+          displace(o)
         end
       end
     end
@@ -121,13 +125,7 @@ redis.call('SET', ukey, sid)
 if o and o ~= sid and not earlier[o] and not taken[o] then
   local ocid = redis.call('HGET', P .. 's:' .. o, 'cid')
   if ocid then
-    local from = #freed + 1
-    budget = dropsession(P, o, freed, budget)
-    for i = from, #freed do
-      taken[freed[i]] = true
-    end
-    taken[o] = true
-    displaced[#displaced + 1] = o
+    displace(o)
     voided[#voided + 1] = o
     voided[#voided + 1] = ocid
   end

@@ -27,12 +27,21 @@ var refuseEarly = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request)
 // close, for the same reason (R-DP-2, rawio.Linger).
 func TestEarlyAnswerToUploadNotReset_RDP2(t *testing.T) {
 	_, public := workerNode(t, Options{}, refuseEarly)
-	const size = 16 << 20
 	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	uploadAnsweredEarly(t, c, bufio.NewReader(c), "")
+}
+
+// uploadAnsweredEarly sends a 16 MiB upload on c, which refuseEarly
+// answers without reading it, and fails unless the answer arrives and the
+// whole body is still taken (a lingering close, not a reset). on names
+// the connection in failures.
+func uploadAnsweredEarly(t *testing.T, c net.Conn, br *bufio.Reader, on string) {
+	t.Helper()
+	const size = 16 << 20
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", size)
 	wrote := make(chan error, 1)
@@ -46,16 +55,16 @@ func TestEarlyAnswerToUploadNotReset_RDP2(t *testing.T) {
 		}
 		wrote <- nil
 	}()
-	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	res, err := http.ReadResponse(br, nil)
 	if err != nil {
-		t.Fatalf("unexpected failure reading the answer; got %v", err)
+		t.Fatalf("unexpected failure reading the answer%s; got %v", on, err)
 	}
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusForbidden || string(body) != `{"detail":"invalid attestation"}` {
-		t.Fatalf("unexpected answer; got %d %s; want the worker's 403", res.StatusCode, body)
+		t.Fatalf("unexpected answer%s; got %d %s; want the worker's 403", on, res.StatusCode, body)
 	}
 	if err := <-wrote; err != nil {
-		t.Fatalf("unexpected upload error after the answer; got %v; want the rest of the body taken (lingering close)", err)
+		t.Fatalf("unexpected upload error after the answer%s; got %v; want the rest of the body taken (lingering close)", on, err)
 	}
 }
 
@@ -117,30 +126,6 @@ func TestResumedConnectionLingers_RDP2(t *testing.T) {
 		refuseEarly(w, r)
 	}))
 	c, br := streamedOn(t, public)
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	time.Sleep(100 * time.Millisecond) // the relay hands the connection back
-	const size = 16 << 20
-	fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: pb\r\nContent-Length: %d\r\n\r\n", size)
-	wrote := make(chan error, 1)
-	go func() {
-		chunk := bytes.Repeat([]byte("x"), 64<<10)
-		for n := 0; n < size; n += len(chunk) {
-			if _, err := c.Write(chunk); err != nil {
-				wrote <- err
-				return
-			}
-		}
-		wrote <- nil
-	}()
-	res, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("unexpected failure reading the answer on a resumed connection; got %v", err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	if res.StatusCode != http.StatusForbidden || string(body) != `{"detail":"invalid attestation"}` {
-		t.Fatalf("unexpected answer on a resumed connection; got %d %s; want the worker's 403", res.StatusCode, body)
-	}
-	if err := <-wrote; err != nil {
-		t.Fatalf("unexpected upload error after the answer on a resumed connection; got %v; want the rest of the body taken (lingering close)", err)
-	}
+	uploadAnsweredEarly(t, c, br, " on a resumed connection")
 }
