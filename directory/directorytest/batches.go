@@ -316,14 +316,19 @@ func testEarlierDeregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHo
 	fx.warm()
 	list := ids(3 * directory.RegisterBatch)
 	old := fx.holding(list)
+	deregistered := false
 	hook(fx.s, once(func() {
 		if err := fx.s.Deregister(fx.ctx, old, fx.now); err != nil {
 			t.Errorf("cannot deregister: %v", err)
 		}
+		deregistered = true
 	}))
 	res, err := fx.registerListing(old, map[string][]string{"/c": list})
 	if err != nil || len(res.Duplicates) != 0 {
 		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	if !deregistered {
+		t.Fatalf("unexpected re-registration of %d ids in one batch; want the earlier session deregistered between two", len(list))
 	}
 	fx.wantOwner(list, res.SessionID)
 }

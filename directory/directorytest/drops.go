@@ -330,8 +330,9 @@ func testUndrainedBetweenReleaseBatches(t *testing.T, f Factory, hook BatchHook)
 		t.Fatalf("cannot drain a; got %v, %v", found, err)
 	}
 	fx.advance(TTL / 2)
-	placed := false
+	placed, undrained := false, false
 	hook(fx.s, once(func() {
+		undrained = true
 		if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found || err != nil {
 			t.Errorf("cannot undrain a; got %v, %v", found, err)
 			return
@@ -349,6 +350,9 @@ func testUndrainedBetweenReleaseBatches(t *testing.T, f Factory, hook BatchHook)
 		t.Fatalf("cannot sweep: %v", err)
 	}
 	hook(fx.s, nil)
+	if !undrained {
+		t.Fatalf("unexpected forced release of %d rows in one batch; want the undrain between two", dropHeld)
+	}
 	fx.wantFreed(list)
 	if !placed {
 		fx.beat(a, 100, false, false)
