@@ -160,8 +160,8 @@ func testColdStart(t *testing.T, f Factory) {
 		t.Fatalf("unexpected first placement; got %v; want quarantine of %v", err, TTL)
 	}
 	fx.advance(TTL / 2)
-	if q, _ := fx.s.Quarantine(fx.ctx, fx.now); q != TTL/2 {
-		t.Fatalf("unexpected quarantineMs; got %v; want %v", q, TTL/2)
+	if q, err := fx.s.Quarantine(fx.ctx, fx.now); err != nil || q != TTL/2 {
+		t.Fatalf("unexpected quarantineMs; got %v, %v; want %v", q, err, TTL/2)
 	}
 	// Unknown namespaces are quarantined too: after a wipe nobody has
 	// re-registered yet, and a 404 would be a lie.
@@ -175,8 +175,8 @@ func testColdStart(t *testing.T, f Factory) {
 	if !r.Placed {
 		t.Fatalf("unexpected route after quarantine; got %+v; want a new placement", r)
 	}
-	if q, _ := fx.s.Quarantine(fx.ctx, fx.now); q != 0 {
-		t.Fatalf("unexpected quarantine after it passed; got %v", q)
+	if q, err := fx.s.Quarantine(fx.ctx, fx.now); err != nil || q != 0 {
+		t.Fatalf("unexpected quarantine after it passed; got %v, %v; want 0, nil", q, err)
 	}
 }
 
@@ -275,7 +275,10 @@ func testHeadroomDecrement(t *testing.T, f Factory) {
 	if counts[a] < 2 {
 		t.Fatalf("unexpected spread; got %v; want a to take at least 2 of 4", counts)
 	}
-	ws, _ := fx.s.Workers(fx.ctx, fx.now)
+	ws, err := fx.s.Workers(fx.ctx, fx.now)
+	if err != nil || len(ws) != 2 {
+		t.Fatalf("unexpected workers; got %d, %v; want a and b", len(ws), err)
+	}
 	total := 0.0
 	for _, w := range ws {
 		total += w.Headroom
@@ -285,11 +288,18 @@ func testHeadroomDecrement(t *testing.T, f Factory) {
 	}
 	fx.beat(a, 50, false, false)
 	fx.beat(b, 1, false, false)
-	ws, _ = fx.s.Workers(fx.ctx, fx.now)
+	ws, err = fx.s.Workers(fx.ctx, fx.now)
+	seen := false
 	for _, w := range ws {
-		if w.SessionID == a && w.Headroom != 50 {
-			t.Fatalf("unexpected headroom after heartbeat; got %v; want 50 (heartbeat replaces)", w.Headroom)
+		if w.SessionID == a {
+			seen = true
+			if w.Headroom != 50 {
+				t.Fatalf("unexpected headroom after heartbeat; got %v; want 50 (heartbeat replaces)", w.Headroom)
+			}
 		}
+	}
+	if err != nil || !seen {
+		t.Fatalf("unexpected workers after heartbeat; got %+v, %v; want a listed", ws, err)
 	}
 }
 
@@ -424,13 +434,13 @@ func testRelease(t *testing.T, f Factory) {
 	if err != nil || ok {
 		t.Fatalf("unexpected release by another session; got %v, %v", ok, err)
 	}
-	ok, _ = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch + 1}, fx.now)
-	if ok {
-		t.Fatalf("unexpected release at another epoch")
+	ok, err = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch + 1}, fx.now)
+	if err != nil || ok {
+		t.Fatalf("unexpected release at another epoch; got %v, %v; want false, nil", ok, err)
 	}
-	ok, _ = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch}, fx.now)
-	if !ok {
-		t.Fatalf("unexpected failure to release x")
+	ok, err = fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r.Epoch}, fx.now)
+	if err != nil || !ok {
+		t.Fatalf("unexpected failure to release x; got %v, %v; want true, nil", ok, err)
 	}
 	if _, found := fx.lookup("/c", "x"); found {
 		t.Fatalf("unexpected lookup hit after release")
@@ -499,9 +509,9 @@ func testWorkers(t *testing.T, f Factory) {
 		t.Fatalf("unexpected first worker; got %+v", w)
 	}
 	fx.advance(TTL)
-	ws, _ = fx.s.Workers(fx.ctx, fx.now)
-	if len(ws) != 0 {
-		t.Fatalf("unexpected expired workers listed; got %d", len(ws))
+	ws, err = fx.s.Workers(fx.ctx, fx.now)
+	if err != nil || len(ws) != 0 {
+		t.Fatalf("unexpected expired workers listed; got %d, %v; want none", len(ws), err)
 	}
 }
 
@@ -514,8 +524,8 @@ func testOperatorDrain(t *testing.T, f Factory) {
 	if err != nil || !found {
 		t.Fatalf("cannot drain: %v, %v", found, err)
 	}
-	if found, _ := fx.s.SetDrain(fx.ctx, "nobody", directory.DrainState{Draining: true}, fx.now); found {
-		t.Fatalf("unexpected drain of an unknown client")
+	if found, err := fx.s.SetDrain(fx.ctx, "nobody", directory.DrainState{Draining: true}, fx.now); err != nil || found {
+		t.Fatalf("unexpected drain of an unknown client; got %v, %v; want false, nil", found, err)
 	}
 	res := fx.beat(a, 10, false, false)
 	if !res.Draining || !res.Drain.Draining {
@@ -621,14 +631,14 @@ func testUndrainWithoutSession(t *testing.T, f Factory) {
 		t.Fatalf("cannot drain")
 	}
 	fx.advance(TTL + time.Second)
-	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true}, fx.now); found {
-		t.Fatalf("unexpected drain of a client without a live session")
+	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{Draining: true}, fx.now); err != nil || found {
+		t.Fatalf("unexpected drain of a client without a live session; got %v, %v; want false, nil", found, err)
 	}
 	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); !found || err != nil {
 		t.Fatalf("unexpected undrain without a live session; got %v, %v; want found", found, err)
 	}
-	if found, _ := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); found {
-		t.Fatalf("unexpected second undrain: nothing is left to clear")
+	if found, err := fx.s.SetDrain(fx.ctx, "a", directory.DrainState{}, fx.now); err != nil || found {
+		t.Fatalf("unexpected second undrain: nothing is left to clear; got %v, %v; want false, nil", found, err)
 	}
 	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
 		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10}, fx.now)
