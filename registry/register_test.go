@@ -182,9 +182,9 @@ func TestRegisterProbeOutcomes_RREG1(t *testing.T) {
 	if res.status != 503 || res.body != `{"error":"challenge probe failed: advertise URL unreachable"}` || string(res.header.Peek("Retry-After")) != "1" {
 		t.Fatalf("unexpected reply for an unreachable URL; got %d %s", res.status, res.body)
 	}
-	ws, _ := h.store.Workers(t.Context(), h.clock())
-	if len(ws) != 0 {
-		t.Fatalf("unexpected sessions after refused registrations: %d", len(ws))
+	ws, err := h.store.Workers(t.Context(), h.clock())
+	if err != nil || len(ws) != 0 {
+		t.Fatalf("unexpected sessions after refused registrations; got %d, %v; want none", len(ws), err)
 	}
 }
 
