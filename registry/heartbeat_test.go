@@ -426,3 +426,37 @@ func TestHeartbeatBackendNoLongerAllowed_RTR3(t *testing.T) {
 		t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
 	}
 }
+
+// The 403 row's third case, "the claim no longer covers the
+// registration", for the same account (p:worker) whose key was narrowed
+// after it registered: its namespaces, hostnames or envs no longer cover
+// the session's, and the heartbeat gets 403 {"error":"forbidden"} byte for
+// byte (R-REG-2, R-TR-3). The table test's narrow key is another account.
+func TestHeartbeatClaimsNoLongerCover_RREG2_RTR3(t *testing.T) {
+	cases := []struct{ name, claims string }{
+		{"namespaces", `"namespaces":["/other"],"allowedBackendHosts":["127.0.0.1"]`},
+		{"hostnames", `"namespaces":["*"],"hostnames":["other.example"],"allowedBackendHosts":["127.0.0.1"]`},
+		{"envs", `"namespaces":["*"],"envs":["staging"],"allowedBackendHosts":["127.0.0.1"]`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			session := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1})
+			// The unchanged key still renews: only the narrowing refuses.
+			if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
+				t.Fatalf("unexpected reply before narrowing; got %d %s", res.status, res.body)
+			}
+			raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+				{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{` + tc.claims + `}}}
+			]}]}`
+			pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := h.do(h.registry(pp), "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
+			if res.status != 403 || res.body != `{"error":"forbidden"}` {
+				t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
+			}
+		})
+	}
+}

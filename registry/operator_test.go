@@ -1,10 +1,12 @@
 package registry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -375,4 +377,174 @@ func TestRefusedDegradedHeartbeatObserved_RREG2(t *testing.T) {
 	if res.status != 503 || res.body != `{"error":"registry busy"}` || obs.last() != "busy" {
 		t.Fatalf("unexpected heartbeat turned away after its probe; got %d %s, outcome %q; want 503 registry busy, busy", res.status, res.body, obs.last())
 	}
+}
+
+// Scopes (R-TR-2): pinboard:worker is what register, heartbeat, release
+// and deregister need, pinboard:operator what the registry reads, drain,
+// undrain and wind-down need. Each refuses the other scope alone with 403
+// {"error":"forbidden"} and no credential with 401, and admits its own.
+func TestScopes_RTR2(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"clientId": "scoped", "instances": map[string][]string{"/counters": {"alice"}}})
+	c, v := h.fw.pair("scopes")
+	reg := mustJSON(t, map[string]any{
+		"clientId": "scoped-2", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL + "/w2",
+		"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+	cases := []struct {
+		method, path, body string
+		scope              string // the token that holds the scope
+	}{
+		{"POST", "/registry/register", reg, workerToken},
+		{"POST", "/registry/heartbeat", h.beatBody(s, nil), workerToken},
+		{"POST", "/registry/release", `[{"sessionId":"` + s + `","namespace":"/counters","id":"nobody"}]`, workerToken},
+		{"GET", "/registry/workers", "", operatorToken},
+		{"GET", "/registry/health", "", operatorToken},
+		{"GET", "/registry/placement?namespace=/counters&id=alice", "", operatorToken},
+		{"POST", "/registry/wind-down", `{"namespace":"/counters","id":"alice","deadline":30}`, operatorToken},
+		{"POST", "/registry/drain", `{"clientId":"scoped"}`, operatorToken},
+		{"POST", "/registry/undrain", `{"clientId":"scoped"}`, operatorToken},
+		// Last: it ends the session the others use.
+		{"POST", "/registry/deregister", `{"sessionId":"` + s + `"}`, workerToken},
+	}
+	for _, tc := range cases {
+		other := operatorToken
+		if tc.scope == operatorToken {
+			other = workerToken
+		}
+		if res := h.do(h.r, tc.method, tc.path, other, tc.body); res.status != 403 || res.body != `{"error":"forbidden"}` {
+			t.Fatalf("unexpected reply to %s %s without its scope; got %d %s; want 403 {\"error\":\"forbidden\"}", tc.method, tc.path, res.status, res.body)
+		}
+		if res := h.do(h.r, tc.method, tc.path, "", tc.body); res.status != 401 || res.body != `{"error":"unauthorized"}` {
+			t.Fatalf("unexpected reply to %s %s without a credential; got %d %s; want 401", tc.method, tc.path, res.status, res.body)
+		}
+		if res := h.do(h.r, tc.method, tc.path, tc.scope, tc.body); res.status != 200 {
+			t.Fatalf("unexpected reply to %s %s with its scope; got %d %s; want 200", tc.method, tc.path, res.status, res.body)
+		}
+	}
+}
+
+// The listing's shape (R-REG-4): each worker's own namespaces — only those
+// the credential's claims cover (R-TR-3) — and its state: headroom,
+// draining (own or operator), the operator drain's deadline, degraded with
+// degradedSince, and the lease expiry.
+func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"clientId": "c-ns", "namespaces": []string{"/counters", "/other"}})
+	listing := func(token string) map[string]any {
+		t.Helper()
+		res := h.get("/registry/workers", token)
+		var out struct {
+			Workers []map[string]any `json:"workers"`
+		}
+		if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
+			t.Fatalf("unexpected listing; got %d %s; want one worker", res.status, res.body)
+		}
+		return out.Workers[0]
+	}
+	nsOf := func(w map[string]any) string { b, _ := json.Marshal(w["namespaces"]); return string(b) }
+	if got := nsOf(listing(operatorToken)); got != `["/counters","/other"]` {
+		t.Fatalf("unexpected namespaces for a credential covering all; got %s", got)
+	}
+	if got := nsOf(listing(narrowToken)); got != `["/other"]` {
+		t.Fatalf("unexpected namespaces for a credential covering /other only; got %s; want [\"/other\"]", got)
+	}
+
+	// Degraded: the heartbeat's probe failed.
+	h.advance(3 * time.Second)
+	h.fw.mode.Store("500")
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, map[string]any{"headroom": 4})); res.status != 200 || !strings.Contains(res.body, `"degraded":true`) {
+		t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)
+	}
+	h.fw.mode.Store("ok")
+	// A timed operator drain.
+	if res := h.post("/registry/drain", operatorToken, `{"clientId":"c-ns","deadline":60}`); res.status != 200 {
+		t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+	}
+	h.advance(2 * time.Second)
+	w := listing(operatorToken)
+	now := h.clock()
+	for k, want := range map[string]any{
+		"clientId": "c-ns", "sessionId": s, "headroom": 4.0, "draining": true, "operatorDrain": true,
+		"drainDeadline": 58.0, "degraded": true, "degradedSince": float64(now.Add(-2 * time.Second).UnixMilli()),
+		"expiresInMs": 13000.0, "leaseExpiresAt": float64(now.Add(13 * time.Second).UnixMilli()),
+	} {
+		if w[k] != want {
+			t.Fatalf("unexpected %s; got %v; want %v (worker %v)", k, w[k], want, w)
+		}
+	}
+}
+
+// downStore is a directory that stops answering once down is set.
+type downStore struct {
+	*directory.Memory
+	down atomic.Bool
+}
+
+func (s *downStore) Register(ctx context.Context, reg *directory.Registration, now time.Time) (*directory.RegisterResult, error) {
+	if s.down.Load() {
+		return nil, directory.ErrUnavailable
+	}
+	return s.Memory.Register(ctx, reg, now)
+}
+
+func (s *downStore) Session(ctx context.Context, id string, now time.Time) (*directory.SessionInfo, error) {
+	if s.down.Load() {
+		return nil, directory.ErrUnavailable
+	}
+	return s.Memory.Session(ctx, id, now)
+}
+
+func (s *downStore) Heartbeat(ctx context.Context, b *directory.Beat, now time.Time) (*directory.BeatResult, error) {
+	if s.down.Load() {
+		return nil, directory.ErrUnavailable
+	}
+	return s.Memory.Heartbeat(ctx, b, now)
+}
+
+func (s *downStore) Workers(ctx context.Context, now time.Time) ([]directory.SessionInfo, error) {
+	if s.down.Load() {
+		return nil, directory.ErrUnavailable
+	}
+	return s.Memory.Workers(ctx, now)
+}
+
+// A registry that cannot serve yet — its directory not answering, or the
+// node not (or no longer) the serving fleet — answers 503 with
+// Retry-After, which the worker honours as a deferral (R-REG-7), for
+// register and heartbeat alike, and for the operator's reads.
+func TestColdRegistry503RetryAfter_RREG7(t *testing.T) {
+	h := newHarness(t)
+	ds := &downStore{Memory: h.store}
+	r, err := New(Options{Store: ds, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, ProbeTimeout: time.Second, Workers: 4, Queue: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(time.Second) })
+	h.r = r
+	s := h.register(nil)
+	ds.down.Store(true)
+	c, v := h.fw.pair("cold")
+	reg := mustJSON(t, map[string]any{
+		"clientId": "cold", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL + "/cold",
+		"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+	check := func(what string, res response, want string) {
+		t.Helper()
+		if res.status != 503 || res.body != want || string(res.header.Peek("Retry-After")) == "" {
+			t.Fatalf("unexpected reply to %s; got %d %s retry-after=%q; want 503 %s with Retry-After", what, res.status, res.body, res.header.Peek("Retry-After"), want)
+		}
+	}
+	const unavailable = `{"error":"directory unavailable"}`
+	check("register, directory down", h.post("/registry/register", workerToken, reg), unavailable)
+	check("heartbeat, directory down", h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)), unavailable)
+	check("workers, directory down", h.get("/registry/workers", operatorToken), unavailable)
+	ds.down.Store(false)
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)); res.status != 200 {
+		t.Fatalf("unexpected reply once the directory answers; got %d %s", res.status, res.body)
+	}
+	r.Stop()
+	const notServing = `{"error":"not the serving fleet"}`
+	check("register, not serving", h.post("/registry/register", workerToken, reg), notServing)
+	check("heartbeat, not serving", h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)), notServing)
 }

@@ -31,6 +31,7 @@ func Run(t *testing.T, f Factory) {
 		{"UnknownNamespace_RPL5", testUnknownNamespace},
 		{"ConcurrentClaimsOneOwner_RPL1", testConcurrentClaims},
 		{"StickyUntilLeaseLapses_RPL2_RLS2", testSticky},
+		{"RetainedIdlePlacementsStay_RPL2", testRetainedIdle},
 		{"HeadroomDecrement_RPL3", testHeadroomDecrement},
 		{"ZeroHeadroomStaysEligible_RPL3", testZeroHeadroom},
 		{"DrainingAndDegradedNotEligible_RPL1_RLS3", testIneligible},
@@ -258,6 +259,32 @@ func testSticky(t *testing.T, f Factory) {
 	}
 	if r.Epoch <= first.Epoch {
 		t.Fatalf("unexpected epoch; got %d; want > %d", r.Epoch, first.Epoch)
+	}
+}
+
+// testRetainedIdle: a placement nobody requests stays with its owner, same
+// epoch, for as long as the owner heartbeats — many leases, sweeps
+// between — and is not re-placed when it is asked for again (R-PL-2:
+// retained idle placements stay).
+func testRetainedIdle(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	first := fx.place("/c", "idle")
+	b := fx.register("b", []string{"/c"}, 1000)
+	for range 10 {
+		fx.advance(TTL - 100*time.Millisecond)
+		fx.beat(a, 10, false, false)
+		fx.beat(b, 1000, false, false)
+		if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+			t.Fatalf("cannot sweep: %v", err)
+		}
+	}
+	if r, ok := fx.lookup("/c", "idle"); !ok || r.Owner.SessionID != a || r.Epoch != first.Epoch {
+		t.Fatalf("unexpected lookup of an idle placement ten leases on; got %+v, %v; want %s at epoch %d", r, ok, a, first.Epoch)
+	}
+	if r := fx.place("/c", "idle"); r.Owner.SessionID != a || r.Placed || r.Epoch != first.Epoch {
+		t.Fatalf("unexpected resolve of an idle placement; got %+v; want the existing one on %s", r, a)
 	}
 }
 
