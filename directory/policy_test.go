@@ -176,7 +176,7 @@ func testCallerPreference(t *testing.T, store directorytest.Factory) {
 
 // Existing ids keep their owners whatever the request's affinity
 // (R-PL-2, R-PL-4).
-func TestExistingIDsKeepOwners_RPL2(t *testing.T) {
+func TestExistingIDsKeepOwners_RPL2_RPL4(t *testing.T) {
 	onBothStores(t, testExistingIDsKeepOwners)
 }
 

@@ -802,3 +802,29 @@ func TestHeadUpgradeRefusalRelayed_RDP2(t *testing.T) {
 		t.Fatalf("unexpected answer to a HEAD handshake; got %d with Content-Length %d; want 404 with 10", res.StatusCode, res.ContentLength)
 	}
 }
+
+// Connections to a worker are pooled per worker and reused (R-DP-3):
+// sequential requests for different ids on one owner, from different
+// client connections, ride one worker connection.
+func TestSequentialRequestsShareOneWorkerConnection_RDP3(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	var mu sync.Mutex
+	peers := map[string]int{}
+	w.route("/peer", func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		peers[r.RemoteAddr]++
+		mu.Unlock()
+	})
+	for i := range 20 {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/counters/id%d/peer", rg.url, i), nil)
+		req.Close = i%2 == 1 // a new client connection for every other request
+		if res, body := rg.do(req); res.StatusCode != 200 {
+			t.Fatalf("unexpected reply for id%d; got %d %s", i, res.StatusCode, body)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(peers) != 1 {
+		t.Fatalf("unexpected worker connections for 20 sequential requests; got %d (%v); want 1 reused", len(peers), peers)
+	}
+}

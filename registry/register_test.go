@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
 )
 
@@ -375,5 +376,37 @@ func TestUnreachableURLsBounds_RREG1(t *testing.T) {
 	u.set("http://new", true, later)
 	if got := len(u.m); got != 1 || !u.has("http://new", later) {
 		t.Fatalf("unexpected URLs remembered after the others expired; got %d; want %d", got, 1)
+	}
+}
+
+// A key whose claims list hostnames registers only those (R-TR-3): another
+// hostname is refused with the coverage message and never probed.
+func TestRegisterHostnameClaims_RTR3(t *testing.T) {
+	h := newHarness(t)
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"hostnames":["app.example"],"allowedBackendHosts":["127.0.0.1"]}}}
+	]}]}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.registry(pp)
+	body := func(hostname string) string {
+		c, v := h.fw.pair("host-" + hostname)
+		return mustJSON(t, map[string]any{
+			"clientId": "c-" + hostname, "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL + "/" + hostname,
+			"headroom": 1, "draining": false, "challenge": c, "challengeValue": v, "hostname": hostname, "env": "blue", "epoch": 1,
+		})
+	}
+	before := h.fw.probes.Load()
+	res := h.do(r, "POST", "/registry/register", workerToken, body("other.example"))
+	if want := `{"error":"forbidden: hostname other.example is not covered by the credential's claims"}`; res.status != 403 || res.body != want {
+		t.Fatalf("unexpected reply for an uncovered hostname; got %d %s; want 403 %s", res.status, res.body, want)
+	}
+	if h.fw.probes.Load() != before {
+		t.Fatalf("unexpected probe of a refused registration")
+	}
+	if res := h.do(r, "POST", "/registry/register", workerToken, body("app.example")); res.status != 200 {
+		t.Fatalf("unexpected reply for a covered hostname; got %d %s; want 200", res.status, res.body)
 	}
 }

@@ -46,7 +46,7 @@ func call(pb *Pinboard, method, uri, token string) (int, string) {
 
 // One listener serves the registry, the operator API and the data plane
 // (R-SRV-1), under the base path when one is set (R-SRV-4).
-func TestRouting_RSRV1(t *testing.T) {
+func TestRouting_RSRV1_RSRV4(t *testing.T) {
 	for _, base := range []string{"", "/pb"} {
 		pb, _ := testPinboard(t, base)
 		cases := []struct {

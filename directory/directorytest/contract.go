@@ -36,7 +36,7 @@ func Run(t *testing.T, f Factory) {
 		{"ZeroHeadroomStaysEligible_RPL3", testZeroHeadroom},
 		{"DrainingAndDegradedNotEligible_RPL1_RLS3", testIneligible},
 		{"HeartbeatRenews_RLS1", testHeartbeatRenews},
-		{"HeartbeatUnknownAndForbidden_RHB", testHeartbeatErrors},
+		{"HeartbeatUnknownAndForbidden_RREG2_RLS2", testHeartbeatErrors},
 		{"ReregisterReclaimsAndDuplicates_RREG1", testReregister},
 		{"LostRegisterAnswerIsNoDuplicate_RREG1", testLostRegisterAnswer},
 		{"ReclaimKeepsEpoch_RREG1_RREG3", testReclaimKeepsEpoch},
