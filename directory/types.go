@@ -171,7 +171,7 @@ type DrainState struct {
 	Deadline time.Time
 }
 
-// Beat is a heartbeat after the probe ran (R-HB).
+// Beat is a heartbeat after the probe ran (R-REG-2).
 type Beat struct {
 	SessionID string
 	Sub       string

@@ -12,7 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// ProbeResult is the outcome of a challenge probe (R-REG-1, R-HB probe
+// ProbeResult is the outcome of a challenge probe (R-REG-1, R-REG-2 probe
 // table).
 type ProbeResult uint8
 
