@@ -108,27 +108,9 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	if rq.routed {
 		ns = rq.ns
 	}
-	end := p.now()
-	p.metrics.Request(ns, ctx.Response.StatusCode(), end.Sub(start))
+	p.metrics.Request(ns, ctx.Response.StatusCode(), p.now().Sub(start))
 	rq.reset()
 	p.reqPool.Put(rq)
-	p.keepWriteDeadline(ctx, end)
-}
-
-// keepWriteDeadline gives the answer the server writes after ServeHTTP the
-// stall timeout from now to reach the client's socket (R-DP-2). The
-// deadline set at the request's arrival may be spent by then: a worker
-// may take up to the response header timeout (5 min by default, against
-// a 60 s stall timeout) to answer, and its answer — or the 504 when it
-// did not — was dropped for a bare close. Lazily kept: on a busy
-// connection a timer operation about once a second
-// (rawio.KeepWriteDeadline). The server keeps that deadline on the
-// connections it accepts, all *rawio.Conn (server.Handle); others have
-// none to renew.
-func (p *Proxy) keepWriteDeadline(ctx *fasthttp.RequestCtx, now time.Time) {
-	if c, ok := ctx.Conn().(*rawio.Conn); ok {
-		c.KeepWriteDeadline(p.wallClock(now), p.ups.opts.StallTimeout)
-	}
 }
 
 // wallClock returns now, a reading of the proxy's clock, for a socket

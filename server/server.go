@@ -352,16 +352,26 @@ var (
 // /livez and /readyz for orchestrators, everything else to the data plane.
 // A namespace called "registry" is therefore reserved.
 func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
-	// A response must reach the client's socket within the stall timeout
-	// (none when it is off), or a client that never reads holds its
-	// connection for ever; a streamed body renews the deadline as it
-	// moves, so an idle event stream is not cut. Renewed about once a
-	// second on a busy connection (rawio.KeepWriteDeadline); ctx.Time is
-	// the request's arrival, read by fasthttp already. Serve's listener
-	// gives every connection as a *rawio.Conn.
+	pb.route(ctx)
+	// The answer is written after this, and must reach the client's
+	// socket within the stall timeout from now (none when it is off), or
+	// a client that never reads holds its connection for ever. From now,
+	// not from the request's arrival: a worker may answer after longer
+	// than the stall timeout (within the response header timeout), a
+	// registry request may wait for its body, the pool and a probe, and
+	// such answers were dropped for a bare close. A streamed body renews
+	// the deadline as it moves, so an idle event stream is not cut.
+	// Renewed about once a second on a busy connection
+	// (rawio.KeepWriteDeadline). Serve's listener gives every connection
+	// as a *rawio.Conn.
 	if c, ok := ctx.Conn().(*rawio.Conn); ok {
-		c.KeepWriteDeadline(ctx.Time(), pb.stall)
+		c.KeepWriteDeadline(time.Now(), pb.stall)
 	}
+}
+
+// route hands the request to the registry, the health probes or the data
+// plane.
+func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
 	// Absolute form (RFC 9112 §3.2.2) routes by its path; a malformed one
 	// is left for the data plane to refuse.
 	_ = proxy.ToOriginForm(&ctx.Request)
@@ -385,13 +395,6 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	case bytes.HasPrefix(path, registryPrefix):
 		if !proxy.RefuseAmbiguousFraming(ctx) {
 			pb.registry.ServeHTTP(ctx, path)
-			// The answer is written after this: reading the body, the
-			// pool's queue and a probe may have taken longer than the
-			// stall timeout the deadline above counts from the
-			// request's arrival, and the answer would be dropped.
-			if c, ok := ctx.Conn().(*rawio.Conn); ok {
-				c.KeepWriteDeadline(time.Now(), pb.stall)
-			}
 		}
 	case bytes.Equal(path, pathLivez):
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
