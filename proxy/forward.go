@@ -833,13 +833,7 @@ func clientClosed(ctx *fasthttp.RequestCtx) {
 // The check rides on the header deadline, kept lazily as before
 // (armHeaderDeadline), only shorter: no timer or goroutine per request.
 func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time) error {
-	d, check := pool.headerTimeout, clientCheckEvery
-	if d <= check {
-		pc.armHeaderDeadline(now, d)
-		return readResponseHeader(&ctx.Response.Header, pc.br)
-	}
-	pc.waitStart, pc.waitFor = now, d
-	pc.armHeaderDeadline(pc.waitStart, check)
+	pc.armHeaderDeadline(now, pc.startWait(now, pool.headerTimeout, clientCheckEvery))
 	for {
 		err := readResponseHeader(&ctx.Response.Header, pc.br)
 		if err == nil {
@@ -867,6 +861,18 @@ func awaitUploadHeader(ctx *fasthttp.RequestCtx, pc *pconn, up *upload) error {
 			return err
 		}
 	}
+}
+
+// startWait begins a wait of d from now for the worker's answer, checked
+// on the client every check (keepWaiting), and returns how far ahead the
+// first read deadline goes: d itself when it is no longer than a check
+// (nothing to check then).
+func (pc *pconn) startWait(now time.Time, d, check time.Duration) time.Duration {
+	if d <= check {
+		return d
+	}
+	pc.waitStart, pc.waitFor = now, d
+	return check
 }
 
 // keepWaiting decides on a read from the worker that failed with err
@@ -1088,10 +1094,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 	switch {
 	case noBody:
 		if ctx.Request.Header.IsHead() {
-			ctx.Response.SkipBody = true
-			if cl >= 0 {
-				rh.SetContentLength(cl)
-			}
+			skipHeadBody(ctx, cl)
 			// The GET body (an event stream, a streamed download, sized
 			// or not) may still be running: uvicorn runs the app for
 			// HEAD too, drops what it sends, and reads the connection's
@@ -1142,6 +1145,15 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 	}
 	return served
+}
+
+// skipHeadBody answers HEAD with the worker's header and no body (RFC
+// 9110 §9.3.2), its Content-Length cl kept as the worker sent it.
+func skipHeadBody(ctx *fasthttp.RequestCtx, cl int) {
+	ctx.Response.SkipBody = true
+	if cl >= 0 {
+		ctx.Response.Header.SetContentLength(cl)
+	}
 }
 
 // isEventStream reports a text/event-stream answer (R-DP-2).

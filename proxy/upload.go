@@ -127,12 +127,8 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 			// client as awaitHeader's does (keepWaiting): a client that
 			// left once its body was out held the worker connection
 			// for the whole header timeout.
-			t, d := time.Now(), headerTimeout
-			if d > check {
-				worker.waitStart, worker.waitFor = t, d
-				d = check
-			}
-			_ = worker.c.SetReadDeadline(t.Add(d))
+			t := time.Now()
+			_ = worker.c.SetReadDeadline(t.Add(worker.startWait(t, headerTimeout, check)))
 		}
 		u.mu.Unlock()
 	}()

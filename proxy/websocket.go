@@ -209,12 +209,7 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 		// Content-Length says (RFC 9110 §9.3.2): read for one, the
 		// handshake waited for bytes that never came until its deadline
 		// (30 s) and the client got 502 instead of the worker's answer.
-		// The length goes to the client as the worker sent it.
-		cl := rh.ContentLength()
-		ctx.Response.SkipBody = true
-		if cl >= 0 {
-			rh.SetContentLength(cl)
-		}
+		skipHeadBody(ctx, rh.ContentLength())
 		return
 	}
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
