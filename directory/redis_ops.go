@@ -233,13 +233,10 @@ func (r *Redis) Placement(ctx context.Context, ns, id string, now time.Time) (*P
 // it changes only when the directory is wiped, and a wipe flushes caches.
 func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, error) {
 	start := time.Now()
+	// Every readiness probe and scrape reads the stamp.
 	res := r.c.DoCache(ctx, r.c.B().Get().Key(r.prefix+"stamp").Cache(), cacheTTL)
+	r.observeCached("quarantine", start, res)
 	v, err := res.ToString()
-	if !res.IsCacheHit() {
-		// Every readiness probe and scrape reads the stamp; the cache's
-		// answers are no round trip and would swamp Redis's latency.
-		r.observe("quarantine", start, err)
-	}
 	if rueidis.IsRedisNil(err) {
 		return 0, nil
 	}

@@ -35,9 +35,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 
 	start := time.Now()
 	mres := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL)
-	if !mres.IsCacheHit() {
-		r.observe("place.members", start, mres.Error())
-	}
+	r.observeCached("place.members", start, mres)
 	members, err := mres.AsStrSlice()
 	if err != nil {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)

@@ -154,6 +154,15 @@ func (r *Redis) observe(op string, start time.Time, err error) {
 	r.obs.StoreCommand(op, time.Since(start), err)
 }
 
+// observeCached reports a DoCache read as observe does, unless the
+// client-side cache answered it: no round trip, and the cache's answers
+// would swamp Redis's latency.
+func (r *Redis) observeCached(op string, start time.Time, res rueidis.RedisResult) {
+	if !res.IsCacheHit() {
+		r.observe(op, start, res.Error())
+	}
+}
+
 // observeMulti reports a pipelined round trip with its first failure;
 // nothing when the client-side cache answered every command (DoMultiCache
 // then sent none).
