@@ -202,15 +202,8 @@ func TestWorkerRestartedInPlace_RLS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body struct {
-			Worker string `json:"worker"`
-		}
-		if r.Status != http.StatusOK || r.JSON(&body) != nil || body.Worker != second.Name {
-			t.Fatalf("unexpected answer for %s %v after its worker was restarted in place (lease %v); got %s; want 200 from %s", id, time.Since(killed).Round(time.Millisecond), ttl, r, second.Name)
+		if w, r, err := whoami(ctx, pb, id); err != nil || w != second.Name {
+			t.Fatalf("unexpected answer for %s %v after its worker was restarted in place (lease %v); got %s (%v); want 200 from %s", id, time.Since(killed).Round(time.Millisecond), ttl, r, err, second.Name)
 		}
 	}
 	if time.Now().After(leaseFloor) {
