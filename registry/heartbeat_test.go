@@ -395,16 +395,7 @@ func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	got := make(chan response, 1)
-	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
-	select {
-	case res := <-got:
-		if res.status != 200 {
-			t.Fatalf("unexpected reply to the healthy worker; got %d %s", res.status, res.body)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a healthy worker's heartbeat waited behind degraded sessions' probes")
-	}
+	h.wantBeatAnswered(r, healthy, 10*time.Second, "degraded sessions' probes")
 }
 
 // A heartbeat is refused once the key's allowedBackendHosts no longer

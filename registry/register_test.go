@@ -332,16 +332,7 @@ func TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	got := make(chan response, 1)
-	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
-	select {
-	case res := <-got:
-		if res.status != 200 {
-			t.Fatalf("unexpected reply to the healthy worker; got %d %s; want %d", res.status, res.body, 200)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("unexpected wait: a healthy worker's heartbeat waited behind the probes of registers that cannot succeed")
-	}
+	h.wantBeatAnswered(r, healthy, 10*time.Second, "the probes of registers that cannot succeed")
 }
 
 // unreachableURLs forgets a URL after unreachableFor or a probe that

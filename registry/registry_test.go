@@ -258,3 +258,20 @@ func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
 }
+
+// wantBeatAnswered fails unless the healthy session's heartbeat through r
+// is answered 200 within d: it must not wait behind what the test holds
+// the pool with (behind, for the failure).
+func (h *harness) wantBeatAnswered(r *Registry, healthy string, d time.Duration, behind string) {
+	h.t.Helper()
+	got := make(chan response, 1)
+	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
+	select {
+	case res := <-got:
+		if res.status != 200 {
+			h.t.Fatalf("unexpected reply to the healthy worker; got %d %s; want 200", res.status, res.body)
+		}
+	case <-time.After(d):
+		h.t.Fatalf("unexpected wait: a healthy worker's heartbeat waited behind %s", behind)
+	}
+}

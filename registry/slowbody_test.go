@@ -53,14 +53,5 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // the slow requests reach the registry
-	got := make(chan response, 1)
-	go func() { got <- h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(healthy, nil)) }()
-	select {
-	case res := <-got:
-		if res.status != 200 {
-			t.Fatalf("unexpected reply to the healthy worker; got %d %s; want %d", res.status, res.body, 200)
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("unexpected wait: a healthy worker's heartbeat waited behind a body that trickles in")
-	}
+	h.wantBeatAnswered(r, healthy, 3*time.Second, "a body that trickles in")
 }
