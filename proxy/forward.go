@@ -471,7 +471,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	stripRequestHop(h, false)
+	stripRequestHop(h, rq, false)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"iter"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -91,8 +92,10 @@ func hopBit(k []byte) uint16 {
 // stripHop is the slow path of header stripping: found (from one pass of
 // hopBit over the header) holds something to remove. It deletes the
 // headers every Connection header names (a message may carry several),
-// Connection itself, and every found hop-by-hop header not in keep.
-func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) {
+// Connection itself, and every found hop-by-hop header not in keep. It
+// reports whether a Connection header named Cookie, which a request keeps
+// apart from its other headers (saveCookies).
+func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) (namedCookie bool) {
 	if found&hopConnection != 0 {
 		var named []string
 		for k, v := range all {
@@ -102,6 +105,7 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 		}
 		for _, n := range named {
 			del(n)
+			namedCookie = namedCookie || strings.EqualFold(n, fasthttp.HeaderCookie)
 		}
 		del(fasthttp.HeaderConnection)
 	}
@@ -110,6 +114,7 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 			del(name)
 		}
 	}
+	return namedCookie
 }
 
 // stripRequestHop removes hop-by-hop headers, the headers the Connection
@@ -118,8 +123,10 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 // handshakes. Expect goes too: fasthttp answers Expect: 100-continue
 // itself, and forwarding it would make the worker answer a second 100 the
 // client never asked for. It allocates nothing unless the request actually
-// carries Connection-named or reserved headers.
-func stripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
+// carries Connection-named or reserved headers. Cookie lines, kept apart
+// while the header is edited, are rq's (saveCookies): a Connection header
+// naming Cookie drops them there.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 	// Fast path: one pass finds what is there; a request carrying none of
 	// it (the common case) costs no deletion, each of which would rescan
 	// the header.
@@ -134,7 +141,9 @@ func stripRequestHop(h *fasthttp.RequestHeader, keepUpgrade bool) {
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	stripHop(found, keep, h.All(), h.Del)
+	if stripHop(found, keep, h.All(), h.Del) {
+		rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
+	}
 	if found&hopReserved != 0 {
 		stripReserved(h)
 	}

@@ -240,6 +240,33 @@ func TestEveryConnectionHeaderStripped_RDP1(t *testing.T) {
 	}
 }
 
+// A Connection header naming Cookie makes the client's cookies hop-by-hop
+// too, although pinboard keeps Cookie lines apart while it edits the
+// header (saveCookies): none reaches the worker, for a request or a
+// WebSocket handshake (R-DP-1, RFC 9110 §7.6.1).
+func TestConnectionNamedCookieStripped_RDP1(t *testing.T) {
+	for _, c := range []struct{ name, extra string }{
+		{"request", ""},
+		{"websocket", "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rg, cl := newCapRig(t, nil)
+			conn := "Connection: cookie\r\n"
+			if c.extra != "" {
+				conn = "Connection: Upgrade, Cookie\r\n"
+			}
+			rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n"+conn+c.extra+"Cookie: a=1\r\nCookie: b=2\r\n\r\n", 10*time.Second)
+			wire := cl.String()
+			if !strings.Contains(wire, "/counters/alice/x") {
+				t.Fatalf("the request did not reach the worker: %q", wire)
+			}
+			if got := headerValues(t, wire, "Cookie"); len(got) != 0 {
+				t.Fatalf("cookies named by Connection reached the worker: %q", got)
+			}
+		})
+	}
+}
+
 // An untrusted client cannot add its own X-Forwarded-* lines beside
 // pinboard's (uvicorn joins every For line and takes the last Proto), nor
 // pass Forwarded or X-Real-IP; a trusted proxy's lines are kept, the For
