@@ -161,6 +161,13 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
 
+	if ctx.Request.Header.PeekCanonical(hdrAuthorization) != nil && repeated(&ctx.Request.Header, hdrAuthorization) {
+		// A singleton field (RFC 9110 §11.6.2). Only the first line is
+		// checked as a credential; a passport token in another would pass
+		// unchecked and unconsumed to the worker.
+		writeError(ctx, fasthttp.StatusBadRequest, "more than one Authorization header", 0)
+		return
+	}
 	if sess := ctx.Request.Header.PeekCanonical(hdrSession); len(sess) > 0 {
 		if !p.clusterCall(ctx, rq, sess, now) {
 			return

@@ -579,6 +579,21 @@ func TestNamespacePolicy_RTR4(t *testing.T) {
 	if got := http.Header(decodeSeen(t, body).Header).Get("Authorization"); got != "Bearer app-jwt" {
 		t.Fatalf("unexpected Authorization at the worker; got %q", got)
 	}
+	// Authorization is a singleton field (RFC 9110 §11.6.2): a request
+	// with two lines is refused before anything else, on either policy —
+	// a passport token in a line after the first is neither checked nor
+	// consumed, and would otherwise reach the worker.
+	for _, path := range []string{"/open/x/value", "/secure/x/value"} {
+		before := w.hits.Load()
+		got := rg.raw("GET "+path+" HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer app-jwt\r\nAuthorization: Bearer "+clientToken+"\r\n\r\n", 10*time.Second)
+		want := `{"error":"more than one Authorization header"}`
+		if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.HasSuffix(got, "\r\n\r\n"+want) {
+			t.Fatalf("unexpected reply to two Authorization lines on %s; got %q; want 400 %s", path, got, want)
+		}
+		if n := w.hits.Load() - before; n != 0 {
+			t.Fatalf("a request with two Authorization lines reached the worker %d times", n)
+		}
+	}
 }
 
 // Attested cluster calls (R-TR-6): the caller's session secret is checked,

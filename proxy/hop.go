@@ -238,6 +238,19 @@ func stripResponseHop(h *fasthttp.ResponseHeader) {
 	}
 }
 
+// repeated reports whether h has more than one line named name.
+func repeated(h *fasthttp.RequestHeader, name []byte) bool {
+	n := 0
+	for k := range h.All() {
+		if len(k) == len(name) && bytes.EqualFold(k, name) {
+			if n++; n > 1 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func asciiEqualFold(b []byte, s string) bool {
 	if len(b) != len(s) {
 		return false

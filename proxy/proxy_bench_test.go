@@ -159,6 +159,22 @@ func TestHotPathWithCookiesAllocatesNothing_RDP1(t *testing.T) {
 	}
 }
 
+// TestHotPathWithCredentialAllocatesNothing_RTR4: a request presenting a
+// passport credential — checked, consumed (one Authorization line only),
+// its account signed into the attestation — is still 0 allocations per
+// request (R-TR-4).
+func TestHotPathWithCredentialAllocatesNothing_RTR4(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	h := newHotPath(t)
+	h.req.Header.Set("Authorization", "Bearer dev-token")
+	h.once(t)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied request with a credential; got %v; want 0", n)
+	}
+}
+
 // asHTTP10 turns h's request into one an HTTP/1.0 client sends (ab's,
 // without keep-alive), parsed as the server parses it, and warms the path.
 func (h *hotPath) asHTTP10(tb testing.TB) {
