@@ -73,6 +73,7 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 		return nil, nil, nil, "bad_request"
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
+		!token(*body.Challenge) || !token(*body.ChallengeValue) || // as at register
 		(body.Acks != nil && slices.Contains(*body.Acks, "")) { // [null] decodes to ""
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return nil, nil, nil, "bad_request"

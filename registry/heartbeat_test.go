@@ -39,6 +39,13 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 		{"schema: key in another case", workerToken, `{"SESSIONID":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: acks with null", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[null]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: array", workerToken, `[]`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		// challenge and challengeValue are tokens as at register: 1 to 512
+		// characters (an empty challenge probes nothing; a long one would
+		// ride in every probe's request line).
+		{"schema: empty challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		{"schema: empty challengeValue", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":""}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		{"schema: challenge too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"` + strings.Repeat("c", 513) + `","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+		{"schema: challengeValue too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"` + strings.Repeat("v", 513) + `"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"unknown session", workerToken, h.beatBody("no-such-session", nil), 409, `{"error":"unknown session","reregister":true}`},
 	}
 	for _, tc := range cases {
