@@ -3,6 +3,7 @@ package registry
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -95,7 +96,8 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 
 // health handles GET /registry/health (R-REG-5).
 func (r *Registry) health(ctx *fasthttp.RequestCtx) {
-	if r.principal(ctx, attest.ScopeOperator) == nil {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
 		return
 	}
 	c, cancel := r.opContext()
@@ -111,13 +113,21 @@ func (r *Registry) health(ctx *fasthttp.RequestCtx) {
 		r.storeFailed(ctx, "health", err)
 		return
 	}
+	// Counted as GET /registry/workers lists them: a credential learns
+	// nothing of sessions outside its claims (R-TR-3).
+	n := 0
+	for i := range ws {
+		if slices.ContainsFunc(ws[i].Namespaces, pr.Claims.CoversNamespace) {
+			n++
+		}
+	}
 	replyJSON(ctx, fasthttp.StatusOK, struct {
 		OK           bool   `json:"ok"`
 		Store        string `json:"store"`
 		QuarantineMs int64  `json:"quarantineMs"`
 		LeaseTTLMs   int64  `json:"leaseTtlMs"`
 		Workers      int    `json:"workers"`
-	}{true, r.store.Name(), ms(q), r.ttl.Milliseconds(), len(ws)})
+	}{true, r.store.Name(), ms(q), r.ttl.Milliseconds(), n})
 }
 
 // operatorFor checks the credential covers every namespace the client's

@@ -98,6 +98,18 @@ func TestHealthQuarantine_RREG5_RCS1(t *testing.T) {
 	if res := h.get("/registry/health", operatorToken); res.body != `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":15000,"workers":1}` {
 		t.Fatalf("unexpected health; got %d %s", res.status, res.body)
 	}
+	// The workers count is the listing's: a credential whose claims cover
+	// none of the fleet's namespaces counts none of it (R-TR-3).
+	if res := h.get("/registry/health", narrowToken); res.body != `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":15000,"workers":0}` {
+		t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 0", res.status, res.body)
+	}
+	h.register(map[string]any{"clientId": "c-other", "namespaces": []string{"/other"}, "advertiseUrl": h.fw.srv.URL + "/other"})
+	if res := h.get("/registry/health", narrowToken); !strings.HasSuffix(res.body, `"workers":1}`) {
+		t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 1", res.status, res.body)
+	}
+	if res := h.get("/registry/health", operatorToken); !strings.HasSuffix(res.body, `"workers":2}`) {
+		t.Fatalf("unexpected health; got %d %s; want workers 2", res.status, res.body)
+	}
 	_, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()})
 	var q *directory.QuarantineError
 	if !errors.As(err, &q) {
