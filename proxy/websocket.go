@@ -380,6 +380,8 @@ func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 		hj.mu.Unlock()
 	}()
 	defer upstream.Close()
+	// The client connection closes once, at the end (a second Close of a
+	// lingering connection would cut its linger short).
 	defer client.Close()
 	going, deadline, err := r.writeHandshake(handshake)
 	if err != nil {
@@ -401,8 +403,10 @@ func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 		r.shutdown(deadline)
 	}
 	done := make(chan struct{})
+	var upErr error
 	go func() {
 		err := r.up.copy()
+		upErr = err
 		// The client finished sending. A FIN is passed on, and the worker,
 		// which should close its end now (RFC 6455 §7.1.1), gets
 		// DefaultCloseWait to do so. A client gone (a reset, a dead peer)
@@ -420,10 +424,30 @@ func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 		}
 		close(done)
 	}()
-	_ = r.down.copy()
-	_ = client.Close()
+	if err := r.down.copy(); !errors.Is(err, io.EOF) {
+		// Either side failed: both end at once.
+		_ = client.Close()
+		_ = upstream.Close()
+		<-done
+		return
+	}
+	// The worker ended the stream, most likely after its Close frame.
+	// What the client sends from now on reaches nobody, and the client
+	// is likely still sending — its answering Close, frames in flight —
+	// or has bytes waiting unread here: closed at once, the connection
+	// would answer them with a reset, which fails the client's writes
+	// and can cut the worker's last frames on their way. So the relay
+	// stops reading the client (a read deadline, not a close), lets the
+	// worker go, and the client connection closes lingering, as the
+	// server's connections do (rawio.Relinger; immediate once shutdown
+	// stopped the lingering).
 	_ = upstream.Close()
+	_ = client.SetReadDeadline(time.Now())
 	<-done
+	if !errors.Is(upErr, io.EOF) {
+		rawio.MoreInput(client)
+	}
+	rawio.Relinger(client)
 }
 
 // shutdown sends Close 1001 both ways on every relay (see wsrelay.go) —

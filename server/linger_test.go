@@ -129,3 +129,66 @@ func TestResumedConnectionLingers_RDP2(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the relay hands the connection back
 	uploadAnsweredEarly(t, c, br, " on a resumed connection")
 }
+
+// A WebSocket the worker ends — its Close frame, then the end of its
+// stream — ends toward the client with that Close frame and a FIN, not a
+// reset, while the client is still sending: the client's bytes the worker
+// never read wait unread at pinboard when the relay ends, and closed at
+// once the kernel answers them with a reset, which fails the client's
+// writes and may cut the Close frame still in flight. The relay closes
+// the client connection lingering, as the server closes its own (R-DP-2,
+// rawio.Linger).
+func TestWebSocketEndedByWorkerNotReset_RDP2(t *testing.T) {
+	closeNow := make(chan struct{})
+	closeFrame := []byte{0x88, 0x02, 0x03, 0xe8} // Close 1000, unmasked
+	_, public := workerNode(t, Options{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+			"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")
+		// Reads nothing: the client's frames back up to pinboard.
+		<-closeNow
+		_, _ = conn.Write(closeFrame)
+		_ = conn.(*net.TCPConn).CloseWrite()
+		time.Sleep(2 * time.Second)
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_, _ = io.WriteString(c, "GET /counters/alice/ws HTTP/1.1\r\nHost: pb\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("unexpected handshake answer; got %v, %v; want 101", res, err)
+	}
+	// The client streams masked binary frames, 8 MiB in all, that nobody
+	// reads (the worker's receive buffer and pinboard's toward it fill).
+	wrote := make(chan error, 1)
+	go func() {
+		payload := bytes.Repeat([]byte("x"), 60<<10)
+		frame := append([]byte{0x82, 0x80 | 127, 0, 0, 0, 0, 0, 0, byte(len(payload) >> 8), byte(len(payload)), 0, 0, 0, 0}, payload...)
+		for n := 0; n < 8<<20; n += len(frame) {
+			if _, err := c.Write(frame); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(closeNow)
+	got, err := io.ReadAll(br)
+	if err != nil || !bytes.Equal(got, closeFrame) {
+		t.Fatalf("unexpected end of a WebSocket the worker closed; got %x, %v; want its Close frame %x and the end of the stream", got, err, closeFrame)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("unexpected write error after the worker's Close; got %v; want the client's frames taken until it stops (lingering close)", err)
+	}
+}
