@@ -125,10 +125,45 @@ func (p *Proxy) wallClock(now time.Time) time.Time {
 }
 
 func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	if !p.parse(ctx, rq) {
+		return
+	}
+	if sess := ctx.Request.Header.PeekCanonical(hdrSession); len(sess) > 0 {
+		if !p.clusterCall(ctx, rq, sess, now) {
+			return
+		}
+	} else if !p.admit(ctx, rq) {
+		return
+	}
+	p.dispatch(ctx, rq, now)
+}
+
+// Expect decides a request that asks Expect: 100-continue on its header
+// alone, before the client sends its body: what serve checks before it
+// touches the store — framing, target, Authorization lines, the
+// namespace policy (a cluster call's session is checked with its body) —
+// is answered here in place of the 100, and the client sends nothing
+// only to have it dropped (RFC 9110 §10.1.1). It reports whether the
+// request may go on; if not, the answer is on ctx.
+func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) bool {
+	start := p.now()
+	rq := p.reqPool.Get().(*request)
+	ok := p.parse(ctx, rq) && (len(ctx.Request.Header.PeekCanonical(hdrSession)) > 0 || p.admit(ctx, rq))
+	if !ok {
+		p.metrics.Request(nil, ctx.Response.StatusCode(), p.now().Sub(start))
+	}
+	rq.reset()
+	p.reqPool.Put(rq)
+	return ok
+}
+
+// parse answers what the request's header alone refuses and fills rq
+// with its target; it reports whether the request goes on.
+func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	// First of all: any answer on a connection whose request is framed
 	// ambiguously leaves what follows it to be read as the next request.
 	if RefuseAmbiguousFraming(ctx) {
-		return
+		return false
 	}
 	if ctx.Request.Header.IsConnect() {
 		// The data plane does not tunnel (nginx refuses CONNECT too,
@@ -140,21 +175,21 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		// first bytes right behind the request, and they are no request.
 		writeError(ctx, fasthttp.StatusNotImplemented, "CONNECT is not supported", 0)
 		ctx.SetConnectionClose()
-		return
+		return false
 	}
 	if err := ToOriginForm(&ctx.Request); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		return
+		return false
 	}
 	saveCookies(&ctx.Request.Header, rq)
 	t, err := ParseTarget(ctx.Request.Header.RequestURI(), p.base)
 	if err != nil {
 		if err == errNotInstance || err == errOutsideBase {
 			writeError(ctx, fasthttp.StatusNotFound, "not found", 0)
-			return
+			return false
 		}
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		return
+		return false
 	}
 	rq.noHost = len(ctx.Request.Header.Host()) == 0
 	rq.ns = appendNamespace(rq.ns, t.NS)
@@ -166,16 +201,14 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		// checked as a credential; a passport token in another would pass
 		// unchecked and unconsumed to the worker.
 		writeError(ctx, fasthttp.StatusBadRequest, "more than one Authorization header", 0)
-		return
+		return false
 	}
-	if sess := ctx.Request.Header.PeekCanonical(hdrSession); len(sess) > 0 {
-		if !p.clusterCall(ctx, rq, sess, now) {
-			return
-		}
-	} else if !p.admit(ctx, rq) {
-		return
-	}
+	return true
+}
 
+// dispatch resolves an admitted request's owner and forwards it, or
+// relays its WebSocket.
+func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 	ws := isWebSocket(&ctx.Request.Header)
 	if ws && upgradeWithBody(&ctx.Request.Header) {
 		refuseUpgradeWithBody(ctx)

@@ -227,8 +227,15 @@ func New(o Options) (*Pinboard, error) {
 		// connection by Handle (not fasthttp's WriteTimeout, a timer
 		// operation per response); fasthttp writes a 100 Continue before
 		// the handler runs, so it gets the same here.
+		//
+		// A data-plane request the proxy refuses on its header alone is
+		// answered in place of the 100 (proxy.Expect), and fasthttp then
+		// closes the connection without reading the body.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
 			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.stall)
+			if dest, _ := pb.destination(ctx); dest == toProxy && !pb.proxy.Expect(ctx) {
+				return ctx.Response.StatusCode()
+			}
 			return fasthttp.StatusContinue
 		},
 		// fasthttp answers a request it cannot read (431, 400, 408)
@@ -369,9 +376,17 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// route hands the request to the registry, the health probes or the data
-// plane.
-func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
+// Where route hands a request.
+const (
+	toProxy = iota
+	toRegistry
+	toLivez
+	toReadyz
+)
+
+// destination says where route hands the request, and the path it is
+// routed by (inside the base path).
+func (pb *Pinboard) destination(ctx *fasthttp.RequestCtx) (int, []byte) {
 	// Absolute form (RFC 9112 §3.2.2) routes by its path; a malformed one
 	// is left for the data plane to refuse.
 	_ = proxy.ToOriginForm(&ctx.Request)
@@ -384,23 +399,36 @@ func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
 		if len(path) <= len(pb.base) || path[len(pb.base)] != '/' || !bytes.HasPrefix(path, pb.base) {
 			// Outside the base path nothing is served (R-SRV-4): the data
 			// plane answers it 404 like any unroutable path.
-			pb.proxy.ServeHTTP(ctx)
-			return
+			return toProxy, path
 		}
 		path = path[len(pb.base):]
 	}
-	// The data plane refuses an ambiguous framing itself; the node's own
-	// paths must too, or what follows it is read as the next request.
 	switch {
 	case bytes.HasPrefix(path, registryPrefix):
+		return toRegistry, path
+	case bytes.Equal(path, pathLivez):
+		return toLivez, path
+	case bytes.Equal(path, pathReadyz):
+		return toReadyz, path
+	}
+	return toProxy, path
+}
+
+// route hands the request to the registry, the health probes or the data
+// plane.
+func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
+	// The data plane refuses an ambiguous framing itself; the node's own
+	// paths must too, or what follows it is read as the next request.
+	switch dest, path := pb.destination(ctx); dest {
+	case toRegistry:
 		if !proxy.RefuseAmbiguousFraming(ctx) {
 			pb.registry.ServeHTTP(ctx, path)
 		}
-	case bytes.Equal(path, pathLivez):
+	case toLivez:
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.livez(ctx)
 		}
-	case bytes.Equal(path, pathReadyz):
+	case toReadyz:
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.readyz(ctx)
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,7 +116,10 @@ func workerNodeStop(t *testing.T, o Options, grace time.Duration, worker http.Ha
 	if _, err := store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: now}); err != nil {
 		t.Fatal(err)
 	}
-	o.Store, o.Passport, o.Now = store, pp, func() time.Time { return now }
+	if o.Passport == nil {
+		o.Passport = pp
+	}
+	o.Store, o.Now = store, func() time.Time { return now }
 	pb, err := New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -194,5 +198,86 @@ func TestExpectContinueAfterIdle_RDP2(t *testing.T) {
 		if res.StatusCode != 200 {
 			t.Fatalf("unexpected status of request %d; got %d; want 200", i, res.StatusCode)
 		}
+	}
+}
+
+// A request with Expect: 100-continue that pinboard refuses on its header
+// alone — no credential for an authenticated namespace, a path that is no
+// instance, two Authorization lines — gets the refusal in place of the
+// 100: the client does not send a body (up to the gigabyte it announced)
+// only to have it dropped, and the connection closes after the refusal,
+// the body never read. An admitted one gets its 100 and is forwarded
+// (R-TR-4, R-DP-1, RFC 9110 §10.1.1).
+func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[`+
+		`{"name":"c","token":{"env":"C"},"scopes":[],"claims":{"pinboard":{"namespaces":["/counters"]}}}]}],`+
+		`"namespaces":{"/counters":{"allow":"authenticated"}}}`), func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hits atomic.Int64
+	_, public := workerNode(t, Options{Passport: pp}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d", n)
+	}))
+	for _, c := range []struct {
+		name, target, auth string
+		status             int
+		body               string
+	}{
+		{"no credential", "/counters/alice/x", "", 401, `{"error":"unauthorized"}`},
+		{"wrong credential", "/counters/alice/x", "Authorization: Bearer nope\r\n", 401, `{"error":"unauthorized"}`},
+		{"not an instance", "/counters", "Authorization: Bearer tok\r\n", 404, `{"error":"not found"}`},
+		{"two Authorization lines", "/counters/alice/x", "Authorization: Bearer tok\r\nAuthorization: Bearer tok\r\n", 400, `{"error":"more than one Authorization header"}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(conn, "POST "+c.target+" HTTP/1.1\r\nHost: a\r\n"+c.auth+"Content-Length: 1073741824\r\nExpect: 100-continue\r\n\r\n")
+			br := bufio.NewReader(conn)
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no answer to the header; got %v", err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != c.status || string(body) != c.body {
+				t.Fatalf("unexpected answer before the body; got %d %s; want %d %s", res.StatusCode, body, c.status, c.body)
+			}
+			if !res.Close {
+				t.Fatalf("the connection stays open after a refusal whose body was never read")
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Fatalf("unexpected read after the refusal; got %v; want the end of the stream", err)
+			}
+		})
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("refused requests reached the worker %d times", n)
+	}
+	conn, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "POST /counters/alice/x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer tok\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("unexpected interim answer to an admitted request; got %q, %v; want 100 Continue", line, err)
+	}
+	_, _ = br.ReadString('\n')
+	_, _ = io.WriteString(conn, "hi")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 200 || string(body) != "2" {
+		t.Fatalf("unexpected answer to an admitted request; got %d %s; want 200 2", res.StatusCode, body)
 	}
 }
