@@ -125,26 +125,46 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 
 // signalContext ends on the first SIGTERM or SIGINT, which starts the
 // graceful shutdown; a second one exits at once with status 1, cutting
-// whatever is still open.
+// whatever is still open (watchSignals).
 func signalContext(log *slog.Logger) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 2)
+	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	go func() {
-		s, ok := <-sigs
-		if !ok {
-			return
-		}
-		log.Info("shutting down", "signal", s.String())
-		cancel()
-		if s, ok := <-sigs; ok {
-			log.Warn("second signal: exiting now", "signal", s.String())
-			os.Exit(1)
-		}
-	}()
+	go watchSignals(sigs, time.Now, cancel, os.Exit, log)
 	return ctx, func() {
 		signal.Stop(sigs)
 		cancel()
+	}
+}
+
+// signalEcho is how soon after the first signal a second one is taken as
+// the same signal delivered twice, not as a second signal. GNU timeout
+// (without --foreground) signals its child and then its whole process
+// group, the child included, and a shell or supervisor that signals a
+// process group does the same when the process's own parent passes the
+// signal on: two SIGTERMs microseconds apart, and the graceful shutdown
+// the first one started was cut by the second. An operator's second
+// Ctrl-C comes later than this.
+const signalEcho = 200 * time.Millisecond
+
+// watchSignals cancels on the first signal from sigs and calls exit(1) on
+// the next one that comes signalEcho or later after it.
+func watchSignals(sigs <-chan os.Signal, now func() time.Time, cancel func(), exit func(int), log *slog.Logger) {
+	s, ok := <-sigs
+	if !ok {
+		return
+	}
+	first := now()
+	log.Info("shutting down", "signal", s.String())
+	cancel()
+	for s := range sigs {
+		if now().Sub(first) < signalEcho {
+			log.Debug("signal repeated right after the first: the same one", "signal", s.String())
+			continue
+		}
+		log.Warn("second signal: exiting now", "signal", s.String())
+		exit(1)
+		return
 	}
 }
 
