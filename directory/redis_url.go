@@ -167,8 +167,11 @@ func ParseRedisURL(raw string) (rueidis.ClientOption, error) {
 		}
 	}
 	if useTLS {
-		host, _, _ := net.SplitHostPort(o.InitAddress[0])
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+		// No ServerName: the TLS dialer verifies each connection against
+		// the host it dials. A cluster's other nodes and the master a
+		// sentinel names are dialled too, and naming the URL's first
+		// host failed every one with a certificate of its own.
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 		o.TLSConfig.InsecureSkipVerify = insecure
 		if sentinel {
 			o.Sentinel.TLSConfig = o.TLSConfig.Clone()
