@@ -88,3 +88,9 @@ func holdsBinding(info *SessionInfo, hostname, ns, env string, epoch int64) bool
 func bindingKey(hostname, ns string) string {
 	return ascii.Lower(hostname) + "\x00" + ns
 }
+
+// appendBindingKey appends bindingKey(hostname, ns) to dst: a map lookup
+// by string(appendBindingKey(…)) allocates nothing.
+func appendBindingKey(dst []byte, hostname, ns string) []byte {
+	return append(append(ascii.AppendLower(dst, hostname), 0), ns...)
+}

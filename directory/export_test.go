@@ -63,3 +63,10 @@ func KnownLive(r *Redis, sid string, now time.Time) bool {
 	s := r.session(sid)
 	return s != nil && s.owner.Live(now)
 }
+
+// MemoryBindings exposes the number of hostname bindings to tests.
+func MemoryBindings(m *Memory) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.bindings)
+}

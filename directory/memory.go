@@ -588,11 +588,8 @@ func (m *Memory) sweepRecords(now time.Time) {
 			delete(m.tombs, id)
 		}
 	}
-	for key, b := range m.bindings {
-		if !m.bindingState(b, now).Live {
-			delete(m.bindings, key)
-		}
-	}
+	m.sweepBindings(now)
+	var live map[string]bool // clients with a live session, once a drain needs it
 	for clientID, d := range m.drains {
 		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {
 			// Listed for freeDropped under this same hold, so the flag is
@@ -602,19 +599,55 @@ func (m *Memory) sweepRecords(now time.Time) {
 				m.retire(s)
 			}
 		}
-		if now.Sub(d.seen) > 2*m.ttl && !m.clientLive(clientID, now) {
-			delete(m.drains, clientID)
+		if now.Sub(d.seen) > 2*m.ttl {
+			if live == nil {
+				live = m.liveClients(now)
+			}
+			if !live[clientID] {
+				delete(m.drains, clientID)
+			}
 		}
 	}
 }
 
-func (m *Memory) clientLive(clientID string, now time.Time) bool {
+// sweepBindings drops the bindings no live session holds. One pass over
+// the sessions finds the held ones: bindingState for each binding looked
+// at every session, bindings × sessions under the store's lock — with
+// hostname-aware fleets (a binding per hostname and namespace) that held
+// off every request for the sweep's length.
+func (m *Memory) sweepBindings(now time.Time) {
+	if len(m.bindings) == 0 {
+		return
+	}
+	held := make(map[*memBinding]bool, len(m.bindings))
+	var key []byte // bindingKey, built without a string per look
 	for _, s := range m.sessions {
-		if s.info.ClientID == clientID && s.owner.Live(now) {
-			return true
+		if s.info.Hostname == "" || !s.owner.Live(now) {
+			continue
+		}
+		for _, ns := range s.info.Namespaces {
+			key = appendBindingKey(key[:0], s.info.Hostname, ns)
+			if b := m.bindings[string(key)]; b != nil && holdsBinding(&s.info, b.hostname, b.ns, b.env, b.epoch) {
+				held[b] = true
+			}
 		}
 	}
-	return false
+	for k, b := range m.bindings {
+		if !held[b] {
+			delete(m.bindings, k)
+		}
+	}
+}
+
+// liveClients returns the clients with a live session.
+func (m *Memory) liveClients(now time.Time) map[string]bool {
+	live := make(map[string]bool)
+	for _, s := range m.sessions {
+		if s.owner.Live(now) {
+			live[s.info.ClientID] = true
+		}
+	}
+	return live
 }
 
 // goneErr explains a missing session: superseded (R-LS-4) or unknown.

@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -61,5 +62,63 @@ func TestMemoryQueueExpiry_RCM1(t *testing.T) {
 	_ = m.Sweep(ctx, now)
 	if n := directory.MemoryQueues(m); n != 0 {
 		t.Fatalf("unexpected queues two leases after the last read; got %d; want 0", n)
+	}
+}
+
+// TestMemorySweepFreesBindings_RLS4: a sweep frees the hostname bindings
+// no live session holds, and only those: a store that kept them grew by
+// a binding per hostname and namespace for every deployment it ever saw.
+func TestMemorySweepFreesBindings_RLS4(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	ttl := time.Second
+	m := directory.NewMemory(ttl, now)
+	register := func(client, host string, epoch int64) string {
+		t.Helper()
+		res, err := m.Register(ctx, &directory.Registration{ClientID: client, Sub: "s", Secret: "k", Namespaces: []string{"/c", "/d"},
+			AdvertiseURL: "http://127.0.0.1:1/" + client, Hostname: host, Env: "blue", Epoch: epoch}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.SessionID
+	}
+	for i := range 10 {
+		register(string(rune('a'+i)), string(rune('a'+i))+".example", 1)
+	}
+	keep := register("keep", "keep.example", 3)
+	if n := directory.MemoryBindings(m); n != 22 {
+		t.Fatalf("unexpected bindings; got %d; want 22", n)
+	}
+	now = now.Add(ttl / 2)
+	if _, err := m.Heartbeat(ctx, &directory.Beat{SessionID: keep, Sub: "s"}, now); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(ttl/2 + time.Millisecond)
+	_ = m.Sweep(ctx, now)
+	if n := directory.MemoryBindings(m); n != 2 {
+		t.Fatalf("unexpected bindings after the sweep; got %d; want keep.example's 2", n)
+	}
+}
+
+// BenchmarkMemorySweepBindings: one sweep of 2,000 live hostname-bound
+// sessions, 5 namespaces each (10,000 bindings), under the store's lock.
+func BenchmarkMemorySweepBindings(b *testing.B) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	m := directory.NewMemory(time.Hour, now)
+	ns := []string{"/a", "/b", "/c", "/d", "/e"}
+	for i := range 2000 {
+		id := strconv.Itoa(i)
+		if _, err := m.Register(ctx, &directory.Registration{ClientID: "w" + id, Sub: "s", Secret: "k", Namespaces: ns,
+			AdvertiseURL: "http://127.0.0.1:1/" + id, Hostname: "h" + id + ".example", Env: "blue", Epoch: 1}, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = m.Sweep(ctx, now)
+	}
+	if n := directory.MemoryBindings(m); n != 10000 {
+		b.Fatalf("unexpected bindings; got %d; want 10000", n)
 	}
 }

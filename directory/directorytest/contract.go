@@ -55,6 +55,7 @@ func Run(t *testing.T, f Factory) {
 		{"SweepRemovesDeadSessions", testSweep},
 		{"ExpiredCountedUntilSwept_RLS2", testExpired},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
+		{"HeldBindingSurvivesSweep_RLS4", testHeldBindingSurvivesSweep},
 		{"HostnameRoutesNewPlacements_RLS4", testHostRouting},
 		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
 		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
@@ -840,6 +841,41 @@ func (fx *fixture) registerBound(client, hostname, env string, epoch int64, take
 		return "", err
 	}
 	return res.SessionID, nil
+}
+
+// testHeldBindingSurvivesSweep: a sweep drops the bindings no live session
+// holds and keeps the others — among many sessions and bindings — so a
+// stale registration is still refused after it (R-LS-4).
+func testHeldBindingSurvivesSweep(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	if _, err := fx.registerBound("a", "app.example", "green", 2, "", "/c", "/d"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := fx.registerBound(fmt.Sprintf("gone-%d", i), fmt.Sprintf("h%d.example", i), "blue", 1, "", "/c", "/d"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keep, err := fx.registerBound("keep", "APP.example", "green", 2, "", "/d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.advance(TTL / 2)
+	fx.beat(keep, 10, false, false)
+	fx.advance(TTL/2 + time.Millisecond) // a and gone-* lapse; keep holds app.example/d
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	_, err = fx.registerBound("stale", "app.example", "blue", 1, "", "/d")
+	wantSuperseded(t, err, "app.example", "/d", "green", 2)
+	// The bindings nobody holds any more are free.
+	if _, err := fx.registerBound("new-c", "app.example", "blue", 1, "", "/c"); err != nil {
+		t.Fatalf("unexpected refusal of a binding no live session holds: %v", err)
+	}
+	if _, err := fx.registerBound("new-h", "h3.example", "red", 0, "", "/d"); err != nil {
+		t.Fatalf("unexpected refusal of a binding no live session holds: %v", err)
+	}
 }
 
 func wantSuperseded(t *testing.T, err error, host, ns, env string, epoch int64) {

@@ -20,6 +20,14 @@ func Lower(s string) string {
 	return s
 }
 
+// AppendLower appends s to dst with its ASCII letters lower-cased.
+func AppendLower(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		dst = append(dst, LowerByte(s[i]))
+	}
+	return dst
+}
+
 // EqualFold reports whether a and b are equal with ASCII letters compared
 // case-insensitively and every other byte exactly. It does not allocate.
 func EqualFold(a, b string) bool {

@@ -10,6 +10,9 @@ func TestLowerAndEqualFold(t *testing.T) {
 		if got := Lower(tc.in); got != tc.lower {
 			t.Errorf("unexpected Lower(%q); got %q; want %q", tc.in, got, tc.lower)
 		}
+		if got := string(AppendLower([]byte("x:"), tc.in)); got != "x:"+tc.lower {
+			t.Errorf("unexpected AppendLower(x:, %q); got %q; want %q", tc.in, got, "x:"+tc.lower)
+		}
 	}
 	for _, tc := range []struct {
 		a, b string
