@@ -99,7 +99,7 @@ func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.
 			deadline = seconds(*wk.DrainDeadline)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
-			wk.ClientID, wk.state(), wk.AdvertiseURL, strings.Join(wk.Namespaces, ","),
+			cell(wk.ClientID), wk.state(), cell(wk.AdvertiseURL), cell(strings.Join(wk.Namespaces, ",")),
 			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), wk.Placements,
 			(time.Duration(wk.ExpiresInMs) * time.Millisecond).String(), deadline)
 	}
@@ -297,8 +297,23 @@ func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Wr
 		live = "owner's lease lapsed: re-places on the next request"
 	}
 	_, err := fmt.Fprintf(w, "%s/%s -> %s at %s (session %s, epoch %s, %s)\n",
-		p.Namespace, p.ID, p.ClientID, p.AdvertiseURL, p.SessionID, p.Epoch, live)
+		cell(p.Namespace), cell(p.ID), cell(p.ClientID), cell(p.AdvertiseURL), cell(p.SessionID), cell(p.Epoch), live)
 	return err
+}
+
+// cell renders a string a worker or client chose (a clientId, a
+// namespace, an id) for the terminal: as it is when every rune prints,
+// else Go-quoted. The registry refuses only NUL in a clientId and white
+// space in a namespace, so a worker token could register a tab (shifting
+// the table's columns), a newline (forging a row) or a terminal escape
+// sequence (writing to the operator's screen).
+func cell(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // namespace accepts "counters" or "/counters".

@@ -346,3 +346,50 @@ func TestNotFoundFromElsewhereNamesTheURL_RREG6(t *testing.T) {
 		t.Errorf("unexpected result for pinboard's unknown clientId; got exit %d, stderr %q; want exit %d with the clientId hint only", code, errs, exitAPI)
 	}
 }
+
+// Worker-chosen strings reach the table as registered: the registry
+// refuses only NUL in a clientId, and a namespace only white space, so a
+// worker token could register a clientId with a tab, a newline or a
+// terminal escape. Printed raw, a tab shifted the row's columns, a
+// newline forged a second row, and an escape sequence wrote to the
+// operator's terminal (R-REG-4). Such a cell is printed quoted.
+func TestWorkersTableQuotesControlCharacters_RREG4(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/registry/placement" {
+			io.WriteString(w, `{"namespace":"/b","id":"x","sessionId":"s1","clientId":"c1\nc2","advertiseUrl":"http://10.0.0.1:8000","epoch":"0","live":true}`)
+			return
+		}
+		io.WriteString(w, `{"workers":[`+
+			`{"clientId":"c1\tfake\nc2 healthy","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/a\u001b[2J"],"headroom":1,"expiresInMs":15000,"placements":0},`+
+			`{"clientId":"c3","sessionId":"s3","advertiseUrl":"http://10.0.0.3:8000","namespaces":["/b"],"headroom":1,"expiresInMs":15000,"placements":0}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	code, out, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "workers")
+	if code != exitOK {
+		t.Fatalf("unexpected exit; got %d; want 0 (stderr %q)", code, errs)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("unexpected line count; got %d; want 3 (a header and two workers):\n%s", len(lines), out)
+	}
+	if strings.ContainsRune(out, 0x1b) || strings.ContainsRune(out, '\t') {
+		t.Errorf("unexpected control character in the table; got %q; want none", out)
+	}
+	for _, want := range []string{`"c1\tfake\nc2 healthy"`, `"/a\x1b[2J"`} {
+		if !strings.Contains(lines[1], want) {
+			t.Errorf("unexpected first row; got %q; want it to contain %s", lines[1], want)
+		}
+	}
+	// Every row's columns start where the header's do.
+	col := strings.Index(lines[0], "STATE")
+	for _, l := range lines[1:] {
+		if len(l) <= col || l[col-1] != ' ' || l[col] == ' ' {
+			t.Errorf("unexpected row alignment; got %q; want STATE at byte %d as in %q", l, col, lines[0])
+		}
+	}
+	code, out, errs = runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "where", "b", "x")
+	if code != exitOK || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"c1\nc2"`) {
+		t.Errorf("unexpected where output; got exit %d, %q (stderr %q); want one line with the clientId quoted", code, out, errs)
+	}
+}
