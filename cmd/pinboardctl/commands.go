@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 )
 
@@ -90,20 +89,19 @@ func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.
 		_, err := fmt.Fprintln(w, "no live workers visible to this token")
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLIENT ID\tSTATE\tADVERTISE URL\tNAMESPACES\tHEADROOM\tPLACEMENTS\tLEASE\tDRAIN DEADLINE")
+	var tw table
+	tw.row("CLIENT ID", "STATE", "ADVERTISE URL", "NAMESPACES", "HEADROOM", "PLACEMENTS", "LEASE", "DRAIN DEADLINE")
 	for i := range workers {
 		wk := &workers[i]
 		deadline := "-"
 		if wk.DrainDeadline != nil {
 			deadline = seconds(*wk.DrainDeadline)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
-			cell(wk.ClientID), wk.state(), cell(wk.AdvertiseURL), cell(strings.Join(wk.Namespaces, ",")),
-			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), wk.Placements,
+		tw.row(cell(wk.ClientID), wk.state(), cell(wk.AdvertiseURL), cell(strings.Join(wk.Namespaces, ",")),
+			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), strconv.Itoa(wk.Placements),
 			(time.Duration(wk.ExpiresInMs) * time.Millisecond).String(), deadline)
 	}
-	return tw.Flush()
+	return tw.write(w)
 }
 
 func cmdHealth(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {

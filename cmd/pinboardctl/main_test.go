@@ -393,3 +393,47 @@ func TestWorkersTableQuotesControlCharacters_RREG4(t *testing.T) {
 		t.Errorf("unexpected where output; got exit %d, %q (stderr %q); want one line with the clientId quoted", code, out, errs)
 	}
 }
+
+// A namespace in Chinese or Japanese is allowed (the registry refuses only
+// white space and '/' in one), and its characters take two columns on a
+// terminal. The table padded by runes, so every column after such a
+// namespace started one column further right per character than the
+// header's (R-REG-4).
+func TestWorkersTableAlignsWideCharacters_RREG4(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"workers":[`+
+			`{"clientId":"c1","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/计数器"],"headroom":7,"expiresInMs":15000,"placements":0},`+
+			`{"clientId":"c2","sessionId":"s2","advertiseUrl":"http://10.0.0.2:8000","namespaces":["/counters"],"headroom":8,"expiresInMs":15000,"placements":0}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	code, out, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "workers")
+	if code != exitOK {
+		t.Fatalf("unexpected exit; got %d; want 0 (stderr %q)", code, errs)
+	}
+	// column is where s starts on a terminal: CJK ideographs take two.
+	column := func(line, s string) int {
+		i := strings.Index(line, s)
+		if i < 0 {
+			return -1
+		}
+		n := 0
+		for _, r := range line[:i] {
+			n++
+			if r >= 0x4e00 && r <= 0x9fff {
+				n++
+			}
+		}
+		return n
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("unexpected table; got %q; want a header and two rows", out)
+	}
+	want := column(lines[0], "HEADROOM")
+	for i, v := range []string{" 7 ", " 8 "} {
+		if got := column(lines[i+1], v) + 1; got != want {
+			t.Errorf("unexpected HEADROOM column in row %d; got %d; want %d:\n%s", i+1, got, want, out)
+		}
+	}
+}
