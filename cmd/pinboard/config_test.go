@@ -197,3 +197,28 @@ func TestConfigTrustedProxies_MappedIPv4_RPL4(t *testing.T) {
 		}
 	}
 }
+
+// The base path is matched against the request target as sent, byte for
+// byte (server.destination). Clients send a path percent-encoded: httpx,
+// which the reference worker registers with, turns /pinbøard into
+// /pinb%C3%B8ard, and removes "." and ".." segments; so a base path with
+// a byte a client escapes (non-ASCII, a tab, a quote) or a dot segment was
+// accepted and then answered every request 404, worker registrations
+// included. Such a value is a configuration error; an escaped one works
+// (R-SRV-4).
+func TestConfigBasePathAsClientsSendIt_RSRV4(t *testing.T) {
+	for _, bp := range []string{"/pinbøard", "/pin\tboard", `/pin"board`, "/a/../b", "/a/./b", "/a/..", "/pin%zzboard", "/pin%4"} {
+		kv := base()
+		kv["PINBOARD_BASE_PATH"] = bp
+		if _, err := loadConfig(env(kv)); err == nil || !strings.HasPrefix(err.Error(), "PINBOARD_BASE_PATH: ") {
+			t.Errorf("unexpected result for PINBOARD_BASE_PATH=%q; got %v; want a PINBOARD_BASE_PATH error", bp, err)
+		}
+	}
+	for _, bp := range []string{"/pinboard", "/pinboard/", "/", "/a/b.v2", "/pinb%C3%B8ard", "/~ops/pin-board_1", "/a:b@c!$&'()*+,;=", "/..a"} {
+		kv := base()
+		kv["PINBOARD_BASE_PATH"] = bp
+		if _, err := loadConfig(env(kv)); err != nil {
+			t.Errorf("unexpected error for PINBOARD_BASE_PATH=%q; got %v; want nil", bp, err)
+		}
+	}
+}
