@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Exit codes, for scripts.
@@ -148,10 +149,10 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 		if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
 			ae.Message = eb.Error
 		} else {
-			ae.Message = strings.TrimSpace(string(b))
-			if len(ae.Message) > 200 {
-				ae.Message = ae.Message[:200] + "…"
-			}
+			// Not pinboard's JSON: a proxy's error page, often HTML over
+			// several lines. Quoted when it does not print, so the error
+			// stays on its one line and nothing reaches the terminal.
+			ae.Message = cell(clip(strings.TrimSpace(string(b)), 200))
 		}
 		return ae
 	}
@@ -166,6 +167,18 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 		return fmt.Errorf("cannot decode the answer to %s %s: %w", method, path, err)
 	}
 	return nil
+}
+
+// clip cuts s to at most n bytes, between two characters, marking the cut
+// with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // unwrapURLError drops net/url's "Get "…": " prefix; the message names the

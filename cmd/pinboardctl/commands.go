@@ -202,10 +202,7 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 // a drain happened when nothing did, or hand a script a page for the
 // worker list (with --json too: it prints only what pinboard answered).
 func unexpectedAnswer(req string, raw []byte, change bool) error {
-	b := strings.TrimSpace(string(raw))
-	if len(b) > 200 {
-		b = b[:200] + "…"
-	}
+	b := clip(strings.TrimSpace(string(raw)), 200)
 	what := "it is not pinboard's"
 	if change {
 		what = "nothing was changed as far as pinboardctl can tell"

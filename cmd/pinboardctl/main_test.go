@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // fake is an operator API stand-in that records the last request.
@@ -435,5 +436,30 @@ func TestWorkersTableAlignsWideCharacters_RREG4(t *testing.T) {
 		if got := column(lines[i+1], v) + 1; got != want {
 			t.Errorf("unexpected HEADROOM column in row %d; got %d; want %d:\n%s", i+1, got, want, out)
 		}
+	}
+}
+
+// An error page from a proxy in front of pinboard (nginx's 502) is HTML
+// over several lines. Its body went to stderr as it came, CR LF included,
+// so the one-line error ("pinboardctl workers: …") became several lines,
+// and a long one was cut inside a UTF-8 sequence. The body is quoted when
+// it does not print, and cut between characters.
+func TestErrorBodyOnOneLine(t *testing.T) {
+	page := "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\x1b[31m" + strings.Repeat("é", 150) + "</body>\r\n</html>\r\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusBadGateway)
+		io.WriteString(w, page)
+	}))
+	t.Cleanup(srv.Close)
+	code, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "workers")
+	if code != exitAPI {
+		t.Fatalf("unexpected exit; got %d; want %d (stderr %q)", code, exitAPI, errs)
+	}
+	if strings.Count(errs, "\n") != 1 || strings.ContainsAny(errs, "\r\x1b") || !utf8.ValidString(errs) {
+		t.Errorf("unexpected stderr; got %q; want one line of valid UTF-8 without control characters", errs)
+	}
+	if !strings.Contains(errs, "502") || !strings.Contains(errs, "Bad Gateway") {
+		t.Errorf("unexpected stderr; got %q; want the status and the page's title", errs)
 	}
 }
