@@ -293,6 +293,13 @@ func checkStoreURL(u string) error {
 	}
 	scheme, _, ok := strings.Cut(u, "://")
 	if !ok {
+		// Not a URL, so nothing marks where a password ends but its
+		// "@": what comes before the last one is left out, as
+		// directory.ParseRedisURL leaves a URL's password out ("default:
+		// pw@host:6379", a scheme forgotten, went to the log whole).
+		if i := strings.LastIndexByte(u, '@'); i >= 0 {
+			u = "xxxxx" + u[i:]
+		}
 		return fmt.Errorf("unknown scheme in %q: use memory: or redis://, rediss://, redis+cluster://, redis+sentinel://", u)
 	}
 	switch scheme {

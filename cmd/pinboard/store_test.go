@@ -25,6 +25,9 @@ func TestMalformedRedisURL_RSRV3(t *testing.T) {
 		"redis+cluster://127.0.0.1:7000/3",
 		"redis://127.0.0.1:6379?bogus=1",
 		"ftp://127.0.0.1",
+		// Without "://" the whole value was echoed, password included.
+		"default:s3cret@127.0.0.1:6379",
+		"redis:/:s3cret@127.0.0.1:6379",
 	} {
 		env := map[string]string{
 			"PINBOARD_PASSPORT": `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK"},"scopes":["pinboard:worker"]}]}]}`,
