@@ -74,12 +74,17 @@ func readVars(t *testing.T, kv map[string]string) map[string]bool {
 	return seen
 }
 
-// checkKnown fails for every variable in kv that pinboard does not read.
+// goRuntimeVars are the Go runtime's settings a deployment file may set
+// beside pinboard's own.
+var goRuntimeVars = map[string]bool{"GOMEMLIMIT": true, "GOGC": true, "GOMAXPROCS": true, "GODEBUG": true}
+
+// checkKnown fails for every variable in kv that pinboard (or the Go
+// runtime) does not read.
 func checkKnown(t *testing.T, file string, kv map[string]string) {
 	t.Helper()
 	known := readVars(t, kv)
 	for k := range kv {
-		if !known[k] {
+		if !known[k] && !goRuntimeVars[k] {
 			t.Errorf("%s sets %s, which pinboard does not read (a typo, or a variable renamed?)", file, k)
 		}
 	}
@@ -306,6 +311,14 @@ func TestKubernetesManifests_RSRV3(t *testing.T) {
 	const file = "deploy/kubernetes/pinboard.yaml"
 	checkKnown(t, file, kv)
 	cfg := loadFrom(t, file, kv)
+
+	// GOMEMLIMIT, in the runtime's own syntax, leaves the collector room
+	// below the container's memory limit: at or above it the container is
+	// OOM-killed before the soft limit does anything.
+	limit := quantityBytes(t, str(dig(c, "resources", "limits", "memory")))
+	if soft := goMemLimit(t, kv["GOMEMLIMIT"]); soft <= 0 || soft > limit*95/100 {
+		t.Errorf("GOMEMLIMIT=%q is %d bytes; want set, at most 95%% of limits.memory (%d bytes)", kv["GOMEMLIMIT"], soft, limit)
+	}
 
 	// Ports: the container's named ports are the ones pinboard listens on.
 	if got, want := containerPort(c, "http"), portOf(t, cfg.Addr, "PORT"); got != want {
@@ -697,6 +710,50 @@ func tryStartBinary(t *testing.T, kv map[string]string) (admin, public, output s
 		}
 	})
 	return addr, public, "", nil
+}
+
+// quantityBytes reads a Kubernetes memory quantity in binary units
+// (512Mi).
+func quantityBytes(t *testing.T, q string) int64 {
+	t.Helper()
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}} {
+		if n, ok := strings.CutSuffix(q, u.suffix); ok {
+			v, err := strconv.ParseInt(n, 10, 64)
+			if err != nil {
+				t.Fatalf("cannot parse memory quantity %q: %v", q, err)
+			}
+			return v * u.mult
+		}
+	}
+	t.Fatalf("unexpected memory quantity %q; want Ki, Mi or Gi", q)
+	return 0
+}
+
+// goMemLimit reads GOMEMLIMIT as the runtime does: digits and an
+// optional B, KiB, MiB, GiB or TiB (runtime.parseByteCount); 0 if unset.
+func goMemLimit(t *testing.T, s string) int64 {
+	t.Helper()
+	if s == "" {
+		return 0
+	}
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = n, u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		t.Fatalf("GOMEMLIMIT=%q is not one the Go runtime reads", s)
+	}
+	return v * mult
 }
 
 func freePort(t *testing.T) int {
