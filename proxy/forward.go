@@ -527,6 +527,13 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 				ctx.SetConnectionClose()
 				return
 			}
+			// The body may have taken longer than the stall timeout to
+			// come (each read within it): the write and header deadlines
+			// toward the worker and the attestation count from now. From
+			// the header's arrival, a new connection's write deadline was
+			// already past, and a slow client was answered 504 with its
+			// request never sent.
+			now = p.now()
 		}
 	}
 	replayable := !ctx.Request.IsBodyStream()

@@ -641,6 +641,52 @@ func TestStalledSmallBodyCut_RDP2(t *testing.T) {
 	}
 }
 
+// A small body (read whole before the worker is called) that took longer
+// than the stall timeout to arrive, each piece within it, is forwarded:
+// the deadlines toward the worker count from when the body is in hand, not
+// from when its header came. Before, a new connection's write deadline was
+// set from the header's arrival, already past, and a slow client's upload
+// (a phone on a poor link) was answered 504 without reaching the worker
+// (R-DP-2, R-DP-4).
+func TestSlowSmallBodyForwarded_RDP2_RDP4(t *testing.T) {
+	stall := 300 * time.Millisecond
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
+		o.Now = nil // the real clock: deadlines are set from its readings
+		o.Upstream.StallTimeout = stall
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	const size, pieces = 20480, 8
+	if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < pieces; i++ { // 8 x 100 ms: each within the stall timeout, all past it
+		if _, err := c.Write(bytes.Repeat([]byte("x"), size/pieces)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(stall / 3)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("cannot read the answer to a slow small body: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("unexpected status for a small body slower than the stall timeout; got %d %s; want 200", res.StatusCode, b)
+	}
+	if got := decodeSeen(t, string(b)).BodyLen; got != size {
+		t.Fatalf("unexpected body length at the worker; got %d; want %d", got, size)
+	}
+	if n := w.hits.Load(); n != 1 {
+		t.Fatalf("unexpected requests at the worker; got %d; want 1", n)
+	}
+}
+
 // Bytes a worker sends on a connection while it sits idle in the pool
 // (the late tail of an answer, an unsolicited 408) belong to no request:
 // the connection is closed, as nginx closes an idle upstream connection
