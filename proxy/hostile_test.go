@@ -687,6 +687,45 @@ func TestSlowSmallBodyForwarded_RDP2_RDP4(t *testing.T) {
 	}
 }
 
+// A worker that answers a streamed upload early (a 401, a 413) and closes
+// with the body unread resets the connection; its answer arrives just
+// before the reset, and is relayed. Before, the upload's failed write
+// closed the worker connection under the handler's read of that answer,
+// and the client got 502 "owner unreachable" about one time in twelve
+// (R-DP-2, R-DP-4).
+func TestEarlyAnswerBeforeWorkerResetRelayed_RDP2_RDP4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w, _ := rawRequests(t, false, func(c net.Conn, r *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\nno")
+		return false // closed with the body unread: a reset
+	})
+	rg.serveIDs(t, w, "alice")
+	const size = 8 << 20 // past the socket buffers: the upload is writing when the reset comes
+	body := make([]byte, size)
+	for i := 0; i < 100; i++ {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _, _ = c.Write(body) }() // ends at the first failed write, at the latest when c closes
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("cannot read the answer to upload %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		c.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("unexpected answer to upload %d; got %d %s; want the worker's 401", i, res.StatusCode, b)
+		}
+	}
+}
+
 // Bytes a worker sends on a connection while it sits idle in the pool
 // (the late tail of an answer, an unsolicited 408) belong to no request:
 // the connection is closed, as nginx closes an idle upstream connection

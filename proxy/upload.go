@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pinboard-go/pinboard/internal/rawio"
@@ -28,7 +29,11 @@ import (
 // longer than any header timeout): the upload arms it on success. When
 // the upload fails — the client went away or sent a short body — the
 // worker connection is closed at once: the worker would wait for the rest
-// for ever, and the handler's read of the answer ends with it. When the
+// for ever, and the handler's read of the answer ends with it; so does a
+// worker that stopped reading (the stall timeout). A write that failed
+// because the worker closed or reset the connection leaves it to the
+// handler, whose read ends by itself and may first find the worker's early
+// answer (workerClosed). When the
 // handler must end an upload still waiting for the client (the worker
 // answered early), stop interrupts the client read. While it runs, the
 // client's reads and the writes to the worker may each stall for at most
@@ -70,6 +75,18 @@ func (u *upload) renew() {
 }
 
 var errUploadShort = errors.New("client request body ended early")
+
+// workerClosed reports whether a write to the worker failed because the
+// worker closed its connection (a FIN, then our write: EPIPE; or its
+// reset). Its answer may be on the connection, unread: a worker that
+// answers early (401, 413) and closes with the body unread resets the
+// connection, and its answer arrives just before the reset. Closed here,
+// the handler's read of that answer failed, and the client got 502 in
+// place of the worker's answer. The handler's read needs no close to end:
+// on such a connection it returns the answer, then the end or the reset.
+func workerClosed(err error) bool {
+	return errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
 
 // errReader remembers the error of the reader it wraps, and renews the
 // upload's stall deadlines before each read.
@@ -113,7 +130,9 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 		}
 		u.clientErr = er.err != nil || errors.Is(u.err, errUploadShort)
 		if u.err != nil {
-			_ = worker.c.Close()
+			if u.clientErr || !workerClosed(u.err) {
+				_ = worker.c.Close()
+			}
 			return
 		}
 		if stall > 0 {
