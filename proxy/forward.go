@@ -811,6 +811,9 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		}
 		wall := p.wallClock(now)
 		up, err := writeRequest(ctx, pool, pc, wall)
+		if err != nil && up == nil && earlyAnswer(ctx, pool, pc, wall, err) {
+			return p.relay(ctx, pool, pc, nil, retryUnattested)
+		}
 		wrote := err == nil
 		if wrote {
 			if up == nil {
@@ -851,6 +854,23 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		}
 		return p.relay(ctx, pool, pc, up, retryUnattested)
 	}
+}
+
+// earlyAnswer reads the worker's answer to a request whose write failed
+// (err) because the worker closed or reset the connection (workerClosed):
+// a worker that answers before it reads the body (a 401, an in-band
+// refusal raised before the route reads it) and closes with the body
+// unread resets the connection under the write, and its answer is already
+// in. It reports whether one was read into ctx.Response; the connection is
+// then never pooled (it is closed). Otherwise the write's error stands,
+// for a retry on a fresh connection or the client's 502: the read found
+// the end of the connection, which the failed write already said.
+func earlyAnswer(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time, err error) bool {
+	if !workerClosed(err) || awaitHeader(ctx, pool, pc, now) != nil {
+		return false
+	}
+	ctx.Response.Header.SetConnectionClose()
+	return true
 }
 
 // statusClientClosed is nginx's 499: the client left before the worker

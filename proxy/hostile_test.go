@@ -697,7 +697,7 @@ func TestEarlyAnswerBeforeWorkerResetRelayed_RDP2_RDP4(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
 	w, _ := rawRequests(t, false, func(c net.Conn, r *http.Request) bool {
-		_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\nno")
+		_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
 		return false // closed with the body unread: a reset
 	})
 	rg.serveIDs(t, w, "alice")
@@ -722,6 +722,47 @@ func TestEarlyAnswerBeforeWorkerResetRelayed_RDP2_RDP4(t *testing.T) {
 		c.Close()
 		if res.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("unexpected answer to upload %d; got %d %s; want the worker's 401", i, res.StatusCode, b)
+		}
+	}
+}
+
+// The same for a small body, sent whole with its header: a worker that
+// answers before reading it (a 401, an in-band refusal raised before the
+// route reads its body) and closes resets the connection under pinboard's
+// write, and its answer, already in, is relayed. Before, the failed write
+// was answered 502 "owner unreachable" without a look at what the worker
+// said, about one time in five (R-DP-2, R-DP-4).
+func TestEarlyAnswerToSmallBodyBeforeResetRelayed_RDP2_RDP4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w, _ := rawRequests(t, false, func(c net.Conn, r *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
+		return false // closed with the body unread: a reset
+	})
+	rg.serveIDs(t, w, "alice")
+	const size = 60 << 10 // read whole, then sent with the header in one write
+	body := make([]byte, size)
+	for i := 0; i < 100; i++ {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(body); err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			t.Fatalf("cannot read the answer to request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		c.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("unexpected answer to request %d; got %d %s; want the worker's 401", i, res.StatusCode, b)
 		}
 	}
 }
