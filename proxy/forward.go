@@ -390,13 +390,20 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 	return r, err
 }
 
-// hostOnly strips the port from a Host header value ("[::1]:80" -> "::1").
+// hostOnly strips the port from a Host header value ("[::1]:80" -> "::1")
+// and the trailing dot of a fully qualified name ("app.example." ->
+// "app.example"): the same host to DNS, and a client that sends it must
+// not miss the hostname's binding (R-LS-4; nginx drops the dot too).
 func hostOnly(h []byte) string {
 	host := string(h)
 	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.HasSuffix(host, "]") {
 		host = host[:i]
 	}
-	return strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if len(host) > 1 && host[len(host)-1] == '.' {
+		host = host[:len(host)-1]
+	}
+	return host
 }
 
 // placeFailed maps placement errors to the documented answers (R-DP-4).

@@ -260,3 +260,18 @@ func TestAppendNamespace_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// The host a placement is bound by (R-LS-4): the Host header without its
+// port, and without the trailing dot of a fully qualified name, which
+// names the same host — app.example. missed app.example's binding.
+func TestHostOnly_RLS4(t *testing.T) {
+	for in, want := range map[string]string{
+		"app.example": "app.example", "app.example:8080": "app.example", "app.example.": "app.example",
+		"app.example.:443": "app.example", "[::1]:80": "::1", "[::1]": "::1", "127.0.0.1:80": "127.0.0.1",
+		"": "", ".": ".",
+	} {
+		if got := hostOnly([]byte(in)); got != want {
+			t.Errorf("unexpected hostOnly(%q); got %q; want %q", in, got, want)
+		}
+	}
+}
