@@ -693,11 +693,13 @@ func (m *Memory) planBindings(reg *Registration, now time.Time) ([]bindingPlan, 
 // the process are handed over instead.
 //
 // Unlike the sessions Void and the sweep drop, superseded ones are not
-// listed in m.dropped (retire), on purpose. Redis lists them because a
-// failed script call between batches must leave their rows to any node's
-// sweep; here nothing can fail between the supersede and Register's
-// finishDrops (no I/O; a crash loses the whole store), so there is nothing
-// for the sweep to finish. And listed, a concurrent Sweep or Void could
+// listed in m.dropped (retire), on purpose. Redis keeps them out of its
+// 'dropped' set too while the registration's batches run, in
+// 'displacing', which the sweep lists one lease on: a failed script call
+// between batches must leave their rows to any node's sweep. Here nothing
+// can fail between the supersede and Register's finishDrops (no I/O; a
+// crash loses the whole store), so there is nothing for the sweep to
+// finish. And listed, a concurrent Sweep or Void could
 // free their rows while the registration's batches still run, turning ids
 // they held into claims instead of the duplicates reclaim makes of them
 // (it checks the row still points at a displaced session). Register drops

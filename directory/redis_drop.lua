@@ -5,8 +5,12 @@
 -- (docs/DIRECTORY.md). A call for a session already gone frees its next
 -- batch: repeating a drop, or finishing one a failure cut short, is
 -- harmless. Unknown sessions are not an error.
+-- The registration that superseded or voided a session (redis_register.lua:
+-- displace) frees its rows as displacer: while the session is in
+-- 'displacing', it stays out of 'dropped', so no sweep frees its rows
+-- unseen by that registration.
 -- KEYS[1] the session's record
--- ARGV: 1 prefix, 2 session.
+-- ARGV: 1 prefix, 2 session, 3 displacer ("1") or not ("0").
 -- Returns {rows freed, 1 while rows remain to be freed else 0}.
 local P, sid = ARGV[1], ARGV[2]
 local freed = {}
@@ -15,4 +19,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 else
   freerows(P, sid, DROPBATCH, freed)
 end
-return { freed, redis.call('EXISTS', P .. 'r:' .. sid) }
+local left = redis.call('EXISTS', P .. 'r:' .. sid)
+if ARGV[3] == '1' and redis.call('ZSCORE', P .. 'displacing', sid) then
+  if left == 1 then
+    redis.call('SREM', P .. 'dropped', sid)
+  else
+    redis.call('ZREM', P .. 'displacing', sid)
+  end
+end
+return { freed, left }

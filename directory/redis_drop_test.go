@@ -262,3 +262,66 @@ func TestRedisDrainReleaseFailsBetweenBatches_RLS5(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisSupersedeCutShortLeftToTheSweep_RLS4_RREG1: a registration
+// that supersedes a session holding many rows frees what the opening call
+// left itself (redis_drop.lua, displacer), so no sweep frees those rows
+// unseen by it while it runs (SweepDuringSupersedeKeepsDuplicates in the
+// contract suite). Cut short between two of those calls, it leaves them to
+// the sweep all the same: not at once — the registration may still be
+// running — but one lease later, and then every key goes.
+func TestRedisSupersedeCutShortLeftToTheSweep_RLS4_RREG1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := rawClient(t, srv.Addr)
+	const n = 4 * directory.RegisterBatch
+	const prefix = "supersede-cut"
+	ttl := time.Minute
+	s := openNode(t, srv.URL(), prefix, ttl)
+	ctx := context.Background()
+	now := time.Now()
+	_, _ = s.Place(ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+	now = now.Add(ttl)
+	list := make([]string, n)
+	for i := range list {
+		list[i] = "instance-" + strconv.Itoa(i)
+	}
+	bound := func(client string, epoch int64) *directory.Registration {
+		return &directory.Registration{ClientID: client, Sub: "s", Secret: "k", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/" + client, Headroom: 1e9, Hostname: "app.example", Env: client, Epoch: epoch,
+			Instances: map[string][]string{"/c": list}}
+	}
+	blue, err := s.Register(ctx, bound("blue", 1), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut, cancel := context.WithCancel(ctx)
+	defer cancel()
+	directory.SetAfterDropBatch(s, cancel)
+	if _, err := s.Register(cut, bound("green", 2), now); !errors.Is(err, directory.ErrUnavailable) {
+		t.Fatalf("unexpected result of a registration whose context ended; got %v; want ErrUnavailable", err)
+	}
+	directory.SetAfterDropBatch(s, nil)
+	left := scard(t, c, prefix, blue.SessionID)
+	if left == 0 || left == n {
+		t.Fatalf("unexpected rows of the superseded session left; got %d; want some of %d", left, n)
+	}
+	if err := s.Sweep(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := scard(t, c, prefix, blue.SessionID); got != left {
+		t.Fatalf("unexpected rows freed by a sweep while the registration may still run; got %d left; want %d", got, left)
+	}
+	now = now.Add(ttl + time.Millisecond)
+	if err := s.Sweep(ctx, now.Add(ttl)); err != nil { // green's lease passed too
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, k := range sessionKeys(t, c, prefix) {
+		if !strings.HasPrefix(k, "{"+prefix+"}:t:") { // blue's tomb: it expires on Redis's clock
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) != 0 {
+		t.Fatalf("unexpected keys left after the sweep; got %d, %q; want none", len(keys), keys[:min(len(keys), 4)])
+	}
+}

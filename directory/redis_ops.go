@@ -83,7 +83,7 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 // returns (its record dropped, its rows dead-owner rows any claim
 // re-places); its rows are then freed RegisterBatch per call (drop).
 func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
-	return r.drop(ctx, "deregister", sessionID, nil)
+	return r.drop(ctx, "deregister", sessionID, false, nil)
 }
 
 // drop runs redis_drop.lua for sid until none of its rows is left: the
@@ -91,10 +91,12 @@ func (r *Redis) Void(ctx context.Context, sessionID string, _ time.Time) error {
 // most one batch of its rows, so other clients' commands run between
 // them (docs/DIRECTORY.md, "Scripts"). freed, when not nil, gets the rows
 // each call freed. A failed call leaves the session gone and the rest of
-// its rows listed for the sweep, which finishes the drop.
-func (r *Redis) drop(ctx context.Context, op, sid string, freed func(rows []string)) error {
+// its rows listed for the sweep, which finishes the drop. displacer is
+// set by the registration that superseded or voided sid while its batches
+// follow (redis_drop.lua): no sweep frees those rows unseen by it.
+func (r *Redis) drop(ctx context.Context, op, sid string, displacer bool, freed func(rows []string)) error {
 	return r.inBatches(math.MaxInt, func() (bool, error) {
-		reply, err := r.runWrite(ctx, op, scriptDrop, r.key("s", sid), []string{r.prefix, sid}).ToArray()
+		reply, err := r.runWrite(ctx, op, scriptDrop, r.key("s", sid), []string{r.prefix, sid, flag(displacer)}).ToArray()
 		if err != nil || len(reply) < 2 {
 			return false, unavailable("drop session", sid, replyErr(err))
 		}

@@ -52,7 +52,7 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 		// The sessions it superseded are gone; their rows it did not free
 		// yet are freed before the batches, and listed ones are duplicates.
 		for _, sid := range g.displaced {
-			if err := r.drop(ctx, "register.drop", sid, g.markHeld); err != nil {
+			if err := r.drop(ctx, "register.drop", sid, true, g.markHeld); err != nil {
 				return nil, err
 			}
 		}
@@ -169,7 +169,7 @@ func (g *registering) markHeld(rows []string) {
 // registration.
 func (g *registering) finishDrops(ctx context.Context) {
 	for _, sid := range append(g.displaced, g.earlier...) {
-		if err := g.r.drop(ctx, "register.drop", sid, nil); err != nil {
+		if err := g.r.drop(ctx, "register.drop", sid, false, nil); err != nil {
 			g.r.log.Warn("directory left the rows of a dropped session to the sweep", "session", sid, "err", err)
 			return
 		}

@@ -91,6 +91,15 @@ local freed, displaced, taken, budget = {}, {}, {}, DROPBATCH
 local function displace(o)
   local from = #freed + 1
   budget = dropsession(P, o, freed, budget)
+  -- Batches follow: the rows o has left are this registration's to free
+  -- (redis_drop.lua, displacer), so that it learns every one — listed,
+  -- another node's sweep could free some first, and the batches would
+  -- claim those ids instead of answering them as duplicates. Kept in
+  -- 'displacing' instead, which the sweep lists again one lease from now:
+  -- a registration cut short still leaves them to any node's sweep.
+  if ARGV[18] ~= '1' and redis.call('SREM', P .. 'dropped', o) == 1 then
+    redis.call('ZADD', P .. 'displacing', fmt(now + ttl), o)
+  end
   for i = from, #freed do
     taken[freed[i]] = true
   end

@@ -12,6 +12,15 @@
 -- have rows left to free else 0}: the caller calls again.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local freed, dropped, budget = {}, {}, DROPBATCH
+-- Sessions a registration superseded or voided are its own to free
+-- (redis_register.lua: displace) for one lease; one still there after
+-- that was cut short, and any node's sweep finishes it.
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', P .. 'displacing', '-inf', '(' .. ARGV[2], 'LIMIT', 0, 64)) do
+  redis.call('ZREM', P .. 'displacing', sid)
+  if redis.call('EXISTS', P .. 'r:' .. sid) == 1 then
+    redis.call('SADD', P .. 'dropped', sid)
+  end
+end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now - ttl), 'LIMIT', 0, tonumber(ARGV[4]))
 for _, sid in ipairs(dead) do
   budget = dropsession(P, sid, freed, budget)

@@ -2,6 +2,7 @@ package directorytest
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +190,7 @@ func RunBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
 		{"SweepGoneBeforeItsRowsAreFreed_RLS2", testSweptBetweenDropBatches},
 		{"TimedDrainReleaseAcrossBatches_RLS5", testDrainReleasedBetweenBatches},
 		{"UndrainDuringForcedRelease_RLS5", testUndrainedBetweenReleaseBatches},
+		{"SweepDuringSupersedeKeepsDuplicates_RLS4_RREG1", testSweptWhileSuperseding},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -368,4 +370,53 @@ func testUndrainedBetweenReleaseBatches(t *testing.T, f Factory, hook BatchHook)
 			t.Fatalf("cannot sweep again: %v", err)
 		}
 	}
+}
+
+// testSweptWhileSuperseding: a registration that supersedes a session
+// holding more rows than one batch frees (R-LS-4) lists them all; a sweep
+// — any node's — runs between the batches that free the superseded
+// session's rows. The ids that session held were another live session's
+// when the registration came: every one is a duplicate, whichever call
+// freed its row, and none is the new session's (R-REG-1).
+func testSweptWhileSuperseding(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	held := ids(dropHeld)
+	reg := func(client string, epoch int64, instances []string) *directory.RegisterResult {
+		t.Helper()
+		res, err := fx.s.Register(fx.ctx, &directory.Registration{
+			ClientID: client, Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://127.0.0.1:9/" + client, Headroom: 10, Hostname: "app.example", Env: client, Epoch: epoch,
+			Instances: map[string][]string{"/c": instances},
+		}, fx.now)
+		if err != nil {
+			t.Fatalf("cannot register %s: %v", client, err)
+		}
+		return res
+	}
+	if res := reg("blue", 1, held); len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected duplicates of blue; got %d; want 0", len(res.Duplicates))
+	}
+	swept, sweeping := 0, false
+	hook(fx.s, func() {
+		if sweeping {
+			return // the sweep's own batches
+		}
+		sweeping = true
+		defer func() { sweeping = false }()
+		swept++
+		if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+			t.Errorf("cannot sweep: %v", err)
+		}
+	})
+	res := reg("green", 2, append(slices.Clone(held), "free"))
+	hook(fx.s, nil)
+	if swept == 0 {
+		t.Fatalf("unexpected drops of %d rows in one batch; want a sweep between two", dropHeld)
+	}
+	if len(res.Duplicates) != len(held) {
+		t.Fatalf("unexpected duplicates; got %d; want the %d ids blue held", len(res.Duplicates), len(held))
+	}
+	fx.wantOwner([]string{"free"}, res.SessionID)
+	fx.wantFreed(held)
 }
