@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -264,7 +265,7 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	if !r.readJSON(ctx, &body, bodyWindDownShape) {
 		return
 	}
-	if body.Namespace == nil || body.ID == nil || len(body.Deadline) == 0 {
+	if body.Namespace == nil || body.ID == nil || len(body.Deadline) == 0 || !instanceName(*body.Namespace, *body.ID) {
 		reply(ctx, fasthttp.StatusBadRequest, bodyWindDownShape)
 		return
 	}
@@ -305,6 +306,14 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	}{msgID, sid})
 }
 
+// instanceName reports whether ns and id can name an instance: ns one a
+// worker may register (namespaceRE), id not empty. Neither holds a NUL,
+// which the stores put between the two: "/c\0x" and "y" made the key of
+// "/c" and "x\0y".
+func instanceName(ns, id string) bool {
+	return namespaceRE.MatchString(ns) && id != "" && strings.IndexByte(id, 0) < 0
+}
+
 // placement handles GET /registry/placement?namespace=&id=: which worker
 // owns an id.
 func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
@@ -314,7 +323,7 @@ func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
 	}
 	args := ctx.QueryArgs()
 	ns, id := string(args.Peek("namespace")), string(args.Peek("id"))
-	if ns == "" || id == "" {
+	if !instanceName(ns, id) {
 		reply(ctx, fasthttp.StatusBadRequest, bodyPlacementShape)
 		return
 	}

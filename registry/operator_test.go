@@ -203,6 +203,20 @@ func TestPlacementAndWindDown_RCM1(t *testing.T) {
 	if res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"bob","deadline":1}`); res.status != 404 {
 		t.Fatalf("unexpected wind-down of an unplaced id; got %d %s", res.status, res.body)
 	}
+	// A namespace is one a worker could register (R-REG-1's rule): a NUL
+	// in it, which the stores use between namespace and id, addressed
+	// another namespace's row ("/c\0x" and "y" made the key of "/c" and
+	// "x\0y"); an id must not hold a NUL either.
+	for _, q := range []string{"namespace=/counters%00alice&id=y", "namespace=counters&id=alice", "namespace=/a/b&id=alice", "namespace=/counters&id=al%00ice"} {
+		if res := h.get("/registry/placement?"+q, operatorToken); res.status != 400 || res.body != `{"error":"expected ?namespace=&id="}` {
+			t.Fatalf("unexpected placement reply to %s; got %d %s; want the 400", q, res.status, res.body)
+		}
+	}
+	for _, bad := range []string{`{"namespace":"/counters\u0000alice","id":"y","deadline":1}`, `{"namespace":"counters","id":"alice","deadline":1}`, `{"namespace":"/counters","id":"al\u0000ice","deadline":1}`} {
+		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
+			t.Fatalf("unexpected wind-down reply to %s; got %d %s; want the 400", bad, res.status, res.body)
+		}
+	}
 }
 
 func TestRoutingErrors(t *testing.T) {
