@@ -21,7 +21,8 @@ type RedisOptions struct {
 	// directory must use the same value.
 	LeaseTTL time.Duration
 	// Prefix names the directory: every key is "{Prefix}:…", one hash tag,
-	// so one slot on Redis Cluster (docs/DIRECTORY.md). Default "pinboard".
+	// so one slot on Redis Cluster (docs/DIRECTORY.md). Default "pinboard";
+	// no braces.
 	Prefix string
 	// Staleness is how long a node may keep serving from its cache after
 	// its connection silently stopped delivering invalidations. It sets the
@@ -128,6 +129,11 @@ const (
 func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, error) {
 	if opts.LeaseTTL <= 0 {
 		return nil, errors.New("cannot open the redis directory: RedisOptions.LeaseTTL is required")
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		// "{}x}:" is an empty hash tag, which Redis Cluster ignores: the
+		// keys would spread over slots and every script fail CROSSSLOT.
+		return nil, fmt.Errorf("cannot open the redis directory: RedisOptions.Prefix %q holds a brace, which would break the keys' hash tag", opts.Prefix)
 	}
 	copt, err := redisClientOptions(url, opts)
 	if err != nil {

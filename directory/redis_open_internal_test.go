@@ -3,7 +3,9 @@ package directory
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"strings"
 	"testing"
+	"time"
 )
 
 // RedisOptions.TLSConfig replaces the TLS settings a rediss URL implies —
@@ -29,5 +31,16 @@ func TestOpenRedisTLSConfigReachesSentinels_RSRV3(t *testing.T) {
 	o, err = redisClientOptions("redis+sentinel://s1/m", RedisOptions{TLSConfig: custom})
 	if err != nil || o.TLSConfig != custom || o.Sentinel.TLSConfig != nil {
 		t.Fatalf("unexpected TLS settings for a plain sentinel URL; got masters %+v, sentinels %+v, %v", o.TLSConfig, o.Sentinel.TLSConfig, err)
+	}
+}
+
+// A Prefix with a brace would break the keys' one hash tag ("}x" makes
+// "{}x}:…", which Redis Cluster hashes whole): refused before connecting.
+func TestOpenRedisRefusesBraceInPrefix_RSRV3(t *testing.T) {
+	for _, prefix := range []string{"}x", "a{b", "a}b"} {
+		_, err := OpenRedis(t.Context(), "redis://127.0.0.1:1", RedisOptions{LeaseTTL: time.Second, Prefix: prefix})
+		if err == nil || !strings.Contains(err.Error(), "brace") {
+			t.Errorf("unexpected result for Prefix %q; got %v; want the refusal of a brace", prefix, err)
+		}
 	}
 }
