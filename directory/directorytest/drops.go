@@ -191,6 +191,7 @@ func RunBetweenDropBatches(t *testing.T, f Factory, hook BatchHook) {
 		{"TimedDrainReleaseAcrossBatches_RLS5", testDrainReleasedBetweenBatches},
 		{"UndrainDuringForcedRelease_RLS5", testUndrainedBetweenReleaseBatches},
 		{"SweepDuringSupersedeKeepsDuplicates_RLS4_RREG1", testSweptWhileSuperseding},
+		{"VoidDuringSupersedeKeepsDuplicates_RLS4_RREG1", testVoidedWhileSuperseding},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -379,6 +380,20 @@ func testUndrainedBetweenReleaseBatches(t *testing.T, f Factory, hook BatchHook)
 // when the registration came: every one is a duplicate, whichever call
 // freed its row, and none is the new session's (R-REG-1).
 func testSweptWhileSuperseding(t *testing.T, f Factory, hook BatchHook) {
+	whileSuperseding(t, f, hook, func(fx *fixture, _ string) error { return fx.s.Sweep(fx.ctx, fx.now) })
+}
+
+// testVoidedWhileSuperseding: the same with a void of the superseded
+// session between the batches — its heartbeat's probe found another
+// process at its advertise URL just then (R-LS-3). The void finds the
+// session gone; the rows stay the registration's to free.
+func testVoidedWhileSuperseding(t *testing.T, f Factory, hook BatchHook) {
+	whileSuperseding(t, f, hook, func(fx *fixture, blue string) error { return fx.s.Void(fx.ctx, blue, fx.now) })
+}
+
+// whileSuperseding runs act (with the superseded session) between the
+// batches of a superseding registration.
+func whileSuperseding(t *testing.T, f Factory, hook BatchHook, act func(fx *fixture, blue string) error) {
 	fx := newFixture(t, f)
 	fx.warm()
 	held := ids(dropHeld)
@@ -394,19 +409,20 @@ func testSweptWhileSuperseding(t *testing.T, f Factory, hook BatchHook) {
 		}
 		return res
 	}
-	if res := reg("blue", 1, held); len(res.Duplicates) != 0 {
-		t.Fatalf("unexpected duplicates of blue; got %d; want 0", len(res.Duplicates))
+	blue := reg("blue", 1, held)
+	if len(blue.Duplicates) != 0 {
+		t.Fatalf("unexpected duplicates of blue; got %d; want 0", len(blue.Duplicates))
 	}
 	swept, sweeping := 0, false
 	hook(fx.s, func() {
 		if sweeping {
-			return // the sweep's own batches
+			return // act's own batches
 		}
 		sweeping = true
 		defer func() { sweeping = false }()
 		swept++
-		if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
-			t.Errorf("cannot sweep: %v", err)
+		if err := act(fx, blue.SessionID); err != nil {
+			t.Errorf("cannot act between the batches: %v", err)
 		}
 	})
 	res := reg("green", 2, append(slices.Clone(held), "free"))
