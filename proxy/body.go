@@ -273,8 +273,8 @@ func (b *upstreamBody) skipTrailers() error {
 		if err != nil {
 			return err
 		}
-		if len(line) <= 2 && !long {
-			return nil
+		if !long && (len(line) == 1 || len(line) == 2 && line[0] == '\r') {
+			return nil // "\r\n" or a bare "\n"; not a two-byte line like "X\n"
 		}
 		long = false
 	}

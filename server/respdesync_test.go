@@ -136,6 +136,10 @@ var respCases = []respCase{
 	// Trailers are dropped (RFC 9112 §7.1.2), framing names included: the
 	// chunked framing already ended the body.
 	{name: "trailer", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n", status: 200, body: "hello", reuse: true},
+	// A two-byte line is no empty line: "X\n" was taken as the end of the
+	// trailers, and the real end, arriving later, met the next request on
+	// the pooled connection.
+	{name: "trailer_two_bytes", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX\n\r\n", status: 200, body: "hello", reuse: true},
 	{name: "trailer_cl", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nContent-Length: 13\r\n\r\n", status: 200, body: "hello", reuse: true},
 	// More than was framed: the client gets what was framed, the
 	// connection is not reused.
