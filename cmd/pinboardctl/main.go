@@ -112,12 +112,19 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if o.url == "" {
 		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")
 	}
-	if !strings.HasPrefix(o.url, "http://") && !strings.HasPrefix(o.url, "https://") {
+	u, err := url.Parse(o.url)
+	if err == nil && u.User != nil {
+		// Never sent (the token is), and not to be echoed in an error.
+		return usageError(stderr, "PINBOARD_URL must not carry a user or password: the operator API takes the token (PINBOARD_TOKEN)")
+	}
+	// A scheme is case-insensitive (RFC 3986 §3.1); url.Parse lowers it.
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || !strings.HasPrefix(o.url[len(u.Scheme):], "://") {
 		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", o.url)
 	}
-	if u, err := url.Parse(o.url); err != nil || u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	if u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return usageError(stderr, "PINBOARD_URL %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", o.url)
 	}
+	o.url = u.Scheme + o.url[len(u.Scheme):]
 	if o.timeout <= 0 {
 		return usageError(stderr, "--timeout must be positive, got %v", o.timeout)
 	}

@@ -120,11 +120,21 @@ func TestExitCodes(t *testing.T) {
 		{"unknown client", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"drain", "nope"}, exitAPI, `no live worker has clientId "nope"`},
 		{"503", map[string]string{"PINBOARD_URL": url, "PINBOARD_TOKEN": "good"}, []string{"health"}, exitAPI, "503 not the serving fleet"},
 		{"unreachable", map[string]string{"PINBOARD_URL": "http://127.0.0.1:1", "PINBOARD_TOKEN": "good"}, []string{"health"}, exitUnreachable, "cannot reach pinboard"},
+		// A scheme is case-insensitive (RFC 3986 §3.1), as Go's and the
+		// worker's clients take it.
+		{"upper-case scheme", map[string]string{"PINBOARD_URL": strings.Replace(url, "http://", "HTTP://", 1), "PINBOARD_TOKEN": "good"}, []string{"health"}, exitAPI, "503 not the serving fleet"},
+		{"other scheme", map[string]string{"PINBOARD_URL": "ftp://127.0.0.1:1", "PINBOARD_TOKEN": "good"}, []string{"health"}, exitUsage, "must start with http:// or https://"},
+		// User info in the URL is never sent (the token is) and is not
+		// echoed in the error either.
+		{"user info", map[string]string{"PINBOARD_URL": "http://op:s3cret@127.0.0.1:1", "PINBOARD_TOKEN": "good"}, []string{"health"}, exitUsage, "PINBOARD_URL must not carry a user or password"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errs := runCtl(t, tc.env, tc.args...)
 			if code != tc.code || !strings.Contains(errs, tc.err) {
 				t.Fatalf("unexpected result; got exit %d, stderr %q; want exit %d with %q", code, errs, tc.code, tc.err)
+			}
+			if strings.Contains(errs, "s3cret") {
+				t.Fatalf("unexpected password in the error: %q", errs)
 			}
 		})
 	}
