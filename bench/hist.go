@@ -140,13 +140,7 @@ func (h *Hist) Percentile(p float64) int64 {
 	if p <= 0 {
 		return h.Min()
 	}
-	rank := uint64(math.Ceil(p / 100 * float64(h.total)))
-	if rank < 1 {
-		rank = 1
-	}
-	if rank > h.total {
-		rank = h.total
-	}
+	rank := rankOf(p, h.total)
 	var seen uint64
 	for i, c := range h.counts {
 		seen += c
@@ -156,6 +150,25 @@ func (h *Hist) Percentile(p float64) int64 {
 		}
 	}
 	return h.max
+}
+
+// rankOf is the 1-based rank of percentile p among n values,
+// ceil(p/100·n) clamped to [1, n], computed in integers with p taken to
+// 1e-7 of a percent: in floating point 99.9/100·1000 is
+// 999.0000000000001, whose ceiling took the 1,000th of 1,000 values for
+// p99.9 (and one rank too high for any count a multiple of 1,000).
+func rankOf(p float64, n uint64) uint64 {
+	const whole = 100 * 1e7 // 100% in units of 1e-7 %
+	if p <= 0 {
+		return 1
+	}
+	if p >= 100 {
+		return n
+	}
+	hi, lo := bits.Mul64(uint64(math.Round(p*1e7)), n)
+	lo, carry := bits.Add64(lo, whole-1, 0)
+	rank, _ := bits.Div64(hi+carry, lo, whole)
+	return min(max(rank, 1), n)
 }
 
 // Quantiles returns Percentile for each of ps in one pass over the buckets;
@@ -173,11 +186,7 @@ func (h *Hist) Quantiles(ps []float64) []int64 {
 		}
 		seen += c
 		for j < len(ps) {
-			rank := uint64(math.Ceil(ps[j] / 100 * float64(h.total)))
-			if rank < 1 {
-				rank = 1
-			}
-			if seen < rank {
+			if seen < rankOf(ps[j], h.total) {
 				break
 			}
 			_, hi := bucketRange(i)

@@ -66,7 +66,7 @@ func TestHistPercentileBound(t *testing.T) {
 	ps := []float64{1, 10, 50, 90, 99, 99.9, 99.99, 100}
 	qs := h.Quantiles(ps)
 	for i, p := range ps {
-		rank := int(math.Ceil(p / 100 * float64(len(vals))))
+		rank := int(math.Round(p * float64(len(vals)) / 100)) // whole for these p and 100,000 values
 		exact := vals[rank-1]
 		got := h.Percentile(p)
 		if got != qs[i] {
@@ -147,5 +147,26 @@ func BenchmarkHistRecord(b *testing.B) {
 	for b.Loop() {
 		h.Record(v)
 		v = v*7 + 13&0xffffff
+	}
+}
+
+// TestHistPercentileOfAWholeRank: p99.9 of 1,000 values is the 999th, not
+// the 1,000th — 99.9/100·1000 is 999.0000000000001 in floating point, and
+// its ceiling is the next rank (the same for every count that is a
+// multiple of 1,000: 60,000 SSE events, 195,000 open-loop requests).
+func TestHistPercentileOfAWholeRank(t *testing.T) {
+	for _, n := range []uint64{1000, 60_000, 195_000} {
+		h := NewHist()
+		h.RecordN(100, n-n/1000)     // exact: below 128
+		h.RecordN(5_000_000, n/1000) // the top 0.1%
+		if got := h.Percentile(99.9); got != 100 {
+			t.Fatalf("unexpected p99.9 of %d values; got %v; want %v", n, got, 100)
+		}
+		if got := h.Quantiles([]float64{50, 99.9})[1]; got != 100 {
+			t.Fatalf("unexpected Quantiles p99.9 of %d values; got %v; want %v", n, got, 100)
+		}
+		if got := h.Percentile(99.95); got != 5_000_000 {
+			t.Fatalf("unexpected p99.95 of %d values; got %v; want %v", n, got, 5_000_000)
+		}
 	}
 }
