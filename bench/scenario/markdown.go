@@ -119,7 +119,9 @@ Ratios are throughputs divided by the baseline's in the same run. **Proxy CPU** 
 (` + "`/proc/<pid>/stat`" + `; nginx: master and workers) over the phase divided by successful requests. **Latency** in
 open-loop runs is measured from each request's due time at a constant arrival rate (no coordinated omission), the
 generator's own lateness included (reported apart as timer slack); peak runs are closed loop (64 connections, each sending its next request as soon
-as the previous one is answered).
+as the previous one is answered). Over the rounds, throughputs (and the ratios made of them) and proxy CPU per request are medians of
+the rounds' figures; latency percentiles are of every round's requests together (the rounds' histograms merged), not medians of
+per-round percentiles.
 
 `)
 	b.WriteString("## Goals\n\n")

@@ -254,3 +254,20 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 		t.Fatalf("unexpected note; got %q", n)
 	}
 }
+
+// TestMarkdownSaysHowRoundsCombine: a table's figure over several rounds
+// is either a median of per-round figures (throughput, CPU per request)
+// or a percentile of every round's requests together (latency); the
+// document must say which, since the two differ in the tail.
+func TestMarkdownSaysHowRoundsCombine(t *testing.T) {
+	res := &Results{Rounds: 3, Machine: Machine{NProc: 2}}
+	doc := Markdown(res, nil, nil)
+	for _, want := range []string{
+		"proxy CPU per request are medians of the rounds' figures",
+		"latency percentiles are of every round's requests together",
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(doc), " "), want) {
+			t.Fatalf("unexpected markdown; got no %q; want it in the introduction", want)
+		}
+	}
+}
