@@ -86,7 +86,8 @@ func Goals(res *Results) []Goal {
 		if n < 10000 {
 			m += fmt.Sprintf(" (open-files limit); %.1f KiB per stream → %.0f MiB at 10,000", per, at10k)
 		}
-		add(Goal{"SSE: 10,000 idle streams, pinboard RSS growth", "≤ 200 MiB", m, at10k <= 200 && growth <= 200, true})
+		measured(Goal{"SSE: 10,000 idle streams, pinboard RSS growth", "≤ 200 MiB", m, at10k <= 200 && growth <= 200, true},
+			uint64(res.factF("sse.idle.pinboard.failed")))
 	} else {
 		add(Goal{Name: "SSE: 10,000 idle streams, pinboard RSS growth", Target: "≤ 200 MiB"})
 	}

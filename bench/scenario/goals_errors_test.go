@@ -43,3 +43,36 @@ func TestGoalsNotMetWithFailedRequests(t *testing.T) {
 		t.Fatalf("unexpected goals checked; got %d; want 2 (the hot p99 and CPU goals)", checked)
 	}
 }
+
+// goal returns the goal of res whose name starts with prefix.
+func goal(t *testing.T, res *Results, prefix string) Goal {
+	t.Helper()
+	for _, g := range Goals(res) {
+		if strings.HasPrefix(g.Name, prefix) {
+			return g
+		}
+	}
+	t.Fatalf("unexpected goals without %q", prefix)
+	return Goal{}
+}
+
+// TestIdleStreamsGoalNotMetWithFailedStreams: RSS growth with fewer idle
+// streams open than attempted says nothing about the attempted number.
+func TestIdleStreamsGoalNotMetWithFailedStreams(t *testing.T) {
+	res := &Results{Rounds: 1}
+	res.fact("sse.idle.streams", 10000)
+	res.fact("sse.idle.pinboard.rssGrowthMiB", 50.0)
+	res.fact("sse.idle.pinboard.kibPerStream", 10.0)
+	res.fact("sse.idle.pinboard.failed", 5000)
+	g := goal(t, res, "SSE: 10,000 idle streams")
+	if !g.Known || g.Met {
+		t.Fatalf("unexpected goal met with half the streams failed; got %+v; want not met", g)
+	}
+	if !strings.Contains(g.Measured, "5,000 failed") {
+		t.Fatalf("unexpected measured; got %q; want the failed streams counted", g.Measured)
+	}
+	res.fact("sse.idle.pinboard.failed", 0)
+	if g := goal(t, res, "SSE: 10,000 idle streams"); !g.Met {
+		t.Fatalf("unexpected goal; got %+v; want met without failures", g)
+	}
+}
