@@ -76,3 +76,20 @@ func TestIdleStreamsGoalNotMetWithFailedStreams(t *testing.T) {
 		t.Fatalf("unexpected goal; got %+v; want met without failures", g)
 	}
 }
+
+// TestLargeBodiesGoalNotMetWithFailedTransfers: a transfer that failed
+// part way moved less than the body, so its small RSS growth meets
+// nothing.
+func TestLargeBodiesGoalNotMetWithFailedTransfers(t *testing.T) {
+	res := &Results{Rounds: 1}
+	res.Large = append(res.Large,
+		LargeRun{Target: pinboard, Direction: "upload", Bytes: 1 << 30, RSSGrowthMiB: 0.1},
+		LargeRun{Target: pinboard, Direction: "download", Bytes: 3 << 20, RSSGrowthMiB: 0.1, Error: "cannot read the response body: EOF"})
+	g := goal(t, res, "Large bodies")
+	if !g.Known || g.Met {
+		t.Fatalf("unexpected goal met with a failed transfer; got %+v; want not met", g)
+	}
+	if !strings.Contains(g.Measured, "1 failed") {
+		t.Fatalf("unexpected measured; got %q; want the failed transfer counted", g.Measured)
+	}
+}
