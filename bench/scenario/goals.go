@@ -62,9 +62,15 @@ func Goals(res *Results) []Goal {
 		measured(Goal{fmt.Sprintf("Heartbeat storm (%s workers): ack p99", bench.FmtRate(float64(st.workers))), "< 50 ms",
 			fmt.Sprintf("%s (%s heartbeats, %d degraded)", bench.FmtUs(st.ack.P99), bench.FmtRate(float64(st.beats)), st.degraded),
 			st.ack.P99 < 50_000 && st.workers >= 10000, true}, st.non200)
-		measured(Goal{"Heartbeat storm: data-plane p99 impact", "≤ +10%",
-			fmt.Sprintf("%s on vs %s off (%+.0f%%%s)", bench.FmtUs(st.onAgg.Latency.P99), bench.FmtUs(st.offAgg.Latency.P99), st.impact*100, st.loudNote()),
-			st.impact <= 0.10, true}, st.onAgg.Errors)
+		if st.onAgg.N > 0 && st.offAgg.N > 0 {
+			measured(Goal{"Heartbeat storm: data-plane p99 impact", "≤ +10%",
+				fmt.Sprintf("%s on vs %s off (%+.0f%%%s)", bench.FmtUs(st.onAgg.Latency.P99), bench.FmtUs(st.offAgg.Latency.P99), st.impact*100, st.loudNote()),
+				st.impact <= 0.10, true}, st.onAgg.Errors)
+		} else {
+			// Without both kinds of window there is nothing to compare:
+			// an impact of 0 would read as met.
+			add(Goal{Name: "Heartbeat storm: data-plane p99 impact", Target: "≤ +10%"})
+		}
 	} else {
 		add(Goal{Name: "Heartbeat storm: ack p99", Target: "< 50 ms"})
 		add(Goal{Name: "Heartbeat storm: data-plane p99 impact", Target: "≤ +10%"})
