@@ -208,7 +208,7 @@ func hotSection(b *strings.Builder, res *Results, links []string) {
 	fmt.Fprintf(b, "\n### Latency at %s req/s (open loop, a third of the slower proxy's peak)\n\n", bench.FmtRate(lp.Rate))
 	b.WriteString(latencyTable(res, "hot", "latency", allTargets, "req"))
 	if lp.SlackP99 > 0 {
-		fmt.Fprintf(b, "\nGenerator timer slack (included above): p99 %s.\n", bench.FmtUs(lp.SlackP99))
+		fmt.Fprintf(b, "\nGenerator timer slack (included above), pinboard's phases: p99 %s in the worst round.\n", bench.FmtUs(lp.SlackP99))
 	}
 	b.WriteString(plotLink(links, "hot-latency.png"))
 }
