@@ -103,8 +103,9 @@ def _make_worker() -> PinnedWorker:
         kwargs["epoch"] = int(os.environ.get("BIND_EPOCH", "0"))
         if os.environ.get("BIND_TAKEOVER"):
             kwargs["takeover"] = os.environ["BIND_TAKEOVER"]
-    # Passed explicitly (PinnedWorker would read the same variables when they
-    # are omitted) so a half-set environment fails loudly here.
+    # Passed explicitly: pinned 0.16.0's PinnedWorker reads no environment
+    # (without pinboard_url it runs in local mode), and a half-set
+    # environment fails loudly here.
     pinboard_url = os.environ.get("PINBOARD_URL")
     if pinboard_url:
         kwargs["pinboard_url"] = pinboard_url
