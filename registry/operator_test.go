@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -573,4 +574,39 @@ func TestColdRegistry503RetryAfter_RREG7(t *testing.T) {
 	const notServing = `{"error":"not the serving fleet"}`
 	check("register, not serving", h.post("/registry/register", workerToken, reg), notServing)
 	check("heartbeat, not serving", h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil)), notServing)
+}
+
+// A release batch is bounded by the body limit alone (R-REG-7: 1 MiB), as
+// the worker sends it: RegistrationClient._flush_releases posts every
+// release queued behind the one in flight as one array, so a worker whose
+// instances close together (a drain's idle evictions, the closes queued
+// while it re-registers) sends more than 10,000 items well within the
+// limit. They were refused whole with the schema 400, retried unchanged
+// and dropped, and the placements stayed on the worker.
+func TestReleaseBatchBoundByBodyLimit_RREG3_RREG7(t *testing.T) {
+	h := newHarness(t)
+	const n = 10_001
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("i%05d", i)
+	}
+	sid := h.register(map[string]any{"instances": map[string][]string{"/counters": ids}})
+	// The worker's encoding: httpx's json= is json.dumps with its default
+	// ", " and ": " separators.
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, `{"sessionId": %q, "namespace": "/counters", "id": %q}`, sid, id)
+	}
+	b.WriteByte(']')
+	if b.Len() > 1<<20 {
+		t.Fatalf("BUG: the batch is %d bytes, past the body limit", b.Len())
+	}
+	want := fmt.Sprintf(`{"released":%d}`, n)
+	if res := h.post("/registry/release", workerToken, b.String()); res.status != 200 || res.body != want {
+		t.Fatalf("unexpected reply; got %d %.200s; want 200 %s", res.status, res.body, want)
+	}
 }

@@ -21,8 +21,6 @@ type releaseItem struct {
 	Epoch     *string `json:"epoch"`
 }
 
-const maxReleaseItems = 10_000
-
 // release handles POST /registry/release (R-REG-3): idle eviction frees
 // the placement so the next request re-places it. A body may be an array
 // (what workers send) or a single object.
@@ -57,7 +55,11 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
-	if items == nil || len(items) > maxReleaseItems { // nil: the body was null
+	// The body limit (1 MiB, R-REG-7) bounds the items, and nothing else
+	// may: the worker (RegistrationClient._flush_releases) sends every
+	// release queued behind the one in flight as one array, and retries a
+	// refused batch unchanged before dropping it.
+	if items == nil { // the body was null
 		reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
 		return
 	}
