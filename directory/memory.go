@@ -33,6 +33,9 @@ type Memory struct {
 	queues   map[string]*memQueue
 	bindings map[string]*memBinding
 	tombs    map[string]memTomb
+	// windDowns: the placements timed wind-downs free at their deadline,
+	// by row key (sweepWindDowns).
+	windDowns map[string]memWindDown
 	// dropped: sessions gone, or live ones a timed drain force-releases,
 	// with rows still to free (memory_drop.go).
 	dropped map[string]*memSession
@@ -103,17 +106,18 @@ type memQueue struct {
 // see an epoch regress (their fences would answer 503).
 func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 	m := &Memory{
-		ttl:      leaseTTL,
-		sessions: make(map[string]*memSession),
-		byNS:     make(map[string]map[string]*memSession),
-		byClient: make(map[string]map[string]*memSession),
-		byURL:    make(map[string]*memSession),
-		drains:   make(map[string]*memDrain),
-		queues:   make(map[string]*memQueue),
-		bindings: make(map[string]*memBinding),
-		tombs:    make(map[string]memTomb),
-		dropped:  make(map[string]*memSession),
-		epoch:    uint64(now.UnixMicro()),
+		ttl:       leaseTTL,
+		sessions:  make(map[string]*memSession),
+		byNS:      make(map[string]map[string]*memSession),
+		byClient:  make(map[string]map[string]*memSession),
+		byURL:     make(map[string]*memSession),
+		drains:    make(map[string]*memDrain),
+		queues:    make(map[string]*memQueue),
+		bindings:  make(map[string]*memBinding),
+		tombs:     make(map[string]memTomb),
+		windDowns: make(map[string]memWindDown),
+		dropped:   make(map[string]*memSession),
+		epoch:     uint64(now.UnixMicro()),
 	}
 	for i := range m.shards {
 		m.shards[i].rows = make(map[string]*memRow)
@@ -442,11 +446,16 @@ func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (b
 	if r == nil || r.owner.SessionID != req.SessionID || (req.Epoch != 0 && r.epoch != req.Epoch) {
 		return false, nil
 	}
+	m.freeRow(sh, key, r, req.NS, req.ID)
+	return true, nil
+}
+
+// freeRow deletes the row r of ns/id at key in sh; callers hold m.mu.
+func (m *Memory) freeRow(sh *memShard, key []byte, r *memRow, ns, id string) {
 	sh.mu.Lock()
 	delete(sh.rows, string(key))
 	sh.mu.Unlock()
-	delete(r.sess.rows, NSID{req.NS, req.ID})
-	return true, nil
+	delete(r.sess.rows, NSID{ns, id})
 }
 
 // Workers implements Store.
@@ -535,7 +544,38 @@ func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time,
 	msg := ControlMessage{MsgID: NewMsgID(), Type: "wind_down", NS: ns, ID: id, Deadline: deadline}
 	q.msgs = append(q.msgs, msg)
 	q.touched = now
+	k := string(appendKey(nil, ns, id))
+	if deadline != nil {
+		m.windDowns[k] = memWindDown{ns: ns, id: id, epoch: r.epoch, at: *deadline}
+	} else {
+		delete(m.windDowns, k)
+	}
 	return msg.MsgID, sid, nil
+}
+
+// memWindDown is a timed wind-down's placement: ns/id at epoch, freed at
+// at by the sweep (the heartbeat reference's deadline: "seconds from now
+// until the placement is freed").
+type memWindDown struct {
+	ns, id string
+	epoch  uint64
+	at     time.Time
+}
+
+// sweepWindDowns frees the placements whose wind-down deadline passed, if
+// still the one wound down (the same epoch: a re-registration that
+// reclaimed it keeps it; released and placed again, it is another).
+// Callers hold m.mu.
+func (m *Memory) sweepWindDowns(now time.Time) {
+	for k, w := range m.windDowns {
+		if now.Before(w.at) {
+			continue
+		}
+		delete(m.windDowns, k)
+		if sh, key, r := m.row(w.ns, w.id); r != nil && r.epoch == w.epoch {
+			m.freeRow(sh, key, r, w.ns, w.id)
+		}
+	}
 }
 
 // Placement implements Store.
@@ -589,6 +629,7 @@ func (m *Memory) sweepRecords(now time.Time) {
 		}
 	}
 	m.sweepBindings(now)
+	m.sweepWindDowns(now)
 	var live map[string]bool // clients with a live session, once a drain needs it
 	for clientID, d := range m.drains {
 		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {

@@ -204,7 +204,11 @@ func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState,
 func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
 	msgID := NewMsgID()
 	msg := encodeMessage(ControlMessage{MsgID: msgID, Type: "wind_down", NS: ns, ID: id, Deadline: deadline})
-	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis()}).ToString()
+	at := ""
+	if deadline != nil {
+		at = micros(*deadline)
+	}
+	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis(), at, rowName(ns, id)}).ToString()
 	if rueidis.IsRedisNil(err) {
 		return "", "", ErrNoPlacement
 	}

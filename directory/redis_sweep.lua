@@ -3,13 +3,15 @@
 -- rows left (the 'dropped' set: a drop cut short by a failure, a session
 -- dropped here beyond the budget, or the live sessions of a forced
 -- release), force-releases the placements of timed drains past their
--- deadline (R-LS-5) within the same budget, and frees hostname bindings
+-- deadline (R-LS-5) within the same budget, frees the placements of timed
+-- wind-downs past their deadline (R-CM-1), and frees hostname bindings
 -- nobody holds (R-LS-4). Safe on many nodes at once: each step is
 -- idempotent.
 -- KEYS[1] the lease index
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 most sessions to drop per call.
 -- Returns {freed rows, dropped sessions, 1 while sessions in 'dropped'
--- have rows left to free else 0}: the caller calls again.
+-- have rows left to free or wind-downs may be left else 0}: the caller
+-- calls again.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local freed, dropped, budget = {}, {}, DROPBATCH
 -- Sessions a registration superseded or voided are its own to free
@@ -37,6 +39,27 @@ for _ = 1, 64 do
     break
   end
   budget = freerows(P, sid, budget, freed)
+end
+
+-- Timed wind-downs past their deadline free their placement, if it is
+-- still the one wound down ("<epoch> <row>", redis_winddown.lua): the
+-- worker releases what it had loaded itself when it aborts it, and this
+-- frees a placement it holds with nothing loaded (R-CM-1). At most
+-- DROPBATCH per call; more: the caller calls again.
+local wd = redis.call('ZRANGEBYSCORE', P .. 'winddowns', '-inf', ARGV[2], 'LIMIT', 0, DROPBATCH)
+for _, m in ipairs(wd) do
+  redis.call('ZREM', P .. 'winddowns', m)
+  local sp = string.find(m, ' ', 1, true)
+  local row = sp and string.sub(m, sp + 1)
+  local cur = row and redis.call('GET', rowkey(P, row))
+  if cur then
+    local sid, ep = owner(cur)
+    if ep == string.sub(m, 1, sp - 1) then
+      redis.call('DEL', rowkey(P, row))
+      redis.call('SREM', P .. 'r:' .. sid, row)
+      freed[#freed + 1] = row
+    end
+  end
 end
 
 for _, cid in ipairs(redis.call('SMEMBERS', P .. 'drains')) do
@@ -113,4 +136,8 @@ for _, bkey in ipairs(redis.call('SMEMBERS', P .. 'bindings')) do
     redis.call('SREM', P .. 'bindings', bkey)
   end
 end
-return { freed, dropped, redis.call('EXISTS', P .. 'dropped') }
+local more = redis.call('EXISTS', P .. 'dropped')
+if #wd == DROPBATCH then
+  more = 1
+end
+return { freed, dropped, more }

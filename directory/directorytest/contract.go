@@ -51,6 +51,7 @@ func Run(t *testing.T, f Factory) {
 		{"ControlMessagesFollowReclaimedIDs_RCM1", testControlMessagesReregister},
 		{"UndrainWithoutLiveSession_RREG6", testUndrainWithoutSession},
 		{"ControlMessages_RCM1", testControlMessages},
+		{"WindDownDeadlineFreesPlacement_RCM1", testWindDownFrees},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
 		{"SweepRemovesDeadSessions", testSweep},
 		{"ExpiredCountedUntilSwept_RLS2", testExpired},
@@ -702,6 +703,72 @@ func testControlMessages(t *testing.T, f Factory) {
 	if len(res.Messages) != 1 || res.Messages[0].MsgID != revokeID {
 		t.Fatalf("unexpected messages after ack; got %+v", res.Messages)
 	}
+}
+
+// testWindDownFrees: a wind_down's deadline is when the placement is
+// freed (the heartbeat reference: "seconds from now until the placement
+// is freed"). The worker aborts a loaded instance then and releases it;
+// a placement it holds with nothing loaded (retained idle) is freed by
+// the sweep past the deadline. A revoked wind-down frees nothing, nor
+// does one for a placement released and placed again since (another
+// epoch); a re-registration that reclaims the id keeps its epoch, and the
+// deadline with it. A later wind-down of the same placement replaces the
+// deadline.
+func testWindDownFrees(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	for _, id := range []string{"x", "revoked", "replaced", "later", "reclaimed"} {
+		fx.place("/c", id)
+	}
+	at := func(d time.Duration) *time.Time { t := fx.now.Add(d); return &t }
+	for _, id := range []string{"x", "revoked", "replaced", "reclaimed"} {
+		if _, _, err := fx.s.WindDown(fx.ctx, "/c", id, at(TTL/2), fx.now); err != nil {
+			t.Fatalf("cannot wind down %s: %v", id, err)
+		}
+	}
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", at(TTL/4), fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", at(TTL), fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "revoked", nil, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "replaced"}, fx.now); !ok || err != nil {
+		t.Fatalf("cannot release: %v, %v", ok, err)
+	}
+	fx.place("/c", "replaced")
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10, PrevSessionID: a,
+		Instances: map[string][]string{"/c": {"x", "revoked", "replaced", "later", "reclaimed"}}}, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a = res.SessionID
+	fx.advance(TTL/2 - time.Millisecond)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	fx.wantOwner([]string{"x", "revoked", "replaced", "later", "reclaimed"}, a)
+	fx.advance(time.Millisecond)
+	fx.beat(a, 10, false, false)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	fx.wantFreed([]string{"x", "reclaimed"})
+	if _, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected route to a placement freed at its wind-down's deadline")
+	}
+	fx.wantOwner([]string{"revoked", "replaced", "later"}, a)
+	fx.advance(TTL / 2)
+	fx.beat(a, 10, false, false)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	fx.wantFreed([]string{"later"})
+	fx.wantOwner([]string{"revoked", "replaced"}, a)
 }
 
 // testControlMessagesReregister: a wind_down queued for an id is still
