@@ -339,5 +339,17 @@ func coverage(pr *attest.Principal, namespaces []string, hostname, env string, e
 			return fmt.Sprintf("env %s (for %s) is not covered by the credential's claims", e, ns)
 		}
 	}
+	// A hostname binds each namespace to its env, and no env is one too
+	// (directory.EnvOf gives ""): a key limited to some envs that left env
+	// out would join, as a replica, the binding of a fleet registered
+	// without an env, which its envs claim does not cover. Without a
+	// hostname nothing is bound, and no env is needed.
+	if hostname != "" {
+		for _, ns := range namespaces {
+			if directory.EnvOf(env, envs, ns) == "" && !pr.Claims.CoversEnv("") {
+				return fmt.Sprintf("an empty env (for %s) is not covered by the credential's claims", ns)
+			}
+		}
+	}
 	return ""
 }

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"regexp"
 	"strings"
@@ -148,6 +149,51 @@ func TestRegisterEnvClaims_RTR3_RLS4(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			res := h.post("/registry/register", stagingToken, body(tc.extra))
+			if res.status != tc.status || (tc.want != "" && res.body != tc.want) {
+				t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
+			}
+		})
+	}
+}
+
+// A hostname binds each namespace to an env, none being one too: a key
+// limited to some envs that leaves env out must not join, as a replica, the
+// binding of workers registered without an env (R-TR-3, R-LS-4). Without a
+// hostname nothing is bound and no env is needed.
+func TestRegisterEnvlessBindingUnderEnvClaims_RTR3_RLS4(t *testing.T) {
+	h := newHarness(t)
+	body := func(clientID string, extra map[string]any) string {
+		c, v := h.fw.pair(clientID)
+		b := map[string]any{
+			"clientId": clientID, "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+			"headroom": 1, "draining": false, "challenge": c, "challengeValue": v, "hostname": "app.example", "epoch": 1,
+		}
+		maps.Copy(b, extra)
+		for k, x := range b {
+			if x == nil {
+				delete(b, k)
+			}
+		}
+		return mustJSON(t, b)
+	}
+	// The deployment key registers the env-less fleet that holds the binding.
+	if res := h.post("/registry/register", workerToken, body("prod", nil)); res.status != 200 {
+		t.Fatalf("unexpected reply for the env-less fleet; got %d %s; want 200", res.status, res.body)
+	}
+	const refused = `{"error":"forbidden: an empty env (for /counters) is not covered by the credential's claims"}`
+	cases := []struct {
+		name   string
+		extra  map[string]any
+		status int
+		want   string
+	}{
+		{"no env", nil, 403, refused},
+		{"envs maps the namespace to no env", map[string]any{"env": "staging", "envs": map[string]string{"/counters": ""}}, 403, refused},
+		{"no hostname, no env", map[string]any{"hostname": nil}, 200, ""},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := h.post("/registry/register", stagingToken, body(fmt.Sprintf("staging-%d", i), tc.extra))
 			if res.status != tc.status || (tc.want != "" && res.body != tc.want) {
 				t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
 			}
