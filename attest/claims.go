@@ -89,11 +89,13 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 	return c, nil
 }
 
-// CoversAllNamespaces reports whether the namespaces claim holds "*":
-// the principal may act where no namespace is known (a client id with no
-// live session).
-func (c *Claims) CoversAllNamespaces() bool {
-	return slices.Contains(c.namespaces, "*")
+// CoversAll reports whether the claims reach every namespace, hostname
+// and env ("*", or no hostnames or envs list): the principal may act where
+// none of them is known (a client id with no live session, a placement
+// whose owner is gone).
+func (c *Claims) CoversAll() bool {
+	return slices.Contains(c.namespaces, "*") && (!c.hasHostnames || slices.Contains(c.hostnames, "*")) &&
+		(!c.hasEnvs || slices.Contains(c.envs, "*"))
 }
 
 // CoversNamespace reports whether the claims reach namespace ns, written with

@@ -163,3 +163,21 @@ func TestClaims_CheckBackend_ASCIIFoldOnly_RTR3(t *testing.T) {
 		}
 	}
 }
+
+// CoversAll: every namespace, hostname and env — what an operator needs to
+// act where none is known (R-TR-3).
+func TestClaims_CoversAll_RTR3(t *testing.T) {
+	for raw, want := range map[string]bool{
+		`{"namespaces":["*"]}`:                                   true,
+		`{"namespaces":["*"],"hostnames":["*"],"envs":["*"]}`:    true,
+		`{"namespaces":["/counters"]}`:                           false,
+		`{"namespaces":["*"],"envs":["staging"]}`:                false,
+		`{"namespaces":["*"],"hostnames":["app.example"]}`:       false,
+		`{"namespaces":["*"],"hostnames":["*"],"envs":["prod"]}`: false,
+	} {
+		c := claimsOf(t, raw)
+		if got := c.CoversAll(); got != want {
+			t.Errorf("unexpected CoversAll for %s; got %v; want %v", raw, got, want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -58,7 +59,7 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 		s := &list[i]
 		var covered []string
 		for _, ns := range s.Namespaces {
-			if pr.Claims.CoversNamespace(ns) {
+			if operatorCovers(pr, s, ns) {
 				covered = append(covered, ns)
 			}
 		}
@@ -118,7 +119,7 @@ func (r *Registry) health(ctx *fasthttp.RequestCtx) {
 	// nothing of sessions outside its claims (R-TR-3).
 	n := 0
 	for i := range ws {
-		if slices.ContainsFunc(ws[i].Namespaces, pr.Claims.CoversNamespace) {
+		if slices.ContainsFunc(ws[i].Namespaces, func(ns string) bool { return operatorCovers(pr, &ws[i], ns) }) {
 			n++
 		}
 	}
@@ -129,6 +130,30 @@ func (r *Registry) health(ctx *fasthttp.RequestCtx) {
 		LeaseTTLMs   int64  `json:"leaseTtlMs"`
 		Workers      int    `json:"workers"`
 	}{true, r.store.Name(), ms(q), r.ttl.Milliseconds(), n})
+}
+
+// operatorCovers reports whether an operator's claims reach session s's
+// namespace ns (R-TR-3): the namespace, and the hostname and env the
+// session binds it to, as a registration's claims must cover them
+// (coverage). An operator key limited to staging's env neither sees nor
+// drains production's workers.
+func operatorCovers(pr *attest.Principal, s *directory.SessionInfo, ns string) bool {
+	return coverage(pr, []string{ns}, s.Hostname, directory.EnvOf(s.Env, s.Envs, ns), nil) == ""
+}
+
+// reachesOwner reports whether the credential reaches the owner of
+// placement p of ns as operatorCovers does. A placement whose owner is
+// gone has no hostname or env to check: only a credential that covers
+// them all reaches it.
+func reachesOwner(c context.Context, store directory.Store, pr *attest.Principal, ns string, p *directory.PlacementInfo, now time.Time) (bool, error) {
+	info, err := store.Session(c, p.SessionID, now)
+	switch {
+	case sessionGone(err):
+		return pr.Claims.CoversAll(), nil
+	case err != nil:
+		return false, err
+	}
+	return operatorCovers(pr, info, ns), nil
 }
 
 // operatorFor checks the credential covers every namespace the client's
@@ -151,13 +176,13 @@ func (r *Registry) operatorFor(ctx *fasthttp.RequestCtx, pr *attest.Principal, c
 		}
 		found = true
 		for _, ns := range list[i].Namespaces {
-			if !pr.Claims.CoversNamespace(ns) {
+			if !operatorCovers(pr, &list[i], ns) {
 				reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 				return false
 			}
 		}
 	}
-	if !found && !(undrain && pr.Claims.CoversAllNamespaces()) {
+	if !found && !(undrain && pr.Claims.CoversAll()) {
 		reply(ctx, fasthttp.StatusNotFound, bodyUnknownClient)
 		return false
 	}
@@ -290,6 +315,22 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	}
 	c, cancel := r.opContext()
 	defer cancel()
+	p, err := r.store.Placement(c, *body.Namespace, *body.ID, now)
+	var ok bool
+	if err == nil {
+		ok, err = reachesOwner(c, r.store, pr, *body.Namespace, p, now)
+	}
+	switch {
+	case errors.Is(err, directory.ErrNoPlacement):
+		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
+		return
+	case err != nil:
+		r.storeFailed(ctx, "wind-down", err)
+		return
+	case !ok:
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+		return
+	}
 	msgID, sid, err := r.store.WindDown(c, *body.Namespace, *body.ID, deadline, now)
 	switch {
 	case errors.Is(err, directory.ErrNoPlacement):
@@ -335,12 +376,19 @@ func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
 	defer cancel()
 	now := r.now()
 	p, err := r.store.Placement(c, ns, id, now)
+	var ok bool
+	if err == nil {
+		ok, err = reachesOwner(c, r.store, pr, ns, p, now)
+	}
 	switch {
 	case errors.Is(err, directory.ErrNoPlacement):
 		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
 		return
 	case err != nil:
 		r.storeFailed(ctx, "placement", err)
+		return
+	case !ok:
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 		return
 	}
 	replyJSON(ctx, fasthttp.StatusOK, struct {

@@ -610,3 +610,46 @@ func TestReleaseBatchBoundByBodyLimit_RREG3_RREG7(t *testing.T) {
 		t.Fatalf("unexpected reply; got %d %.200s; want 200 %s", res.status, res.body, want)
 	}
 }
+
+// Claims bound what an operator may touch (R-TR-3): hostnames and env as
+// well as namespaces. An operator key limited to the env "staging" lists,
+// counts, drains, looks up and winds down only staging's workers; it saw
+// production's and could drain them.
+func TestOperatorBoundByEnvClaims_RTR3(t *testing.T) {
+	h := newHarness(t)
+	prod := h.register(map[string]any{"clientId": "c-prod", "hostname": "app.example", "env": "prod",
+		"instances": map[string][]string{"/counters": {"p1"}}})
+	staging := h.register(map[string]any{"clientId": "c-staging", "hostname": "staging.example", "env": "staging",
+		"advertiseUrl": h.fw.srv.URL + "/staging", "instances": map[string][]string{"/tickers": {"s1"}}})
+	res := h.get("/registry/workers", stagingOpToken)
+	if res.status != 200 || strings.Contains(res.body, prod) || !strings.Contains(res.body, staging) {
+		t.Fatalf("unexpected listing for a staging operator; got %d %s; want staging's worker only", res.status, res.body)
+	}
+	if res := h.get("/registry/health", stagingOpToken); !strings.HasSuffix(res.body, `"workers":1}`) {
+		t.Fatalf("unexpected health for a staging operator; got %d %s; want workers 1", res.status, res.body)
+	}
+	if res := h.get("/registry/workers", operatorToken); !strings.Contains(res.body, prod) || !strings.Contains(res.body, staging) {
+		t.Fatalf("unexpected listing for an operator of every env; got %s", res.body)
+	}
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{"POST", "/registry/drain", `{"clientId":"c-prod"}`, 403},
+		{"POST", "/registry/undrain", `{"clientId":"c-prod"}`, 403},
+		{"GET", "/registry/placement?namespace=/counters&id=p1", "", 403},
+		{"POST", "/registry/wind-down", `{"namespace":"/counters","id":"p1","deadline":5}`, 403},
+		{"POST", "/registry/drain", `{"clientId":"c-staging"}`, 200},
+		{"POST", "/registry/undrain", `{"clientId":"c-staging"}`, 200},
+		{"GET", "/registry/placement?namespace=/tickers&id=s1", "", 200},
+		{"POST", "/registry/wind-down", `{"namespace":"/tickers","id":"s1","deadline":5}`, 200},
+		// A client with no live session has no env to check: only a key
+		// that covers every env may clear its drain.
+		{"POST", "/registry/undrain", `{"clientId":"c-gone"}`, 404},
+	} {
+		res := h.do(h.r, c.method, c.path, stagingOpToken, c.body)
+		if res.status != c.status || c.status == 403 && res.body != `{"error":"forbidden"}` {
+			t.Errorf("unexpected reply to %s %s %s for a staging operator; got %d %s; want %d", c.method, c.path, c.body, res.status, res.body, c.status)
+		}
+	}
+}

@@ -23,6 +23,8 @@ const (
 	otherToken    = "other-token"
 	narrowToken   = "narrow-token"
 	stagingToken  = "staging-token"
+	// stagingOpToken: an operator key limited to the env "staging".
+	stagingOpToken = "staging-op-token"
 )
 
 // testPassport has a worker key, an operator key, a second worker account
@@ -35,9 +37,10 @@ func testPassport(t testing.TB) *attest.Passport {
 		{"name":"operator","token":{"env":"O"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}},
 		{"name":"other","token":{"env":"X"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}},
 		{"name":"narrow","token":{"env":"N"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/other"],"allowedBackendHosts":["*"]}}},
-		{"name":"staging","token":{"env":"S"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"],"envs":["staging"]}}}
+		{"name":"staging","token":{"env":"S"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"],"envs":["staging"]}}},
+		{"name":"staging-op","token":{"env":"SO"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"envs":["staging"]}}}
 	]}],"namespaces":{"*":{"allow":"anonymous"}}}`
-	env := map[string]string{"W": workerToken, "O": operatorToken, "X": otherToken, "N": narrowToken, "S": stagingToken}
+	env := map[string]string{"W": workerToken, "O": operatorToken, "X": otherToken, "N": narrowToken, "S": stagingToken, "SO": stagingOpToken}
 	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil {
 		t.Fatalf("cannot parse the test passport: %v", err)
