@@ -80,9 +80,15 @@ type Redis struct {
 	// connGen counts replacements of the tracking connection (and wipes);
 	// a fill must start and end in one generation.
 	connGen atomic.Uint64
-	eraMu   sync.Mutex
-	era     string // wipe detector: the value of the era key we last saw
-	connID  string // identity of the connection tracking the directory
+	// untracked: a nil invalidation came since the last revalidation.
+	// Besides a closed connection, it is Redis flushing its whole
+	// tracking table (FLUSHDB or FLUSHALL of any database) while the
+	// connection lives on: the rows cached before it are no longer
+	// tracked, even when the era and the connection are unchanged.
+	untracked atomic.Bool
+	eraMu     sync.Mutex
+	era       string // wipe detector: the value of the era key we last saw
+	connID    string // identity of the connection tracking the directory
 	// seenEpoch is the highest placement epoch this node has read in the
 	// current era: a reconnect to a directory whose epoch counter is
 	// below it finds lost placements (redis_regress.lua).

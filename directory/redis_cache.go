@@ -184,11 +184,12 @@ func (r *Redis) dropRows() {
 // reader goroutine, after rueidis dropped its own cache entries, so it must
 // be quick: local map deletes and flags, never I/O.
 //
-// nil means everything: a FLUSHALL, or a connection closed (invalidations
-// may be lost from here on; with a cluster it may also be a connection to
-// another master). Rows are kept for now, so cached ids keep routing while
-// Redis is unreachable (their owners' known leases still bound them); the
-// revalidator decides once Redis answers again.
+// nil means everything: a FLUSHALL or FLUSHDB of any database (Redis then
+// stops tracking every key, for every client), or a connection closed
+// (invalidations may be lost from here on; with a cluster it may also be a
+// connection to another master). Rows are kept for now, so cached ids keep
+// routing while Redis is unreachable (their owners' known leases still
+// bound them); the revalidator drops them once Redis answers again.
 func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 	if msgs == nil {
 		r.flushed()
@@ -210,6 +211,7 @@ func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 }
 
 func (r *Redis) flushed() {
+	r.untracked.Store(true)
 	r.stats.flushes.Add(1)
 	r.leaseGen.Add(1)
 	select {

@@ -217,7 +217,9 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 // again, on that same connection (a keyed read pins the slot's node):
 //
 //   - same era, same connection: nothing was lost (with a cluster, the
-//     closed connection belonged to another master);
+//     closed connection belonged to another master), unless a flush push
+//     came: Redis frees its whole tracking table on a FLUSHDB of any
+//     database, so the cached rows are dropped as after a reconnect;
 //   - same era, new connection: Redis kept its data (a reconnect or a
 //     failover) but this node's tracking is gone and invalidations may
 //     have been missed: cached rows are dropped and re-read on demand, and
@@ -388,6 +390,21 @@ func (r *Redis) noteEpoch(ep uint64) {
 	}
 }
 
+// untrack drops every cached row and marks every lease for re-reading:
+// Redis no longer tracks them for this node (a new connection, or its
+// tracking table flushed), so their next change would not be pushed.
+// Callers hold eraMu.
+func (r *Redis) untrack() {
+	r.stats.reconnects.Add(1)
+	r.dropRows()
+	r.leaseGen.Add(1)
+	r.smu.RLock()
+	for _, s := range r.sessions {
+		s.dirty.Store(true)
+	}
+	r.smu.RUnlock()
+}
+
 // revalidateEvery is the period of the connection check (2 commands).
 const revalidateEvery = 10 * time.Second
 
@@ -412,6 +429,15 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	defer r.eraMu.Unlock()
 	kept := err == nil && cur == r.era // the era key survived
 	if kept && id == r.connID {
+		// Same connection, but a nil invalidation came: Redis may have
+		// freed its tracking table (a FLUSHDB of another database) and
+		// will push nothing for the rows cached before it. Cleared
+		// before dropRows: whatever a later one hides was read before
+		// that drop too.
+		if r.untracked.Swap(false) {
+			r.untrack()
+			r.log.Info("directory tracking flushed by redis: cached placements will be re-read")
+		}
 		return nil
 	}
 	// Lost data that kept an era key: an epoch this node read is above the
@@ -429,16 +455,10 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	if rerr != nil {
 		return rerr
 	}
+	r.untracked.Store(false) // every branch below drops the rows
 	if kept && !regressed {
 		r.connID = id
-		r.stats.reconnects.Add(1)
-		r.dropRows()
-		r.leaseGen.Add(1)
-		r.smu.RLock()
-		for _, s := range r.sessions {
-			s.dirty.Store(true)
-		}
-		r.smu.RUnlock()
+		r.untrack()
 		r.log.Info("directory reconnected: cached placements will be re-read")
 		return nil
 	}
