@@ -305,6 +305,11 @@ func (r *carryReader) Read(p []byte) (int, error) {
 	if len(r.pending) > 0 {
 		n := copy(p, r.pending)
 		r.pending = r.pending[n:]
+		if len(r.pending) == 0 {
+			// Resliced to nothing, it would still pin its array (up to
+			// BufferSize) for as long as the stream idles.
+			r.pending = nil
+		}
 		return n, nil
 	}
 	if r.held != nil {

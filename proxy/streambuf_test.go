@@ -142,3 +142,24 @@ func TestStreamReaderCarryAndRestore(t *testing.T) {
 		t.Fatal("unexpected reuse of a connection with bytes beyond the body")
 	}
 }
+
+// TestCarriedBytesReleasedOnceRead: the bytes a header buffer had read
+// past the header (up to BufferSize, 16 KiB) are let go once the stream
+// buffer read them. Resliced to nothing they still pinned their array,
+// for as long as an idle event stream lasted (R-DP-2).
+func TestCarriedBytesReleasedOnceRead(t *testing.T) {
+	r := &carryReader{pending: append(make([]byte, 0, 8<<10), "data: 1\n\n"...)}
+	p := make([]byte, 4)
+	for {
+		n, err := r.Read(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < len(p) || len(r.pending) == 0 {
+			break
+		}
+	}
+	if r.pending != nil {
+		t.Fatalf("unexpected carried bytes after they were read; got an empty slice of their %d-byte array; want nil", 8<<10)
+	}
+}
