@@ -140,7 +140,7 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 	}
 	gauge("pinboard_proxy_open_streams", "Streaming responses being relayed (Server-Sent Events, unsized or large bodies).", s.OpenStreams)
 	gauge("pinboard_proxy_open_websockets", "WebSocket connections being relayed.", s.OpenWebSockets)
-	gauge("pinboard_http_open_connections", "Client connections open on the public listener (hijacked WebSockets excluded).", s.OpenConnections)
+	gauge("pinboard_http_open_connections", "Client connections open on the public listener; those relayed off the HTTP server are excluded: WebSockets, event streams, unsized bodies to HTTP/1.0 clients (pinboard_proxy_open_streams and pinboard_proxy_open_websockets count them).", s.OpenConnections)
 	if s.RegistryQueue != nil {
 		gauge("pinboard_registry_queue_depth", "Registry requests waiting for a pool worker.", func() int64 { return int64(s.RegistryQueue()) })
 	}

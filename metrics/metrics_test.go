@@ -290,3 +290,23 @@ func TestUpstreamErrorsHelpNamesEveryKind(t *testing.T) {
 		}
 	}
 }
+
+// The HELP of pinboard_http_open_connections names every connection it
+// leaves out: event streams and unsized bodies to HTTP/1.0 clients are
+// relayed off the server too (docs/OPERATIONS.md), and a HELP naming only
+// WebSockets had an operator look for them among the connections.
+func TestOpenConnectionsHelpNamesRelays(t *testing.T) {
+	m := New(Options{})
+	m.Attach(Sources{OpenConnections: func() int64 { return 0 }})
+	var help string
+	for _, l := range strings.Split(string(m.AppendPrometheus(t.Context(), nil)), "\n") {
+		if strings.HasPrefix(l, "# HELP pinboard_http_open_connections ") {
+			help = l
+		}
+	}
+	for _, k := range []string{"WebSockets", "event streams", "HTTP/1.0"} {
+		if !strings.Contains(help, k) {
+			t.Errorf("unexpected HELP without %q; got %s; want every relayed connection named", k, help)
+		}
+	}
+}
