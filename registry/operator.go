@@ -141,6 +141,28 @@ func operatorCovers(pr *attest.Principal, s *directory.SessionInfo, ns string) b
 	return coverage(pr, []string{ns}, s.Hostname, directory.EnvOf(s.Env, s.Envs, ns), nil) == ""
 }
 
+// ownedPlacement reads the placement of ns/id for an operator call op and
+// checks the credential reaches its owner (reachesOwner); it answers
+// 404/403/503 itself and reports success.
+func (r *Registry) ownedPlacement(ctx *fasthttp.RequestCtx, c context.Context, pr *attest.Principal, ns, id string, now time.Time, op string) (*directory.PlacementInfo, bool) {
+	p, err := r.store.Placement(c, ns, id, now)
+	var ok bool
+	if err == nil {
+		ok, err = reachesOwner(c, r.store, pr, ns, p, now)
+	}
+	switch {
+	case errors.Is(err, directory.ErrNoPlacement):
+		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
+	case err != nil:
+		r.storeFailed(ctx, op, err)
+	case !ok:
+		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+	default:
+		return p, true
+	}
+	return nil, false
+}
+
 // reachesOwner reports whether the credential reaches the owner of
 // placement p of ns as operatorCovers does. A placement whose owner is
 // gone has no hostname or env to check: only a credential that covers
@@ -315,20 +337,7 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	}
 	c, cancel := r.opContext()
 	defer cancel()
-	p, err := r.store.Placement(c, *body.Namespace, *body.ID, now)
-	var ok bool
-	if err == nil {
-		ok, err = reachesOwner(c, r.store, pr, *body.Namespace, p, now)
-	}
-	switch {
-	case errors.Is(err, directory.ErrNoPlacement):
-		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
-		return
-	case err != nil:
-		r.storeFailed(ctx, "wind-down", err)
-		return
-	case !ok:
-		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+	if _, ok := r.ownedPlacement(ctx, c, pr, *body.Namespace, *body.ID, now, "wind-down"); !ok {
 		return
 	}
 	msgID, sid, err := r.store.WindDown(c, *body.Namespace, *body.ID, deadline, now)
@@ -375,20 +384,8 @@ func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
 	c, cancel := r.opContext()
 	defer cancel()
 	now := r.now()
-	p, err := r.store.Placement(c, ns, id, now)
-	var ok bool
-	if err == nil {
-		ok, err = reachesOwner(c, r.store, pr, ns, p, now)
-	}
-	switch {
-	case errors.Is(err, directory.ErrNoPlacement):
-		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
-		return
-	case err != nil:
-		r.storeFailed(ctx, "placement", err)
-		return
-	case !ok:
-		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
+	p, ok := r.ownedPlacement(ctx, c, pr, ns, id, now, "placement")
+	if !ok {
 		return
 	}
 	replyJSON(ctx, fasthttp.StatusOK, struct {
