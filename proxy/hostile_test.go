@@ -694,36 +694,8 @@ func TestSlowSmallBodyForwarded_RDP2_RDP4(t *testing.T) {
 // and the client got 502 "owner unreachable" about one time in twelve
 // (R-DP-2, R-DP-4).
 func TestEarlyAnswerBeforeWorkerResetRelayed_RDP2_RDP4(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w, _ := rawRequests(t, false, func(c net.Conn, r *http.Request) bool {
-		_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 2\r\n\r\nno")
-		return false // closed with the body unread: a reset
-	})
-	rg.serveIDs(t, w, "alice")
-	const size = 8 << 20 // past the socket buffers: the upload is writing when the reset comes
-	body := make([]byte, size)
-	for i := 0; i < 100; i++ {
-		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
-			t.Fatal(err)
-		}
-		go func() { _, _ = c.Write(body) }() // ends at the first failed write, at the latest when c closes
-		res, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			c.Close()
-			t.Fatalf("cannot read the answer to upload %d: %v", i, err)
-		}
-		b, _ := io.ReadAll(res.Body)
-		c.Close()
-		if res.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("unexpected answer to upload %d; got %d %s; want the worker's 401", i, res.StatusCode, b)
-		}
-	}
+	// Past the socket buffers: the upload is writing when the reset comes.
+	earlyAnswerBeforeReset(t, 8<<20, true)
 }
 
 // The same for a small body, sent whole with its header: a worker that
@@ -733,6 +705,16 @@ func TestEarlyAnswerBeforeWorkerResetRelayed_RDP2_RDP4(t *testing.T) {
 // was answered 502 "owner unreachable" without a look at what the worker
 // said, about one time in five (R-DP-2, R-DP-4).
 func TestEarlyAnswerToSmallBodyBeforeResetRelayed_RDP2_RDP4(t *testing.T) {
+	// Read whole, then sent with the header in one write.
+	earlyAnswerBeforeReset(t, 60<<10, false)
+}
+
+// earlyAnswerBeforeReset sends 100 requests with a body of size (written
+// by a goroutine when streamed, else before the answer is read) to a
+// worker that answers 401 at once and closes with the body unread, and
+// fails unless every client gets that 401.
+func earlyAnswerBeforeReset(t *testing.T, size int, streamed bool) {
+	t.Helper()
 	rg := newRig(t, nil)
 	rg.warm()
 	w, _ := rawRequests(t, false, func(c net.Conn, r *http.Request) bool {
@@ -740,7 +722,6 @@ func TestEarlyAnswerToSmallBodyBeforeResetRelayed_RDP2_RDP4(t *testing.T) {
 		return false // closed with the body unread: a reset
 	})
 	rg.serveIDs(t, w, "alice")
-	const size = 60 << 10 // read whole, then sent with the header in one write
 	body := make([]byte, size)
 	for i := 0; i < 100; i++ {
 		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
@@ -751,7 +732,9 @@ func TestEarlyAnswerToSmallBodyBeforeResetRelayed_RDP2_RDP4(t *testing.T) {
 		if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", size); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Write(body); err != nil {
+		if streamed {
+			go func() { _, _ = c.Write(body) }() // ends at the first failed write, at the latest when c closes
+		} else if _, err := c.Write(body); err != nil {
 			t.Fatal(err)
 		}
 		res, err := http.ReadResponse(bufio.NewReader(c), nil)
