@@ -86,6 +86,13 @@ type Redis struct {
 	// connection lives on: the rows cached before it are no longer
 	// tracked, even when the era and the connection are unchanged.
 	untracked atomic.Bool
+	// cluster: the client runs in Redis Cluster mode, where a nil
+	// invalidation is mostly a connection to another master closing, and
+	// a flush of another database cannot happen (a cluster has only
+	// database 0; a flush of it takes the era key, which revalidation
+	// finds): untracked is not set there, or every such close would drop
+	// the cached rows.
+	cluster atomic.Bool
 	eraMu     sync.Mutex
 	era       string // wipe detector: the value of the era key we last saw
 	connID    string // identity of the connection tracking the directory
@@ -152,6 +159,7 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 		return nil, fmt.Errorf("cannot connect to redis at %s: %w: %w", redactURL(url), ErrUnavailable, err)
 	}
 	r.c = c
+	r.cluster.Store(c.Mode() == rueidis.ClientModeCluster)
 	if err := r.openEra(ctx); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)

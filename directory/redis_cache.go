@@ -211,7 +211,9 @@ func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 }
 
 func (r *Redis) flushed() {
-	r.untracked.Store(true)
+	if !r.cluster.Load() {
+		r.untracked.Store(true)
+	}
 	r.stats.flushes.Add(1)
 	r.leaseGen.Add(1)
 	select {
