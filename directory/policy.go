@@ -4,8 +4,8 @@ import "math/rand/v2"
 
 // DefaultBalanceFactor bounds affinity when PINBOARD_AFFINITY_BALANCE_FACTOR
 // is unset: a preferred worker keeps new ids while its headroom is at least
-// half of the best candidate's. The guide gives no default; 2 is ours
-// (docs/PROTOCOL.md).
+// half of the best candidate's (below zero: its deficit at most twice the
+// best one's). The guide gives no default; 2 is ours (docs/PROTOCOL.md).
 const DefaultBalanceFactor = 2.0
 
 // PickInput carries one request's affinity inputs (R-PL-4).
@@ -32,7 +32,8 @@ type Policy interface {
 //   - an attested cluster call prefers the caller's own worker;
 //   - with an affinity key, the rendezvous (highest random weight) order of
 //     the key over client ids, skipping workers whose headroom falls below
-//     the best headroom divided by BalanceFactor;
+//     the best headroom divided by BalanceFactor (when the best is below
+//     zero: multiplied by it, so overcommit stays bounded too);
 //   - without a key, power of two choices on headroom.
 //
 // Headroom is a weight, never a limit: zero or negative headroom stays
@@ -97,14 +98,19 @@ func (p *HeadroomPolicy) rendezvous(dst []int, cands []Candidate, key string) []
 			maxH, maxI = h, i
 		}
 	}
-	// With every worker at or below zero there is nothing to balance.
-	guard := maxH > 0
+	// Below zero the guard bounds overcommit instead: a worker keeps new
+	// ids while its deficit is at most factor times the best one's. Without
+	// it, a fleet at zero headroom (full, as slot probes report it) sent
+	// every new id of one client IP to one worker until the next heartbeat.
 	floor := maxH / p.factor()
+	if maxH < 0 {
+		floor = maxH * p.factor()
+	}
 	best := maxI
 	var bestScore uint64
 	found := false
 	for i := range cands {
-		if guard && cands[i].Headroom < floor {
+		if cands[i].Headroom < floor {
 			continue
 		}
 		s := rendezvousScore(key, cands[i].ClientID)

@@ -128,6 +128,36 @@ func testClientIPAffinityBoundedByBalanceFactor(t *testing.T, store directorytes
 	}
 }
 
+// With every worker at zero headroom (full, as the guide's slot probes
+// report it) the guard still bounds affinity: one client IP's new ids do
+// not all pile onto its preferred worker, which would otherwise be
+// overcommitted without limit until the next heartbeat (R-PL-4, R-PL-3).
+func TestAffinityBoundedBelowZeroHeadroom_RPL4_RPL3(t *testing.T) {
+	onBothStores(t, testAffinityBoundedBelowZeroHeadroom)
+}
+
+func testAffinityBoundedBelowZeroHeadroom(t *testing.T, store directorytest.Factory) {
+	const factor = 2
+	f := newFleetOn(t, store, 0, "a", "b", "c", "d")
+	policy := &directory.HeadroomPolicy{BalanceFactor: factor}
+	pick := directory.PickInput{Key: "203.0.113.7", HasKey: true}
+	for i := range 200 {
+		f.place(fmt.Sprintf("id-%d", i), pick, policy)
+	}
+	ws, err := f.s.Workers(context.Background(), f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxH, minH := math.Inf(-1), math.Inf(1)
+	for _, w := range ws {
+		maxH, minH = math.Max(maxH, w.Headroom), math.Min(minH, w.Headroom)
+	}
+	// Overcommit stays within the factor of the least overcommitted.
+	if minH < maxH*factor-1 {
+		t.Fatalf("unexpected spread after 200 placements from zero headroom; got min %v, max %v; want min >= %v", minH, maxH, maxH*factor-1)
+	}
+}
+
 // Different client IPs prefer different workers (rendezvous), and the same
 // IP prefers the same worker on every node (the score is deterministic).
 func TestRendezvousIsStableAndSpreads_RPL4(t *testing.T) {
