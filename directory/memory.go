@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -231,8 +232,6 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 			}
 		}
 	}
-	var cbuf [16]Candidate
-	cands := cbuf[:0]
 	var sessions [16]*memSession
 	sess := sessions[:0]
 	live := false
@@ -244,14 +243,21 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 		if !m.eligible(s, now) || s.info.SessionID == req.Exclude || (hostBound && !sameHost(s.info.Hostname, req.Host)) {
 			continue
 		}
-		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
 		sess = append(sess, s)
 	}
 	if !live {
 		return Route{}, ErrUnknownNamespace
 	}
-	if len(cands) == 0 {
+	if len(sess) == 0 {
 		return Route{}, ErrNoEligible
+	}
+	// Session-id order, as the Redis store gives them: a policy's ties
+	// must not follow map order (Policy).
+	slices.SortFunc(sess, func(a, b *memSession) int { return strings.Compare(a.info.SessionID, b.info.SessionID) })
+	var cbuf [16]Candidate
+	cands := cbuf[:0]
+	for _, s := range sess {
+		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
 	}
 	policy := req.Policy
 	if policy == nil {

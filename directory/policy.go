@@ -23,7 +23,9 @@ type PickInput struct {
 // Policy ranks eligible candidates for a new placement. Rank appends to dst
 // indices into cands, best first; it returns at least one index when cands
 // is non-empty. The store claims the first ranked candidate that is still
-// eligible at claim time, so later entries are fallbacks.
+// eligible at claim time, so later entries are fallbacks. Every store hands
+// cands in session-id order, so a policy that breaks ties by position
+// picks the same for the same state on every store and node.
 type Policy interface {
 	Rank(dst []int, cands []Candidate, in *PickInput) []int
 }

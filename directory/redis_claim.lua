@@ -65,8 +65,8 @@ for i = 9, #ARGV do
   end
 end
 
--- The node's view was stale (or empty): decide here, most headroom first,
--- and tell an unknown namespace from one whose workers cannot take more.
+-- The node's view was stale (or empty): decide here, most headroom first
+-- (ties: the lowest session id, not the set's order), and tell an unknown namespace from one whose workers cannot take more.
 if not pick then
   local live, best = false, -math.huge
   for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do
@@ -74,7 +74,7 @@ if not pick then
       live = true
       if candidate(sid) then
         local hr = tonumber(redis.call('HGET', P .. 'h:' .. sid, 'hr') or '0')
-        if hr > best or not pick then
+        if not pick or hr > best or (hr == best and sid < pick) then
           pick, best = sid, hr
         end
       end

@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,9 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err != nil {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
+	// Session-id order, not the set's: a policy's ties must not follow
+	// the encoding of a Redis set (Policy).
+	slices.Sort(members)
 	ss, err := r.resolve(ctx, members)
 	if err != nil {
 		return Route{}, err

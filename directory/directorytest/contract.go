@@ -53,6 +53,7 @@ func Run(t *testing.T, f Factory) {
 		{"ControlMessages_RCM1", testControlMessages},
 		{"WindDownDeadlineFreesPlacement_RCM1", testWindDownFrees},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
+		{"CandidatesInSessionOrder_RPL1_RPL4", testCandidatesInSessionOrder},
 		{"SweepRemovesDeadSessions", testSweep},
 		{"ExpiredCountedUntilSwept_RLS2", testExpired},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
