@@ -25,7 +25,11 @@ const declineMemory = 3 * time.Second
 type declines struct {
 	// n is the number of entries, read without the lock so that placements
 	// pay nothing while no worker has declined.
-	n     atomic.Int32
+	n atomic.Int32
+	// end is when the latest memory ends (Unix ns), read without the lock
+	// too: past it every entry has passed, and placements pay nothing
+	// again although the entries stay until the next note.
+	end   atomic.Int64
 	mu    sync.Mutex
 	until map[string]time.Time // session id → end of its memory
 }
@@ -43,14 +47,18 @@ func (d *declines) note(session string, now time.Time) {
 			delete(d.until, s)
 		}
 	}
-	d.until[session] = now.Add(declineMemory)
+	until := now.Add(declineMemory)
+	d.until[session] = until
 	d.n.Store(int32(len(d.until)))
+	if e := until.UnixNano(); e > d.end.Load() {
+		d.end.Store(e)
+	}
 }
 
 // policy returns inner, or inner ranking the sessions that declined before
-// now last while any is remembered.
+// now last while any is remembered and its memory has not passed.
 func (d *declines) policy(inner directory.Policy, now time.Time) directory.Policy {
-	if d.n.Load() == 0 {
+	if d.n.Load() == 0 || now.UnixNano() >= d.end.Load() {
 		return inner
 	}
 	return &declinersLast{inner: inner, d: d, now: now}

@@ -58,3 +58,25 @@ func TestDeclinersRankedLast_RPL6_RPL4(t *testing.T) {
 		t.Fatalf("unexpected entries after the memory passed; got %d; want 1", n)
 	}
 }
+
+// Once every remembered decline has passed, placements use the inner
+// policy again without taking the lock or allocating: before, one decline
+// left the wrapper in place until the next decline, for the life of the
+// process (R-PL-6).
+func TestDeclinesPassedLeaveInnerPolicy_RPL6(t *testing.T) {
+	inner := &directory.HeadroomPolicy{}
+	now := time.Unix(1_700_000_000, 0)
+	var d declines
+	d.note("s0", now)
+	d.note("s1", now.Add(time.Second))
+	if d.policy(inner, now.Add(declineMemory)) == directory.Policy(inner) {
+		t.Fatalf("unexpected inner policy while s1 is remembered; want the wrapper")
+	}
+	later := now.Add(time.Second + declineMemory)
+	if p := d.policy(inner, later); p != directory.Policy(inner) {
+		t.Fatalf("unexpected policy once every decline passed; got %T; want the inner one", p)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = d.policy(inner, later) }); n != 0 {
+		t.Fatalf("unexpected allocations once every decline passed; got %v; want 0", n)
+	}
+}
