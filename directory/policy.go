@@ -1,6 +1,9 @@
 package directory
 
-import "math/rand/v2"
+import (
+	"math"
+	"math/rand/v2"
+)
 
 // DefaultBalanceFactor bounds affinity when PINBOARD_AFFINITY_BALANCE_FACTOR
 // is unset: a preferred worker keeps new ids while its headroom is at least
@@ -43,6 +46,7 @@ type Policy interface {
 // global random source; it is safe for concurrent use.
 type HeadroomPolicy struct {
 	// BalanceFactor >= 1; values closer to 1 tighten the affinity guard.
+	// Anything else (0, below 1, NaN, +Inf) uses DefaultBalanceFactor.
 	BalanceFactor float64
 	// IntN returns a uniform int in [0, n); nil uses math/rand/v2.
 	IntN func(n int) int
@@ -76,8 +80,11 @@ func (p *HeadroomPolicy) Rank(dst []int, cands []Candidate, in *PickInput) []int
 	return p.twoChoices(dst, cands)
 }
 
+// factor is BalanceFactor, or DefaultBalanceFactor for anything that is
+// no finite number >= 1: NaN compares false with every headroom and would
+// switch the guard off.
 func (p *HeadroomPolicy) factor() float64 {
-	if p.BalanceFactor < 1 {
+	if !(p.BalanceFactor >= 1) || math.IsInf(p.BalanceFactor, 1) {
 		return DefaultBalanceFactor
 	}
 	return p.BalanceFactor

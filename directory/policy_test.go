@@ -220,6 +220,22 @@ func testExistingIDsKeepOwners(t *testing.T, store directorytest.Factory) {
 	}
 }
 
+// A balance factor that is no finite number >= 1 (NaN, +Inf: the
+// programmatic options are not parsed like PINBOARD_AFFINITY_BALANCE_FACTOR)
+// uses the default, as the zero value does: NaN compared false with every
+// headroom and switched the guard off, leaving affinity unbounded (R-PL-4).
+func TestBalanceFactorNotANumberUsesDefault_RPL4(t *testing.T) {
+	in := &directory.PickInput{Key: "198.51.100.9", HasKey: true}
+	cands := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 100}, {SessionID: "b", ClientID: "b", Headroom: 100}}
+	pref := (&directory.HeadroomPolicy{}).Rank(nil, cands, in)[0]
+	cands[pref].Headroom = 10 // below 100 / DefaultBalanceFactor
+	for _, factor := range []float64{math.NaN(), math.Inf(1), 0.5, 0} {
+		if got := (&directory.HeadroomPolicy{BalanceFactor: factor}).Rank(nil, cands, in)[0]; got == pref {
+			t.Fatalf("unexpected pick with balance factor %v; got the preferred worker %s at headroom 10; want the other at 100", factor, cands[got].SessionID)
+		}
+	}
+}
+
 func TestPolicyRankAllocs(t *testing.T) {
 	cands := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 5}, {SessionID: "b", ClientID: "b", Headroom: 9}, {SessionID: "c", ClientID: "c", Headroom: 7}}
 	p := &directory.HeadroomPolicy{}

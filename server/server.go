@@ -42,7 +42,8 @@ type Options struct {
 	BasePath string
 	// LeaseTTL is the worker lease (R-LS-1); default 15s.
 	LeaseTTL time.Duration
-	// BalanceFactor bounds affinity (R-PL-4); default
+	// BalanceFactor bounds affinity (R-PL-4), a finite number >= 1;
+	// anything else (the zero value too) uses
 	// directory.DefaultBalanceFactor.
 	BalanceFactor float64
 	// AffinityKey is the programmatic affinity.key: nil uses the client IP;
