@@ -595,15 +595,22 @@ func testTimedDrain(t *testing.T, f Factory) {
 	if !res.Drain.Deadline.Equal(deadline) {
 		t.Fatalf("unexpected drain deadline; got %v; want %v", res.Drain.Deadline, deadline)
 	}
-	for range 4 {
+	// Heartbeats at the deadline and half a lease past it are renewed up
+	// to the cap (deadline plus one lease), neither beyond it nor short of
+	// it; the one at the cap finds the session ended.
+	limit := deadline.Add(TTL)
+	for fx.now.Before(limit) {
 		fx.advance(TTL / 2)
 		_ = fx.s.Sweep(fx.ctx, fx.now)
 		res, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker", Headroom: 10}, fx.now)
-		if err != nil {
+		if !fx.now.Before(limit) {
+			if !errors.Is(err, directory.ErrUnknownSession) {
+				t.Fatalf("unexpected heartbeat at the drain deadline plus one lease; got %+v, %v; want ErrUnknownSession", res, err)
+			}
 			break
 		}
-		if limit := deadline.Add(TTL); res.LeaseUntil.After(limit) {
-			t.Fatalf("unexpected lease past the drain deadline plus one lease; got %v; want <= %v", res.LeaseUntil, limit)
+		if err != nil || !res.LeaseUntil.Equal(limit) {
+			t.Fatalf("unexpected heartbeat %v past the drain deadline; got %+v, %v; want the lease capped at %v", fx.now.Sub(deadline), res, err, limit)
 		}
 	}
 	if _, ok := fx.lookup("/c", "x"); ok {
