@@ -17,7 +17,13 @@ import (
 func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
-	big := `{"sessionId":"` + strings.Repeat("x", MaxBody) + `"}`
+	// The limit is R-REG-7's 1 MiB, not whatever MaxBody says: one byte
+	// past it is refused, a body of exactly 1 MiB (a heartbeat padded with
+	// white space) is read.
+	const limit = 1 << 20
+	big := h.beatBody(session, nil)
+	atLimit := big + strings.Repeat(" ", limit-len(big))
+	big = atLimit + " "
 	cases := []struct {
 		name   string
 		token  string
@@ -31,6 +37,7 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 		{"other account", otherToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
 		{"claims no longer cover", narrowToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
 		{"body too large", workerToken, big, 413, `{"error":"body too large"}`},
+		{"body at the limit", workerToken, atLimit, 200, `{"expiresInMs":15000,"draining":false}`},
 		{"invalid json", workerToken, `{"sessionId":`, 400, `{"error":"invalid json"}`},
 		{"schema: missing challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 		{"schema: headroom string", workerToken, `{"sessionId":"x","headroom":"1","draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
