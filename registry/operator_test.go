@@ -652,4 +652,14 @@ func TestOperatorBoundByEnvClaims_RTR3(t *testing.T) {
 			t.Errorf("unexpected reply to %s %s %s for a staging operator; got %d %s; want %d", c.method, c.path, c.body, res.status, res.body, c.status)
 		}
 	}
+	// Past prod's lease its placement row stays until the sweep, its owner
+	// gone: no env is left to check, so only a key covering every env may
+	// look it up (reachesOwner).
+	h.advance(testTTL)
+	if res := h.get("/registry/placement?namespace=/counters&id=p1", stagingOpToken); res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Errorf("unexpected lookup of a dead prod owner's placement by a staging operator; got %d %s; want 403", res.status, res.body)
+	}
+	if res := h.get("/registry/placement?namespace=/counters&id=p1", operatorToken); res.status != 200 || !strings.Contains(res.body, `"live":false`) {
+		t.Errorf("unexpected lookup of a dead owner's placement by an operator of every env; got %d %s; want 200, not live", res.status, res.body)
+	}
 }
