@@ -382,6 +382,17 @@ func TestInBandRefusal_RPL6(t *testing.T) {
 	if _, err := rg.store.Placement(t.Context(), "/counters", "carol", rg.now()); !errors.Is(err, directory.ErrNoPlacement) {
 		t.Fatalf("unexpected placement left after refusals: %v", err)
 	}
+	// The retry is elsewhere, never on the worker that refused: with no
+	// other worker serving the namespace the refusal is not sent to it a
+	// second time, and the answer is still a 503 with Retry-After.
+	c := newStandin(t, "c")
+	c.route("/value", refuseActivation)
+	rg.add(c, 1000, "/solo")
+	c.hits.Store(0)
+	res, body = rg.get("/solo/dave/value", nil)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") == "" || res.Header.Get("Pinned-Refusal") != "" || c.hits.Load() != 1 {
+		t.Fatalf("unexpected reply from a lone refusing worker; got %d %s (Retry-After %q) after %d hits; want 503 with Retry-After after 1", res.StatusCode, body, res.Header.Get("Retry-After"), c.hits.Load())
+	}
 	// A plain 503 without the marker is relayed as is.
 	a.route("/busy", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503); _, _ = w.Write([]byte("busy")) })
 	b.route("/busy", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(503); _, _ = w.Write([]byte("busy")) })
