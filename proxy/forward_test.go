@@ -290,6 +290,20 @@ func TestForward_RDP1_RTR5(t *testing.T) {
 	if hdr.Get("Pinboard-Epoch") != formatUint(p.Epoch) {
 		t.Fatalf("unexpected epoch header %q; want %d", hdr.Get("Pinboard-Epoch"), p.Epoch)
 	}
+	// The attestation is issued at the node's clock, and a later second
+	// gets a fresh one (the per-second cache must not hand out its first
+	// token for ever: workers refuse it 30 s past its exp).
+	if want := rg.now().Unix(); s.Claims.IssuedAt != want {
+		t.Fatalf("unexpected attestation iat; got %d; want %d", s.Claims.IssuedAt, want)
+	}
+	rg.advance(5 * time.Second)
+	res, body = rg.get("/counters/alice/inc/x", nil)
+	if res.StatusCode != 200 {
+		t.Fatalf("unexpected status 5s on; got %d %s", res.StatusCode, body)
+	}
+	if got, want := decodeSeen(t, body).Claims.IssuedAt, rg.now().Unix(); got != want {
+		t.Fatalf("unexpected attestation iat 5s on; got %d; want %d", got, want)
+	}
 }
 
 func formatUint(n uint64) string { return fmt.Sprint(n) }
