@@ -600,9 +600,14 @@ func TestNamespacePolicy_RTR4(t *testing.T) {
 		t.Fatalf("unexpected acct in the attestation: %+v", s.Claims.Acct)
 	}
 	// An anonymous namespace passes a non-passport Authorization through.
+	// Its attestation names no account, though the account's token for
+	// the same session was minted within the same second.
 	_, body = rg.get("/open/x/value", map[string]string{"Authorization": "Bearer app-jwt"})
 	if got := http.Header(decodeSeen(t, body).Header).Get("Authorization"); got != "Bearer app-jwt" {
 		t.Fatalf("unexpected Authorization at the worker; got %q", got)
+	}
+	if acct := decodeSeen(t, body).Claims.Acct; acct != nil {
+		t.Fatalf("unexpected acct in an anonymous request's attestation; got %+v; want none", acct)
 	}
 	// Authorization is a singleton field (RFC 9110 §11.6.2): a request
 	// with two lines is refused before anything else, on either policy —
