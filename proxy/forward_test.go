@@ -318,7 +318,12 @@ func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "10" || !strings.HasPrefix(body, `{"error":"cold start`) {
 		t.Fatalf("unexpected cold start reply; got %d %q %s", res.StatusCode, res.Header.Get("Retry-After"), body)
 	}
-	rg.advance(10 * time.Second)
+	// The rest of the quarantine in whole seconds, rounded up: 7.5 s is 8.
+	rg.advance(2500 * time.Millisecond)
+	if res, body := rg.get("/counters/alice/value", nil); res.StatusCode != 503 || res.Header.Get("Retry-After") != "8" {
+		t.Fatalf("unexpected reply 7.5s before the quarantine ends; got %d Retry-After %q %s; want 503 and 8", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+	rg.advance(7500 * time.Millisecond)
 	cases := []struct {
 		path   string
 		status int
