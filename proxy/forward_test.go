@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -360,6 +361,20 @@ func TestErrors_RDP4_RPL5_RCS1(t *testing.T) {
 	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || !strings.HasPrefix(body, `{"error":"no worker`) {
 		t.Fatalf("unexpected reply with only drained workers; got %d %s", res.StatusCode, body)
 	}
+	// A store that does not answer: 503 with Retry-After too.
+	down := newRig(t, func(o *Options) { o.Store = unplaceableStore{o.Store} })
+	res, body = down.get("/counters/bob/value", nil)
+	if res.StatusCode != 503 || res.Header.Get("Retry-After") != "1" || body != `{"error":"directory unavailable"}` {
+		t.Fatalf("unexpected reply with the store down; got %d Retry-After %q %s; want 503, 1, directory unavailable", res.StatusCode, res.Header.Get("Retry-After"), body)
+	}
+}
+
+// unplaceableStore is a store whose placements fail as a store that does
+// not answer does.
+type unplaceableStore struct{ directory.Store }
+
+func (unplaceableStore) Place(context.Context, *directory.PlaceRequest) (directory.Route, error) {
+	return directory.Route{}, context.DeadlineExceeded
 }
 
 // refuseActivation answers as the reference worker does while its lease
