@@ -174,7 +174,14 @@ func testColdStart(t *testing.T, f Factory) {
 		t.Fatalf("unexpected placement during quarantine; got %v; want quarantine", err)
 	}
 	fx.beat(a, 10, false, false)
-	fx.advance(TTL / 2)
+	// The quarantine lasts the whole lease: a millisecond before its end
+	// placement still refuses, with that millisecond left.
+	fx.advance(TTL/2 - time.Millisecond)
+	_, err = fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now})
+	if !errors.As(err, &qe) || qe.Remaining != time.Millisecond {
+		t.Fatalf("unexpected placement 1ms before the quarantine ends; got %v; want a quarantine of 1ms", err)
+	}
+	fx.advance(time.Millisecond)
 	r := fx.place("/c", "x")
 	if !r.Placed {
 		t.Fatalf("unexpected route after quarantine; got %+v; want a new placement", r)
