@@ -93,9 +93,9 @@ type Redis struct {
 	// finds): untracked is not set there, or every such close would drop
 	// the cached rows.
 	cluster atomic.Bool
-	eraMu     sync.Mutex
-	era       string // wipe detector: the value of the era key we last saw
-	connID    string // identity of the connection tracking the directory
+	eraMu   sync.Mutex
+	era     string // wipe detector: the value of the era key we last saw
+	connID  string // identity of the connection tracking the directory
 	// seenEpoch is the highest placement epoch this node has read in the
 	// current era: a reconnect to a directory whose epoch counter is
 	// below it finds lost placements (redis_regress.lua).
