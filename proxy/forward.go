@@ -196,7 +196,7 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
 
-	if ctx.Request.Header.PeekCanonical(hdrAuthorization) != nil && repeated(&ctx.Request.Header, hdrAuthorization) {
+	if repeated(&ctx.Request.Header, hdrAuthorization) {
 		// A singleton field (RFC 9110 §11.6.2). Only the first line is
 		// checked as a credential; a passport token in another would pass
 		// unchecked and unconsumed to the worker.
