@@ -3,7 +3,59 @@ package directory
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 )
+
+// MaxIDLen is the reference worker's id limit (pinned.pinboard.wire:
+// invalid_id_reason).
+const MaxIDLen = 256
+
+// Why CheckID refuses an id.
+var (
+	ErrEmptyID   = errors.New("id must be non-empty")
+	ErrLongID    = errors.New("id must be at most 256 characters")
+	ErrIDCharset = errors.New("id must contain only [A-Za-z0-9._~-]")
+	ErrDotID     = errors.New("id must not be . or ..")
+)
+
+// CheckID applies the reference worker's id rule (pinned.pinboard.wire:
+// invalid_id_reason): 1..256 characters of [A-Za-z0-9._~-], not "." or
+// "..". Every id a store holds passes it — the data plane routes nothing
+// else, and no NUL can join a row key (appendKey) to another row's. It
+// does not allocate.
+func CheckID[T ~string | ~[]byte](id T) error {
+	if len(id) == 0 {
+		return ErrEmptyID
+	}
+	if len(id) > MaxIDLen {
+		return ErrLongID
+	}
+	for i := 0; i < len(id); i++ {
+		if !idChar[id[i]] {
+			return ErrIDCharset
+		}
+	}
+	if string(id) == "." || string(id) == ".." {
+		return ErrDotID
+	}
+	return nil
+}
+
+var idChar = func() (t [256]bool) {
+	for c := 'A'; c <= 'Z'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for _, c := range "._~-" {
+		t[c] = true
+	}
+	return t
+}()
 
 // NewSessionID returns 32 hex characters of crypto randomness: session ids
 // are attestation audiences, so they must not be guessable.

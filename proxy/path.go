@@ -5,18 +5,16 @@ import (
 	"errors"
 
 	"github.com/valyala/fasthttp"
-)
 
-// maxIDLength matches the reference worker's id limit: longer ids would be
-// rejected by every worker anyway, after a placement was wasted on them.
-const maxIDLength = 256
+	"github.com/pinboard-go/pinboard/directory"
+)
 
 var (
 	errNotInstance   = errors.New("not an instance path")
 	errBadNamespace  = errors.New("namespace must be a single non-empty path segment")
-	errEmptyID       = errors.New("id must be non-empty")
-	errLongID        = errors.New("id must be at most 256 characters")
-	errIDCharset     = errors.New("id must contain only [A-Za-z0-9._~-]")
+	errEmptyID       = directory.ErrEmptyID
+	errLongID        = directory.ErrLongID
+	errIDCharset     = directory.ErrIDCharset
 	errDotSegment    = errors.New("path must not contain . or .. segments")
 	errOutsideBase   = errors.New("path is outside the base path")
 	errPathMalformed = errors.New("request target must be an absolute path")
@@ -202,39 +200,14 @@ func climbs(path []byte) bool {
 	return false
 }
 
+// checkID is directory.CheckID, a dot id answered as the dot segment it
+// is in a path.
 func checkID(id []byte) error {
-	if len(id) == 0 {
-		return errEmptyID
+	if err := directory.CheckID(id); err != directory.ErrDotID {
+		return err
 	}
-	if len(id) > maxIDLength {
-		return errLongID
-	}
-	for _, c := range id {
-		if !idChar[c] {
-			return errIDCharset
-		}
-	}
-	if string(id) == "." || string(id) == ".." {
-		return errDotSegment
-	}
-	return nil
+	return errDotSegment
 }
-
-var idChar = func() (t [256]bool) {
-	for c := 'A'; c <= 'Z'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-	}
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for _, c := range "._~-" {
-		t[c] = true
-	}
-	return t
-}()
 
 // appendNamespace appends the namespace ns, as the request spelt it, to
 // dst with its percent-escapes decoded: the worker's server decodes the

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 // Fuzz tests for the registry's request bodies (R-REG-7): what a worker or
@@ -268,7 +270,7 @@ func FuzzRegisterValidate_RREG1_RREG7(f *testing.F) {
 				t.Fatalf("unexpected acceptance of instances namespace %q in %q", ns, b)
 			}
 			for _, id := range ids {
-				if id == "" || len(id) > maxIDLen {
+				if directory.CheckID(id) != nil {
 					t.Fatalf("unexpected acceptance of id %q in %q", id, b)
 				}
 			}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -357,11 +356,11 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 }
 
 // instanceName reports whether ns and id can name an instance: ns one a
-// worker may register (namespaceRE), id not empty. Neither holds a NUL,
-// which the stores put between the two: "/c\0x" and "y" made the key of
-// "/c" and "x\0y".
+// worker may register (namespaceRE), id one the data plane routes
+// (directory.CheckID). Neither holds a NUL, which the stores put between
+// the two: "/c\0x" and "y" made the key of "/c" and "x\0y".
 func instanceName(ns, id string) bool {
-	return namespaceRE.MatchString(ns) && id != "" && strings.IndexByte(id, 0) < 0
+	return namespaceRE.MatchString(ns) && directory.CheckID(id) == nil
 }
 
 // placement handles GET /registry/placement?namespace=&id=: which worker

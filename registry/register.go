@@ -51,7 +51,6 @@ const ReservedNamespace = "/registry"
 var bodyReservedNamespace = errorBody("namespace " + ReservedNamespace + " is reserved: pinboard serves its registry API there")
 
 const (
-	maxIDLen      = 256
 	maxTokenLen   = 512
 	maxNamespaces = 1024
 	// maxInstanceIDs bounds the ids one registration lists. The stores
@@ -132,7 +131,7 @@ func (b *registerBody) validate() *directory.Registration {
 			return nil
 		}
 		for _, id := range ids {
-			if len(id) == 0 || len(id) > maxIDLen {
+			if directory.CheckID(id) != nil {
 				return nil
 			}
 		}

@@ -67,6 +67,12 @@ func TestRegisterSchema_RREG7(t *testing.T) {
 		{"epoch", 1e19},
 		{"instances", map[string]any{"/counters": "alice"}},
 		{"instances", map[string]any{"nope": []string{"a"}}},
+		// Ids as the data plane routes them (directory.CheckID, the
+		// reference worker's rule).
+		{"instances", map[string][]string{"/counters": {""}}},
+		{"instances", map[string][]string{"/counters": {"al ice"}}},
+		{"instances", map[string][]string{"/counters": {".."}}},
+		{"instances", map[string][]string{"/counters": {strings.Repeat("a", 257)}}},
 		{"envs", []string{"x"}},
 	}
 	for _, b := range bad {
