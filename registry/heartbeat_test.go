@@ -419,16 +419,24 @@ func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 func TestHeartbeatBackendNoLongerAllowed_RTR3(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
+	h.wantBeatForbiddenWith(session, `"namespaces":["*"],"allowedBackendHosts":["10.0.0.1"]`)
+}
+
+// wantBeatForbiddenWith sends session's heartbeat to a registry whose
+// passport gives the worker key (the same account) these claims instead,
+// and fails unless it is answered 403 {"error":"forbidden"} byte for byte.
+func (h *harness) wantBeatForbiddenWith(session, claims string) {
+	h.t.Helper()
 	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
-		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["10.0.0.1"]}}}
+		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{` + claims + `}}}
 	]}]}`
 	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
 	if err != nil {
-		t.Fatal(err)
+		h.t.Fatal(err)
 	}
 	res := h.do(h.registry(pp), "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
 	if res.status != 403 || res.body != `{"error":"forbidden"}` {
-		t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
+		h.t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
 	}
 }
 
@@ -451,17 +459,7 @@ func TestHeartbeatClaimsNoLongerCover_RREG2_RTR3(t *testing.T) {
 			if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
 				t.Fatalf("unexpected reply before narrowing; got %d %s", res.status, res.body)
 			}
-			raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
-				{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{` + tc.claims + `}}}
-			]}]}`
-			pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
-			if err != nil {
-				t.Fatal(err)
-			}
-			res := h.do(h.registry(pp), "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
-			if res.status != 403 || res.body != `{"error":"forbidden"}` {
-				t.Fatalf("unexpected reply; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
-			}
+			h.wantBeatForbiddenWith(session, tc.claims)
 		})
 	}
 }
