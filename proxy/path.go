@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 var (
@@ -222,7 +223,7 @@ func appendNamespace(dst, ns []byte) []byte {
 		return append(dst, ns...)
 	}
 	for i := 0; i < len(ns); i++ {
-		if c := ns[i]; c == '%' && i+2 < len(ns) && isHex(ns[i+1]) && isHex(ns[i+2]) {
+		if c := ns[i]; c == '%' && i+2 < len(ns) && ascii.IsHex(ns[i+1]) && ascii.IsHex(ns[i+2]) {
 			dst = append(dst, unhex(ns[i+1])<<4|unhex(ns[i+2]))
 			i += 2
 			continue
@@ -230,10 +231,6 @@ func appendNamespace(dst, ns []byte) []byte {
 		dst = append(dst, ns[i])
 	}
 	return dst
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c|0x20 && c|0x20 <= 'f'
 }
 
 func unhex(c byte) byte {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/ascii"
 	"github.com/pinboard-go/pinboard/proxy"
 )
 
@@ -251,7 +252,7 @@ func pathAsSent(p string) bool {
 		c := p[i]
 		switch {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', strings.IndexByte("/-._~!$&'()*+,;=:@", c) >= 0:
-		case c == '%' && i+2 < len(p) && isHex(p[i+1]) && isHex(p[i+2]):
+		case c == '%' && i+2 < len(p) && ascii.IsHex(p[i+1]) && ascii.IsHex(p[i+2]):
 			i += 2
 		default:
 			return false
@@ -263,10 +264,6 @@ func pathAsSent(p string) bool {
 		}
 	}
 	return true
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 // sameListenHost reports whether listeners on hosts a and b, as checked

@@ -20,6 +20,11 @@ func Lower(s string) string {
 	return s
 }
 
+// IsHex reports whether c is a hexadecimal digit, in either case.
+func IsHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c|0x20 && c|0x20 <= 'f'
+}
+
 // AppendLower appends s to dst with its ASCII letters lower-cased.
 func AppendLower(dst []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {

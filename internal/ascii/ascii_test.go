@@ -38,3 +38,12 @@ func TestIndexSpaceOrCtl(t *testing.T) {
 		}
 	}
 }
+
+func TestIsHex(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		want := '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+		if got := IsHex(byte(c)); got != want {
+			t.Errorf("unexpected IsHex(%q); got %v; want %v", rune(c), got, want)
+		}
+	}
+}
