@@ -15,7 +15,7 @@ var (
 	ErrEmptyID   = errors.New("id must be non-empty")
 	ErrLongID    = errors.New("id must be at most 256 characters")
 	ErrIDCharset = errors.New("id must contain only [A-Za-z0-9._~-]")
-	ErrDotID     = errors.New("id must not be . or ..")
+	ErrDotID     = errors.New("id must not be a dot segment (. or ..)")
 )
 
 // CheckID applies the reference worker's id rule (pinned.pinboard.wire:
