@@ -24,10 +24,23 @@ var errPoolExhausted = errors.New("worker connection pool exhausted")
 // the pool does not pin one.
 type pconn struct {
 	c        net.Conn
+	pool     *connPool
 	br       *bufio.Reader
 	src      *carryReader // set while br is a small stream buffer
-	w        io.Writer    // where pooled write buffers flush to: c
+	w        io.Writer    // where pooled write buffers flush to: (*pconnOut)(pc)
 	lastUsed time.Time
+	// A request's last bytes go out with the wait for its answer
+	// (pconn.Read, rawio.SendRead): writeRequest's final flush leaves
+	// them in out (capture), in outW's buffer, which is held until then.
+	// checkQuiet: pc came from the idle list, and must be found quiet
+	// before its first byte goes out (see popIdle). sendErr is why the
+	// request did not go out whole: a write's error, or
+	// rawio.ErrNotQuiet when pc must not carry it.
+	out        []byte
+	outW       *bufio.Writer
+	capture    bool
+	checkQuiet bool
+	sendErr    error
 	// deadline is the read deadline last set on c.
 	deadline lazyDeadline
 	// reused is true once the connection carried a response; a read error
@@ -144,35 +157,36 @@ func (p *connPool) get(now time.Time) (*pconn, error) {
 }
 
 // popIdle returns the most recently used idle connection younger than
-// idleTimeout that is still quiet, or nil. One peek (rawio.Readable)
-// checks it: a connection the worker closed while idle is replaced before
-// it is used — a request that must not run twice is never replayed after
-// an error — and one carrying bytes no request asked for (the late tail of
-// an answer) would hand them to the next request as its answer.
+// idleTimeout, or nil. It must be found quiet before it carries a request
+// (checkQuiet), by one peek just before the request's first byte goes
+// out (pconnOut.Write, or rawio.SendRead with the last bytes): a
+// connection the worker closed while idle is replaced before it is used —
+// a request that must not run twice is never replayed after an error —
+// and one carrying bytes no request asked for (the late tail of an
+// answer) would hand them to the next request as its answer. The caller
+// discards one that is not (rawio.ErrNotQuiet) and takes the next.
 func (p *connPool) popIdle(now time.Time) *pconn {
-	for {
-		var stale []*pconn
-		p.mu.Lock()
-		var pc *pconn
-		for n := len(p.idle); n > 0; n = len(p.idle) {
-			c := p.idle[n-1]
-			p.idle[n-1] = nil
-			p.idle = p.idle[:n-1]
-			if now.Sub(c.lastUsed) < p.idleTimeout {
-				pc = c
-				break
-			}
-			stale = append(stale, c)
+	var stale []*pconn
+	p.mu.Lock()
+	var pc *pconn
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		c := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		if now.Sub(c.lastUsed) < p.idleTimeout {
+			pc = c
+			break
 		}
-		p.mu.Unlock()
-		for _, c := range stale {
-			p.discard(c)
-		}
-		if pc == nil || !rawio.Readable(pc.c) {
-			return pc
-		}
-		p.discard(pc)
+		stale = append(stale, c)
 	}
+	p.mu.Unlock()
+	for _, c := range stale {
+		p.discard(c)
+	}
+	if pc != nil {
+		pc.checkQuiet, pc.sendErr = true, nil
+	}
+	return pc
 }
 
 func (p *connPool) wait(now time.Time) (*pconn, error) {
@@ -227,7 +241,55 @@ func (p *connPool) dialNew() (*pconn, error) {
 	// Raw read(2)/write(2) toward the worker: the goroutine keeps its P
 	// through the calls (package rawio says why).
 	c = rawio.Wrap(c)
-	return &pconn{c: c, br: p.headerReader(c), w: c}, nil
+	pc := &pconn{c: c, pool: p}
+	pc.br = p.headerReader(pc)
+	pc.w = (*pconnOut)(pc)
+	return pc, nil
+}
+
+// Read implements io.Reader for pc's header buffer. The first read after
+// writeRequest left the request's last bytes in out sends them in the
+// same wait (rawio.SendRead): one read(2) that finds nothing and a peek
+// fewer per request than a write, a peek and a read would make (the
+// answer is never there at once). A send that failed is recorded in
+// sendErr: the read's error then says nothing about the worker's answer
+// (fasthttp reports any error on a header's first byte as io.EOF).
+func (pc *pconn) Read(p []byte) (int, error) {
+	if pc.out == nil {
+		return pc.c.Read(p)
+	}
+	out, quiet := pc.out, pc.checkQuiet
+	pc.out, pc.checkQuiet = nil, false
+	n, sent, err := rawio.SendRead(pc.c, out, p, quiet)
+	pc.pool.putWriter(pc.outW)
+	pc.outW = nil
+	if !sent {
+		pc.sendErr = err
+	}
+	return n, err
+}
+
+// pconnOut is where pc's pooled write buffers flush to: the connection,
+// found quiet first when pc was idle (checkQuiet); while capture is set
+// (writeRequest's final flush), the bytes are left in out for the read
+// of the answer to send (pconn.Read).
+type pconnOut pconn
+
+func (o *pconnOut) Write(p []byte) (int, error) {
+	pc := (*pconn)(o)
+	if pc.capture {
+		pc.capture = false
+		pc.out = p
+		return len(p), nil
+	}
+	if pc.checkQuiet {
+		pc.checkQuiet = false
+		if rawio.Readable(pc.c) {
+			pc.sendErr = rawio.ErrNotQuiet
+			return 0, rawio.ErrNotQuiet
+		}
+	}
+	return pc.c.Write(p)
 }
 
 // streamBufSize is the read buffer of a connection relaying a streamed
@@ -236,12 +298,12 @@ const streamBufSize = 4 << 10
 
 // headerReader returns a read buffer big enough for a worker's response
 // header (bufSize), recycled from streams that gave theirs back.
-func (p *connPool) headerReader(c net.Conn) *bufio.Reader {
+func (p *connPool) headerReader(pc *pconn) *bufio.Reader {
 	if br, ok := p.readers.Get().(*bufio.Reader); ok {
-		br.Reset(c)
+		br.Reset(pc)
 		return br
 	}
-	return bufio.NewReaderSize(c, p.bufSize)
+	return bufio.NewReaderSize(pc, p.bufSize)
 }
 
 // streamReader swaps pc's header-size read buffer for a small one while
@@ -272,7 +334,7 @@ func (p *connPool) endStream(pc *pconn) bool {
 		return false
 	}
 	pc.src = nil
-	pc.br = p.headerReader(pc.c)
+	pc.br = p.headerReader(pc)
 	return true
 }
 

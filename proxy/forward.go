@@ -799,7 +799,8 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	pool := st.up.pool
 	st.up.touch(now)
 	idempotent := idempotentRequest(&ctx.Request.Header)
-	for retry := false; ; retry = true {
+	retry := false
+	for {
 		pc, err := pool.get(now)
 		if err != nil {
 			if errors.Is(err, errPoolExhausted) {
@@ -818,16 +819,26 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 		}
 		wall := p.wallClock(now)
 		up, err := writeRequest(ctx, pool, pc, wall)
-		if err != nil && up == nil && earlyAnswer(ctx, pool, pc, wall, err) {
+		wrote := err == nil
+		if wrote && up == nil {
+			// A request read whole goes out with the first read of its
+			// answer (pconn.Read): a failed send shows here.
+			err = awaitHeader(ctx, pool, pc, wall)
+			if pc.sendErr != nil {
+				err, wrote = pc.sendErr, false
+			}
+		}
+		if errors.Is(pc.sendErr, rawio.ErrNotQuiet) {
+			// An idle connection the worker closed, or sent bytes on:
+			// nothing went out; the next one (popIdle).
+			pool.discard(pc)
+			continue
+		}
+		if !wrote && up == nil && earlyAnswer(ctx, pool, pc, wall, err) {
 			return p.relay(ctx, pool, pc, nil, retryUnattested)
 		}
-		wrote := err == nil
-		if wrote {
-			if up == nil {
-				err = awaitHeader(ctx, pool, pc, wall)
-			} else {
-				err = awaitUploadHeader(ctx, pc, up)
-			}
+		if wrote && up != nil {
+			err = awaitUploadHeader(ctx, pc, up)
 		}
 		if err != nil {
 			pool.discard(pc)
@@ -853,6 +864,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			// it and then dropped the connection, which is why a POST is
 			// never replayed (Go's transport has the same rule).
 			if reused && replayable && idempotent && !retry && staleConn(err) {
+				retry = true
 				continue
 			}
 			ctx.Response.Reset()
@@ -912,6 +924,9 @@ func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.T
 		err := readResponseHeader(&ctx.Response.Header, pc.br)
 		if err == nil {
 			return nil
+		}
+		if pc.sendErr != nil {
+			return err // the request did not go out whole (roundTrip)
 		}
 		if again, err := pc.keepWaiting(err, ctx.Conn()); !again {
 			return err
@@ -1060,7 +1075,15 @@ func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now tim
 	if !ctx.Request.IsBodyStream() {
 		err := ctx.Request.Write(bw)
 		if err == nil {
+			// The last bytes go out with the wait for the answer
+			// (pconn.Read); bw's buffer holds them until then.
+			pc.capture = true
 			err = bw.Flush()
+			pc.capture = false
+		}
+		if err == nil && pc.out != nil {
+			pc.outW = bw
+			return nil, nil
 		}
 		pool.putWriter(bw)
 		return nil, err

@@ -375,7 +375,15 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 		posts.Add(1)
 		rw.Write([]byte("charged"))
 	})
-	for _, method := range []string{"GET", "POST", "GET", "POST"} {
+	// Bodies: small (sent with the wait for the answer, rawio.SendRead),
+	// larger than the write buffer but read whole (flushed before its
+	// last bytes, which go with the wait), and streamed (an upload).
+	bodies := map[string]string{
+		"POST":        `{"amount":100}`,
+		"POST-whole":  `{"pad":"` + strings.Repeat("x", 40<<10) + `"}`,
+		"POST-stream": `{"pad":"` + strings.Repeat("y", 1<<20) + `"}`,
+	}
+	for _, kind := range []string{"GET", "POST", "GET", "POST", "POST-whole", "POST-stream"} {
 		if res, _ := rg.get("/counters/alice/value", nil); res.StatusCode != 200 { // warm a pooled connection
 			t.Fatal(res.StatusCode)
 		}
@@ -385,16 +393,16 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 		}
 		w.srv.CloseClientConnections()
 		waitUntil(t, "the FIN to reach the pooled socket", func() bool { return idleReadable(u.pool) })
-		req, _ := http.NewRequest(method, rg.url+"/counters/alice/charge", strings.NewReader(`{"amount":100}`))
-		if method == "GET" {
-			req, _ = http.NewRequest(method, rg.url+"/counters/alice/value", nil)
+		req, _ := http.NewRequest("GET", rg.url+"/counters/alice/value", nil)
+		if kind != "GET" {
+			req, _ = http.NewRequest("POST", rg.url+"/counters/alice/charge", strings.NewReader(bodies[kind]))
 		}
 		if res, body := rg.do(req); res.StatusCode != 200 {
-			t.Fatalf("unexpected %s reply on a connection the worker closed while idle; got %d %s", method, res.StatusCode, body)
+			t.Fatalf("unexpected %s reply on a connection the worker closed while idle; got %d %s", kind, res.StatusCode, body)
 		}
 	}
-	if n := posts.Load(); n != 2 {
-		t.Fatalf("unexpected POST count at the worker; got %d; want 2", n)
+	if n := posts.Load(); n != 4 {
+		t.Fatalf("unexpected POST count at the worker; got %d; want 4", n)
 	}
 }
 

@@ -51,8 +51,12 @@ type rawConn struct {
 	edged bool
 	// rearm is set by a callback that found nothing while the read
 	// deadline must be armed before the read parks (parkable).
-	rearm  bool
-	try    func(fd uintptr) bool
+	rearm bool
+	try   func(fd uintptr) bool
+	// send and sendFn serve SendRead: what is still to go out before
+	// its read.
+	send   sendOp
+	sendFn func(fd uintptr) bool
 	peekFn func(fd uintptr)
 	peeked peekState
 	one    [1]byte
@@ -88,6 +92,7 @@ func newRawConn(tc *net.TCPConn) (io.Reader, io.Writer) {
 	x.w.fn = x.write
 	x.edge = x.awaitEdge
 	x.try = x.tryRead
+	x.sendFn = x.sendRead
 	x.peekFn = func(fd uintptr) { x.peeked = peekFD(fd, &x.one[0]) }
 	return rawReader{x}, rawWriter{x}
 }
@@ -280,6 +285,131 @@ func (x *rawConn) awaitEdge(fd uintptr) bool {
 	}
 	x.edged = true
 	return x.ready(fd)
+}
+
+// ErrNotQuiet is SendRead's answer, with nothing sent, when the
+// connection was not quiet before the send: the peer had sent bytes, or
+// closed or reset it (see Readable).
+var ErrNotQuiet = errors.New("rawio: connection not quiet before the send")
+
+// SendRead writes send whole, then reads into p what the peer answers, as
+// Read would (same deadline, same errors). sent reports whether all of
+// send went out; when it is false, err is the write's error, or
+// ErrNotQuiet, and nothing was read. With quiet, c must be quiet before
+// the send (one peek, as Readable): a pooled connection whose peer closed
+// it while idle, or sent bytes nobody asked for, gets ErrNotQuiet and
+// carries nothing.
+//
+// Why: a request's answer is almost never there right after the request
+// went out, so a peek, a Write and then a Read pay a read(2) that finds
+// nothing (EAGAIN) before the goroutine parks. Here the peek and the
+// write run inside the read's wait, after the poller's readiness for c
+// was reset (internal/poll's prepareRead): the peek found c empty, so
+// every byte there arrives after the reset and its edge is kept, and the
+// wait parks without that look; the read after the wake-up finds the
+// answer. Without quiet nothing says c was empty before the reset, and
+// the wait looks first, as Read's. A send that does not fit in the socket's
+// buffer at once goes on as a Write (waiting for room, under the write
+// deadline) and the read as a Read. Connections without raw access (TLS)
+// write and then read.
+func SendRead(c net.Conn, send, p []byte, quiet bool) (n int, sent bool, err error) {
+	rc, ok := c.(*Conn)
+	if !ok || rc.x == nil || len(p) == 0 {
+		if quiet && Readable(c) {
+			return 0, false, ErrNotQuiet
+		}
+		if _, err := c.Write(send); err != nil {
+			return 0, false, err
+		}
+		n, err = c.Read(p)
+		return n, true, err
+	}
+	x := rc.x
+	s := &x.send
+	s.p, s.n, s.quiet, s.err, s.done = send, 0, quiet, nil, false
+	op := &x.r
+	op.p, op.n, op.err, op.eof = p, 0, nil, false
+	err = x.wait(x.sendFn)
+	done, rest, serr := s.done, s.p[min(s.n, len(s.p)):], s.err
+	s.p, s.err = nil, nil
+	if !done {
+		op.p = nil
+		switch {
+		case serr == ErrNotQuiet:
+			return 0, false, ErrNotQuiet
+		case serr != nil:
+			return 0, false, &net.OpError{Op: "write", Net: "tcp", Err: serr}
+		case err != nil:
+			// The wait ended before the send: the read deadline had
+			// passed, or c was closed.
+			return 0, false, &net.OpError{Op: "write", Net: "tcp", Err: err}
+		}
+		// Out of room in the send buffer: the rest waits as a Write does.
+		if _, err := rc.w.Write(rest); err != nil {
+			return 0, false, err
+		}
+		n, err = rc.r.Read(p)
+		return n, true, err
+	}
+	if err == nil {
+		err = op.err
+	}
+	n, eof := op.n, op.eof
+	op.p = nil
+	switch {
+	case err != nil:
+		return n, true, &net.OpError{Op: "read", Net: "tcp", Err: err}
+	case eof:
+		return 0, true, io.EOF
+	}
+	return n, true, nil
+}
+
+// sendOp is SendRead's send: p from n on is still to go out; done once
+// all of it went, err the write's error (or ErrNotQuiet).
+type sendOp struct {
+	p     []byte
+	n     int
+	quiet bool
+	done  bool
+	err   error
+}
+
+// sendRead is SendRead's RawConn callback. Its first call (the poller's
+// readiness was just reset) checks c is quiet if asked, writes the send
+// and, when c was found quiet, parks without a look; every later call is
+// a read, as Read's.
+func (x *rawConn) sendRead(fd uintptr) bool {
+	s := &x.send
+	if s.done {
+		return x.read(fd)
+	}
+	if s.quiet && s.n == 0 {
+		if peekFD(fd, &x.one[0]) != peekNothing {
+			s.err = ErrNotQuiet
+			return true
+		}
+	}
+	for s.n < len(s.p) {
+		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.p[s.n])), uintptr(len(s.p)-s.n))
+		switch {
+		case e == syscall.EINTR:
+			continue
+		case e == syscall.EAGAIN:
+			return true // SendRead writes the rest as a Write
+		case e != 0:
+			s.err = e
+			return true
+		}
+		s.n += int(m)
+	}
+	s.done = true
+	if !s.quiet {
+		// Bytes may have come before the wait began; only a look finds
+		// them (see AwaitEdge).
+		return x.read(fd)
+	}
+	return x.parkable()
 }
 
 // Listener wraps a TCP listener so that the connections it accepts are

@@ -1,0 +1,151 @@
+package rawio
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestSendReadRoundTrips_RDP1: the send goes out whole and the answer
+// comes back, over many round trips whose answers race the wait (the
+// peer answers at once): an edge the wait skipped its look for would hang
+// a round trip until the deadline.
+func TestSendReadRoundTrips_RDP1(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, err := server.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := server.Write(bytes.ToUpper(buf[:n])); err != nil {
+				return
+			}
+		}
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 64)
+	for i := range 5000 {
+		n, sent, err := SendRead(c, []byte("ping"), buf, i%2 == 0)
+		if err != nil || !sent || string(buf[:n]) != "PING" {
+			t.Fatalf("round trip %d: got %q, sent %v, %v; want PING, true, nil", i, buf[:n], sent, err)
+		}
+	}
+}
+
+// TestSendReadNotQuiet_RDP1: with quiet asked, a connection the peer sent
+// unasked bytes on, or closed, carries nothing and says ErrNotQuiet;
+// without it, the send goes and the bytes there are read as the answer.
+func TestSendReadNotQuiet_RDP1(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	if _, err := server.Write([]byte("stray")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return Readable(c) })
+	buf := make([]byte, 64)
+	if n, sent, err := SendRead(c, []byte("req"), buf, true); n != 0 || sent || !errors.Is(err, ErrNotQuiet) {
+		t.Fatalf("unexpected send on a connection with bytes waiting; got %d, sent %v, %v; want 0, false, ErrNotQuiet", n, sent, err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := server.Read(buf); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected bytes at the peer after a refused send; got %q, %v", buf[:n], err)
+	}
+	n, sent, err := SendRead(c, []byte("req"), buf, false)
+	if err != nil || !sent || string(buf[:n]) != "stray" {
+		t.Fatalf("unexpected send without the quiet check; got %q, sent %v, %v; want stray, true, nil", buf[:n], sent, err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := io.ReadFull(server, buf[:3]); err != nil || string(buf[:n]) != "req" {
+		t.Fatalf("unexpected bytes at the peer; got %q, %v; want req", buf[:n], err)
+	}
+
+	client2, server2 := rawTCPPair(t)
+	c2 := Wrap(client2)
+	server2.Close()
+	waitFor(t, func() bool { return PeerClosed(c2) })
+	if _, sent, err := SendRead(c2, []byte("req"), buf, true); sent || !errors.Is(err, ErrNotQuiet) {
+		t.Fatalf("unexpected send on a connection the peer closed; got sent %v, %v; want false, ErrNotQuiet", sent, err)
+	}
+}
+
+// TestSendReadLargeSend_RDP1: a send larger than the socket buffers goes
+// on as a Write once the buffer is full, every byte in order, and the
+// answer is read after it.
+func TestSendReadLargeSend_RDP1(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // let the send buffer fill
+		b := make([]byte, len(data))
+		_, err := io.ReadFull(server, b)
+		if err == nil {
+			_, err = server.Write([]byte("done"))
+		}
+		if err != nil {
+			b = nil
+		}
+		got <- b
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 64)
+	n, sent, err := SendRead(c, data, buf, true)
+	if err != nil || !sent || string(buf[:n]) != "done" {
+		t.Fatalf("unexpected large send; got %q, sent %v, %v; want done, true, nil", buf[:n], sent, err)
+	}
+	if !bytes.Equal(<-got, data) {
+		t.Fatal("unexpected bytes at the peer")
+	}
+}
+
+// TestSendReadDeadlines_RDP2: a read deadline already passed fails the
+// call before anything is sent; one that passes while the answer is
+// awaited fails the read after the send.
+func TestSendReadDeadlines_RDP2(t *testing.T) {
+	client, server := rawTCPPair(t)
+	c := Wrap(client)
+	buf := make([]byte, 64)
+	_ = c.SetReadDeadline(time.Now().Add(-time.Second))
+	if _, sent, err := SendRead(c, []byte("early"), buf, false); sent || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("unexpected send past the deadline; got sent %v, %v; want false, deadline exceeded", sent, err)
+	}
+	var ne *net.OpError
+	_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, sent, err := SendRead(c, []byte("late"), buf, false)
+	if !sent || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || ne.Op != "read" {
+		t.Fatalf("unexpected end of a wait for an answer past the deadline; got sent %v, %v; want true, a read's deadline error", sent, err)
+	}
+	_ = server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := io.ReadFull(server, buf[:4]); err != nil || string(buf[:n]) != "late" {
+		t.Fatalf("unexpected bytes at the peer; got %q, %v; want only the send made before its deadline", buf[:n], err)
+	}
+}
+
+// TestSendReadWithoutRawAccess_RDP1: a connection without a socket
+// writes and then reads.
+func TestSendReadWithoutRawAccess_RDP1(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		buf := make([]byte, 8)
+		n, _ := b.Read(buf)
+		_, _ = b.Write(bytes.ToUpper(buf[:n]))
+	}()
+	buf := make([]byte, 8)
+	n, sent, err := SendRead(a, []byte("pipe"), buf, true)
+	if err != nil || !sent || string(buf[:n]) != "PIPE" {
+		t.Fatalf("unexpected round trip over a pipe; got %q, sent %v, %v", buf[:n], sent, err)
+	}
+}
