@@ -104,7 +104,13 @@ func (r rawReader) Read(p []byte) (int, error) {
 	}
 	op := &r.r
 	op.p, op.n, op.err, op.eof = p, 0, nil, false
-	err := r.wait(op.fn)
+	return r.readDone(r.wait(op.fn))
+}
+
+// readDone ends a read whose wait returned err: what the pending op read,
+// as net.Conn's Read reports it.
+func (x *rawConn) readDone(err error) (int, error) {
+	op := &x.r
 	if err == nil {
 		err = op.err
 	}
@@ -351,18 +357,8 @@ func SendRead(c net.Conn, send, p []byte, quiet bool) (n int, sent bool, err err
 		n, err = rc.r.Read(p)
 		return n, true, err
 	}
-	if err == nil {
-		err = op.err
-	}
-	n, eof := op.n, op.eof
-	op.p = nil
-	switch {
-	case err != nil:
-		return n, true, &net.OpError{Op: "read", Net: "tcp", Err: err}
-	case eof:
-		return 0, true, io.EOF
-	}
-	return n, true, nil
+	n, err = x.readDone(err)
+	return n, true, err
 }
 
 // sendOp is SendRead's send: p from n on is still to go out; done once
