@@ -25,6 +25,11 @@ type Memory struct {
 
 	mu       sync.Mutex
 	sessions map[string]*memSession
+	// cands and ranked are Place's scratch for the policy, under mu: a
+	// buffer handed to a Policy through its interface is allocated per
+	// call otherwise.
+	cands    []Candidate
+	ranked   []int
 	byNS     map[string]map[string]*memSession
 	byClient map[string]map[string]*memSession
 	// byURL: the session last registered at each advertise URL (a
@@ -132,13 +137,19 @@ func (m *Memory) Name() string { return "memory" }
 // Close implements Store.
 func (m *Memory) Close() error { return nil }
 
-func (m *Memory) shard(key []byte) *memShard {
+func (m *Memory) shard(key []byte) *memShard { return &m.shards[fnv32(key)%memoryShards] }
+
+// shardOf is shard for a key held as a string.
+func (m *Memory) shardOf(key string) *memShard { return &m.shards[fnv32(key)%memoryShards] }
+
+// fnv32 is FNV-1a of key.
+func fnv32[K string | []byte](key K) uint32 {
 	h := uint32(2166136261)
-	for _, c := range key {
-		h ^= uint32(c)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
 		h *= 16777619
 	}
-	return &m.shards[h%memoryShards]
+	return h
 }
 
 // Lookup implements Store. Fast path: one shard read lock, no allocation.
@@ -155,32 +166,38 @@ func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
 	return Route{Owner: r.owner, Epoch: r.epoch}, true
 }
 
-func (m *Memory) row(ns, id string) (*memShard, []byte, *memRow) {
-	key := appendKey(make([]byte, 0, len(ns)+len(id)+1), ns, id)
-	sh := m.shard(key)
+// row returns ns/id's shard, key and row (nil: none). The key is a
+// string, built once: a placement inserts it as the row's key and the
+// session's row set refers into it (putRow).
+func (m *Memory) row(ns, id string) (*memShard, string, *memRow) {
+	key := string(appendKey(make([]byte, 0, len(ns)+len(id)+1), ns, id))
+	sh := m.shardOf(key)
 	sh.mu.RLock()
-	r := sh.rows[string(key)]
+	r := sh.rows[key]
 	sh.mu.RUnlock()
 	return sh, key, r
 }
 
 // setRow installs a row; callers hold m.mu.
-func (m *Memory) setRow(sh *memShard, key []byte, ns, id string, s *memSession) *memRow {
+func (m *Memory) setRow(sh *memShard, key, ns, id string, s *memSession) *memRow {
 	m.epoch++
 	return m.putRow(sh, key, ns, id, s, m.epoch)
 }
 
 // putRow points the row at s with the given epoch; callers hold m.mu.
-func (m *Memory) putRow(sh *memShard, key []byte, ns, id string, s *memSession, epoch uint64) *memRow {
+func (m *Memory) putRow(sh *memShard, key, ns, id string, s *memSession, epoch uint64) *memRow {
 	r := &memRow{owner: s.owner, sess: s, epoch: epoch}
 	sh.mu.Lock()
-	old := sh.rows[string(key)]
-	sh.rows[string(key)] = r
+	old := sh.rows[key]
+	sh.rows[key] = r
 	sh.mu.Unlock()
 	if old != nil && old.sess != s {
 		delete(old.sess.rows, NSID{ns, id})
 	}
-	s.rows[NSID{ns, id}] = struct{}{}
+	// The set's strings are the key's own bytes (ns, NUL, id): a placement
+	// keeps one string alive, not the caller's two as well — fewer
+	// objects for the collector to mark in a table of millions.
+	s.rows[NSID{key[:len(ns)], key[len(ns)+1:]}] = struct{}{}
 	return r
 }
 
@@ -254,8 +271,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	// Session-id order, as the Redis store gives them: a policy's ties
 	// must not follow map order (Policy).
 	slices.SortFunc(sess, func(a, b *memSession) int { return strings.Compare(a.info.SessionID, b.info.SessionID) })
-	var cbuf [16]Candidate
-	cands := cbuf[:0]
+	cands := m.cands[:0]
 	for _, s := range sess {
 		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
 	}
@@ -263,12 +279,13 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	if policy == nil {
 		policy = DefaultPolicy
 	}
-	var rbuf [4]int
-	ranked := policy.Rank(rbuf[:0], cands, &req.Pick)
+	ranked := policy.Rank(m.ranked[:0], cands, &req.Pick)
 	if len(ranked) == 0 {
 		panic("BUG: policy ranked no candidate")
 	}
 	s := sess[ranked[0]]
+	clear(cands) // no session ids kept past the call
+	m.cands, m.ranked = cands[:0], ranked[:0]
 	nr := m.setRow(sh, key, req.NS, req.ID, s)
 	s.info.Headroom--
 	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r != nil}, nil
@@ -457,9 +474,9 @@ func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (b
 }
 
 // freeRow deletes the row r of ns/id at key in sh; callers hold m.mu.
-func (m *Memory) freeRow(sh *memShard, key []byte, r *memRow, ns, id string) {
+func (m *Memory) freeRow(sh *memShard, key string, r *memRow, ns, id string) {
 	sh.mu.Lock()
-	delete(sh.rows, string(key))
+	delete(sh.rows, key)
 	sh.mu.Unlock()
 	delete(r.sess.rows, NSID{ns, id})
 }

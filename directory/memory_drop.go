@@ -32,8 +32,8 @@ func (m *Memory) freeRows(s *memSession) bool {
 		sh, key, r := m.row(k.NS, k.ID)
 		if r != nil && r.sess == s {
 			sh.mu.Lock()
-			if sh.rows[string(key)] == r {
-				delete(sh.rows, string(key))
+			if sh.rows[key] == r {
+				delete(sh.rows, key)
 			}
 			sh.mu.Unlock()
 		}

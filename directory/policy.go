@@ -28,7 +28,8 @@ type PickInput struct {
 // is non-empty. The store claims the first ranked candidate that is still
 // eligible at claim time, so later entries are fallbacks. Every store hands
 // cands in session-id order, so a policy that breaks ties by position
-// picks the same for the same state on every store and node.
+// picks the same for the same state on every store and node. Rank keeps
+// neither dst nor cands past the call: stores reuse them.
 type Policy interface {
 	Rank(dst []int, cands []Candidate, in *PickInput) []int
 }

@@ -52,23 +52,9 @@ type redisWatch struct {
 	refs int
 }
 
-func fnv32(h uint32, c byte) uint32 { return (h ^ uint32(c)) * 16777619 }
+func (r *Redis) shardBytes(key []byte) *redisShard { return &r.shards[fnv32(key)%redisShards] }
 
-func (r *Redis) shardBytes(key []byte) *redisShard {
-	h := uint32(2166136261)
-	for _, c := range key {
-		h = fnv32(h, c)
-	}
-	return &r.shards[h%redisShards]
-}
-
-func (r *Redis) shardOf(key string) *redisShard {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h = fnv32(h, key[i])
-	}
-	return &r.shards[h%redisShards]
-}
+func (r *Redis) shardOf(key string) *redisShard { return &r.shards[fnv32(key)%redisShards] }
 
 // Lookup implements Store. Fast path: one shard read lock, no allocation,
 // no Redis round trip. A cached row whose owner's known lease has passed is

@@ -125,7 +125,8 @@ func registrationEnded(clientID, sessionID string, err error) error {
 
 // PlaceRequest is one placement attempt. The policy runs inside the store's
 // atomic section for the memory store, and before the claim script for
-// Redis, which then claims the first still-eligible ranked candidate.
+// Redis, which then claims the first still-eligible ranked candidate. A
+// store keeps nothing of it past Place: callers reuse it.
 type PlaceRequest struct {
 	NS, ID string
 	Now    time.Time

@@ -80,6 +80,10 @@ type request struct {
 
 	pick    directory.PickInput
 	pickSet bool
+	// placeReq is the request's placement attempt, reused: a pointer
+	// handed to the store through its interface would be allocated per
+	// call (the stores keep nothing of it, directory.Store).
+	placeReq directory.PlaceRequest
 
 	// routed is set once the request resolved to a worker: its namespace
 	// is then a registered one, safe as a metrics label.
@@ -95,6 +99,7 @@ func (rq *request) reset() {
 	rq.principal = nil
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
+	rq.placeReq = directory.PlaceRequest{}
 	rq.routed, rq.noHost = false, false
 	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 }
@@ -377,11 +382,12 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 		host = hostOnly(ctx.Request.Header.Host())
 	}
 	c := p.opCtx.get()
-	r, err := p.store.Place(c, &directory.PlaceRequest{
+	rq.placeReq = directory.PlaceRequest{
 		NS: string(rq.ns), ID: string(rq.id), Now: now,
 		Policy: p.declines.policy(p.policy, now), Pick: rq.pick, Exclude: exclude,
 		Host: host,
-	})
+	}
+	r, err := p.store.Place(c, &rq.placeReq)
 	if err == nil && r.Placed {
 		// Replaced: the id moved, off a refusing worker (R-PL-6) or off
 		// an owner whose lease passed (R-LS-2).
