@@ -65,15 +65,22 @@ var (
 
 type memShard struct {
 	mu   sync.RWMutex
-	rows map[string]*memRow
+	rows map[string]memRow
 	_    [40]byte // keep neighbouring shard locks off one cache line
 }
 
+// memRow is a placement, held by value in its shard's map: a table of
+// millions of rows is that many fewer objects for the collector to mark.
+// The zero value is no row.
 type memRow struct {
 	owner *Owner
 	sess  *memSession
 	epoch uint64
 }
+
+// present reports whether r is a row (not the zero value a missing key
+// reads as).
+func (r memRow) present() bool { return r.sess != nil }
 
 type memSession struct {
 	owner *Owner
@@ -126,7 +133,7 @@ func NewMemory(leaseTTL time.Duration, now time.Time) *Memory {
 		epoch:     uint64(now.UnixMicro()),
 	}
 	for i := range m.shards {
-		m.shards[i].rows = make(map[string]*memRow)
+		m.shards[i].rows = make(map[string]memRow)
 	}
 	return m
 }
@@ -160,7 +167,7 @@ func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
 	sh.mu.RLock()
 	r := sh.rows[string(key)]
 	sh.mu.RUnlock()
-	if r == nil || !r.owner.Live(now) {
+	if !r.present() || !r.owner.Live(now) {
 		return Route{}, false
 	}
 	return Route{Owner: r.owner, Epoch: r.epoch}, true
@@ -169,7 +176,7 @@ func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
 // row returns ns/id's shard, key and row (nil: none). The key is a
 // string, built once: a placement inserts it as the row's key and the
 // session's row set refers into it (putRow).
-func (m *Memory) row(ns, id string) (*memShard, string, *memRow) {
+func (m *Memory) row(ns, id string) (*memShard, string, memRow) {
 	key := string(appendKey(make([]byte, 0, len(ns)+len(id)+1), ns, id))
 	sh := m.shardOf(key)
 	sh.mu.RLock()
@@ -179,19 +186,19 @@ func (m *Memory) row(ns, id string) (*memShard, string, *memRow) {
 }
 
 // setRow installs a row; callers hold m.mu.
-func (m *Memory) setRow(sh *memShard, key, ns, id string, s *memSession) *memRow {
+func (m *Memory) setRow(sh *memShard, key, ns, id string, s *memSession) memRow {
 	m.epoch++
 	return m.putRow(sh, key, ns, id, s, m.epoch)
 }
 
 // putRow points the row at s with the given epoch; callers hold m.mu.
-func (m *Memory) putRow(sh *memShard, key, ns, id string, s *memSession, epoch uint64) *memRow {
-	r := &memRow{owner: s.owner, sess: s, epoch: epoch}
+func (m *Memory) putRow(sh *memShard, key, ns, id string, s *memSession, epoch uint64) memRow {
+	r := memRow{owner: s.owner, sess: s, epoch: epoch}
 	sh.mu.Lock()
 	old := sh.rows[key]
 	sh.rows[key] = r
 	sh.mu.Unlock()
-	if old != nil && old.sess != s {
+	if old.present() && old.sess != s {
 		delete(old.sess.rows, NSID{ns, id})
 	}
 	// The set's strings are the key's own bytes (ns, NUL, id): a placement
@@ -233,7 +240,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sh, key, r := m.row(req.NS, req.ID)
-	if r != nil && r.owner.Live(now) && r.owner.SessionID != req.Exclude {
+	if r.present() && r.owner.Live(now) && r.owner.SessionID != req.Exclude {
 		return Route{Owner: r.owner, Epoch: r.epoch}, nil
 	}
 	if rem := m.quarantineLocked(now, true); rem > 0 {
@@ -288,7 +295,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	m.cands, m.ranked = cands[:0], ranked[:0]
 	nr := m.setRow(sh, key, req.NS, req.ID, s)
 	s.info.Headroom--
-	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r != nil}, nil
+	return Route{Owner: s.owner, Epoch: nr.epoch, Placed: true, Replaced: r.present()}, nil
 }
 
 // eligible: live, not draining by its own flag or an operator drain, not
@@ -466,7 +473,7 @@ func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (b
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sh, key, r := m.row(req.NS, req.ID)
-	if r == nil || r.owner.SessionID != req.SessionID || (req.Epoch != 0 && r.epoch != req.Epoch) {
+	if !r.present() || r.owner.SessionID != req.SessionID || (req.Epoch != 0 && r.epoch != req.Epoch) {
 		return false, nil
 	}
 	m.freeRow(sh, key, r, req.NS, req.ID)
@@ -474,7 +481,7 @@ func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (b
 }
 
 // freeRow deletes the row r of ns/id at key in sh; callers hold m.mu.
-func (m *Memory) freeRow(sh *memShard, key string, r *memRow, ns, id string) {
+func (m *Memory) freeRow(sh *memShard, key string, r memRow, ns, id string) {
 	sh.mu.Lock()
 	delete(sh.rows, key)
 	sh.mu.Unlock()
@@ -555,7 +562,7 @@ func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time,
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, _, r := m.row(ns, id)
-	if r == nil || !r.owner.Live(now) {
+	if !r.present() || !r.owner.Live(now) {
 		return "", "", ErrNoPlacement
 	}
 	sid := r.owner.SessionID
@@ -595,7 +602,7 @@ func (m *Memory) sweepWindDowns(now time.Time) {
 			continue
 		}
 		delete(m.windDowns, k)
-		if sh, key, r := m.row(w.ns, w.id); r != nil && r.epoch == w.epoch {
+		if sh, key, r := m.row(w.ns, w.id); r.present() && r.epoch == w.epoch {
 			m.freeRow(sh, key, r, w.ns, w.id)
 		}
 	}
@@ -606,7 +613,7 @@ func (m *Memory) Placement(_ context.Context, ns, id string, now time.Time) (*Pl
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, _, r := m.row(ns, id)
-	if r == nil {
+	if !r.present() {
 		return nil, ErrNoPlacement
 	}
 	return &PlacementInfo{

@@ -30,7 +30,7 @@ func (m *Memory) freeRows(s *memSession) bool {
 		n++
 		delete(s.rows, k)
 		sh, key, r := m.row(k.NS, k.ID)
-		if r != nil && r.sess == s {
+		if r.present() && r.sess == s {
 			sh.mu.Lock()
 			if sh.rows[key] == r {
 				delete(sh.rows, key)

@@ -66,16 +66,16 @@ type memRegistering struct {
 func (m *Memory) reclaim(g *memRegistering, k NSID, serves bool, now time.Time) {
 	sh, key, r := m.row(k.NS, k.ID)
 	// r.sess == g.s: listed twice, or placed on the session between batches.
-	taken := r != nil && r.sess != g.s && !slices.Contains(g.earlier, r.sess) &&
+	taken := r.present() && r.sess != g.s && !slices.Contains(g.earlier, r.sess) &&
 		(r.owner.Live(now) || slices.Contains(g.displaced, r.sess))
 	switch {
 	case !serves || taken:
 		g.res.Duplicates = append(g.res.Duplicates, k)
-	case r != nil && slices.Contains(g.earlier, r.sess):
+	case r.present() && slices.Contains(g.earlier, r.sess):
 		// Nothing placed it elsewhere since: the worker's instance holds
 		// this epoch and releases at it (RegistrationClient.release).
 		m.putRow(sh, key, k.NS, k.ID, g.s, r.epoch)
-	case r == nil || r.sess != g.s:
+	case !r.present() || r.sess != g.s:
 		m.setRow(sh, key, k.NS, k.ID, g.s)
 	}
 }
