@@ -29,10 +29,13 @@ type workerView struct {
 	ExpiresInMs    int64    `json:"expiresInMs"`
 	LeaseExpiresAt int64    `json:"leaseExpiresAt"`
 	RegisteredAt   int64    `json:"registeredAt"`
-	Placements     int      `json:"placements"`
-	Hostname       string   `json:"hostname,omitempty"`
-	Env            string   `json:"env,omitempty"`
-	Epoch          int64    `json:"epoch,omitempty"`
+	// Placements counts the session's placements in every namespace it
+	// serves; it is left out for a credential that covers only some of
+	// them, which must not learn how busy other tenants keep the worker.
+	Placements *int   `json:"placements,omitempty"`
+	Hostname   string `json:"hostname,omitempty"`
+	Env        string `json:"env,omitempty"`
+	Epoch      int64  `json:"epoch,omitempty"`
 }
 
 // workers handles GET /registry/workers: live sessions whose namespaces the
@@ -77,10 +80,13 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 			ExpiresInMs:    ms(s.LeaseUntil.Sub(now)),
 			LeaseExpiresAt: s.LeaseUntil.UnixMilli(),
 			RegisteredAt:   s.RegisteredAt.UnixMilli(),
-			Placements:     s.Placements,
 			Hostname:       s.Hostname,
 			Env:            s.Env,
 			Epoch:          s.Epoch,
+		}
+		if len(covered) == len(s.Namespaces) {
+			n := s.Placements
+			w.Placements = &n
 		}
 		if s.Drain.Draining && !s.Drain.Deadline.IsZero() {
 			d := seconds(s.Drain.Deadline.Sub(now))

@@ -502,6 +502,44 @@ func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
 	}
 }
 
+// The listing counts a session's placements only for a credential that
+// covers every namespace the session serves: one covering some of them
+// sees the entry without the count, which would tell it how busy other
+// tenants keep the worker (R-TR-3, R-REG-4).
+func TestWorkersListingPlacementsOnlyWhenAllCovered_RREG4_RTR3(t *testing.T) {
+	h := newHarness(t)
+	s := h.register(map[string]any{"clientId": "c-count", "namespaces": []string{"/counters", "/other"}})
+	// The first placement attempt starts the cold-start quarantine (R-CS-1).
+	if _, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()}); err == nil {
+		t.Fatal("unexpected placement during the cold-start quarantine")
+	}
+	h.advance(10 * time.Second)
+	h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil))
+	h.advance(6 * time.Second)
+	for _, id := range []string{"x", "y"} {
+		if r, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: id, Now: h.clock()}); err != nil || r.Owner.SessionID != s {
+			t.Fatalf("cannot place %s: %+v %v", id, r, err)
+		}
+	}
+	entry := func(token string) map[string]any {
+		t.Helper()
+		res := h.get("/registry/workers", token)
+		var out struct {
+			Workers []map[string]any `json:"workers"`
+		}
+		if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
+			t.Fatalf("unexpected listing; got %d %s; want one worker", res.status, res.body)
+		}
+		return out.Workers[0]
+	}
+	if got := entry(operatorToken)["placements"]; got != 2.0 {
+		t.Fatalf("unexpected placements for a credential covering every namespace; got %v; want 2", got)
+	}
+	if w := entry(narrowToken); w["placements"] != nil {
+		t.Fatalf("unexpected placements for a credential covering /other only; got %v; want none (worker %v)", w["placements"], w)
+	}
+}
+
 // downStore is a directory that stops answering once down is set.
 type downStore struct {
 	*directory.Memory

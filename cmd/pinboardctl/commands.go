@@ -36,7 +36,7 @@ type worker struct {
 	DrainDeadline *float64 `json:"drainDeadline"`
 	Degraded      bool     `json:"degraded"`
 	ExpiresInMs   int64    `json:"expiresInMs"`
-	Placements    int      `json:"placements"`
+	Placements    *int     `json:"placements"` // absent: the token covers only some of the worker's namespaces
 	Hostname      string   `json:"hostname"`
 	Env           string   `json:"env"`
 }
@@ -97,8 +97,12 @@ func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.
 		if wk.DrainDeadline != nil {
 			deadline = seconds(*wk.DrainDeadline)
 		}
+		placements := "-"
+		if wk.Placements != nil {
+			placements = strconv.Itoa(*wk.Placements)
+		}
 		tw.row(cell(wk.ClientID), wk.state(), cell(wk.AdvertiseURL), cell(strings.Join(wk.Namespaces, ",")),
-			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), strconv.Itoa(wk.Placements),
+			strconv.FormatFloat(wk.Headroom, 'f', -1, 64), placements,
 			(time.Duration(wk.ExpiresInMs) * time.Millisecond).String(), deadline)
 	}
 	return tw.write(w)

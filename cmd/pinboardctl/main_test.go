@@ -31,7 +31,8 @@ func (f *fake) server(t *testing.T) *httptest.Server {
 			w.WriteHeader(401)
 			io.WriteString(w, `{"error":"unauthorized"}`)
 		case r.URL.Path == "/pb/registry/workers":
-			io.WriteString(w, `{"workers":[{"clientId":"c1","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/counters","/tickers"],"headroom":96,"draining":true,"operatorDrain":true,"drainDeadline":299.5,"degraded":false,"expiresInMs":15000,"placements":3}]}`)
+			io.WriteString(w, `{"workers":[{"clientId":"c1","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/counters","/tickers"],"headroom":96,"draining":true,"operatorDrain":true,"drainDeadline":299.5,"degraded":false,"expiresInMs":15000,"placements":3},`+
+				`{"clientId":"c2","sessionId":"s2","advertiseUrl":"http://10.0.0.2:8000","namespaces":["/counters"],"headroom":5,"draining":false,"operatorDrain":false,"degraded":false,"expiresInMs":9000}]}`)
 		case r.URL.Path == "/pb/registry/drain" && f.body["clientId"] == "nope":
 			w.WriteHeader(404)
 			io.WriteString(w, `{"error":"unknown clientId"}`)
@@ -66,6 +67,25 @@ func TestWorkersTable(t *testing.T) {
 	for _, want := range []string{"CLIENT ID", "c1", "draining (operator)", "/counters,/tickers", "15s", "4m59.5s"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("unexpected table without %q:\n%s", want, out)
+		}
+	}
+	// PLACEMENTS: a count, or "-" where pinboard left it out (the token
+	// covers only some of the worker's namespaces, R-TR-3).
+	for _, row := range map[string][]string{
+		"c1": {"c1", "draining (operator)", "http://10.0.0.1:8000", "/counters,/tickers", "96", "3", "15s", "4m59.5s"},
+		"c2": {"c2", "healthy", "http://10.0.0.2:8000", "/counters", "5", "-", "9s", "-"},
+	} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == row[0] {
+				found = true
+				if strings.Join(f, " ") != strings.Join(row, " ") {
+					t.Errorf("unexpected row for %s; got %q; want %q", row[0], strings.Join(f, " "), strings.Join(row, " "))
+				}
+			}
+		}
+		if !found {
+			t.Errorf("unexpected table without a row for %s:\n%s", row[0], out)
 		}
 	}
 	code, out, _ = runCtl(t, env, "workers", "--json")
