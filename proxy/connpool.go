@@ -158,9 +158,10 @@ func (p *connPool) get(now time.Time) (*pconn, error) {
 
 // popIdle returns the most recently used idle connection younger than
 // idleTimeout, or nil. It must be found quiet before it carries a request
-// (checkQuiet), by one peek just before the request's first byte goes
-// out (pconnOut.Write, or rawio.SendRead with the last bytes): a
-// connection the worker closed while idle is replaced before it is used —
+// (checkQuiet, rawio.NotQuiet: one peek, or behind TLS the socket's TCP
+// state) just before the request's first byte goes out (pconnOut.Write,
+// or rawio.SendRead with the last bytes): a connection the worker closed
+// while idle is replaced before it is used —
 // a request that must not run twice is never replayed after an error —
 // and one carrying bytes no request asked for (the late tail of an
 // answer) would hand them to the next request as its answer. The caller
@@ -284,7 +285,7 @@ func (o *pconnOut) Write(p []byte) (int, error) {
 	}
 	if pc.checkQuiet {
 		pc.checkQuiet = false
-		if rawio.Readable(pc.c) {
+		if rawio.NotQuiet(pc.c) {
 			pc.sendErr = rawio.ErrNotQuiet
 			return 0, rawio.ErrNotQuiet
 		}

@@ -3,11 +3,14 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // The response-header deadline starts when the streamed body is out, not
@@ -403,6 +407,54 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 	}
 	if n := posts.Load(); n != 4 {
 		t.Fatalf("unexpected POST count at the worker; got %d; want 4", n)
+	}
+}
+
+// The same behind TLS (an https advertise URL): a peek cannot tell a
+// pooled TLS connection the worker closed while idle — its close_notify
+// is data to the socket — so its socket's TCP state does (rawio.NotQuiet),
+// and a POST goes out on a fresh connection instead of failing with 502
+// (R-DP-1).
+func TestIdleClosedPooledTLSConnection_RDP1(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	s := &standin{name: "w", secret: "secret-w", routes: map[string]http.HandlerFunc{}}
+	s.session.Store("")
+	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(s.srv.Certificate())
+	up, err := rg.p.ups.get(s.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.pool.dial = func(addr string) (net.Conn, error) {
+		return tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	}
+	var posts atomic.Int64
+	s.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		posts.Add(1)
+		rw.Write([]byte("charged"))
+	})
+	rg.serveIDs(t, s, "alice")
+	for range 3 {
+		if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 { // warm a pooled connection
+			t.Fatalf("unexpected reply; got %d %s", res.StatusCode, body)
+		}
+		s.srv.CloseClientConnections()
+		waitUntil(t, "the worker's close to reach the pooled TLS socket", func() bool {
+			up.pool.mu.Lock()
+			defer up.pool.mu.Unlock()
+			return len(up.pool.idle) == 1 && rawio.NotQuiet(up.pool.idle[0].c)
+		})
+		req, _ := http.NewRequest("POST", rg.url+"/counters/alice/charge", strings.NewReader(`{"amount":100}`))
+		if res, body := rg.do(req); res.StatusCode != 200 {
+			t.Fatalf("unexpected POST reply on a TLS connection the worker closed while idle; got %d %s", res.StatusCode, body)
+		}
+	}
+	if n := posts.Load(); n != 3 {
+		t.Fatalf("unexpected POST count at the worker; got %d; want 3", n)
 	}
 }
 

@@ -302,9 +302,9 @@ var ErrNotQuiet = errors.New("rawio: connection not quiet before the send")
 // Read would (same deadline, same errors). sent reports whether all of
 // send went out; when it is false, err is the write's error, or
 // ErrNotQuiet, and nothing was read. With quiet, c must be quiet before
-// the send (one peek, as Readable): a pooled connection whose peer closed
-// it while idle, or sent bytes nobody asked for, gets ErrNotQuiet and
-// carries nothing.
+// the send (NotQuiet: one peek, as Readable): a pooled connection whose
+// peer closed it while idle, or sent bytes nobody asked for, gets
+// ErrNotQuiet and carries nothing.
 //
 // Why: a request's answer is almost never there right after the request
 // went out, so a peek, a Write and then a Read pay a read(2) that finds
@@ -321,7 +321,7 @@ var ErrNotQuiet = errors.New("rawio: connection not quiet before the send")
 func SendRead(c net.Conn, send, p []byte, quiet bool) (n int, sent bool, err error) {
 	rc, ok := c.(*Conn)
 	if !ok || rc.x == nil || len(p) == 0 {
-		if quiet && Readable(c) {
+		if quiet && NotQuiet(c) {
 			return 0, false, ErrNotQuiet
 		}
 		if _, err := c.Write(send); err != nil {
@@ -598,6 +598,48 @@ func Readable(c net.Conn) bool {
 	st := peek(c)
 	return st != peekNothing && st != peekNone
 }
+
+// NotQuiet reports whether a pooled connection idle between requests
+// cannot carry another: Readable, or, for a TLS connection (which has no
+// socket to peek at, and whose peer may send records nobody asked for
+// on an idle connection: session tickets), its peer closed or reset the
+// socket under it (tlsPeerGone). A TLS connection whose peer sent unasked
+// bytes is not caught.
+func NotQuiet(c net.Conn) bool {
+	return Readable(c) || tlsPeerGone(c)
+}
+
+// tlsPeerGone reports whether c exposes its transport (as *tls.Conn's
+// NetConn does), a TCP socket that is no longer established: the peer
+// sent its FIN (CLOSE_WAIT) or a reset. One getsockopt(TCP_INFO); a peek
+// would see a close_notify record as data. Other connections report
+// false.
+func tlsPeerGone(c net.Conn) bool {
+	nc, ok := c.(interface{ NetConn() net.Conn })
+	if !ok {
+		return false
+	}
+	tc := TCP(nc.NetConn())
+	if tc == nil {
+		return false
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var info syscall.TCPInfo
+	state, ok := uint8(0), false
+	_ = raw.Control(func(fd uintptr) {
+		n := uint32(unsafe.Sizeof(info))
+		_, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO,
+			uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&n)), 0)
+		state, ok = info.State, e == 0 && n >= 1
+	})
+	return ok && state != tcpEstablished
+}
+
+// tcpEstablished is Linux's TCP_ESTABLISHED (include/net/tcp_states.h).
+const tcpEstablished = 1
 
 // PeerClosed reports whether the peer has closed c or reset it, by the
 // same one peek as Readable; data waiting is not a close. Connections

@@ -1,10 +1,15 @@
 package rawio
 
 import (
+	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
@@ -209,4 +214,44 @@ func echoUpper(server net.Conn, slowEvery int) {
 			return
 		}
 	}
+}
+
+// TestNotQuietTLS_RDP1: a TLS connection has no socket to peek at, and a
+// peek under it would see the peer's close_notify as data; NotQuiet reads
+// its socket's TCP state instead: quiet while established and idle, not
+// once the peer closed. A plain connection is not quiet as Readable says.
+func TestNotQuietTLS_RDP1(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	defer srv.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	c, err := tls.Dial("tcp", srv.Listener.Addr().String(), &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// One exchange, so that whatever the server sends after its handshake
+	// (session tickets) has been read.
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	if NotQuiet(c) {
+		t.Fatal("unexpected not-quiet idle TLS connection")
+	}
+	srv.CloseClientConnections()
+	waitFor(t, func() bool { return NotQuiet(c) })
+
+	client, server := rawTCPPair(t)
+	p := Wrap(client)
+	if NotQuiet(p) {
+		t.Fatal("unexpected not-quiet idle connection")
+	}
+	_, _ = server.Write([]byte("x"))
+	waitFor(t, func() bool { return NotQuiet(p) })
 }
