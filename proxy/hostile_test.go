@@ -843,6 +843,27 @@ func idleReadable(p *connPool) bool {
 	return len(p.idle) == 1 && rawio.Readable(p.idle[0].c)
 }
 
+// tlsStandin is a stand-in worker behind TLS (an https advertise URL):
+// the proxy dials it with TLS as for any such worker, trusting the test
+// server's certificate. It returns the worker and its upstream.
+func tlsStandin(t *testing.T, rg *rig) (*standin, *upstream) {
+	t.Helper()
+	s := &standin{name: "w", secret: "secret-w", routes: map[string]http.HandlerFunc{}}
+	s.session.Store("")
+	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(s.srv.Certificate())
+	up, err := rg.p.ups.get(s.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.pool.dial = func(addr string) (net.Conn, error) {
+		return tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "example.com"})
+	}
+	return s, up
+}
+
 // A client that goes away from an idle event stream frees the worker's
 // connection also when that connection has no raw access (a worker behind
 // https: a *tls.Conn), whose relay cannot wait without a read: the
@@ -853,21 +874,7 @@ func TestClientGoneFromIdleTLSStreamFreesWorker_RDP2_RDP3(t *testing.T) {
 	clientCheckEvery = 200 * time.Millisecond
 	rg := newRig(t, nil)
 	rg.warm()
-	s := &standin{name: "w", secret: "secret-w", routes: map[string]http.HandlerFunc{}}
-	s.session.Store("")
-	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.srv.Close)
-	// The proxy dials the worker with TLS as for any https advertise URL,
-	// trusting the test server's certificate.
-	roots := x509.NewCertPool()
-	roots.AddCert(s.srv.Certificate())
-	up, err := rg.p.ups.get(s.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	up.pool.dial = func(addr string) (net.Conn, error) {
-		return tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "example.com"})
-	}
+	s, _ := tlsStandin(t, rg)
 	gone, stop := make(chan struct{}), make(chan struct{})
 	t.Cleanup(func() { close(stop) })
 	s.route("/events", idleStreamUntilGone(gone, stop))

@@ -3,14 +3,11 @@ package proxy
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -367,18 +364,25 @@ func TestPostNotReplayedAfterItRan_RDP1(t *testing.T) {
 	}
 }
 
+// chargeRoute serves /charge on w, reading the body and answering
+// "charged"; the count is of the requests that reached it.
+func chargeRoute(w *standin) *atomic.Int64 {
+	var n atomic.Int64
+	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		n.Add(1)
+		rw.Write([]byte("charged"))
+	})
+	return &n
+}
+
 // A pooled connection the worker closed while idle (a restart, its
 // keep-alive timer): a GET on it goes again on a fresh connection, and a
 // POST finds it closed before it is used; neither reaches the client as
 // an error (R-DP-1).
 func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
-	var posts atomic.Int64
-	w.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
-		io.ReadAll(r.Body)
-		posts.Add(1)
-		rw.Write([]byte("charged"))
-	})
+	posts := chargeRoute(w)
 	// Bodies: small (sent with the wait for the answer, rawio.SendRead),
 	// larger than the write buffer but read whole (flushed before its
 	// last bytes, which go with the wait), and streamed (an upload).
@@ -418,25 +422,8 @@ func TestIdleClosedPooledConnection_RDP1(t *testing.T) {
 func TestIdleClosedPooledTLSConnection_RDP1(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
-	s := &standin{name: "w", secret: "secret-w", routes: map[string]http.HandlerFunc{}}
-	s.session.Store("")
-	s.srv = httptest.NewTLSServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.srv.Close)
-	roots := x509.NewCertPool()
-	roots.AddCert(s.srv.Certificate())
-	up, err := rg.p.ups.get(s.srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	up.pool.dial = func(addr string) (net.Conn, error) {
-		return tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "example.com"})
-	}
-	var posts atomic.Int64
-	s.route("/charge", func(rw http.ResponseWriter, r *http.Request) {
-		io.ReadAll(r.Body)
-		posts.Add(1)
-		rw.Write([]byte("charged"))
-	})
+	s, up := tlsStandin(t, rg)
+	posts := chargeRoute(s)
 	rg.serveIDs(t, s, "alice")
 	for range 3 {
 		if res, body := rg.get("/counters/alice/x", nil); res.StatusCode != 200 { // warm a pooled connection

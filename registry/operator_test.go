@@ -458,22 +458,11 @@ func TestScopes_RTR2(t *testing.T) {
 func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
 	h := newHarness(t)
 	s := h.register(map[string]any{"clientId": "c-ns", "namespaces": []string{"/counters", "/other"}})
-	listing := func(token string) map[string]any {
-		t.Helper()
-		res := h.get("/registry/workers", token)
-		var out struct {
-			Workers []map[string]any `json:"workers"`
-		}
-		if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
-			t.Fatalf("unexpected listing; got %d %s; want one worker", res.status, res.body)
-		}
-		return out.Workers[0]
-	}
 	nsOf := func(w map[string]any) string { b, _ := json.Marshal(w["namespaces"]); return string(b) }
-	if got := nsOf(listing(operatorToken)); got != `["/counters","/other"]` {
+	if got := nsOf(onlyListed(t, h, operatorToken)); got != `["/counters","/other"]` {
 		t.Fatalf("unexpected namespaces for a credential covering all; got %s", got)
 	}
-	if got := nsOf(listing(narrowToken)); got != `["/other"]` {
+	if got := nsOf(onlyListed(t, h, narrowToken)); got != `["/other"]` {
 		t.Fatalf("unexpected namespaces for a credential covering /other only; got %s; want [\"/other\"]", got)
 	}
 
@@ -489,7 +478,7 @@ func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
 		t.Fatalf("cannot drain; got %d %s", res.status, res.body)
 	}
 	h.advance(2 * time.Second)
-	w := listing(operatorToken)
+	w := onlyListed(t, h, operatorToken)
 	now := h.clock()
 	for k, want := range map[string]any{
 		"clientId": "c-ns", "sessionId": s, "headroom": 4.0, "draining": true, "operatorDrain": true,
@@ -521,23 +510,25 @@ func TestWorkersListingPlacementsOnlyWhenAllCovered_RREG4_RTR3(t *testing.T) {
 			t.Fatalf("cannot place %s: %+v %v", id, r, err)
 		}
 	}
-	entry := func(token string) map[string]any {
-		t.Helper()
-		res := h.get("/registry/workers", token)
-		var out struct {
-			Workers []map[string]any `json:"workers"`
-		}
-		if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
-			t.Fatalf("unexpected listing; got %d %s; want one worker", res.status, res.body)
-		}
-		return out.Workers[0]
-	}
-	if got := entry(operatorToken)["placements"]; got != 2.0 {
+	if got := onlyListed(t, h, operatorToken)["placements"]; got != 2.0 {
 		t.Fatalf("unexpected placements for a credential covering every namespace; got %v; want 2", got)
 	}
-	if w := entry(narrowToken); w["placements"] != nil {
+	if w := onlyListed(t, h, narrowToken); w["placements"] != nil {
 		t.Fatalf("unexpected placements for a credential covering /other only; got %v; want none (worker %v)", w["placements"], w)
 	}
+}
+
+// onlyListed is the one worker GET /registry/workers lists for token.
+func onlyListed(t *testing.T, h *harness, token string) map[string]any {
+	t.Helper()
+	res := h.get("/registry/workers", token)
+	var out struct {
+		Workers []map[string]any `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
+		t.Fatalf("unexpected listing; got %d %s; want one worker", res.status, res.body)
+	}
+	return out.Workers[0]
 }
 
 // downStore is a directory that stops answering once down is set.
