@@ -161,11 +161,11 @@ func (p *connPool) get(now time.Time) (*pconn, error) {
 // (checkQuiet, rawio.NotQuiet: one peek, or behind TLS the socket's TCP
 // state) just before the request's first byte goes out (pconnOut.Write,
 // or rawio.SendRead with the last bytes): a connection the worker closed
-// while idle is replaced before it is used —
-// a request that must not run twice is never replayed after an error —
-// and one carrying bytes no request asked for (the late tail of an
-// answer) would hand them to the next request as its answer. The caller
-// discards one that is not (rawio.ErrNotQuiet) and takes the next.
+// while idle is replaced before it is used — a request that must not run
+// twice is never replayed after an error — and one carrying bytes no
+// request asked for (the late tail of an answer) would hand them to the
+// next request as its answer. The caller discards one that is not
+// (rawio.ErrNotQuiet) and takes the next.
 func (p *connPool) popIdle(now time.Time) *pconn {
 	var stale []*pconn
 	p.mu.Lock()
@@ -250,9 +250,10 @@ func (p *connPool) dialNew() (*pconn, error) {
 
 // Read implements io.Reader for pc's header buffer. The first read after
 // writeRequest left the request's last bytes in out sends them in the
-// same wait (rawio.SendRead): one read(2) that finds nothing and a peek
-// fewer per request than a write, a peek and a read would make (the
-// answer is never there at once). A send that failed is recorded in
+// same wait (rawio.SendRead), quiet check included: the read(2) that
+// finds nothing right after a request went out (the answer is almost
+// never there yet) is not made, and the peek, the write and the read are
+// one RawConn call instead of three. A send that failed is recorded in
 // sendErr: the read's error then says nothing about the worker's answer
 // (fasthttp reports any error on a header's first byte as io.EOF).
 func (pc *pconn) Read(p []byte) (int, error) {
