@@ -173,7 +173,7 @@ func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
 	return Route{Owner: r.owner, Epoch: r.epoch}, true
 }
 
-// row returns ns/id's shard, key and row (nil: none). The key is a
+// row returns ns/id's shard, key and row (the zero memRow: none). The key is a
 // string, built once: a placement inserts it as the row's key and the
 // session's row set refers into it (putRow).
 func (m *Memory) row(ns, id string) (*memShard, string, memRow) {
@@ -561,7 +561,7 @@ func (m *Memory) SetDrain(_ context.Context, clientID string, drain DrainState, 
 func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, _, r := m.row(ns, id)
+	_, key, r := m.row(ns, id)
 	if !r.present() || !r.owner.Live(now) {
 		return "", "", ErrNoPlacement
 	}
@@ -574,11 +574,10 @@ func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time,
 	msg := ControlMessage{MsgID: NewMsgID(), Type: "wind_down", NS: ns, ID: id, Deadline: deadline}
 	q.msgs = append(q.msgs, msg)
 	q.touched = now
-	k := string(appendKey(nil, ns, id))
 	if deadline != nil {
-		m.windDowns[k] = memWindDown{ns: ns, id: id, epoch: r.epoch, at: *deadline}
+		m.windDowns[key] = memWindDown{ns: ns, id: id, epoch: r.epoch, at: *deadline}
 	} else {
-		delete(m.windDowns, k)
+		delete(m.windDowns, key)
 	}
 	return msg.MsgID, sid, nil
 }

@@ -29,13 +29,9 @@ func (m *Memory) freeRows(s *memSession) bool {
 		}
 		n++
 		delete(s.rows, k)
-		sh, key, r := m.row(k.NS, k.ID)
-		if r.present() && r.sess == s {
-			sh.mu.Lock()
-			if sh.rows[key] == r {
-				delete(sh.rows, key)
-			}
-			sh.mu.Unlock()
+		// Rows change only under m.mu, held here: what row read is current.
+		if sh, key, r := m.row(k.NS, k.ID); r.present() && r.sess == s {
+			m.freeRow(sh, key, r, k.NS, k.ID)
 		}
 	}
 	if len(s.rows) > 0 {

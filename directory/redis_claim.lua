@@ -66,7 +66,8 @@ for i = 9, #ARGV do
 end
 
 -- The node's view was stale (or empty): decide here, most headroom first
--- (ties: the lowest session id, not the set's order), and tell an unknown namespace from one whose workers cannot take more.
+-- (ties: the lowest session id, not the set's order), and tell an unknown
+-- namespace from one whose workers cannot take more.
 if not pick then
   local live, best = false, -math.huge
   for _, sid in ipairs(redis.call('SMEMBERS', P .. 'n:' .. ns)) do

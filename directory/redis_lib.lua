@@ -116,6 +116,23 @@ local function setrow(P, row, sid, now)
   return ep
 end
 
+-- freerow frees the placement row (at key) if its owner is still sid (nil:
+-- any) at epoch ep (nil: any): the key is deleted and the row leaves its
+-- owner's row set. Returns true when it was freed.
+local function freerow(P, key, row, sid, ep)
+  local cur = redis.call('GET', key)
+  if not cur then
+    return false
+  end
+  local osid, oep = owner(cur)
+  if (sid and osid ~= sid) or (ep and oep ~= ep) then
+    return false
+  end
+  redis.call('DEL', key)
+  redis.call('SREM', P .. 'r:' .. osid, row)
+  return true
+end
+
 -- DROPBATCH is the most rows one script call frees when sessions go or a
 -- timed drain force-releases them: RegisterBatch (store.go;
 -- TestRedisDropBatchIsRegisterBatch checks they agree). Redis serves

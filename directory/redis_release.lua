@@ -3,14 +3,10 @@
 -- ARGV: 1 prefix, 2 session, 3 epoch ("0": any), 4 row "ns\0id".
 -- Returns 1 when the row was freed, else 0.
 local P, sid, ep, row = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local cur = redis.call('GET', KEYS[1])
-if not cur then
-  return 0
+if ep == '0' then
+  ep = nil
 end
-local osid, oep = owner(cur)
-if osid ~= sid or (ep ~= '0' and oep ~= ep) then
-  return 0
+if freerow(P, KEYS[1], row, sid, ep) then
+  return 1
 end
-redis.call('DEL', KEYS[1])
-redis.call('SREM', P .. 'r:' .. sid, row)
-return 1
+return 0

@@ -50,13 +50,9 @@ local wd = redis.call('ZRANGEBYSCORE', P .. 'winddowns', '-inf', ARGV[2], 'LIMIT
 for _, m in ipairs(wd) do
   redis.call('ZREM', P .. 'winddowns', m)
   local sp = string.find(m, ' ', 1, true)
-  local row = sp and string.sub(m, sp + 1)
-  local cur = row and redis.call('GET', rowkey(P, row))
-  if cur then
-    local sid, ep = owner(cur)
-    if ep == string.sub(m, 1, sp - 1) then
-      redis.call('DEL', rowkey(P, row))
-      redis.call('SREM', P .. 'r:' .. sid, row)
+  if sp then
+    local row = string.sub(m, sp + 1)
+    if freerow(P, rowkey(P, row), row, nil, string.sub(m, 1, sp - 1)) then
       freed[#freed + 1] = row
     end
   end
