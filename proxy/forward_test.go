@@ -1154,19 +1154,29 @@ func TestPercentEscapedNamespace_RDP1_RPL5(t *testing.T) {
 // paths) on a connection of its own and returns the answer and its body.
 func rawGet(t *testing.T, base, path string) (*http.Response, string) {
 	t.Helper()
+	return rawExchange(t, base, "GET "+path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+}
+
+// rawExchange sends req as written on a connection of its own and
+// returns the answer and its whole body.
+func rawExchange(t *testing.T, base, req string) (*http.Response, string) {
+	t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, req); err != nil {
 		t.Fatal(err)
 	}
 	res, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		t.Fatalf("cannot read the answer to GET %s: %v", path, err)
+		t.Fatalf("cannot read the answer to %q: %v", req, err)
 	}
-	b, _ := io.ReadAll(res.Body)
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("cannot read the body of the answer to %q: %v", req, err)
+	}
 	return res, string(b)
 }

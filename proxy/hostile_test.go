@@ -1058,21 +1058,9 @@ func TestWorkerHTTP10AnswerRelayedAsHTTP11_RDP1_RDP3(t *testing.T) {
 			return answerPath(c, r)
 		})
 		rg.serveIDs(t, w, "alice", "bob")
-		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		_, _ = io.WriteString(c, "GET /counters/alice/old HTTP/1.1\r\nHost: a\r\n\r\n")
-		res, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			c.Close()
-			t.Fatalf("cannot read the answer to %q: %v", answer, err)
-		}
-		body, err := io.ReadAll(res.Body)
-		c.Close()
-		if res.Proto != "HTTP/1.1" || string(body) != "hello" || err != nil || res.Close {
-			t.Fatalf("unexpected answer for a worker's %q; got %s, body %q (%v), close %v; want HTTP/1.1, body %q, kept alive", answer, res.Proto, body, err, res.Close, "hello")
+		res, body := rawExchange(t, rg.url, "GET /counters/alice/old HTTP/1.1\r\nHost: a\r\n\r\n")
+		if res.Proto != "HTTP/1.1" || body != "hello" || res.Close {
+			t.Fatalf("unexpected answer for a worker's %q; got %s, body %q, close %v; want HTTP/1.1, body %q, kept alive", answer, res.Proto, body, res.Close, "hello")
 		}
 		if _, body := rg.get("/counters/bob/x", nil); body != "for /counters/bob/x" {
 			t.Fatalf("unexpected body for bob; got %q; want %q", body, "for /counters/bob/x")

@@ -143,11 +143,11 @@ func TestStreamReaderCarryAndRestore(t *testing.T) {
 	}
 }
 
-// TestCarriedBytesReleasedOnceRead: the bytes a header buffer had read
+// TestCarriedBytesReleasedOnceRead_RDP2: the bytes a header buffer had read
 // past the header (up to BufferSize, 16 KiB) are let go once the stream
 // buffer read them. Resliced to nothing they still pinned their array,
 // for as long as an idle event stream lasted (R-DP-2).
-func TestCarriedBytesReleasedOnceRead(t *testing.T) {
+func TestCarriedBytesReleasedOnceRead_RDP2(t *testing.T) {
 	r := &carryReader{pending: append(make([]byte, 0, 8<<10), "data: 1\n\n"...)}
 	p := make([]byte, 4)
 	for {
