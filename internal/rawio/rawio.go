@@ -53,8 +53,8 @@ type rawConn struct {
 	// deadline must be armed before the read parks (parkable).
 	rearm bool
 	try   func(fd uintptr) bool
-	// send and sendFn serve SendRead: what is still to go out before
-	// its read.
+	// send and sendFn serve SendRead, whose bytes go out through the
+	// write op w (write) before its read.
 	send   sendOp
 	sendFn func(fd uintptr) bool
 	peekFn func(fd uintptr)
@@ -331,20 +331,21 @@ func SendRead(c net.Conn, send, p []byte, quiet bool) (n int, sent bool, err err
 		return n, true, err
 	}
 	x := rc.x
-	s := &x.send
-	s.p, s.n, s.quiet, s.err, s.done = send, 0, quiet, nil, false
+	s, w := &x.send, &x.w // the send is the write op's: nothing else writes c meanwhile
+	s.quiet, s.notQuiet, s.done = quiet, false, false
+	w.p, w.n, w.err = send, 0, nil
 	op := &x.r
 	op.p, op.n, op.err, op.eof = p, 0, nil, false
 	err = x.wait(x.sendFn)
-	done, rest, serr := s.done, s.p[min(s.n, len(s.p)):], s.err
-	s.p, s.err = nil, nil
+	done, rest, werr := s.done, w.p[w.n:], w.err
+	w.p, w.err = nil, nil
 	if !done {
 		op.p = nil
 		switch {
-		case serr == ErrNotQuiet:
+		case s.notQuiet:
 			return 0, false, ErrNotQuiet
-		case serr != nil:
-			return 0, false, &net.OpError{Op: "write", Net: "tcp", Err: serr}
+		case werr != nil:
+			return 0, false, &net.OpError{Op: "write", Net: "tcp", Err: werr}
 		case err != nil:
 			// The wait ended before the send: the read deadline had
 			// passed, or c was closed.
@@ -361,14 +362,11 @@ func SendRead(c net.Conn, send, p []byte, quiet bool) (n int, sent bool, err err
 	return n, true, err
 }
 
-// sendOp is SendRead's send: p from n on is still to go out; done once
-// all of it went, err the write's error (or ErrNotQuiet).
+// sendOp is SendRead's state beside the write op that carries its bytes:
+// whether c must be found quiet first, whether it was not, and done once
+// all of the send went out.
 type sendOp struct {
-	p     []byte
-	n     int
-	quiet bool
-	done  bool
-	err   error
+	quiet, notQuiet, done bool
 }
 
 // sendRead is SendRead's RawConn callback. Its first call (the poller's
@@ -380,24 +378,12 @@ func (x *rawConn) sendRead(fd uintptr) bool {
 	if s.done {
 		return x.read(fd)
 	}
-	if s.quiet && s.n == 0 {
-		if peekFD(fd, &x.one[0]) != peekNothing {
-			s.err = ErrNotQuiet
-			return true
-		}
+	if s.quiet && x.w.n == 0 && peekFD(fd, &x.one[0]) != peekNothing {
+		s.notQuiet = true
+		return true
 	}
-	for s.n < len(s.p) {
-		m, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.p[s.n])), uintptr(len(s.p)-s.n))
-		switch {
-		case e == syscall.EINTR:
-			continue
-		case e == syscall.EAGAIN:
-			return true // SendRead writes the rest as a Write
-		case e != 0:
-			s.err = e
-			return true
-		}
-		s.n += int(m)
+	if !x.write(fd) || x.w.err != nil {
+		return true // out of room (SendRead writes the rest as a Write), or failed
 	}
 	s.done = true
 	if !s.quiet {
