@@ -54,3 +54,36 @@ func TestRedisLeasePushDuringAdoption_RLS2(t *testing.T) {
 		t.Fatalf("unexpected live session %s on A after its lease refresh; want it gone (deregistered through B)", w)
 	}
 }
+
+// A heartbeat that Redis answers "unknown" (the session deregistered or
+// voided through another node, or its lease passed) or "superseded" ends
+// the session on the node that asked, at once: that node was holding it
+// live from the lease it last read, until its refresher re-read the lease
+// before it ran low (R-LS-2, R-REG-3; docs/DIRECTORY.md "Leases across
+// nodes"), and the worker is told it is gone while its ids would still
+// route to it here.
+func TestRedisGoneHeartbeatEndsSessionLocally_RLS2(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	const ttl = 10 * time.Second
+	a := openNode(t, srv.URL(), "gonebeat", ttl)
+	b := openNode(t, srv.URL(), "gonebeat", ttl)
+	now := warmRedis(t, b, time.Now())
+	w := register(t, b, "w", 10, now)
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
+		t.Fatalf("cannot place through A: %v", err)
+	}
+	if !directory.KnownLive(a, w, now) {
+		t.Fatalf("unexpected session state; want %s live on A after it placed x there", w)
+	}
+	if err := b.Deregister(ctx, w, now); err != nil {
+		t.Fatalf("cannot deregister through B: %v", err)
+	}
+	_, err := a.Heartbeat(ctx, &directory.Beat{SessionID: w, Sub: "sub", Headroom: 10}, now)
+	if !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected heartbeat through A; got %v; want ErrUnknownSession", err)
+	}
+	if directory.KnownLive(a, w, now) {
+		t.Fatalf("unexpected live session %s on A after its heartbeat was answered unknown; want it ended there", w)
+	}
+}

@@ -35,6 +35,7 @@ func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*
 		return nil, unavailable("read session", sessionID, err)
 	}
 	if err := goneErr(reply); err != nil {
+		r.kill(sessionID)
 		return nil, err
 	}
 	info, ok := decodeInfo(reply[1:])
@@ -55,6 +56,9 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 		return nil, unavailable("renew session", beat.SessionID, err)
 	}
 	if err := goneErr(reply); err != nil {
+		// Redis says the session is over: end it here too, rather than
+		// route to it until the lease this node last read runs low.
+		r.kill(beat.SessionID)
 		return nil, err
 	}
 	switch {
