@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -143,10 +142,14 @@ func (p *Prober) probe(c *fasthttp.Client, deadline time.Time, advertiseURL, sec
 		}
 		return ProbeRejected, fmt.Errorf("probe of %s answered %d", advertiseURL, status)
 	}
+	// Read as the reference reads body.value: by its exact name, the last
+	// of duplicates winning (decode). encoding/json alone matched "VALUE"
+	// and "Value" too, so an answer also naming one of those was read by
+	// it — a different value, which voids the session (R-LS-3).
 	var body struct {
 		Value *string `json:"value"`
 	}
-	if err := json.Unmarshal(resp.Body(), &body); err != nil || body.Value == nil {
+	if err := decode(resp.Body(), &body); err != nil || body.Value == nil {
 		return ProbeUnreachable, errors.New("probe answer carried no challenge value")
 	}
 	if *body.Value != challengeValue {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -88,5 +89,36 @@ func TestProbeAmbiguousFramingNotPooled_RREG1(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The probe reads the answer's "value" member as the reference reads it
+// (body.value): by its exact name, the last of duplicates winning. An
+// answer whose only value is under "VALUE" carried no value (degraded,
+// R-LS-3), not the expected one; one that also names "Value" is answered
+// by its "value", not voided for the other member's.
+func TestProbeReadsValueByExactName_RLS3(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(r.URL.Query().Get("challenge")))
+	}))
+	defer srv.Close()
+	p := NewProber(time.Second)
+	for _, tc := range []struct {
+		answer string
+		want   ProbeResult
+	}{
+		{`{"value":"v"}`, ProbeOK},
+		{`{"VALUE":"v"}`, ProbeUnreachable},
+		{`{"Value":"v"}`, ProbeUnreachable},
+		{`{"value":"v","Value":"other"}`, ProbeOK},
+		{`{"VALUE":"other","value":"v"}`, ProbeOK},
+		{`{"value":"other","value":"v"}`, ProbeOK},
+		{`{"value":"v","value":"other"}`, ProbeMismatch},
+	} {
+		// The stand-in answers the challenge itself: the answer rides in it.
+		if res, err := p.Probe(srv.URL, "s", tc.answer, "v"); res != tc.want {
+			t.Errorf("unexpected probe result for %s; got %v (%v); want %v", tc.answer, res, err, tc.want)
+		}
 	}
 }
