@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 
@@ -64,6 +65,7 @@ func replyJSON(ctx *fasthttp.RequestCtx, status int, v any) {
 // marshal is json.Marshal without HTML escaping: the reference (Node's
 // JSON.stringify) writes "&", "<" and ">" as they are, and bodies that
 // carry names (envs, hostnames, namespaces) must match it byte for byte.
+// It writes U+2028 and U+2029 as they are too (unescapeLineSeparators).
 func marshal(v any) ([]byte, error) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
@@ -71,7 +73,33 @@ func marshal(v any) ([]byte, error) {
 	if err := enc.Encode(v); err != nil {
 		return nil, err
 	}
-	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'}), nil
+	return unescapeLineSeparators(bytes.TrimSuffix(b.Bytes(), []byte{'\n'})), nil
+}
+
+// unescapeLineSeparators turns encoding/json's \u2028 and \u2029 back into
+// the characters: it escapes them whatever SetEscapeHTML says (for JSONP),
+// JSON.stringify never does, and a superseded body names a worker's
+// hostname and env (R-REG-2, byte for byte). Every backslash in b starts
+// an escape, so an escaped backslash followed by "u2028" is left alone.
+func unescapeLineSeparators(b []byte) []byte {
+	if !bytes.Contains(b, []byte(`\u202`)) { // fast path
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' || i+1 == len(b) {
+			out = append(out, b[i])
+			continue
+		}
+		if rest := b[i+1:]; len(rest) >= 5 && string(rest[:4]) == "u202" && (rest[4] == '8' || rest[4] == '9') {
+			out = utf8.AppendRune(out, 0x2020+rune(rest[4]-'0'))
+			i += 5
+			continue
+		}
+		out = append(out, b[i], b[i+1]) // another escape: kept whole
+		i++
+	}
+	return out
 }
 
 // errorBody builds {"error": msg} for messages with a variable part.

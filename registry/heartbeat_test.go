@@ -108,6 +108,17 @@ func TestErrorBodiesNotHTMLEscaped_RREG2(t *testing.T) {
 	}
 }
 
+// U+2028 and U+2029 are written as they are, as JSON.stringify writes
+// them; encoding/json escapes both always. A literal backslash before
+// "u2028" stays escaped (R-REG-2, byte for byte).
+func TestErrorBodiesLineSeparatorsAsIs_RREG2(t *testing.T) {
+	e := &directory.SupersededError{Hostname: "app\u2028.example", NS: "/c\u2029", Env: "blue\u2028green\\u2029", Epoch: 3}
+	want := "{\"error\":\"registration superseded: app\u2028.example/c\u2029 now bound to env blue\u2028green\\\\u2029 at epoch 3\",\"superseded\":true}"
+	if got := string(supersededBody(e)); got != want {
+		t.Fatalf("unexpected body; got %s; want %s", got, want)
+	}
+}
+
 // Probe answering a different value: voided, records dropped, 409 with
 // reregister (R-LS-3).
 func TestHeartbeatVoided_RLS3(t *testing.T) {
