@@ -13,12 +13,14 @@ import (
 
 // heartbeatBody is POST /registry/heartbeat (003_d935a1d8ec89be7a.txt).
 type heartbeatBody struct {
-	SessionID      *string   `json:"sessionId"`
-	Headroom       *float64  `json:"headroom"`
-	Draining       *bool     `json:"draining"`
-	Challenge      *string   `json:"challenge"`
-	ChallengeValue *string   `json:"challengeValue"`
-	Acks           *[]string `json:"acks"`
+	SessionID      *string  `json:"sessionId"`
+	Headroom       *float64 `json:"headroom"`
+	Draining       *bool    `json:"draining"`
+	Challenge      *string  `json:"challenge"`
+	ChallengeValue *string  `json:"challengeValue"`
+	// Acks holds pointers so that a null element, a schema failure, is
+	// told from "", a string (acks is string[]).
+	Acks *[]*string `json:"acks"`
 }
 
 // heartbeatAck is the 200 response; optional fields appear only when the
@@ -74,7 +76,7 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
 		!token(*body.Challenge) || !token(*body.ChallengeValue) || // as at register
-		(body.Acks != nil && slices.Contains(*body.Acks, "")) { // [null] decodes to ""
+		(body.Acks != nil && slices.Contains(*body.Acks, nil)) { // [null]
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return nil, nil, nil, "bad_request"
 	}
@@ -129,9 +131,12 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 	} else if !degraded && info.Degraded {
 		r.log.Info("recovered", "clientId", info.ClientID, "sessionId", info.SessionID)
 	}
-	acks := []string(nil)
+	var acks []string
 	if body.Acks != nil {
-		acks = *body.Acks
+		acks = make([]string, len(*body.Acks))
+		for i, a := range *body.Acks {
+			acks[i] = *a
+		}
 	}
 	now := r.now()
 	out, err := r.store.Heartbeat(c, &directory.Beat{

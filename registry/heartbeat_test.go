@@ -65,6 +65,22 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 	}
 }
 
+// acks is string[] (003_d935a1d8ec89be7a.txt): an empty string is a
+// string, acking nothing; only a non-string element, null included, is
+// the schema failure (R-REG-2).
+func TestHeartbeatEmptyStringAck_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{"", "0123456789abcdef"}}))
+	if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+		t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
+	}
+	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []any{"0123456789abcdef", nil}}))
+	if want := `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`; res.status != 400 || res.body != want {
+		t.Fatalf("unexpected reply; got %d %s; want 400 %s", res.status, res.body, want)
+	}
+}
+
 // A frozen worker waking past its lease gets 409 unknown session (R-LS-2).
 func TestHeartbeatPastLease_RLS2(t *testing.T) {
 	h := newHarness(t)
