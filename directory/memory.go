@@ -558,7 +558,7 @@ func (m *Memory) SetDrain(_ context.Context, clientID string, drain DrainState, 
 }
 
 // WindDown implements Store.
-func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
+func (m *Memory) WindDown(_ context.Context, ns, id, owner string, deadline *time.Time, now time.Time) (string, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	_, key, r := m.row(ns, id)
@@ -566,6 +566,9 @@ func (m *Memory) WindDown(_ context.Context, ns, id string, deadline *time.Time,
 		return "", "", ErrNoPlacement
 	}
 	sid := r.owner.SessionID
+	if owner != "" && owner != sid {
+		return "", "", ErrOwnerChanged
+	}
 	q := m.queues[sid]
 	if q == nil {
 		q = &memQueue{}

@@ -152,7 +152,7 @@ func BenchmarkMemoryHeartbeatManyAcks(b *testing.B) {
 		if _, err := m.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: fmt.Sprint("i", i), Now: now}); err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := m.WindDown(ctx, "/c", fmt.Sprint("i", i), &now, now); err != nil {
+		if _, _, err := m.WindDown(ctx, "/c", fmt.Sprint("i", i), "", &now, now); err != nil {
 			b.Fatal(err)
 		}
 	}

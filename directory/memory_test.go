@@ -43,7 +43,7 @@ func TestMemoryQueueExpiry_RCM1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := m.WindDown(ctx, "/c", "x", nil, now); err != nil {
+	if _, _, err := m.WindDown(ctx, "/c", "x", "", nil, now); err != nil {
 		t.Fatal(err)
 	}
 	if n := directory.MemoryQueues(m); n != 1 {

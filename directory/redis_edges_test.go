@@ -315,7 +315,7 @@ func TestRedisQueueExpiry_RCM1(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	if _, _, err := s.WindDown(ctx, "/c", "x", nil, now); err != nil {
+	if _, _, err := s.WindDown(ctx, "/c", "x", "", nil, now); err != nil {
 		t.Fatal(err)
 	}
 	fresh("the wind-down", start)
@@ -330,7 +330,7 @@ func TestRedisQueueExpiry_RCM1(t *testing.T) {
 	fresh("the heartbeat that read it", start)
 	time.Sleep(800 * time.Millisecond)
 	start = time.Now()
-	if _, _, err := s.WindDown(ctx, "/c", "x", nil, now); err != nil {
+	if _, _, err := s.WindDown(ctx, "/c", "x", "", nil, now); err != nil {
 		t.Fatal(err)
 	}
 	fresh("a second wind-down", start)

@@ -205,19 +205,22 @@ func (r *Redis) SetDrain(ctx context.Context, clientID string, drain DrainState,
 }
 
 // WindDown implements Store.
-func (r *Redis) WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (string, string, error) {
+func (r *Redis) WindDown(ctx context.Context, ns, id, owner string, deadline *time.Time, now time.Time) (string, string, error) {
 	msgID := NewMsgID()
 	msg := encodeMessage(ControlMessage{MsgID: msgID, Type: "wind_down", NS: ns, ID: id, Deadline: deadline})
 	at := ""
 	if deadline != nil {
 		at = micros(*deadline)
 	}
-	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis(), at, rowName(ns, id)}).ToString()
+	sid, err := r.run(ctx, "wind_down", scriptWindDown, r.rowKey(ns, id), []string{r.prefix, micros(now), msg, r.queueMillis(), at, rowName(ns, id), owner}).ToString()
 	if rueidis.IsRedisNil(err) {
 		return "", "", ErrNoPlacement
 	}
 	if err != nil {
 		return "", "", unavailable("wind down", ns+"/"+id, err)
+	}
+	if owner != "" && sid != owner {
+		return "", "", ErrOwnerChanged // the script queued nothing
 	}
 	return msgID, sid, nil
 }

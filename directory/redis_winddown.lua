@@ -6,8 +6,10 @@
 -- wind-down of the placement replaces its deadline; a revoke unlists it.
 -- KEYS[1] placement key
 -- ARGV: 1 prefix, 2 now, 3 message (16 hex id first), 4 queue expiry (ms),
--- 5 deadline (µs; "" revokes), 6 row "ns\0id".
--- Returns the owning session, or false when nothing live owns the id.
+-- 5 deadline (µs; "" revokes), 6 row "ns\0id", 7 the owner the caller
+-- checked ("" for any).
+-- Returns the owning session, or false when nothing live owns the id;
+-- queues nothing when another session than ARGV[7] owns it.
 local P, now = ARGV[1], tonumber(ARGV[2])
 local cur = redis.call('GET', KEYS[1])
 if not cur then
@@ -16,6 +18,9 @@ end
 local sid, ep = owner(cur)
 if lease(P, sid) <= now then
   return false
+end
+if ARGV[7] ~= '' and ARGV[7] ~= sid then
+  return sid
 end
 local q = P .. 'q:' .. sid
 redis.call('RPUSH', q, ARGV[3])

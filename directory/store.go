@@ -71,9 +71,13 @@ type Store interface {
 	SetDrain(ctx context.Context, clientID string, drain DrainState, now time.Time) (bool, error)
 
 	// WindDown queues a wind_down control message for the owner of (ns, id)
-	// (R-CM-1); deadline nil revokes. It returns the message id and the
-	// owning session, or ErrNoPlacement.
-	WindDown(ctx context.Context, ns, id string, deadline *time.Time, now time.Time) (msgID, sessionID string, err error)
+	// (R-CM-1); deadline nil revokes. owner, when not empty, is the session
+	// the caller checked the id's owner to be (an operator's credential
+	// reaches that worker): any other live owner gets ErrOwnerChanged and
+	// nothing is queued, so a placement that moved since the check is not
+	// wound down on a worker nobody checked. It returns the message id and
+	// the owning session, or ErrNoPlacement.
+	WindDown(ctx context.Context, ns, id, owner string, deadline *time.Time, now time.Time) (msgID, sessionID string, err error)
 
 	// Placement reports who owns (ns, id), live or not.
 	Placement(ctx context.Context, ns, id string, now time.Time) (*PlacementInfo, error)
@@ -155,6 +159,9 @@ var (
 	ErrForbidden = errors.New("session belongs to another account")
 	// ErrNoPlacement: nothing owns the id.
 	ErrNoPlacement = errors.New("no placement")
+	// ErrOwnerChanged: the id is owned by another session than the one
+	// the caller named (WindDown).
+	ErrOwnerChanged = errors.New("placement owner changed")
 	// ErrUnavailable wraps store transport failures.
 	ErrUnavailable = errors.New("directory unavailable")
 )

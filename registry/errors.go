@@ -40,6 +40,7 @@ var (
 	bodyMethod          = []byte(`{"error":"method not allowed"}`)
 	bodyUnknownClient   = []byte(`{"error":"unknown clientId"}`)
 	bodyNoPlacement     = []byte(`{"error":"no placement"}`)
+	bodyOwnerMoving     = []byte(`{"error":"placement owner changed during the request"}`)
 )
 
 func reply(ctx *fasthttp.RequestCtx, status int, body []byte) {

@@ -342,11 +342,26 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 	}
 	c, cancel := r.opContext()
 	defer cancel()
-	if _, ok := r.ownedPlacement(ctx, c, pr, *body.Namespace, *body.ID, now, "wind-down"); !ok {
-		return
+	var msgID, sid string
+	var err error
+	// The owner checked is the owner wound down: a placement that moved
+	// between the check and the queueing (released and placed again, or
+	// reclaimed by a re-registration) may be on a worker the credential
+	// does not reach, so the store refuses it and the check runs again.
+	for range windDownTries {
+		p, ok := r.ownedPlacement(ctx, c, pr, *body.Namespace, *body.ID, now, "wind-down")
+		if !ok {
+			return
+		}
+		msgID, sid, err = r.store.WindDown(c, *body.Namespace, *body.ID, p.SessionID, deadline, now)
+		if !errors.Is(err, directory.ErrOwnerChanged) {
+			break
+		}
 	}
-	msgID, sid, err := r.store.WindDown(c, *body.Namespace, *body.ID, deadline, now)
 	switch {
+	case errors.Is(err, directory.ErrOwnerChanged):
+		replyRetry(ctx, bodyOwnerMoving, 1)
+		return
 	case errors.Is(err, directory.ErrNoPlacement):
 		reply(ctx, fasthttp.StatusNotFound, bodyNoPlacement)
 		return
@@ -360,6 +375,10 @@ func (r *Registry) windDown(ctx *fasthttp.RequestCtx) {
 		SessionID string `json:"sessionId"`
 	}{msgID, sid})
 }
+
+// windDownTries bounds the checks of a wind-down whose id keeps moving
+// to another owner between the check and the queueing.
+const windDownTries = 3
 
 // instanceName reports whether ns and id can name an instance: ns one a
 // worker may register (namespaceRE), id one the data plane routes

@@ -692,3 +692,56 @@ func TestOperatorBoundByEnvClaims_RTR3(t *testing.T) {
 		t.Errorf("unexpected lookup of a dead owner's placement by an operator of every env; got %d %s; want 200, not live", res.status, res.body)
 	}
 }
+
+// movingStore moves an id to another worker just before the first
+// wind-down reaches the store: between the operator's check of the owner
+// and the queueing.
+type movingStore struct {
+	*directory.Memory
+	move func()
+}
+
+func (s *movingStore) WindDown(ctx context.Context, ns, id, owner string, deadline *time.Time, now time.Time) (string, string, error) {
+	if s.move != nil {
+		s.move()
+		s.move = nil
+	}
+	return s.Memory.WindDown(ctx, ns, id, owner, deadline, now)
+}
+
+// A wind-down goes to the owner the operator's credential was checked
+// against (R-CM-1, R-TR-3): an id that moved between the check and the
+// queueing — here from staging's worker to prod's — is checked again, and
+// a staging operator is refused instead of winding down prod's instance.
+func TestWindDownOfMovedIDChecksNewOwner_RCM1_RTR3(t *testing.T) {
+	h := newHarness(t)
+	ms := &movingStore{Memory: h.store}
+	h.r = h.registryOn(ms, testPassport(t))
+	// Past the cold-start quarantine (R-CS-1), so that the id may move.
+	_, _ = h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/tickers", ID: "warm", Now: h.clock()})
+	h.advance(testTTL)
+	prod := h.register(map[string]any{"clientId": "c-prod", "hostname": "app.example", "env": "prod"})
+	staging := h.register(map[string]any{"clientId": "c-staging", "hostname": "staging.example", "env": "staging",
+		"advertiseUrl": h.fw.srv.URL + "/staging", "instances": map[string][]string{"/tickers": {"s1"}}})
+	ms.move = func() {
+		ctx, now := t.Context(), h.clock()
+		if ok, err := h.store.Release(ctx, &directory.ReleaseRequest{SessionID: staging, NS: "/tickers", ID: "s1"}, now); !ok || err != nil {
+			t.Errorf("cannot release s1: %v, %v", ok, err)
+		}
+		r, err := h.store.Place(ctx, &directory.PlaceRequest{NS: "/tickers", ID: "s1", Exclude: staging, Now: now})
+		if err != nil || r.Owner.SessionID != prod {
+			t.Errorf("unexpected move of s1; got %+v, %v; want it on prod's worker %s", r, err, prod)
+		}
+	}
+	res := h.do(h.r, "POST", "/registry/wind-down", stagingOpToken, `{"namespace":"/tickers","id":"s1","deadline":5}`)
+	if res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected wind-down of an id moved to prod by a staging operator; got %d %s; want 403", res.status, res.body)
+	}
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(prod, nil)); res.status != 200 || strings.Contains(res.body, "wind_down") {
+		t.Fatalf("unexpected heartbeat for prod's worker; got %d %s; want no wind_down", res.status, res.body)
+	}
+	res = h.do(h.r, "POST", "/registry/wind-down", operatorToken, `{"namespace":"/tickers","id":"s1","deadline":5}`)
+	if res.status != 200 || !strings.Contains(res.body, `"sessionId":"`+prod+`"`) {
+		t.Fatalf("unexpected wind-down by an operator of every env; got %d %s; want 200 on %s", res.status, res.body, prod)
+	}
+}

@@ -140,8 +140,13 @@ func newHarness(t testing.TB) *harness {
 }
 
 func (h *harness) registry(pp *attest.Passport) *Registry {
+	return h.registryOn(h.store, pp)
+}
+
+// registryOn is a registry on store, which wraps h.store.
+func (h *harness) registryOn(store directory.Store, pp *attest.Passport) *Registry {
 	r, err := New(Options{
-		Store:        h.store,
+		Store:        store,
 		Passport:     pp,
 		LeaseTTL:     testTTL,
 		Now:          h.clock,

@@ -62,6 +62,7 @@ func Run(t *testing.T, f Factory) {
 		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
 		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
 		{"WindDownNeedsLiveOwner_RCM1", testWindDownDeadOwner},
+		{"WindDownChecksNamedOwner_RCM1", testWindDownNamedOwner},
 		{"DegradedSinceKeepsFirstFailure_RLS3", testDegradedSince},
 		{"StaleReleaseKeepsNewOwner_RREG3", testStaleRelease},
 		{"ReclaimedOwnerServesDuringQuarantine_RCS1", testReclaimDuringQuarantine},
@@ -696,15 +697,15 @@ func testControlMessages(t *testing.T, f Factory) {
 	fx.warm()
 	a := fx.register("a", []string{"/c"}, 10)
 	fx.place("/c", "x")
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "nothing", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "nothing", "", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
 		t.Fatalf("unexpected wind-down of an unplaced id; got %v", err)
 	}
 	deadline := fx.now.Add(30 * time.Second)
-	msgID, sid, err := fx.s.WindDown(fx.ctx, "/c", "x", &deadline, fx.now)
+	msgID, sid, err := fx.s.WindDown(fx.ctx, "/c", "x", "", &deadline, fx.now)
 	if err != nil || sid != a || len(msgID) != 16 {
 		t.Fatalf("cannot wind down: %q %q %v", msgID, sid, err)
 	}
-	revokeID, _, _ := fx.s.WindDown(fx.ctx, "/c", "x", nil, fx.now)
+	revokeID, _, _ := fx.s.WindDown(fx.ctx, "/c", "x", "", nil, fx.now)
 	for range 2 {
 		res := fx.beat(a, 10, false, false)
 		if len(res.Messages) != 2 || res.Messages[0].MsgID != msgID || res.Messages[1].Deadline != nil {
@@ -717,6 +718,45 @@ func testControlMessages(t *testing.T, f Factory) {
 	res := fx.beat(a, 10, false, false, msgID)
 	if len(res.Messages) != 1 || res.Messages[0].MsgID != revokeID {
 		t.Fatalf("unexpected messages after ack; got %+v", res.Messages)
+	}
+}
+
+// testWindDownNamedOwner: a wind-down naming the owner its caller
+// checked (an operator whose credential reaches that worker) queues
+// nothing when another session owns the id by then, and says so
+// (ErrOwnerChanged), with no timed deadline listed for it either; naming
+// the owner that holds it works as naming none.
+func testWindDownNamedOwner(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	fx.place("/c", "x")
+	b := fx.register("b", []string{"/c"}, 10)
+	deadline := fx.now.Add(time.Second)
+	if _, sid, err := fx.s.WindDown(fx.ctx, "/c", "x", b, &deadline, fx.now); !errors.Is(err, directory.ErrOwnerChanged) {
+		t.Fatalf("unexpected wind-down naming another owner; got %q, %v; want ErrOwnerChanged", sid, err)
+	}
+	if res := fx.beat(a, 10, false, false); len(res.Messages) != 0 {
+		t.Fatalf("unexpected messages for the owner nobody named; got %+v; want none", res.Messages)
+	}
+	if res := fx.beat(b, 10, false, false); len(res.Messages) != 0 {
+		t.Fatalf("unexpected messages for the named session, which owns nothing; got %+v; want none", res.Messages)
+	}
+	fx.advance(1500 * time.Millisecond) // past the deadline, within the lease
+	fx.beat(a, 10, false, false)
+	fx.beat(b, 10, false, false)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if r := fx.place("/c", "x"); r.Owner.SessionID != a {
+		t.Fatalf("unexpected owner after the deadline of the refused wind-down; got %s; want %s (nothing freed it)", r.Owner.SessionID, a)
+	}
+	msgID, sid, err := fx.s.WindDown(fx.ctx, "/c", "x", a, nil, fx.now)
+	if err != nil || sid != a {
+		t.Fatalf("unexpected wind-down naming the owner; got %q, %v; want %s", sid, err, a)
+	}
+	if res := fx.beat(a, 10, false, false); len(res.Messages) != 1 || res.Messages[0].MsgID != msgID {
+		t.Fatalf("unexpected messages; got %+v; want %s", res.Messages, msgID)
 	}
 }
 
@@ -738,17 +778,17 @@ func testWindDownFrees(t *testing.T, f Factory) {
 	}
 	at := func(d time.Duration) *time.Time { t := fx.now.Add(d); return &t }
 	for _, id := range []string{"x", "revoked", "replaced", "reclaimed"} {
-		if _, _, err := fx.s.WindDown(fx.ctx, "/c", id, at(TTL/2), fx.now); err != nil {
+		if _, _, err := fx.s.WindDown(fx.ctx, "/c", id, "", at(TTL/2), fx.now); err != nil {
 			t.Fatalf("cannot wind down %s: %v", id, err)
 		}
 	}
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", at(TTL/4), fx.now); err != nil {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", "", at(TTL/4), fx.now); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", at(TTL), fx.now); err != nil {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "later", "", at(TTL), fx.now); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "revoked", nil, fx.now); err != nil {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "revoked", "", nil, fx.now); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "replaced"}, fx.now); !ok || err != nil {
@@ -797,11 +837,11 @@ func testControlMessagesReregister(t *testing.T, f Factory) {
 	fx.place("/c", "x")
 	fx.place("/c", "y")
 	deadline := fx.now.Add(30 * time.Second)
-	keep, _, err := fx.s.WindDown(fx.ctx, "/c", "x", &deadline, fx.now)
+	keep, _, err := fx.s.WindDown(fx.ctx, "/c", "x", "", &deadline, fx.now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "y", &deadline, fx.now); err != nil {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "y", "", &deadline, fx.now); err != nil {
 		t.Fatal(err)
 	}
 	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},

@@ -39,7 +39,7 @@ func testWindDownDeadOwner(t *testing.T, f Factory) {
 	fx.register("a", []string{"/c"}, 10)
 	fx.place("/c", "x")
 	fx.advance(TTL)
-	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "x", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "x", "", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
 		t.Fatalf("unexpected wind-down of a dead owner's id; got %v; want ErrNoPlacement", err)
 	}
 }
