@@ -127,7 +127,10 @@ func (p *Proxy) startRelay(b *upstreamBody) *hijackGuard {
 // cleanly hand the connection back to the server.
 func (p *Proxy) relayStream(b *upstreamBody, chunked, keep bool) {
 	for {
-		if b.idle() {
+		// A body already whole (an event stream sized 0) has nothing
+		// more to wait for: waiting, the relay sent no last chunk and
+		// held the worker connection until the client gave up.
+		if !b.done && b.idle() {
 			// Wait for the worker without a buffer, checking on the
 			// client every few seconds (carryReader.fill). Other errors
 			// are the next Read's to report, a shutdown's deadline

@@ -749,3 +749,30 @@ func TestSizedEventStreamFlushedPerEvent_RDP2(t *testing.T) {
 		}
 	}
 }
+
+// An event stream the worker sizes 0 (an empty text/event-stream answer)
+// is whole once its header is in: the relay ends it at once, for an
+// HTTP/1.1 client (a last chunk) and an HTTP/1.0 one (the close), and the
+// worker connection goes back to the pool. The relay used to wait for
+// body bytes that were never to come, so the client hung and the worker
+// connection stayed held until the client left (R-DP-2, R-DP-3).
+func TestEmptySizedEventStreamEnds_RDP2_RDP3(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w, ln := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n")
+		return true
+	})
+	rg.serveIDs(t, w, "alice")
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		res, body := rawExchange(t, rg.url, "GET /counters/alice/events "+proto+"\r\nHost: x\r\nConnection: close\r\n\r\n")
+		if res.StatusCode != 200 || body != "" {
+			t.Fatalf("unexpected answer to an %s client; got %d %q; want 200 and no body", proto, res.StatusCode, body)
+		}
+	}
+	u, err := rg.p.ups.get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the worker connection back in the pool", func() bool { return idleConns(u.pool) == 1 })
+}
