@@ -53,6 +53,10 @@ type pconn struct {
 	// header timeout (see keepWaiting).
 	waitStart time.Time
 	waitFor   time.Duration
+	// late: get did not take pc straight off the idle list but dialed it
+	// or waited for it (up to DialTimeout, ConnWait), so the caller's
+	// reading of the clock from before get is stale (roundTrip).
+	late bool
 }
 
 // lazyDeadline keeps a connection deadline about d ahead of now without
@@ -143,7 +147,8 @@ func newConnPool(addr string, dial func(string) (net.Conn, error), o UpstreamOpt
 }
 
 // get returns an idle connection younger than idleTimeout, or dials a new
-// one when the pool has room, or waits up to connWait for either.
+// one when the pool has room, or waits up to connWait for either; a
+// connection it dialed or waited for is marked late.
 func (p *connPool) get(now time.Time) (*pconn, error) {
 	if pc := p.popIdle(now); pc != nil {
 		return pc, nil
@@ -204,6 +209,7 @@ func (p *connPool) wait(now time.Time) (*pconn, error) {
 	for {
 		if pc := p.popIdle(now); pc != nil {
 			p.passWake()
+			pc.late = true
 			return pc, nil
 		}
 		select {
@@ -242,7 +248,7 @@ func (p *connPool) dialNew() (*pconn, error) {
 	// Raw read(2)/write(2) toward the worker: the goroutine keeps its P
 	// through the calls (package rawio says why).
 	c = rawio.Wrap(c)
-	pc := &pconn{c: c, pool: p}
+	pc := &pconn{c: c, pool: p, late: true}
 	pc.br = p.headerReader(pc)
 	pc.w = (*pconnOut)(pc)
 	return pc, nil

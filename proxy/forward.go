@@ -818,6 +818,15 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			}
 			return failed
 		}
+		if pc.late {
+			// The pool dialed or waited: the deadlines below count from
+			// now. From the request's arrival, a request that waited
+			// longer than the header timeout (or the first client check)
+			// for a connection found its read deadline passed before it
+			// went out, and was answered 504 without reaching the worker.
+			pc.late = false
+			now = p.now()
+		}
 		reused := pc.reused
 		pc.waitStart = time.Time{} // set again by awaitHeader when it checks on the client
 		if !replayable {

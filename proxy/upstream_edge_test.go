@@ -268,6 +268,53 @@ func (rg *rig) rawStatus(req string) (string, error) {
 	return strings.TrimSpace(line), err
 }
 
+// A request that waited for a pooled connection longer than the header
+// timeout is still sent, and answered: the header timeout counts from when
+// the request goes out (docs/OPERATIONS.md), not from its arrival. Before,
+// with the real clock, its read deadline had passed by the time it got the
+// connection, and it was answered 504 "owner timed out" without reaching
+// the worker (R-DP-3, R-DP-4).
+func TestWaitForConnectionNotCountedInHeaderTimeout_RDP3_RDP4(t *testing.T) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
+		o.Now = nil // the real clock: deadlines are set from its readings
+		o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond
+		o.Upstream.MaxConns = 1
+		o.Upstream.ConnWait = 10 * time.Second
+	})
+	// The one connection streams a body for about a second, past the
+	// header timeout; its header came at once.
+	w.route("/stream", func(rw http.ResponseWriter, r *http.Request) {
+		rw.WriteHeader(200)
+		for i := 0; i < 10; i++ {
+			_, _ = rw.Write([]byte(strings.Repeat("s", 10<<10)))
+			rw.(http.Flusher).Flush()
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	w.route("/fast", func(rw http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(rw, "fast") })
+	res, err := http.Get(rg.url + "/counters/alice/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, res.Body)
+		_ = res.Body.Close()
+		close(streamed)
+	}()
+	hits := w.hits.Load()
+	start := time.Now()
+	got, body := rg.get("/counters/alice/fast", nil)
+	waited := time.Since(start)
+	<-streamed
+	if got.StatusCode != 200 || body != "fast" {
+		t.Fatalf("unexpected answer to a request that waited %v for the connection; got %d %s; want 200 fast", waited, got.StatusCode, body)
+	}
+	if n := w.hits.Load() - hits; n != 1 {
+		t.Fatalf("unexpected requests at the worker; got %d; want 1", n)
+	}
+}
+
 // upgradeRequest is a client's WebSocket handshake for path, whole.
 func upgradeRequest(path string) string {
 	return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
