@@ -137,6 +137,7 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		if !p.clusterCall(ctx, rq, sess, now) {
 			return
 		}
+		now = p.now() // after the store's round trip (resolve says why)
 	} else if !p.admit(ctx, rq) {
 		return
 	}
@@ -219,7 +220,7 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		refuseUpgradeWithBody(ctx)
 		return
 	}
-	route, err := p.resolve(ctx, rq, now)
+	route, now, err := p.resolve(ctx, rq, now)
 	if err != nil {
 		placeFailed(ctx, err)
 		return
@@ -233,14 +234,19 @@ func (p *Proxy) dispatch(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 }
 
 // resolve finds the id's owner: the directory's cached lookup for a live
-// placement (no round trip), else a placement through the store.
-func (p *Proxy) resolve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) (directory.Route, error) {
+// placement (no round trip), else a placement through the store. It
+// returns the time to go on from: now, or after a placement a reading
+// taken once the store answered. The worker's deadlines count from it:
+// from before a slow round trip (a busy Redis), a request found its read
+// deadline passed before it went out, and was answered 504 unsent.
+func (p *Proxy) resolve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) (directory.Route, time.Time, error) {
 	route, ok := p.store.Lookup(rq.ns, rq.id, now)
 	p.metrics.Resolve(ok)
 	if ok {
-		return route, nil
+		return route, now, nil
 	}
-	return p.place(ctx, rq, now, "")
+	route, err := p.place(ctx, rq, now, "")
+	return route, p.now(), err
 }
 
 // admit applies the namespace policy (R-TR-4). A pinboard credential is
@@ -508,8 +514,7 @@ var unattestedWaits = [...]time.Duration{5 * time.Millisecond, 20 * time.Millise
 // answered here (false).
 func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (directory.Route, time.Time, bool) {
 	time.Sleep(unattestedWaits[waits])
-	now := p.now()
-	route, err := p.resolve(ctx, rq, now)
+	route, now, err := p.resolve(ctx, rq, p.now())
 	if err != nil {
 		placeFailed(ctx, err)
 		return route, now, false
@@ -570,7 +575,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			break
 		}
 		var ok bool
-		if route, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
+		if route, now, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
 			break
 		}
 		refusals++
@@ -618,7 +623,8 @@ func (p *Proxy) bufferBody(ctx *fasthttp.RequestCtx, rq *request, cl int) bool {
 // answer is on ctx: pinboard's own 503 for a refusal, whose marker must
 // not reach the client, and for a placement that failed after it; the
 // worker's own answer otherwise, whose Retry-After finds the id free.
-func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, bool) {
+// Going on, it returns the time to go on from, as resolve does.
+func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, time.Time, bool) {
 	p.release(rq, route, now)
 	if out == refused || out == declined {
 		p.declines.note(route.Owner.SessionID, now)
@@ -627,7 +633,7 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		if out == refused {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "worker refused the activation (lease unhealthy); retry", 1)
 		}
-		return route, false
+		return route, now, false
 	}
 	exclude := route.Owner.SessionID
 	if out == released {
@@ -638,10 +644,10 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		if out == refused {
 			placeFailed(ctx, err)
 		}
-		return route, false
+		return route, now, false
 	}
 	resetForRetry(&ctx.Response)
-	return next, true
+	return next, p.now(), true
 }
 
 func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {

@@ -315,6 +315,47 @@ func TestWaitForConnectionNotCountedInHeaderTimeout_RDP3_RDP4(t *testing.T) {
 	}
 }
 
+// slowPlacements is a store whose placements take d: every request goes to
+// it (no cached lookup), as a new id's does.
+type slowPlacements struct {
+	*directory.Memory
+	d time.Duration
+}
+
+func (s slowPlacements) Lookup([]byte, []byte, time.Time) (directory.Route, bool) {
+	return directory.Route{}, false
+}
+
+func (s slowPlacements) Place(ctx context.Context, req *directory.PlaceRequest) (directory.Route, error) {
+	time.Sleep(s.d)
+	return s.Memory.Place(ctx, req)
+}
+
+// A request whose placement took longer than the header timeout (a busy
+// store) is still sent, and answered: the header timeout counts from when
+// the request goes out. Before, with the real clock, its read deadline had
+// passed by then, and it was answered 504 "owner timed out" without
+// reaching the worker (R-DP-3, R-DP-4).
+func TestSlowPlacementNotCountedInHeaderTimeout_RDP3_RDP4(t *testing.T) {
+	rg, w, _ := newCapRigWorker(t, func(o *Options) {
+		o.Now = nil // the real clock: deadlines are set from its readings
+		o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond
+		o.Store = slowPlacements{o.Store.(*directory.Memory), 500 * time.Millisecond}
+	})
+	// Twice: the second request takes the pooled connection at once (the
+	// first dials it, which takes the clock's reading again).
+	for i := 0; i < 2; i++ {
+		hits := w.hits.Load()
+		res, body := rg.get("/counters/alice/x", nil)
+		if res.StatusCode != 200 {
+			t.Fatalf("unexpected answer to request %d after a slow placement; got %d %s; want 200", i, res.StatusCode, body)
+		}
+		if n := w.hits.Load() - hits; n != 1 {
+			t.Fatalf("unexpected requests at the worker for request %d; got %d; want 1", i, n)
+		}
+	}
+}
+
 // upgradeRequest is a client's WebSocket handshake for path, whole.
 func upgradeRequest(path string) string {
 	return "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
