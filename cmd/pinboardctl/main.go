@@ -100,6 +100,12 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if !ok {
 		return usageError(stderr, "unknown command %q", cmd)
 	}
+	// An empty --deadline (a script's "--deadline $D" with D unset) read
+	// as no flag at all: "drain c1 --deadline ''" drained for ever, its
+	// ids never released, where a deadline was asked for.
+	if o.deadline == "" && flagSet(fs, "deadline") {
+		return usageError(stderr, "--deadline must be a duration like 30s or 5m, or seconds, got \"\"")
+	}
 	// A flag the command does not take would be dropped without a word
 	// ("undrain c1 --deadline 5m" undrains now): refuse it.
 	if o.deadline != "" && cmd != "drain" && cmd != "wind-down" {
@@ -160,6 +166,13 @@ func usageError(stderr io.Writer, format string, args ...any) int {
 	fmt.Fprintf(stderr, "pinboardctl: "+format+"\n", args...)
 	fmt.Fprintf(stderr, "run 'pinboardctl help' for usage\n")
 	return exitUsage
+}
+
+// flagSet reports whether the command line set flag name, to any value.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // parseInterspersed parses flags before, between and after positional

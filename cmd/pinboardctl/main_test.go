@@ -493,3 +493,24 @@ func TestErrorBodyOnOneLine(t *testing.T) {
 		t.Errorf("unexpected stderr; got %q; want the status and the page's title", errs)
 	}
 }
+
+// An empty --deadline, as a script's "--deadline $D" with D unset sends
+// it, was taken for no --deadline: drain then drained without one (its
+// ids never released) and reported success. It is a usage error, and no
+// request is sent (R-REG-6).
+func TestEmptyDeadlineRefused_RREG6(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{
+		{"drain", "c1", "--deadline", ""},
+		{"drain", "c1", "--deadline="},
+		{"undrain", "c1", "--deadline", ""},
+		{"wind-down", "counters", "alice", "--revoke", "--deadline", ""},
+	} {
+		f.method = ""
+		code, out, errs := runCtl(t, env, args...)
+		if code != exitUsage || out != "" || f.method != "" || !strings.Contains(errs, "--deadline") {
+			t.Errorf("unexpected result for %q; got exit %d, stdout %q, stderr %q, request %q; want exit %d, no request, naming --deadline", args, code, out, errs, f.method, exitUsage)
+		}
+	}
+}
