@@ -147,7 +147,10 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 			Error string `json:"error"`
 		}
 		if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
-			ae.Message = eb.Error
+			// Pinboard's messages print as they are; JSON from something
+			// else in front of it (a gateway's {"error":…}) may hold a
+			// line break or an escape sequence, quoted as a page is.
+			ae.Message = cell(clip(eb.Error, 200))
 		} else {
 			// Not pinboard's JSON: a proxy's error page, often HTML over
 			// several lines. Quoted when it does not print, so the error

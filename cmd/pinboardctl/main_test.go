@@ -514,3 +514,29 @@ func TestEmptyDeadlineRefused_RREG6(t *testing.T) {
 		}
 	}
 }
+
+// A JSON error from something in front of pinboard (an API gateway's
+// {"error":…}) went to stderr as it came: a line break in it split the
+// one-line error, an escape sequence reached the operator's terminal.
+// It is quoted like an error page; pinboard's own messages print as they
+// are, and keep their hints.
+func TestJSONErrorOnOneLine(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		io.WriteString(w, `{"error":"upstream failed\r\nretry later \u001b[31m`+strings.Repeat("é", 150)+`"}`)
+	}))
+	t.Cleanup(srv.Close)
+	code, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "workers")
+	if code != exitAPI {
+		t.Fatalf("unexpected exit; got %d; want %d (stderr %q)", code, exitAPI, errs)
+	}
+	if strings.Count(errs, "\n") != 1 || strings.ContainsAny(errs, "\r\x1b") || !utf8.ValidString(errs) || !strings.Contains(errs, "upstream failed") {
+		t.Errorf("unexpected stderr; got %q; want one line of valid UTF-8 without control characters, with the message", errs)
+	}
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	if code, _, errs := runCtl(t, env, "drain", "nope"); code != exitAPI || !strings.Contains(errs, `404 unknown clientId: no live worker has clientId "nope"`) {
+		t.Errorf("unexpected drain of an unknown client; got exit %d, stderr %q; want pinboard's message with its hint", code, errs)
+	}
+}
