@@ -106,7 +106,11 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		}
 		c.BalanceFactor = f
 	}
-	if c.Trusted, err = proxy.ParseTrustedProxies(get("PINBOARD_TRUSTED_PROXIES")); err != nil {
+	// Any white space separates entries: a list written one per line (a
+	// YAML block scalar, a Secret file) held "\n10.0.0.0/8", refused as
+	// a malformed address.
+	trusted := strings.Join(strings.Fields(get("PINBOARD_TRUSTED_PROXIES")), " ")
+	if c.Trusted, err = proxy.ParseTrustedProxies(trusted); err != nil {
 		return nil, &configError{Var: "PINBOARD_TRUSTED_PROXIES", Err: err}
 	}
 	c.BasePath = get("PINBOARD_BASE_PATH")

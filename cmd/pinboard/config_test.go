@@ -222,3 +222,27 @@ func TestConfigBasePathAsClientsSendIt_RSRV4(t *testing.T) {
 		}
 	}
 }
+
+// PINBOARD_TRUSTED_PROXIES is comma or white space separated: a list
+// written one entry per line (a YAML block scalar in a manifest, a
+// mounted file) was refused at start-up, its newline taken as part of an
+// address (R-SRV-3, R-PL-4).
+func TestConfigTrustedProxiesOnePerLine_RSRV3(t *testing.T) {
+	for _, v := range []string{"10.0.0.0/8\n192.168.1.7\n", "10.0.0.0/8,\n192.168.1.7", "10.0.0.0/8\r\n192.168.1.7", "10.0.0.0/8,\v192.168.1.7"} {
+		kv := base()
+		kv["PINBOARD_TRUSTED_PROXIES"] = v
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Errorf("unexpected error for PINBOARD_TRUSTED_PROXIES=%q; got %v; want nil", v, err)
+			continue
+		}
+		for _, a := range []string{"10.1.2.3", "192.168.1.7"} {
+			if !c.Trusted.Trusted(netip.MustParseAddr(a)) {
+				t.Errorf("unexpected Trusted(%s) for PINBOARD_TRUSTED_PROXIES=%q; got false; want true", a, v)
+			}
+		}
+		if c.Trusted.Trusted(netip.MustParseAddr("192.168.1.8")) {
+			t.Errorf("unexpected Trusted(192.168.1.8) for PINBOARD_TRUSTED_PROXIES=%q; got true; want false", v)
+		}
+	}
+}
