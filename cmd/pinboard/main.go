@@ -186,6 +186,13 @@ const storeOpenTimeout = 10 * time.Second
 // openStore opens the directory REDIS_URL names (checkStoreURL already
 // refused malformed URLs). An unreachable Redis is a runtime failure
 // (exit 1: the orchestrator retries).
+//
+// A Redis that refuses connections (down, restarting, not started yet at
+// boot) fails a connection at once, not after a timeout: it is tried
+// again until storeOpenTimeout, so that such a start takes as long as one
+// waiting for an unreachable host. Failing at once, five starts
+// RestartSec apart reached deploy/systemd's start limit within seconds,
+// and pinboard stayed down after Redis came back.
 func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Store, error) {
 	if cfg.RedisURL == "memory:" || cfg.RedisURL == "memory://" {
 		return directory.NewMemory(cfg.LeaseTTL, time.Now()), nil
@@ -196,7 +203,27 @@ func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Sto
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
 	defer cancel()
-	return directory.OpenRedis(ctx, cfg.RedisURL, opts)
+	wait := 100 * time.Millisecond
+	for {
+		store, err := directory.OpenRedis(ctx, cfg.RedisURL, opts)
+		if err == nil {
+			return store, nil
+		}
+		if !errors.Is(err, directory.ErrUnavailable) {
+			return nil, err
+		}
+		if wait == 100*time.Millisecond {
+			log.Warn("cannot reach the directory; retrying", "for", storeOpenTimeout.String(), "err", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // buildVersion is the release a build stamps with -ldflags

@@ -119,3 +119,32 @@ func TestRedisCacheHitsNotMeteredAsRoundTrips_RSRV3(t *testing.T) {
 		}
 	}
 }
+
+// A Redis that refuses connections — down, restarting, not started yet at
+// boot — failed the start at once (exit 1), where storeOpenTimeout is how
+// long a start waits for the store: deploy/systemd's start limit counts on
+// a failing start taking that long, and five refused starts RestartSec
+// apart reached it within seconds and left pinboard failed for good once
+// Redis was back. A Redis that comes up within the wait is reached
+// (R-SRV-3).
+func TestRedisRefusingAtStartIsWaitedFor_RSRV3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	srv.Stop() // its port now refuses connections
+	started := make(chan error, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		started <- srv.Start()
+	}()
+	begin := time.Now()
+	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), nil)
+	if serr := <-started; serr != nil {
+		t.Fatalf("cannot restart redis-server: %v", serr)
+	}
+	if err != nil {
+		t.Fatalf("unexpected openStore error %.1fs after a start Redis refused, Redis up after 0.5s; got %v; want the store", time.Since(begin).Seconds(), err)
+	}
+	store.(io.Closer).Close()
+	if d := time.Since(begin); d > storeOpenTimeout {
+		t.Fatalf("unexpected openStore duration %v; want at most %v", d, storeOpenTimeout)
+	}
+}
