@@ -123,9 +123,14 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		// Never sent (the token is), and not to be echoed in an error.
 		return usageError(stderr, "PINBOARD_URL must not carry a user or password: the operator API takes the token (PINBOARD_TOKEN)")
 	}
+	if err != nil {
+		// Neither the value as given nor url.Parse's error (which
+		// quotes it) may show a password it holds.
+		return usageError(stderr, "PINBOARD_URL %q is not a URL: want a base URL like http://pinboard.internal:8080 (with the base path, if any)", redactUserinfo(o.url))
+	}
 	// A scheme is case-insensitive (RFC 3986 §3.1); url.Parse lowers it.
-	if err != nil || u.Scheme != "http" && u.Scheme != "https" || !strings.HasPrefix(o.url[len(u.Scheme):], "://") {
-		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", o.url)
+	if u.Scheme != "http" && u.Scheme != "https" || !strings.HasPrefix(o.url[len(u.Scheme):], "://") {
+		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", redactUserinfo(o.url))
 	}
 	if u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return usageError(stderr, "PINBOARD_URL %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", o.url)
@@ -154,6 +159,30 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitCode(err)
 	}
 	return exitOK
+}
+
+// redactUserinfo hides what may be a user and password in a PINBOARD_URL
+// that could not be parsed: everything before the last "@" of the
+// authority (or, without "://", of the whole value, where nothing marks
+// where a password ends but its "@"). A value that url.Parse refused
+// (a bad port, a space, no scheme) was echoed whole, password included.
+func redactUserinfo(s string) string {
+	rest, prefix := s, ""
+	if i := strings.Index(s, "://"); i >= 0 {
+		prefix, rest = s[:i+3], s[i+3:]
+		end := strings.IndexAny(rest, "/?#")
+		if end < 0 {
+			end = len(rest)
+		}
+		if at := strings.LastIndexByte(rest[:end], '@'); at >= 0 {
+			return prefix + "xxxxx" + rest[at:]
+		}
+		return s
+	}
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		return "xxxxx" + rest[at:]
+	}
+	return s
 }
 
 type usageErr struct{ msg string }

@@ -540,3 +540,29 @@ func TestJSONErrorOnOneLine(t *testing.T) {
 		t.Errorf("unexpected drain of an unknown client; got exit %d, stderr %q; want pinboard's message with its hint", code, errs)
 	}
 }
+
+// A PINBOARD_URL with a user and password is refused without echoing the
+// password — also when url.Parse refuses it (a bad port, a space, an
+// unclosed bracket) or it has no scheme: those were echoed whole, under
+// a "must start with http://" that did not say what was wrong.
+func TestMalformedURLPasswordNotEchoed(t *testing.T) {
+	for _, u := range []string{
+		"http://op:s3cret@127.0.0.1:notaport",
+		"http://op:s3cret@[::1",
+		"https://op:s3cret@host /pb",
+		"op:s3cret@127.0.0.1:8080",
+		"ftp://op:s3cret@host",
+	} {
+		code, out, errs := runCtl(t, map[string]string{"PINBOARD_URL": u, "PINBOARD_TOKEN": "good"}, "health")
+		if code != exitUsage || out != "" || !strings.Contains(errs, "PINBOARD_URL") {
+			t.Errorf("unexpected result for %q; got exit %d, stdout %q, stderr %q; want exit %d naming PINBOARD_URL", u, code, out, errs, exitUsage)
+		}
+		if strings.Contains(errs, "s3cret") {
+			t.Errorf("unexpected password in the error for %q: %q", u, errs)
+		}
+	}
+	// An "@" in the path is no user info: the value shows as given.
+	if _, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": "http://host:notaport/pb@x", "PINBOARD_TOKEN": "good"}, "health"); !strings.Contains(errs, `"http://host:notaport/pb@x"`) {
+		t.Errorf("unexpected error for a path holding @; got %q; want the value as given", errs)
+	}
+}
