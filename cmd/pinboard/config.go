@@ -48,7 +48,28 @@ type configError struct {
 	Err error
 }
 
-func (e *configError) Error() string { return e.Var + ": " + e.Err.Error() }
+func (e *configError) Error() string { return e.Var + ": " + oneLine(e.Err.Error()) }
+
+// oneLine escapes the control characters of msg ("\n" for a line feed):
+// main prints a configuration error as one line, and a message may
+// repeat a value as it was written — a passport's token.env name holding
+// a line break split it in two.
+func oneLine(msg string) string {
+	if strings.IndexFunc(msg, isControl) < 0 {
+		return msg
+	}
+	var b strings.Builder
+	for _, r := range msg {
+		if isControl(r) {
+			b.WriteString(strings.Trim(strconv.QuoteRune(r), "'"))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 func bad(name, format string, args ...any) error {
 	return &configError{Var: name, Err: fmt.Errorf(format, args...)}

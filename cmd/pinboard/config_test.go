@@ -246,3 +246,22 @@ func TestConfigTrustedProxiesOnePerLine_RSRV3(t *testing.T) {
 		}
 	}
 }
+
+// A configuration error is one line however the value was written: a
+// passport naming a token variable with a line break in it ("TOK\nEN")
+// was printed over two lines, the second without the "pinboard:" prefix
+// or the variable's name (R-SRV-2).
+func TestConfigErrorOneLineWithControlCharacters_RSRV2(t *testing.T) {
+	kv := base()
+	kv["PINBOARD_PASSPORT"] = `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK\nEN\u001b"},"scopes":["pinboard:worker"]}]}]}`
+	kv["PORT"] = "0"
+	var stderr bytes.Buffer
+	code := run(nil, env(kv), &stderr)
+	out := stderr.String()
+	if code != 2 {
+		t.Fatalf("unexpected exit code; got %d; want 2 (stderr %q)", code, out)
+	}
+	if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "pinboard: PINBOARD_PASSPORT: ") || strings.ContainsAny(out[:len(out)-1], "\r\n\x1b") || !strings.Contains(out, `TOK\nEN\x1b`) {
+		t.Fatalf("unexpected message; got %q; want one line naming PINBOARD_PASSPORT, the name escaped", out)
+	}
+}
