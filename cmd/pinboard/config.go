@@ -112,6 +112,7 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	if c.RedisURL == "" {
 		return nil, bad("REDIS_URL", "is required: redis://host:6379, rediss://…, redis+cluster://…, redis+sentinel://… or memory:")
 	}
+	c.RedisURL = lowerScheme(c.RedisURL)
 	if err := checkStoreURL(c.RedisURL); err != nil {
 		return nil, &configError{Var: "REDIS_URL", Err: err}
 	}
@@ -138,6 +139,7 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	if c.BasePath != "" && (c.BasePath[0] != '/' || !pathAsSent(c.BasePath)) {
 		return nil, bad("PINBOARD_BASE_PATH", "must be an absolute path like /pinboard, as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment), got %q", c.BasePath)
 	}
+	c.BasePath = upperEscapes(c.BasePath)
 	if c.ProbeTimeout, err = durationMs(get, "PINBOARD_PROBE_TIMEOUT_MS", 2000, 10); err != nil {
 		return nil, err
 	}
@@ -355,4 +357,39 @@ func intVar(get func(string) string, name string, def, min int) (int, error) {
 		return 0, bad(name, "must be an integer >= %d, got %q", min, v)
 	}
 	return n, nil
+}
+
+// upperEscapes writes the hex digits of p's %XX escapes in upper case, as
+// clients send them (RFC 3986 §2.1; httpx and browsers do): the base path
+// is matched byte for byte, and one written /pinb%c3%b8ard answered
+// every request 404. pathAsSent checked every '%' starts an escape.
+func upperEscapes(p string) string {
+	if !strings.Contains(p, "%") {
+		return p
+	}
+	b := []byte(p)
+	for i := 0; i+2 < len(b); i++ {
+		if b[i] == '%' {
+			for j := i + 1; j <= i+2; j++ {
+				if 'a' <= b[j] && b[j] <= 'f' {
+					b[j] -= 'a' - 'A'
+				}
+			}
+			i += 2
+		}
+	}
+	return string(b)
+}
+
+// lowerScheme writes a URL's scheme in lower case: schemes are
+// case-insensitive (RFC 3986 §3.1), and a Node pinboard's REDIS_URL of
+// REDIS://host or Memory: is taken by its URL parser.
+func lowerScheme(u string) string {
+	i := strings.IndexByte(u, ':')
+	if i <= 0 || strings.IndexFunc(u[:i], func(r rune) bool {
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '+' || r == '-' || r == '.')
+	}) >= 0 {
+		return u // no scheme: checkStoreURL says so
+	}
+	return strings.ToLower(u[:i]) + u[i:]
 }

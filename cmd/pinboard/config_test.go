@@ -223,6 +223,40 @@ func TestConfigBasePathAsClientsSendIt_RSRV4(t *testing.T) {
 	}
 }
 
+// REDIS_URL's scheme is case-insensitive (RFC 3986 §3.1), as the Node
+// pinboard's URL parser takes it: REDIS://… was refused as an unknown
+// scheme (R-SRV-3).
+func TestConfigStoreSchemeCaseInsensitive_RSRV3(t *testing.T) {
+	for u, want := range map[string]string{"REDIS://127.0.0.1:6379": "redis://127.0.0.1:6379", "Memory:": "memory:",
+		"Rediss+Cluster://a:1,b:2": "rediss+cluster://a:1,b:2", "redis://U:PW@h:1": "redis://U:PW@h:1"} {
+		kv := base()
+		kv["REDIS_URL"] = u
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Errorf("unexpected error for REDIS_URL=%q; got %v; want nil", u, err)
+		} else if c.RedisURL != want {
+			t.Errorf("unexpected store URL for REDIS_URL=%q; got %q; want %q", u, c.RedisURL, want)
+		}
+	}
+}
+
+// A base path's escapes are matched as clients send them, in upper case
+// (RFC 3986 §2.1): one configured in lower case (/pinb%c3%b8ard) was
+// compared byte for byte with /pinb%C3%B8ard and answered every request
+// 404, worker registrations included (R-SRV-4).
+func TestConfigBasePathEscapesUpperCase_RSRV4(t *testing.T) {
+	for bp, want := range map[string]string{"/pinb%c3%b8ard": "/pinb%C3%B8ard", "/a%2fb/%7Ec": "/a%2Fb/%7Ec", "/fab%20": "/fab%20", "/abc": "/abc"} {
+		kv := base()
+		kv["PINBOARD_BASE_PATH"] = bp
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Errorf("unexpected error for PINBOARD_BASE_PATH=%q; got %v; want nil", bp, err)
+		} else if c.BasePath != want {
+			t.Errorf("unexpected base path for PINBOARD_BASE_PATH=%q; got %q; want %q", bp, c.BasePath, want)
+		}
+	}
+}
+
 // PINBOARD_TRUSTED_PROXIES is comma or white space separated: a list
 // written one entry per line (a YAML block scalar in a manifest, a
 // mounted file) was refused at start-up, its newline taken as part of an
