@@ -41,20 +41,34 @@ redis.call('HSET', h, 'hr', ARGV[6], 'dr', ARGV[7], 'dg', dg)
 local out = { 'ok', fmt(l), (ARGV[7] == '1' or op == '1') and '1' or '0', op, dl }
 local q = P .. 'q:' .. sid
 if redis.call('EXISTS', q) == 1 then
+  local msgs = redis.call('LRANGE', q, 0, -1)
   if #ARGV >= 10 then
-    local acked = {}
+    -- The queue is rewritten once, without the acked messages: an LREM
+    -- per ack scanned the list from its head each time, quadratic when
+    -- unacked messages lead (10,000 acks behind 10,000 held Redis 3.8 s,
+    -- past every node's staleness budget;
+    -- TestRedisHeartbeatAcksLinear_RCM1).
+    local acked, kept = {}, {}
     for i = 10, #ARGV do
       acked[ARGV[i]] = true
     end
-    for _, m in ipairs(redis.call('LRANGE', q, 0, -1)) do
-      if acked[string.sub(m, 1, 16)] then
-        redis.call('LREM', q, 1, m)
+    for _, m in ipairs(msgs) do
+      if not acked[string.sub(m, 1, 16)] then
+        kept[#kept + 1] = m
       end
+    end
+    if #kept < #msgs then
+      redis.call('DEL', q)
+      -- RPUSH in chunks: unpack is bounded by Lua's C stack (8,000).
+      for i = 1, #kept, 1000 do
+        redis.call('RPUSH', q, unpack(kept, i, math.min(i + 999, #kept)))
+      end
+      msgs = kept
     end
   end
   -- The queue expires two leases after its last write or read (R-CM-1).
   redis.call('PEXPIRE', q, ARGV[9])
-  for _, m in ipairs(redis.call('LRANGE', q, 0, -1)) do
+  for _, m in ipairs(msgs) do
     out[#out + 1] = m
   end
 end
