@@ -91,6 +91,11 @@ end
 
 local ep = setrow(P, row, pick, ARGV[2])
 -- Each placement spends one unit until the next heartbeat replaces the
--- value (R-PL-3).
-redis.call('HINCRBYFLOAT', P .. 'h:' .. pick, 'hr', '-1')
+-- value (R-PL-3). In Lua's doubles, written back exactly ('%.17g'), as
+-- the memory store's float64: HINCRBYFLOAT computes in long double, and
+-- 1.1 less one was 0.1 here but 0.10000000000000009 there
+-- (FractionalHeadroomDecrement_RPL3_RREG4).
+local hk = P .. 'h:' .. pick
+local hr = tonumber(redis.call('HGET', hk, 'hr') or '0') or 0
+redis.call('HSET', hk, 'hr', string.format('%.17g', hr - 1))
 return { 'placed', pick, ep, fmt(lease(P, pick)), cur and '1' or '0' }

@@ -34,6 +34,7 @@ func Run(t *testing.T, f Factory) {
 		{"RetainedIdlePlacementsStay_RPL2", testRetainedIdle},
 		{"HeadroomDecrement_RPL3", testHeadroomDecrement},
 		{"ZeroHeadroomStaysEligible_RPL3", testZeroHeadroom},
+		{"FractionalHeadroomDecrement_RPL3_RREG4", testFractionalHeadroom},
 		{"DrainingAndDegradedNotEligible_RPL1_RLS3", testIneligible},
 		{"HeartbeatRenews_RLS1", testHeartbeatRenews},
 		{"HeartbeatUnknownAndForbidden_RREG2_RLS2", testHeartbeatErrors},
@@ -296,6 +297,36 @@ func testRetainedIdle(t *testing.T, f Factory) {
 	}
 	if r := fx.place("/c", "idle"); r.Owner.SessionID != a || r.Placed || r.Epoch != first.Epoch {
 		t.Fatalf("unexpected resolve of an idle placement; got %+v; want the existing one on %s", r, a)
+	}
+}
+
+// A placement subtracts one unit from a fractional headroom in float64
+// arithmetic on every store (R-PL-3), so the workers listing (R-REG-4)
+// and the policy's comparisons see the same value. Redis's HINCRBYFLOAT
+// computed in long double: 1.1 less one was 0.1 there and
+// 0.10000000000000009 in memory, so a worker reporting 0.1 tied with it
+// on one store and not on the other.
+func testFractionalHeadroom(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 1.1)
+	want := 1.1
+	for i := range 3 {
+		if r := fx.place("/c", fmt.Sprintf("id%d", i)); r.Owner.SessionID != a {
+			t.Fatalf("unexpected owner of id%d; got %s; want a", i, r.Owner.SessionID)
+		}
+		want--
+		info, err := fx.s.Session(fx.ctx, a, fx.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Headroom != want {
+			t.Fatalf("unexpected headroom after %d placements from 1.1; got %v; want %v (float64)", i+1, info.Headroom, want)
+		}
+	}
+	ws, err := fx.s.Workers(fx.ctx, fx.now)
+	if err != nil || len(ws) != 1 || ws[0].Headroom != want {
+		t.Fatalf("unexpected workers listing; got %+v, %v; want a with headroom %v", ws, err, want)
 	}
 }
 
