@@ -250,6 +250,39 @@ func TestRegistrySaturated(t *testing.T) {
 	}
 }
 
+// A request without an accepted credential, or without the endpoint's
+// scope, is answered before it reaches the pool: the registry shares the
+// public listener with the data plane, and a flood of anonymous requests
+// each queued for a pool worker filled the queue, so that workers'
+// heartbeats were answered 503 "registry busy" until their leases lapsed
+// (R-TR-2, R-REG-2).
+func TestCredentialsCheckedBeforePool_RTR2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	release := saturate(t, r)
+	defer release()
+	for _, c := range []struct {
+		method, path, token, body string
+		status                    int
+	}{
+		{"GET", "/registry/workers", "", "", 401},
+		{"GET", "/registry/health", "wrong", "", 401},
+		{"POST", "/registry/heartbeat", "", h.beatBody(session, nil), 401},
+		{"POST", "/registry/register", "wrong", `{}`, 401},
+		{"GET", "/registry/workers", workerToken, "", 403},
+		{"POST", "/registry/heartbeat", operatorToken, h.beatBody(session, nil), 403},
+	} {
+		if res := h.do(r, c.method, c.path, c.token, c.body); res.status != c.status {
+			t.Fatalf("unexpected reply to %s %s with token %q on a full pool; got %d %s; want %d", c.method, c.path, c.token, res.status, res.body, c.status)
+		}
+	}
+}
+
 // saturate fills r's pool (one worker, a queue of one: Options Workers 1,
 // Queue 1) until release: one task running, one waiting.
 func saturate(t *testing.T, r *Registry) (release func()) {

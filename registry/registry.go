@@ -204,25 +204,29 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	// Heartbeats turned away before their handler runs are counted here,
 	// by why: a worker refused is what an operator watches for.
 	beat := string(path) == "/registry/heartbeat"
-	if r.stopping.Load() {
-		// The reference's error table puts credentials first: a worker
-		// with a bad token learns that (401/403) from a stopping node too,
-		// not only a Retry-After.
-		outcome := "auth"
-		if r.principal(ctx, scope) != nil {
-			replyRetry(ctx, bodyNotServing, 1)
-			outcome = "stopping"
-		}
-		if beat {
-			r.obs.Heartbeat(time.Since(start), outcome)
-		}
-		return
-	}
-	if ctx.IsPost() && ctx.Request.IsBodyStream() && !r.preread(ctx, scope) {
+	// Credentials first, on the request's own goroutine: every handler
+	// checks them first anyway (the reference's error table puts them
+	// first; a worker with a bad token learns that from a stopping node
+	// too, not only a Retry-After), and a request without them must take
+	// no pool slot. The registry shares the public listener with the data
+	// plane: anonymous requests each queued for a pool worker let anyone
+	// fill the queue, and workers' heartbeats were answered 503 "registry
+	// busy" until their leases lapsed.
+	if r.principal(ctx, scope) == nil {
 		if beat {
 			r.obs.Heartbeat(time.Since(start), "auth")
 		}
 		return
+	}
+	if r.stopping.Load() {
+		replyRetry(ctx, bodyNotServing, 1)
+		if beat {
+			r.obs.Heartbeat(time.Since(start), "stopping")
+		}
+		return
+	}
+	if ctx.IsPost() && ctx.Request.IsBodyStream() {
+		r.preread(ctx)
 	}
 	if h != nil {
 		r.submit(ctx, func() *probeCall { h(ctx); return nil })
@@ -281,17 +285,12 @@ type prereadBody struct {
 // keeps moving however slowly (BodyStall renews the deadline at every
 // read: one byte a minute keeps a MiB coming for two years) held a pool
 // slot all that time, and as many of them as the pool has workers left
-// every other worker's heartbeat queued until its lease lapsed. The
-// credential is checked first, as the handler does, so only a client
-// with a worker or operator key has a body buffered off the pool; it
-// reports false when it answered the request (401/403).
-func (r *Registry) preread(ctx *fasthttp.RequestCtx, scope string) bool {
-	if r.principal(ctx, scope) == nil {
-		return false
-	}
+// every other worker's heartbeat queued until its lease lapsed. ServeHTTP
+// checks the credential first, so only a client with a worker or operator
+// key has a body buffered off the pool.
+func (r *Registry) preread(ctx *fasthttp.RequestCtx) {
 	b, err := r.readBody(ctx)
 	ctx.SetUserValue(prereadKey{}, &prereadBody{b: b, err: err})
-	return true
 }
 
 // probe makes call's challenge probe and records it.
