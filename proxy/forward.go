@@ -529,7 +529,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	stripRequestHop(h, rq, false)
+	if err := stripRequestHop(h, rq, false); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		ctx.SetConnectionClose()
+		return
+	}
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 	}

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"iter"
+	"slices"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -91,13 +93,28 @@ func hopBit(k []byte) uint16 {
 	return 0
 }
 
+// maxStripped bounds the distinct headers a request's Connection lines may
+// name, and the distinct pinboard-* names it may carry, for pinboard to
+// strip: each deletion scans the whole header (fasthttp), so a 16 KiB
+// request carrying a thousand of either cost milliseconds of CPU, some 40
+// times what reading it did, and one client keeping a few connections
+// busy with them slowed every other tenant's requests. Clients name a
+// handful at most (TE, Keep-Alive, Upgrade); a request past the bound is
+// refused (errTooManyStripped).
+const maxStripped = 32
+
+// errTooManyStripped refuses a request past maxStripped.
+var errTooManyStripped = errors.New("too many Connection-named or pinboard-* headers")
+
 // stripHop is the slow path of header stripping: found (from one pass of
 // hopBit over the header) holds something to remove. It deletes the
 // headers every Connection header names (a message may carry several),
 // Connection itself, and every found hop-by-hop header not in keep. It
 // reports whether a Connection header named Cookie, which a request keeps
-// apart from its other headers (saveCookies).
-func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) (namedCookie bool) {
+// apart from its other headers (saveCookies). When the Connection headers
+// name more than limit distinct headers the message carries (limit < 0:
+// no bound), it deletes nothing and returns errTooManyStripped.
+func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string), limit int) (namedCookie bool, err error) {
 	if found&hopConnection != 0 {
 		var named []string
 		for k, v := range all {
@@ -108,7 +125,11 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 		for _, n := range named {
 			namedCookie = namedCookie || strings.EqualFold(n, fasthttp.HeaderCookie)
 		}
-		for _, n := range carried(named, all) {
+		present := carried(named, all)
+		if limit >= 0 && len(present) > limit {
+			return false, errTooManyStripped
+		}
+		for _, n := range present {
 			del(n)
 		}
 		del(fasthttp.HeaderConnection)
@@ -118,7 +139,7 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 			del(name)
 		}
 	}
-	return namedCookie
+	return namedCookie, nil
 }
 
 // stripRequestHop removes hop-by-hop headers, the headers the Connection
@@ -129,8 +150,9 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 // client never asked for. It allocates nothing unless the request actually
 // carries Connection-named or reserved headers. Cookie lines, kept apart
 // while the header is edited, are rq's (saveCookies): a Connection header
-// naming Cookie drops them there.
-func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
+// naming Cookie drops them there. A request past maxStripped gets
+// errTooManyStripped, its header left part stripped: the caller refuses it.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) error {
 	// Fast path: one pass finds what is there; a request carrying none of
 	// it (the common case) costs no deletion, each of which would rescan
 	// the header.
@@ -139,18 +161,23 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 		found |= hopBit(k)
 	}
 	if found == 0 {
-		return
+		return nil
 	}
 	var keep uint16
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	if stripHop(found, keep, h.All(), h.Del) {
+	namedCookie, err := stripHop(found, keep, h.All(), h.Del, maxStripped)
+	if err != nil {
+		return err
+	}
+	if namedCookie {
 		rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	}
 	if found&hopReserved != 0 {
-		stripReserved(h)
+		return stripReserved(h)
 	}
+	return nil
 }
 
 // appendConnectionNamed appends the header names a Connection value lists
@@ -206,7 +233,10 @@ func carried(named []string, all iter.Seq2[[]byte, []byte]) []string {
 	return out
 }
 
-func stripReserved(h *fasthttp.RequestHeader) {
+// stripReserved deletes every pinboard-* header of h, each name once (the
+// server gives names in canonical case, so equal names are equal strings),
+// or none and errTooManyStripped past maxStripped distinct names.
+func stripReserved(h *fasthttp.RequestHeader) error {
 	found := false
 	for k := range h.All() {
 		if hasReservedPrefix(k) {
@@ -215,17 +245,21 @@ func stripReserved(h *fasthttp.RequestHeader) {
 		}
 	}
 	if !found {
-		return
+		return nil
 	}
 	var names []string
 	for k := range h.All() {
-		if hasReservedPrefix(k) {
+		if hasReservedPrefix(k) && !slices.Contains(names, string(k)) {
+			if len(names) == maxStripped {
+				return errTooManyStripped
+			}
 			names = append(names, string(k))
 		}
 	}
 	for _, n := range names {
 		h.Del(n)
 	}
+	return nil
 }
 
 // hasReservedPrefix reports a pinboard-* name, or its underscored alias
@@ -265,7 +299,8 @@ func stripResponseHop(h *fasthttp.ResponseHeader) {
 		found |= hopBit(k)
 	}
 	if found&^(hopExpect|hopReserved) != 0 {
-		stripHop(found, hopExpect, h.All(), h.Del)
+		// A worker's answer is not bounded: the worker is the fleet's own.
+		_, _ = stripHop(found, hopExpect, h.All(), h.Del, -1)
 	}
 }
 

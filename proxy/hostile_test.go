@@ -1347,3 +1347,43 @@ func TestFrozenWorkerSmallBodyCut_RDP3_RDP4(t *testing.T) {
 		t.Fatalf("unexpected answer after %v from a worker that takes no request; got %q; want 504 owner timed out after the stall timeout", time.Since(start), got)
 	}
 }
+
+// A request that would have more than maxStripped distinct headers deleted
+// — named by its Connection header, or pinboard-* names — is refused 400
+// before anything reaches the worker: each deletion scans the whole header,
+// and a 16 KiB request carrying a thousand of either cost milliseconds of
+// CPU to strip, some 40 times what reading it did, so that one client
+// keeping a few connections busy with them slowed every other tenant's
+// requests. Clients name a handful at most (R-DP-1, R-TR-5).
+func TestTooManyStrippedHeadersRefused_RDP1_RTR5(t *testing.T) {
+	var list []string
+	named, reserved := "", ""
+	for i := range maxStripped + 1 {
+		list = append(list, fmt.Sprintf("X-Hop-%d", i))
+		named += list[i] + ": 1\r\n"
+		reserved += fmt.Sprintf("Pinboard-X-%d: 1\r\n", i)
+	}
+	named = "Connection: keep-alive, " + strings.Join(list, ", ") + "\r\n" + named
+	for name, extra := range map[string]string{"connection": named, "reserved": reserved} {
+		t.Run(name, func(t *testing.T) {
+			rg, cl := newCapRig(t, nil)
+			got := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n"+extra+"\r\n", 10*time.Second)
+			if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `{"error":"too many Connection-named or pinboard-* headers"}`) {
+				t.Fatalf("unexpected answer; got %q; want 400 too many Connection-named or pinboard-* headers", got)
+			}
+			if wire := cl.String(); wire != "" {
+				t.Fatalf("unexpected request at the worker: %q", wire)
+			}
+		})
+	}
+	t.Run("within", func(t *testing.T) {
+		rg, cl := newCapRig(t, nil)
+		extra := "Connection: X-A, X-B\r\nX-A: 1\r\nX-B: 2\r\nPinboard-Attestation: forged\r\nPinboard-Epoch: 1\r\n"
+		if got := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n"+extra+"\r\n", 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") {
+			t.Fatalf("unexpected answer; got %q; want 200", got)
+		}
+		if got := headerValues(t, cl.String(), "X-A"); len(got) != 0 {
+			t.Fatalf("unexpected X-A at the worker: %q", got)
+		}
+	})
+}
