@@ -764,15 +764,19 @@ func TestEmptySizedEventStreamEnds_RDP2_RDP3(t *testing.T) {
 		return true
 	})
 	rg.serveIDs(t, w, "alice")
+	u, err := rg.p.ups.get("http://" + ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
 		res, body := rawExchange(t, rg.url, "GET /counters/alice/events "+proto+"\r\nHost: x\r\nConnection: close\r\n\r\n")
 		if res.StatusCode != 200 || body != "" {
 			t.Fatalf("unexpected answer to an %s client; got %d %q; want 200 and no body", proto, res.StatusCode, body)
 		}
+		// Waited for after each exchange: the HTTP/1.1 client has its
+		// last chunk before the relay lets go of the worker connection,
+		// and a next request sent at once finds none idle and dials a
+		// second one (the wait for exactly one then never ended).
+		waitUntil(t, "the worker connection back in the pool", func() bool { return idleConns(u.pool) == 1 })
 	}
-	u, err := rg.p.ups.get("http://" + ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the worker connection back in the pool", func() bool { return idleConns(u.pool) == 1 })
 }
