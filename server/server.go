@@ -528,12 +528,18 @@ func (pb *Pinboard) Registry() *registry.Registry { return pb.registry }
 
 // Serve serves ln until ctx ends, then shuts down gracefully (see
 // Shutdown). Background loops (directory sweeps, pool sweeps) run while it
-// serves.
+// serves, and have ended when it returns: a sweep still running on the
+// store then would meet a caller that closes the store once Serve
+// returned (cmd/pinboard does).
 func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	bg, stopBG := context.WithCancel(context.Background())
-	defer stopBG()
-	go pb.proxy.Run(bg)
-	go pb.sweep(bg)
+	var loops sync.WaitGroup
+	loops.Go(func() { pb.proxy.Run(bg) })
+	loops.Go(func() { pb.sweep(bg) })
+	defer func() {
+		stopBG()
+		loops.Wait()
+	}()
 
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context

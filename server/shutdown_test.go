@@ -8,8 +8,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/attest"
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 // A shutdown that starts before fasthttp registered the listener (a
@@ -154,5 +159,56 @@ func TestShutdownCutsRegistryRequestPastGrace(t *testing.T) {
 	}
 	if budget := time.Second + CloseWait + time.Second; took > budget {
 		t.Errorf("unexpected shutdown of %v with a registry request past the grace; want at most grace + CloseWait + 1 s slack = %v", took, budget)
+	}
+}
+
+// sweepingStore is a memory store whose Sweep, once its context ends,
+// takes a while longer to return, as a store round trip already on the
+// wire does; ended is set when it has.
+type sweepingStore struct {
+	*directory.Memory
+	entered chan struct{}
+	once    sync.Once
+	ended   atomic.Bool
+}
+
+func (s *sweepingStore) Sweep(ctx context.Context, now time.Time) error {
+	s.once.Do(func() { close(s.entered) })
+	<-ctx.Done()
+	time.Sleep(100 * time.Millisecond)
+	s.ended.Store(true)
+	return ctx.Err()
+}
+
+// Serve's background loops (the directory sweep, the pool sweep) end
+// before it returns: a caller that closes the store once Serve returned
+// (cmd/pinboard defers store.Close) met a sweep still running on it
+// (R-SRV-4: the library API; "background work can be stopped").
+func TestServeWaitsForItsBackgroundLoops_RSRV4(t *testing.T) {
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"op","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
+		func(k string) (string, bool) { return "tok", k == "T" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &sweepingStore{Memory: directory.NewMemory(time.Second, time.Now()), entered: make(chan struct{})}
+	pb, err := New(Options{Store: store, Passport: pp, LeaseTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := serveUntilStopped(t, pb, ln, time.Second)
+	select {
+	case <-store.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected no directory sweep 10s after Serve started")
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("unexpected Serve error: %v", err)
+	}
+	if !store.ended.Load() {
+		t.Fatal("unexpected directory sweep still running after Serve returned; want every background loop ended")
 	}
 }
