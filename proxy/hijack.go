@@ -37,7 +37,14 @@ type hijackGuard struct {
 // hijack registers run as ctx's hijack handler, and starts the orphan
 // timer. Set orphaned before.
 func (g *hijackGuard) hijack(ctx *fasthttp.RequestCtx, run func(hc net.Conn)) {
-	g.timer.Store(time.AfterFunc(hijackWait, g.abandon))
+	t := time.AfterFunc(hijackWait, g.abandon)
+	g.timer.Store(t)
+	if g.owned.Load() {
+		// Shutdown abandoned the hijack before the timer was stored
+		// (cutRelays): nothing stops it then, and it would hold the guard,
+		// and what orphaned refers to, for hijackWait.
+		t.Stop()
+	}
 	// A relay closes the client connection to end its own reads (at
 	// shutdown too), which a lingering close would leave running.
 	rawio.NoLinger(ctx.Conn())
