@@ -60,6 +60,12 @@ type Prober struct {
 	timeout time.Duration
 }
 
+// CloseIdle closes the probe connections idle in p's pools.
+func (p *Prober) CloseIdle() {
+	p.client.CloseIdleConnections()
+	p.fresh.CloseIdleConnections()
+}
+
 // NewProber returns a Prober whose probes give up after timeout. The
 // worker's own HTTP timeout on register and heartbeat is 5 s
 // (pinned.pinboard.registration), so the probe must finish well inside it.

@@ -122,3 +122,36 @@ func TestProbeReadsValueByExactName_RLS3(t *testing.T) {
 		}
 	}
 }
+
+// Closing the registry closes the prober's idle probe connections: they
+// stayed open for their idle timeout after Registry.Close, a node that
+// shut down still holding a connection to every worker it probed.
+func TestProberCloseIdleClosesConnections_RREG1(t *testing.T) {
+	var closed atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"value":"v"}`))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	p := NewProber(time.Second)
+	if res, err := p.Probe(srv.URL, "s", "c", "v"); res != ProbeOK {
+		t.Fatalf("cannot probe: %v %v", res, err)
+	}
+	if closed.Load() != 0 {
+		t.Fatal("unexpected closed probe connection before CloseIdle; want it pooled")
+	}
+	p.CloseIdle()
+	deadline := time.Now().Add(2 * time.Second)
+	for closed.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("unexpected open probe connection 2 s after CloseIdle; want it closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

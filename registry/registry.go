@@ -175,7 +175,11 @@ func (r *Registry) Close(timeout time.Duration) error {
 		r.stopGov()
 		<-r.govDone
 	}
-	return r.pool.ReleaseTimeout(timeout)
+	err := r.pool.ReleaseTimeout(timeout)
+	// Probe connections idle in the prober's pools would otherwise stay
+	// open (and fasthttp's cleaner with them) for their idle timeout.
+	r.prober.CloseIdle()
+	return err
 }
 
 // Stop makes the registry answer 503 "not the serving fleet" from now on:
