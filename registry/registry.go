@@ -273,6 +273,10 @@ func (r *Registry) refused(beat, ok bool, start time.Time) {
 	r.obs.Heartbeat(time.Since(start), outcome)
 }
 
+// principalKey is the request user value holding the principal its
+// credential authenticated as (principal).
+type principalKey struct{}
+
 // prereadKey is the request user value holding a body preread read.
 type prereadKey struct{}
 
@@ -407,10 +411,17 @@ func (r *Registry) route(ctx *fasthttp.RequestCtx, path []byte) (handler, probin
 // principal authenticates the request and checks scope (R-TR-2): 401
 // without an accepted credential, 403 without the scope.
 func (r *Registry) principal(ctx *fasthttp.RequestCtx, scope string) *attest.Principal {
-	pr, err := r.passport.Authenticate(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
-	if err != nil || pr == nil {
-		reply(ctx, fasthttp.StatusUnauthorized, bodyUnauthorized)
-		return nil
+	// Authenticated once per request: ServeHTTP checks the credential
+	// before the pool task, and the handler asks again for the principal.
+	pr, _ := ctx.UserValue(principalKey{}).(*attest.Principal)
+	if pr == nil {
+		var err error
+		pr, err = r.passport.Authenticate(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
+		if err != nil || pr == nil {
+			reply(ctx, fasthttp.StatusUnauthorized, bodyUnauthorized)
+			return nil
+		}
+		ctx.SetUserValue(principalKey{}, pr)
 	}
 	if !pr.HasScope(scope) {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
