@@ -529,9 +529,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	if err := stripRequestHop(h, rq, false); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		ctx.SetConnectionClose()
+	if !stripOrRefuse(ctx, rq, false) {
 		return
 	}
 	if rq.principal != nil {

@@ -180,6 +180,18 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) e
 	return nil
 }
 
+// stripOrRefuse strips h as stripRequestHop does, or answers 400 and
+// closes the connection when there are too many headers to strip; it
+// reports whether the request goes on.
+func stripOrRefuse(ctx *fasthttp.RequestCtx, rq *request, keepUpgrade bool) bool {
+	if err := stripRequestHop(&ctx.Request.Header, rq, keepUpgrade); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		ctx.SetConnectionClose()
+		return false
+	}
+	return true
+}
+
 // appendConnectionNamed appends the header names a Connection value lists
 // (RFC 9110 §7.6.1), except the tokens that are not header names and the
 // headers that frame or route the message: Content-Length and

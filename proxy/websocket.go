@@ -63,9 +63,7 @@ func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
 // a request answered "invalid attestation", resolving the id each time.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
 	h := &ctx.Request.Header
-	if err := stripRequestHop(h, rq, true); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		ctx.SetConnectionClose()
+	if !stripOrRefuse(ctx, rq, true) {
 		return
 	}
 	if rq.principal != nil {
