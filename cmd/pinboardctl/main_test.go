@@ -520,7 +520,7 @@ func TestEmptyDeadlineRefused_RREG6(t *testing.T) {
 // one-line error, an escape sequence reached the operator's terminal.
 // It is quoted like an error page; pinboard's own messages print as they
 // are, and keep their hints.
-func TestJSONErrorOnOneLine(t *testing.T) {
+func TestJSONErrorOnOneLine_RREG4_RREG6(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadGateway)
@@ -545,7 +545,7 @@ func TestJSONErrorOnOneLine(t *testing.T) {
 // password — also when url.Parse refuses it (a bad port, a space, an
 // unclosed bracket) or it has no scheme: those were echoed whole, under
 // a "must start with http://" that did not say what was wrong.
-func TestMalformedURLPasswordNotEchoed(t *testing.T) {
+func TestMalformedURLPasswordNotEchoed_RREG5(t *testing.T) {
 	for _, u := range []string{
 		"http://op:s3cret@127.0.0.1:notaport",
 		"http://op:s3cret@[::1",
