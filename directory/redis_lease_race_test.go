@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
-	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
 // A node reads an unknown session (its record and, tracked, its lease) and
@@ -19,13 +18,8 @@ import (
 // lease refresh (R-LS-2, R-REG-3; docs/DIRECTORY.md "Leases across
 // nodes"). The lease generation is now compared after the adoption.
 func TestRedisLeasePushDuringAdoption_RLS2(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	const ttl = 10 * time.Second
-	a := openNode(t, srv.URL(), "adopt", ttl)
-	b := openNode(t, srv.URL(), "adopt", ttl)
-	now := warmRedis(t, b, time.Now())
-	w := register(t, b, "w", 10, now)
+	_, nodes, w, now := startDirectory(t, "adopt", 10*time.Second, 2)
+	ctx, a, b := ctxT(t), nodes[1], nodes[0] // w registered through B
 	fired := false
 	directory.SetAfterSessionRead(a, func() {
 		if fired {
@@ -63,13 +57,8 @@ func TestRedisLeasePushDuringAdoption_RLS2(t *testing.T) {
 // nodes"), and the worker is told it is gone while its ids would still
 // route to it here.
 func TestRedisGoneHeartbeatEndsSessionLocally_RLS2(t *testing.T) {
-	srv := redistest.StartServer(t)
-	ctx := ctxT(t)
-	const ttl = 10 * time.Second
-	a := openNode(t, srv.URL(), "gonebeat", ttl)
-	b := openNode(t, srv.URL(), "gonebeat", ttl)
-	now := warmRedis(t, b, time.Now())
-	w := register(t, b, "w", 10, now)
+	_, nodes, w, now := startDirectory(t, "gonebeat", 10*time.Second, 2)
+	ctx, a, b := ctxT(t), nodes[1], nodes[0] // w registered through B
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
 		t.Fatalf("cannot place through A: %v", err)
 	}
