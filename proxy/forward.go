@@ -146,10 +146,10 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 
 // Expect decides a request that asks Expect: 100-continue on its header
 // alone, before the client sends its body: what serve checks before it
-// touches the store — framing, target, Authorization lines, the
-// namespace policy (a cluster call's session is checked with its body) —
-// is answered here in place of the 100, and the client sends nothing
-// only to have it dropped (RFC 9110 §10.1.1). It reports whether the
+// touches the store — framing, target, Authorization lines, the bound
+// on headers to strip, the namespace policy (a cluster call's session is
+// checked with its body) — is answered here in place of the 100, and the
+// client sends nothing only to have it dropped (RFC 9110 §10.1.1). It reports whether the
 // request may go on; if not, the answer is on ctx.
 func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) bool {
 	start := p.now()
@@ -208,6 +208,15 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 		// unchecked and unconsumed to the worker.
 		writeError(ctx, fasthttp.StatusBadRequest, "more than one Authorization header", 0)
 		return false
+	}
+	// Stripping is bounded; a request past the bound is refused here,
+	// with nothing placed for it (a new id would keep its placement).
+	if hop := hopFound(ctx.Request.Header.All()); hop&(hopConnection|hopReserved) != 0 {
+		if err := checkStripBound(&ctx.Request.Header, hop); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+			ctx.SetConnectionClose()
+			return false
+		}
 	}
 	return true
 }
@@ -529,9 +538,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	if !stripOrRefuse(ctx, rq, false) {
-		return
-	}
+	stripRequestHop(h, rq, false)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 	}

@@ -111,25 +111,15 @@ var errTooManyStripped = errors.New("too many Connection-named or pinboard-* hea
 // headers every Connection header names (a message may carry several),
 // Connection itself, and every found hop-by-hop header not in keep. It
 // reports whether a Connection header named Cookie, which a request keeps
-// apart from its other headers (saveCookies). When the Connection headers
-// name more than limit distinct headers the message carries (limit < 0:
-// no bound), it deletes nothing and returns errTooManyStripped.
-func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string), limit int) (namedCookie bool, err error) {
+// apart from its other headers (saveCookies). A request's header was
+// bounded before (checkStripBound); a response's is not.
+func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) (namedCookie bool) {
 	if found&hopConnection != 0 {
-		var named []string
-		for k, v := range all {
-			if asciiEqualFold(k, "Connection") {
-				named = appendConnectionNamed(named, v)
-			}
-		}
+		named := connectionNamed(all)
 		for _, n := range named {
 			namedCookie = namedCookie || strings.EqualFold(n, fasthttp.HeaderCookie)
 		}
-		present := carried(named, all)
-		if limit >= 0 && len(present) > limit {
-			return false, errTooManyStripped
-		}
-		for _, n := range present {
+		for _, n := range carried(named, all) {
 			del(n)
 		}
 		del(fasthttp.HeaderConnection)
@@ -139,57 +129,77 @@ func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string
 			del(name)
 		}
 	}
-	return namedCookie, nil
+	return namedCookie
+}
+
+// connectionNamed returns the header names every Connection line of all
+// lists (appendConnectionNamed).
+func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
+	var named []string
+	for k, v := range all {
+		if asciiEqualFold(k, "Connection") {
+			named = appendConnectionNamed(named, v)
+		}
+	}
+	return named
+}
+
+// hopFound is the fast path's one pass over a header: the hopBit of every
+// name, or'ed. Zero (the common case) means nothing to strip.
+func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
+	var found uint16
+	for k := range all {
+		found |= hopBit(k)
+	}
+	return found
+}
+
+// checkStripBound returns errTooManyStripped when stripping a request
+// whose hopFound is found would delete more than maxStripped distinct
+// headers named by its Connection lines, or more than maxStripped
+// distinct pinboard-* names. It deletes nothing: the proxy checks the
+// bound with the rest of what the header alone refuses (Proxy.parse),
+// before the request is placed or told 100 Continue, and strips after.
+func checkStripBound(h *fasthttp.RequestHeader, found uint16) error {
+	if found&hopConnection != 0 && len(carried(connectionNamed(h.All()), h.All())) > maxStripped {
+		return errTooManyStripped
+	}
+	if found&hopReserved != 0 && len(reservedNames(h)) > maxStripped {
+		return errTooManyStripped
+	}
+	return nil
 }
 
 // stripRequestHop removes hop-by-hop headers, the headers the Connection
-// header names, and every client-supplied pinboard-* header. keepUpgrade
-// keeps Upgrade (and the caller re-adds Connection: Upgrade) for WebSocket
-// handshakes. Expect goes too: fasthttp answers Expect: 100-continue
-// itself, and forwarding it would make the worker answer a second 100 the
-// client never asked for. It allocates nothing unless the request actually
-// carries Connection-named or reserved headers. Cookie lines, kept apart
-// while the header is edited, are rq's (saveCookies): a Connection header
-// naming Cookie drops them there. A request past maxStripped gets
-// errTooManyStripped, its header left part stripped: the caller refuses it.
-func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) error {
+// header names, and every client-supplied pinboard-* header, from a
+// request whose bound was checked (checkStripBound). keepUpgrade keeps Upgrade (and the caller re-adds
+// Connection: Upgrade) for WebSocket handshakes. Expect goes too: fasthttp
+// answers Expect: 100-continue itself, and forwarding it would make the
+// worker answer a second 100 the client never asked for. It allocates
+// nothing unless the request actually carries Connection-named or
+// reserved headers. Cookie lines, kept apart while the header is edited,
+// are rq's (saveCookies): a Connection header naming Cookie drops them
+// there.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 	// Fast path: one pass finds what is there; a request carrying none of
 	// it (the common case) costs no deletion, each of which would rescan
 	// the header.
-	var found uint16
-	for k := range h.All() {
-		found |= hopBit(k)
-	}
+	found := hopFound(h.All())
 	if found == 0 {
-		return nil
+		return
 	}
 	var keep uint16
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	namedCookie, err := stripHop(found, keep, h.All(), h.Del, maxStripped)
-	if err != nil {
-		return err
-	}
-	if namedCookie {
+	if stripHop(found, keep, h.All(), h.Del) {
 		rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	}
 	if found&hopReserved != 0 {
-		return stripReserved(h)
+		for _, n := range reservedNames(h) {
+			h.Del(n)
+		}
 	}
-	return nil
-}
-
-// stripOrRefuse strips h as stripRequestHop does, or answers 400 and
-// closes the connection when there are too many headers to strip; it
-// reports whether the request goes on.
-func stripOrRefuse(ctx *fasthttp.RequestCtx, rq *request, keepUpgrade bool) bool {
-	if err := stripRequestHop(&ctx.Request.Header, rq, keepUpgrade); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		ctx.SetConnectionClose()
-		return false
-	}
-	return true
 }
 
 // appendConnectionNamed appends the header names a Connection value lists
@@ -245,33 +255,21 @@ func carried(named []string, all iter.Seq2[[]byte, []byte]) []string {
 	return out
 }
 
-// stripReserved deletes every pinboard-* header of h, each name once (the
-// server gives names in canonical case, so equal names are equal strings),
-// or none and errTooManyStripped past maxStripped distinct names.
-func stripReserved(h *fasthttp.RequestHeader) error {
-	found := false
-	for k := range h.All() {
-		if hasReservedPrefix(k) {
-			found = true
-			break
-		}
-	}
-	if !found {
-		return nil
-	}
+// reservedNames returns the distinct pinboard-* names of h, each once
+// (the server gives names in canonical case, so equal names are equal
+// strings), and stops past maxStripped of them: a deletion scans the
+// whole header (fasthttp), so each name is deleted once, however many
+// lines carry it.
+func reservedNames(h *fasthttp.RequestHeader) []string {
 	var names []string
 	for k := range h.All() {
 		if hasReservedPrefix(k) && !slices.Contains(names, string(k)) {
-			if len(names) == maxStripped {
-				return errTooManyStripped
+			if names = append(names, string(k)); len(names) > maxStripped {
+				break
 			}
-			names = append(names, string(k))
 		}
 	}
-	for _, n := range names {
-		h.Del(n)
-	}
-	return nil
+	return names
 }
 
 // hasReservedPrefix reports a pinboard-* name, or its underscored alias
@@ -306,13 +304,9 @@ func underscoreAlias(k []byte, name string) bool {
 // stripResponseHop removes hop-by-hop headers from a worker's response.
 // Expect and pinboard-* names have no meaning in a response and stay.
 func stripResponseHop(h *fasthttp.ResponseHeader) {
-	var found uint16
-	for k := range h.All() {
-		found |= hopBit(k)
-	}
-	if found&^(hopExpect|hopReserved) != 0 {
+	if found := hopFound(h.All()); found&^(hopExpect|hopReserved) != 0 {
 		// A worker's answer is not bounded: the worker is the fleet's own.
-		_, _ = stripHop(found, hopExpect, h.All(), h.Del, -1)
+		stripHop(found, hopExpect, h.All(), h.Del)
 	}
 }
 

@@ -1354,7 +1354,9 @@ func TestFrozenWorkerSmallBodyCut_RDP3_RDP4(t *testing.T) {
 // and a 16 KiB request carrying a thousand of either cost milliseconds of
 // CPU to strip, some 40 times what reading it did, so that one client
 // keeping a few connections busy with them slowed every other tenant's
-// requests. Clients name a handful at most (R-DP-1, R-TR-5).
+// requests. Clients name a handful at most (R-DP-1, R-TR-5). The refusal
+// comes with the header's other checks, before the id is resolved: a
+// refused request for a new id leaves no placement behind (R-PL-1).
 func TestTooManyStrippedHeadersRefused_RDP1_RTR5(t *testing.T) {
 	var list []string
 	named, reserved := "", ""
@@ -1367,12 +1369,21 @@ func TestTooManyStrippedHeadersRefused_RDP1_RTR5(t *testing.T) {
 	for name, extra := range map[string]string{"connection": named, "reserved": reserved} {
 		t.Run(name, func(t *testing.T) {
 			rg, cl := newCapRig(t, nil)
-			got := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n"+extra+"\r\n", 10*time.Second)
-			if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `{"error":"too many Connection-named or pinboard-* headers"}`) {
-				t.Fatalf("unexpected answer; got %q; want 400 too many Connection-named or pinboard-* headers", got)
+			rg.warm() // serveIDs moved the clock back: new ids may be placed
+			for _, id := range []string{"alice", "bob"} {
+				got := rg.raw("GET /counters/"+id+"/x HTTP/1.1\r\nHost: a\r\n"+extra+"\r\n", 10*time.Second)
+				if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `{"error":"too many Connection-named or pinboard-* headers"}`) {
+					t.Fatalf("unexpected answer for %s; got %q; want 400 too many Connection-named or pinboard-* headers", id, got)
+				}
 			}
 			if wire := cl.String(); wire != "" {
 				t.Fatalf("unexpected request at the worker: %q", wire)
+			}
+			if _, ok := rg.store.Lookup([]byte("/counters"), []byte("bob"), rg.now()); ok {
+				t.Fatalf("unexpected placement of bob, whose only request was refused")
+			}
+			if got := rg.raw("GET /counters/carol/x HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") {
+				t.Fatalf("unexpected answer for a new id without the headers; got %q; want 200", got)
 			}
 		})
 	}

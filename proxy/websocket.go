@@ -63,9 +63,7 @@ func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
 // a request answered "invalid attestation", resolving the id each time.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
 	h := &ctx.Request.Header
-	if !stripOrRefuse(ctx, rq, true) {
-		return
-	}
+	stripRequestHop(h, rq, true)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 	}
