@@ -315,6 +315,38 @@ func TestWaitForConnectionNotCountedInHeaderTimeout_RDP3_RDP4(t *testing.T) {
 	}
 }
 
+// A WebSocket handshake whose dial to the worker took longer than the
+// header timeout (SYN retransmits, a worker's full backlog) still gets
+// the worker's 101: its deadline counts from when the connection is up,
+// as a pooled request's does. Before, it counted from the request's
+// arrival, and with the real clock the handshake was answered 504 before
+// the worker had a chance to answer (R-DP-2, R-DP-4).
+func TestSlowDialNotCountedInHandshakeTimeout_RDP2_RDP4(t *testing.T) {
+	rg, w := newRigWorker(t, func(o *Options) {
+		o.Now = nil // the real clock: deadlines are set from its readings
+		o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond
+	})
+	rg.serveIDs(t, w, "alice")
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, ok := accept101(rw)
+		if ok {
+			defer conn.Close()
+		}
+	})
+	up, err := rg.p.ups.get(w.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := up.dial
+	up.dial = func(addr string) (net.Conn, error) {
+		time.Sleep(500 * time.Millisecond)
+		return dial(addr)
+	}
+	if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer to a handshake whose dial took 500ms, header timeout 300ms; got %q; want 101", line)
+	}
+}
+
 // slowPlacements is a store whose placements take d: every request goes to
 // it (no cached lookup), as a new id's does.
 type slowPlacements struct {
