@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -297,5 +298,36 @@ func TestConfigErrorOneLineWithControlCharacters_RSRV2(t *testing.T) {
 	}
 	if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "pinboard: PINBOARD_PASSPORT: ") || strings.ContainsAny(out[:len(out)-1], "\r\n\x1b") || !strings.Contains(out, `TOK\nEN\x1b`) {
 		t.Fatalf("unexpected message; got %q; want one line naming PINBOARD_PASSPORT, the name escaped", out)
+	}
+}
+
+// pinboard --help lists every variable loadConfig reads, and names none it
+// does not read (R-SRV-3): the image carries the binary, not the docs.
+func TestUsageListsEveryVariable_RSRV3(t *testing.T) {
+	read := readVars(t, base())
+	delete(read, "PINBOARD_TOKEN") // the passport's token.env, an example in the text
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  ([A-Z][A-Z0-9_]+) `).FindAllStringSubmatch(usage, -1) {
+		listed[m[1]] = true
+	}
+	for k := range read {
+		if !listed[k] {
+			t.Errorf("pinboard reads %s but pinboard --help does not list it", k)
+		}
+	}
+	for k := range listed {
+		if !read[k] {
+			t.Errorf("pinboard --help lists %s, which pinboard does not read", k)
+		}
+	}
+	for _, args := range [][]string{{"-h"}, {"-help"}, {"--help"}, {"help"}} {
+		if !isHelp(args) {
+			t.Errorf("unexpected isHelp(%q) false", args)
+		}
+	}
+	for _, args := range [][]string{nil, {"--port", "1"}, {"--help", "x"}, {"-v"}} {
+		if isHelp(args) {
+			t.Errorf("unexpected isHelp(%q) true", args)
+		}
 	}
 }

@@ -22,7 +22,72 @@ import (
 )
 
 func main() {
+	if isHelp(os.Args[1:]) {
+		fmt.Fprint(os.Stdout, usage)
+		return
+	}
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stderr))
+}
+
+// usage is what pinboard --help prints: every variable loadConfig reads
+// (TestUsageListsEveryVariable_RSRV3), for an operator with the binary or
+// the image and no docs/OPERATIONS.md at hand.
+const usage = `pinboard: the control plane and data plane for pinned workers.
+
+Usage: pinboard    (no arguments: it is configured by environment variables)
+
+Required:
+  PINBOARD_PASSPORT   JSON passport: token providers, scopes, claims, namespace policies;
+                      each key's token.env names the variable holding its token
+                      (e.g. PINBOARD_TOKEN), which must be set
+  REDIS_URL           memory: (one node, development), redis://, rediss://,
+                      redis+cluster://, redis+sentinel://
+
+Optional (default):
+  HOST                                 public listener address (all interfaces)
+  PORT                                 public listener port (8080)
+  PINBOARD_BASE_PATH                   serve everything under this prefix (none)
+  PINBOARD_LEASE_TTL_MS                worker lease and cold-start quarantine (15000)
+  PINBOARD_AFFINITY_BALANCE_FACTOR     affinity bound, a number >= 1 (2)
+  PINBOARD_TRUSTED_PROXIES             IPs/CIDRs whose X-Forwarded-For is believed (none)
+  PINBOARD_PROBE_TIMEOUT_MS            challenge probe of a worker (2000)
+  PINBOARD_REGISTRY_WORKERS            registry requests handled at once (64)
+  PINBOARD_REGISTRY_MIN_WORKERS        registry governor's floor (4 x GOMAXPROCS)
+  PINBOARD_REGISTRY_QUEUE              registry requests that may wait (4096)
+  PINBOARD_UPSTREAM_MAX_CONNS          connections per worker (1024)
+  PINBOARD_UPSTREAM_CONN_WAIT_MS       wait for a free worker connection (2000)
+  PINBOARD_UPSTREAM_DIAL_TIMEOUT_MS    connecting to a worker (2000)
+  PINBOARD_UPSTREAM_IDLE_MS            idle worker connections close after (2000)
+  PINBOARD_UPSTREAM_HEADER_TIMEOUT_MS  wait for a worker's response header (300000)
+  PINBOARD_STALL_TIMEOUT_MS            a streamed body making no progress; 0 off (60000)
+  PINBOARD_READ_TIMEOUT_MS             reading one request body; 0 none (0)
+  PINBOARD_HEADER_TIMEOUT_MS           reading a request header (30000)
+  PINBOARD_IDLE_TIMEOUT_MS             idle client keep-alive connection (75000)
+  PINBOARD_SHUTDOWN_GRACE_MS           in-flight requests after SIGTERM (25000)
+  PINBOARD_METRICS_ADDR                admin listener host:port: /metrics, /livez,
+                                       /readyz (off)
+  PINBOARD_PPROF                       1: /debug/pprof/ on the admin listener (0)
+  PINBOARD_LOG_FORMAT                  text or json (text)
+  PINBOARD_LOG_LEVEL                   debug, info, warn or error (info)
+  PINBOARD_ACCESS_LOG_SAMPLE           fraction of requests logged, 0 to 1 (0)
+
+Every _MS variable is an integer number of milliseconds. A missing or bad value
+prints one line naming the variable and exits 2 before anything listens.
+SIGTERM or SIGINT starts a graceful shutdown (exit 0); a second one exits at
+once (1). All of it, with limits and examples: docs/OPERATIONS.md.
+`
+
+// isHelp reports whether the arguments ask for usage: pinboard takes
+// none, and any other is a configuration error (run).
+func isHelp(args []string) bool {
+	if len(args) != 1 {
+		return false
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
 }
 
 // run returns the exit code: 0 after a clean shutdown, 1 on a runtime
@@ -30,7 +95,7 @@ func main() {
 // started).
 func run(args []string, lookup func(string) (string, bool), stderr io.Writer) int {
 	if len(args) > 0 {
-		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (see README.md)\n")
+		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (pinboard --help lists them)\n")
 		return 2
 	}
 	cfg, err := loadConfig(lookup)
