@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"cmp"
 	"net/netip"
+	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 const goodPassport = `{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"deployment","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`
@@ -329,5 +333,49 @@ func TestUsageListsEveryVariable_RSRV3(t *testing.T) {
 		if isHelp(args) {
 			t.Errorf("unexpected isHelp(%q) true", args)
 		}
+	}
+}
+
+// Every default docs/OPERATIONS.md's and docs/PROTOCOL.md's tables give as
+// a value (`15000`, `text`) is the one loadConfig applies: setting the
+// variable to it changes nothing (R-SRV-3: the Node pinboard's defaults).
+func TestOperationsTableDefaults_RSRV3(t *testing.T) {
+	var doc []byte
+	for _, f := range []string{"../../docs/OPERATIONS.md", "../../docs/PROTOCOL.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc = append(doc, b...)
+	}
+	row := regexp.MustCompile("(?m)^\\| `([A-Z][A-Z0-9_]*)` \\| `([^`]*)`")
+	def, err := loadConfig(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm := func(c *config) config {
+		cc := *c
+		cc.Passport, cc.Trusted = nil, nil
+		if cc.BalanceFactor == 0 {
+			cc.BalanceFactor = directory.DefaultBalanceFactor // what 0 means
+		}
+		return cc
+	}
+	n := 0
+	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
+		kv := base()
+		kv[m[1]] = m[2]
+		c, err := loadConfig(env(kv))
+		if err != nil {
+			t.Errorf("the documented default for %s, %q, does not load: %v", m[1], m[2], err)
+			continue
+		}
+		if !reflect.DeepEqual(norm(c), norm(def)) {
+			t.Errorf("unexpected documented default for %s; got %q; want what unset gives: %+v, not %+v", m[1], m[2], norm(def), norm(c))
+		}
+		n++
+	}
+	if n < 15 {
+		t.Fatalf("found only %d documented defaults: has the tables' format changed?", n)
 	}
 }
