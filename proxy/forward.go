@@ -92,6 +92,10 @@ type request struct {
 	// noHost: the client sent no Host (HTTP/1.0 need not); each try
 	// gets its worker's (prepare), and placement sees none.
 	noHost bool
+
+	// order puts back the order of repeated fields after the header's
+	// edits (keepFieldOrder).
+	order fieldOrder
 }
 
 func (rq *request) reset() {
@@ -102,6 +106,7 @@ func (rq *request) reset() {
 	rq.placeReq = directory.PlaceRequest{}
 	rq.routed, rq.noHost = false, false
 	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
+	rq.order.reset()
 }
 
 // ServeHTTP handles one data-plane request: /{ns}/{id}/{rest...}.
@@ -541,8 +546,12 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	stripRequestHop(h, rq, false)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
+		rq.order.edited = true
 	}
 	p.setForwarded(ctx, rq)
+	if !keepOrderOrRefuse(ctx, rq) {
+		return
+	}
 	restoreCookies(h, rq)
 	h.SetNoDefaultContentType(true)
 	if ctx.Request.IsBodyStream() {
@@ -747,12 +756,17 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
 	setOnly(h, hdrXFF, rq.xff, nFor)
 	setOnly(h, hdrXFProto, proto, nProto)
 	setOnly(h, hdrXFHost, host, nHost)
+	if nFor > 0 || nProto > 0 || nHost > 0 {
+		rq.order.edited = true // setOnly may have deleted copies
+	}
 	if !trusted && nOther > 0 {
 		h.Del("Forwarded")
 		h.Del("X-Real-IP")
+		rq.order.edited = true
 	}
 	if nAlias > 0 {
 		delForwardedAliases(h)
+		rq.order.edited = true
 	}
 }
 

@@ -188,6 +188,7 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 	if found == 0 {
 		return
 	}
+	rq.order.edited = true // a deletion moves lines (keepFieldOrder)
 	var keep uint16
 	if keepUpgrade {
 		keep = hopUpgrade
@@ -200,6 +201,18 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 			h.Del(n)
 		}
 	}
+}
+
+// keepOrderOrRefuse puts repeated fields back in order after the edits
+// (keepFieldOrder), or answers 400 and closes the connection when too
+// many of them moved; it reports whether the request goes on.
+func keepOrderOrRefuse(ctx *fasthttp.RequestCtx, rq *request) bool {
+	if err := keepFieldOrder(&ctx.Request.Header, rq); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		ctx.SetConnectionClose()
+		return false
+	}
+	return true
 }
 
 // appendConnectionNamed appends the header names a Connection value lists

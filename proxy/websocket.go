@@ -66,8 +66,12 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 	stripRequestHop(h, rq, true)
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
+		rq.order.edited = true
 	}
 	p.setForwarded(ctx, rq)
+	if !keepOrderOrRefuse(ctx, rq) {
+		return
+	}
 	restoreCookies(h, rq)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
 	for waits, refusals := 0, 0; ; {

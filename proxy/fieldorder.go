@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Field order (RFC 9110 §5.3): the order of the lines of a field sent
+// more than once is significant — tracestate, Via, a trusted proxy's
+// Forwarded, a request coded twice — and "a proxy MUST NOT change the
+// order of these field line values when forwarding a message".
+// fasthttp deletes a header by moving the header's last line into its
+// place (delAllArgs), so each line pinboard removes (a browser's
+// Connection: keep-alive, a consumed Authorization, a client's
+// pinboard-* or X-Real-IP) could move the last line of a repeated field
+// in front of its siblings: the worker read them last first, and a
+// client's own Forwarded line could end up behind the one its trusted
+// proxy appended.
+//
+// keepFieldOrder puts that order back once pinboard's edits are done.
+// Only the relative order of lines that share a name is restored (fields
+// with different names may be reordered, §5.3); each repeated field left
+// as the client sent it, with as many lines, is moved to the end in the
+// order the client sent its lines (RequestHeader.AllInOrder, which reads
+// the raw header). Fields pinboard rewrote (X-Forwarded-For) or removed
+// keep pinboard's lines.
+
+// fieldOrder is keepFieldOrder's scratch space, kept in the pooled
+// request: nothing is allocated once it is warm.
+type fieldOrder struct {
+	// edited: pinboard deleted something from the header; nothing
+	// moved otherwise (set, not add, rewrites in place).
+	edited bool
+	keys   []byte  // the names of the header's lines, back to back
+	ends   []int   // ends[i]: the end of line i's name in keys
+	idx    []int32 // line numbers, sorted by name
+	// lineRun[i]: the fieldRun of line i, or -1 (a field sent once).
+	lineRun []int32
+	runs    []fieldRun
+	cur     []curLine // the runs' lines now, grouped by run
+	vals    []byte    // their values, back to back
+	raw     []byte    // name and value of each raw line of a repeated field
+	lines   []rawLine
+}
+
+// curLine is a value in vals.
+type curLine struct{ start, end int }
+
+// fieldRun is a name the header holds on more than one line.
+type fieldRun struct {
+	start, end  int // the name, in keys
+	cur, raw    int // its lines now, and in the raw header
+	first, next int // where its lines start in cur; the next to fill
+}
+
+// rawLine is one line of a repeated field, in raw order: run is its
+// fieldRun; its name ends at kEnd and its value at vEnd, in raw.
+type rawLine struct {
+	run        int
+	kEnd, vEnd int
+}
+
+func (fo *fieldOrder) reset() {
+	fo.edited = false
+	fo.clear()
+}
+
+// clear empties the scratch space, keeping edited.
+func (fo *fieldOrder) clear() {
+	fo.keys, fo.ends, fo.idx, fo.lineRun = fo.keys[:0], fo.ends[:0], fo.idx[:0], fo.lineRun[:0]
+	fo.runs, fo.raw, fo.lines = fo.runs[:0], fo.raw[:0], fo.lines[:0]
+	fo.cur, fo.vals = fo.cur[:0], fo.vals[:0]
+}
+
+func (fo *fieldOrder) key(i int32) []byte {
+	start := 0
+	if i > 0 {
+		start = fo.ends[i-1]
+	}
+	return fo.keys[start:fo.ends[i]]
+}
+
+// run returns the fieldRun named k, or -1 (runs are sorted by name).
+func (fo *fieldOrder) run(k []byte) int {
+	lo, hi := 0, len(fo.runs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		r := fo.runs[m]
+		if string(fo.keys[r.start:r.end]) < string(k) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(fo.runs) {
+		if r := fo.runs[lo]; string(fo.keys[r.start:r.end]) == string(k) {
+			return lo
+		}
+	}
+	return -1
+}
+
+// keepFieldOrder restores the order of repeated fields (above) in h, the
+// request rq is forwarding, after pinboard edited it. When a line moved,
+// every repeated field is rewritten (one deletion each, then its lines
+// appended in order): a deletion moves lines of other fields too, and
+// with every repeated field out of the way, only fields sent once are
+// left behind, whose order does not matter. Each deletion costs a pass
+// over the header (fasthttp), so a request with more than maxStripped
+// repeated fields to rewrite is refused with errTooManyRepeated, as one
+// naming too many headers to strip is, rather than forwarded out of order
+// (built to order, one cost milliseconds of CPU). Clients send a handful:
+// a browser's Connection: keep-alive moves one line. The caller puts the
+// client's Cookie lines back afterwards (restoreCookies): they are kept
+// apart from the other fields.
+func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) error {
+	fo := &rq.order
+	if !fo.edited {
+		return nil // Fast path: nothing was deleted, nothing moved.
+	}
+	fo.clear()
+	fo.edited = false
+	for k := range h.All() {
+		fo.keys = append(fo.keys, k...)
+		fo.ends = append(fo.ends, len(fo.keys))
+		fo.idx = append(fo.idx, int32(len(fo.idx)))
+	}
+	slices.SortFunc(fo.idx, func(a, b int32) int { return bytes.Compare(fo.key(a), fo.key(b)) })
+	fo.lineRun = slices.Grow(fo.lineRun[:0], len(fo.idx))[:len(fo.idx)]
+	for i := 0; i < len(fo.idx); {
+		j := i + 1
+		for j < len(fo.idx) && bytes.Equal(fo.key(fo.idx[i]), fo.key(fo.idx[j])) {
+			j++
+		}
+		r := int32(-1)
+		if k := fo.key(fo.idx[i]); j-i > 1 && string(k) != fasthttp.HeaderCookie {
+			r = int32(len(fo.runs))
+			start := fo.ends[fo.idx[i]] - len(k)
+			fo.runs = append(fo.runs, fieldRun{start: start, end: start + len(k), cur: j - i})
+		}
+		for _, line := range fo.idx[i:j] {
+			fo.lineRun[line] = r
+		}
+		i = j
+	}
+	if len(fo.runs) == 0 {
+		return nil
+	}
+	// The lines of each run as they are now, grouped by run in order
+	// (first: where a run's lines start in cur).
+	for i, n := 0, 0; i < len(fo.runs); i++ {
+		fo.runs[i].first, n = n, n+fo.runs[i].cur
+		fo.runs[i].next = fo.runs[i].first
+	}
+	fo.cur = slices.Grow(fo.cur[:0], len(fo.idx))[:len(fo.idx)]
+	line := 0
+	for _, v := range h.All() {
+		if r := fo.lineRun[line]; r >= 0 {
+			run := &fo.runs[r]
+			fo.cur[run.next] = curLine{start: len(fo.vals)}
+			fo.vals = append(fo.vals, v...)
+			fo.cur[run.next].end = len(fo.vals)
+			run.next++
+		}
+		line++
+	}
+	// The raw lines of each run, in the order the client sent them,
+	// compared with the lines now.
+	moved := false
+	for k, v := range h.AllInOrder() {
+		r := fo.run(k)
+		if r < 0 {
+			continue
+		}
+		run := &fo.runs[r]
+		if rank := run.raw; rank < run.cur {
+			c := fo.cur[run.first+rank]
+			moved = moved || !bytes.Equal(fo.vals[c.start:c.end], v)
+		}
+		run.raw++
+		fo.raw = append(fo.raw, k...)
+		kEnd := len(fo.raw)
+		fo.raw = append(fo.raw, v...)
+		fo.lines = append(fo.lines, rawLine{run: r, kEnd: kEnd, vEnd: len(fo.raw)})
+	}
+	if !moved {
+		return nil
+	}
+	if len(fo.runs) > maxStripped {
+		return errTooManyRepeated
+	}
+	for _, r := range fo.runs {
+		h.DelBytes(fo.keys[r.start:r.end])
+	}
+	// A run with as many lines as the client sent is the client's, in
+	// its order; one pinboard rewrote keeps pinboard's lines.
+	start := 0
+	for _, l := range fo.lines {
+		if r := fo.runs[l.run]; r.cur == r.raw {
+			h.AddBytesKV(fo.raw[start:l.kEnd], fo.raw[l.kEnd:l.vEnd])
+		}
+		start = l.vEnd
+	}
+	for _, r := range fo.runs {
+		if r.cur == r.raw {
+			continue
+		}
+		for _, c := range fo.cur[r.first : r.first+r.cur] {
+			h.AddBytesKV(fo.keys[r.start:r.end], fo.vals[c.start:c.end])
+		}
+	}
+	return nil
+}
+
+// errTooManyRepeated refuses a request with more than maxStripped
+// repeated fields to put back in order (keepFieldOrder).
+var errTooManyRepeated = errors.New("too many header fields sent on several lines")

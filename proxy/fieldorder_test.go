@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// A field sent on several lines reaches the worker with its lines in the
+// order the client sent them (RFC 9110 §5.3: "A proxy MUST NOT change the
+// order of these field line values when forwarding a message"), whatever
+// pinboard removes around them. fasthttp deletes a header by moving the
+// last line into its place, so removing a browser's leading
+// "Connection: keep-alive" (or a consumed Authorization, a pinboard-*
+// header) swapped the last lines of a repeated field: the worker read
+// tracestate, Via or a trusted proxy's Forwarded lines last first
+// (R-DP-1).
+func TestFieldOrderKept_RDP1(t *testing.T) {
+	for name, lead := range map[string]string{
+		"connection":    "Connection: keep-alive\r\n",
+		"keep_alive":    "Keep-Alive: timeout=5\r\n",
+		"reserved":      "Pinboard-Attestation: forged\r\n",
+		"te":            "TE: trailers\r\n",
+		"named":         "Connection: X-Hop\r\nX-Hop: 1\r\n",
+		"forwarded":     "X-Forwarded-For: 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\n",
+		"underscore":    "X_Real_IP: 10.0.0.1\r\n",
+		"nothing_taken": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg, cl := newCapRig(t, nil)
+			req := "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" + lead +
+				"Tracestate: a=1\r\nVia: 1.1 p1\r\nX-Y: 1\r\nTracestate: b=2\r\nX-Folded: f1\r\n f2\r\nVia: 1.1 p2\r\nX-Folded: f3\r\nTracestate: c=3\r\n\r\n"
+			if got := rg.raw(req, 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") {
+				t.Fatalf("unexpected answer; got %q; want 200", got)
+			}
+			wire := cl.String()
+			for field, want := range map[string][]string{
+				"Tracestate": {"a=1", "b=2", "c=3"},
+				"Via":        {"1.1 p1", "1.1 p2"},
+				"X-Folded":   {"f1 f2", "f3"},
+				"X-Y":        {"1"},
+			} {
+				if got := headerValues(t, wire, field); strings.Join(got, "|") != strings.Join(want, "|") {
+					t.Errorf("unexpected %s lines at the worker; got %q; want %q\n%q", field, got, want, wire)
+				}
+			}
+		})
+	}
+}
+
+// The order is put back without an allocation once the request's scratch
+// space is warm, when the header has no repeated field as when it has.
+func TestKeepFieldOrderAllocatesNothing_RDP1(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	for name, raw := range map[string]string{
+		"no_repeat": "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nAccept: */*\r\nX-Y: 1\r\n\r\n",
+		"repeat":    "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nVia: a\r\nX-Y: 1\r\nVia: b\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			var req fasthttp.Request
+			if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+				t.Fatal(err)
+			}
+			rq := &request{}
+			stripRequestHop(&req.Header, rq, false)
+			once := func() {
+				rq.order.edited = true // as after the deletion above
+				if err := keepFieldOrder(&req.Header, rq); err != nil {
+					t.Fatal(err)
+				}
+			}
+			once()
+			if n := testing.AllocsPerRun(200, once); n != 0 {
+				t.Fatalf("unexpected allocations; got %v; want 0", n)
+			}
+			if got := req.Header.PeekAll("Via"); name == "repeat" && (len(got) != 2 || string(got[0]) != "a" || string(got[1]) != "b") {
+				t.Fatalf("unexpected Via lines; got %q; want [a b]", got)
+			}
+		})
+	}
+}
+
+// A request whose edits moved lines of more repeated fields than
+// maxStripped is refused, as one naming too many headers to strip is:
+// each field put back in order costs a pass over the header.
+func TestTooManyRepeatedFieldsRefused_RDP1(t *testing.T) {
+	var extra strings.Builder
+	for i := range maxStripped + 1 {
+		fmt.Fprintf(&extra, "X-R-%d: a\r\nX-R-%d: b\r\n", i, i)
+	}
+	rg, cl := newCapRig(t, nil)
+	got := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n"+extra.String()+"\r\n", 10*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `{"error":"too many header fields sent on several lines"}`) {
+		t.Fatalf("unexpected answer; got %q; want 400 too many header fields sent on several lines", got)
+	}
+	if wire := cl.String(); wire != "" {
+		t.Fatalf("unexpected request at the worker: %q", wire)
+	}
+}
