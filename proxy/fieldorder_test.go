@@ -103,3 +103,45 @@ func TestTooManyRepeatedFieldsRefused_RDP1(t *testing.T) {
 		t.Fatalf("unexpected request at the worker: %q", wire)
 	}
 }
+
+// BenchmarkBrowserHeaderEdits: what a browser's request costs pinboard's
+// header edits — its Connection: keep-alive deleted, then the order of
+// repeated fields checked (keepFieldOrder), with none repeated and with
+// two repeated fields (tracestate, Accept-Language), one line moved.
+func BenchmarkBrowserHeaderEdits(b *testing.B) {
+	const base = "GET /counters/alice/x HTTP/1.1\r\nHost: pinboard.test\r\nConnection: keep-alive\r\n" +
+		"User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36\r\nAccept: text/html,application/xhtml+xml\r\n" +
+		"Accept-Encoding: gzip, deflate, br\r\nSec-Fetch-Mode: navigate\r\nSec-Fetch-Site: none\r\n" +
+		"Upgrade-Insecure-Requests: 1\r\nCache-Control: max-age=0\r\nTraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+	for name, extra := range map[string]string{
+		"no_repeat": "Accept-Language: en\r\nTracestate: a=1\r\n",
+		"repeat":    "Accept-Language: en\r\nTracestate: a=1\r\nAccept-Language: fr\r\nTracestate: b=2\r\n",
+	} {
+		for _, edits := range []int{0, 1, 2} {
+			b.Run(fmt.Sprintf("%s/edits=%v", name, edits), func(b *testing.B) {
+				raw := base + extra + "\r\n"
+				var req fasthttp.Request
+				rq := &request{}
+				sr := strings.NewReader(raw)
+				br := bufio.NewReader(sr)
+				b.ReportAllocs()
+				for b.Loop() {
+					sr.Reset(raw)
+					br.Reset(sr)
+					if err := req.Header.Read(br); err != nil {
+						b.Fatal(err)
+					}
+					if edits > 0 {
+						stripRequestHop(&req.Header, rq, false)
+					}
+					if edits > 1 {
+						if err := keepFieldOrder(&req.Header, rq); err != nil {
+							b.Fatal(err)
+						}
+					}
+					req.Header.Reset()
+				}
+			})
+		}
+	}
+}

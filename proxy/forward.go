@@ -216,7 +216,7 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	}
 	// Stripping is bounded; a request past the bound is refused here,
 	// with nothing placed for it (a new id would keep its placement).
-	if hop := hopFound(ctx.Request.Header.All()); hop&(hopConnection|hopReserved) != 0 {
+	if hop := hopFound(ctx.Request.Header.All()); hop&(hopNamed|hopReserved) != 0 {
 		if err := checkStripBound(&ctx.Request.Header, hop); err != nil {
 			writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 			ctx.SetConnectionClose()

@@ -36,6 +36,12 @@ const (
 	hopExpect
 	hopConnection
 	hopReserved
+	// hopNamed: a Connection line names a header (a token other than
+	// close, keep-alive, upgrade and the framing and routing names
+	// appendConnectionNamed skips). Only then is the header searched for
+	// the names: "Connection: keep-alive", which most browsers and load
+	// balancers send, costs the deletion of the line alone.
+	hopNamed
 )
 
 // hopBitNames are the names of the bits above, in bit order (up to
@@ -113,23 +119,35 @@ var errTooManyStripped = errors.New("too many Connection-named or pinboard-* hea
 // reports whether a Connection header named Cookie, which a request keeps
 // apart from its other headers (saveCookies). A request's header was
 // bounded before (checkStripBound); a response's is not.
-func stripHop(found, keep uint16, all iter.Seq2[[]byte, []byte], del func(string)) (namedCookie bool) {
-	if found&hopConnection != 0 {
-		named := connectionNamed(all)
+// It is generic over the header so that its methods are called directly:
+// passed as func values (h.All(), h.Del), they escaped, and every request
+// with a Connection: keep-alive line — most browsers' and load balancers'
+// — cost three allocations.
+func stripHop[H hopHeader](found, keep uint16, h H) (namedCookie bool) {
+	if found&hopNamed != 0 {
+		named := connectionNamed(h.All())
 		for _, n := range named {
 			namedCookie = namedCookie || strings.EqualFold(n, fasthttp.HeaderCookie)
 		}
-		for _, n := range carried(named, all) {
-			del(n)
+		for _, n := range carried(named, h.All()) {
+			h.Del(n)
 		}
-		del(fasthttp.HeaderConnection)
+	}
+	if found&hopConnection != 0 {
+		h.Del(fasthttp.HeaderConnection)
 	}
 	for i, name := range hopBitNames {
 		if bit := uint16(1) << i; found&bit != 0 && keep&bit == 0 {
-			del(name)
+			h.Del(name)
 		}
 	}
 	return namedCookie
+}
+
+// hopHeader is a header stripHop edits: a request's or a response's.
+type hopHeader interface {
+	All() iter.Seq2[[]byte, []byte]
+	Del(key string)
 }
 
 // connectionNamed returns the header names every Connection line of all
@@ -145,13 +163,35 @@ func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
 }
 
 // hopFound is the fast path's one pass over a header: the hopBit of every
-// name, or'ed. Zero (the common case) means nothing to strip.
+// name, or'ed, and hopNamed. Zero (the common case) means nothing to
+// strip.
 func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
 	var found uint16
-	for k := range all {
-		found |= hopBit(k)
+	for k, v := range all {
+		b := hopBit(k)
+		if b == hopConnection && namesHeader(v) {
+			b |= hopNamed
+		}
+		found |= b
 	}
 	return found
+}
+
+// namesHeader reports whether a Connection value v lists a token
+// appendConnectionNamed would take for a header name.
+func namesHeader(v []byte) bool {
+	for len(v) > 0 {
+		var tok []byte
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			tok, v = v[:i], v[i+1:]
+		} else {
+			tok, v = v, nil
+		}
+		if tok = bytes.TrimSpace(tok); len(tok) > 0 && !notHeaderName(tok) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkStripBound returns errTooManyStripped when stripping a request
@@ -161,7 +201,7 @@ func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
 // bound with the rest of what the header alone refuses (Proxy.parse),
 // before the request is placed or told 100 Continue, and strips after.
 func checkStripBound(h *fasthttp.RequestHeader, found uint16) error {
-	if found&hopConnection != 0 && len(carried(connectionNamed(h.All()), h.All())) > maxStripped {
+	if found&hopNamed != 0 && len(carried(connectionNamed(h.All()), h.All())) > maxStripped {
 		return errTooManyStripped
 	}
 	if found&hopReserved != 0 && len(reservedNames(h)) > maxStripped {
@@ -193,7 +233,7 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	if stripHop(found, keep, h.All(), h.Del) {
+	if stripHop(found, keep, h) {
 		rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	}
 	if found&hopReserved != 0 {
@@ -232,13 +272,19 @@ func appendConnectionNamed(dst []string, v []byte) []string {
 			tok, v = v, nil
 		}
 		tok = bytes.TrimSpace(tok)
-		if len(tok) == 0 || asciiEqualFold(tok, "close") || asciiEqualFold(tok, "keep-alive") || asciiEqualFold(tok, "upgrade") ||
-			asciiEqualFold(tok, "content-length") || asciiEqualFold(tok, "transfer-encoding") || asciiEqualFold(tok, "host") {
+		if len(tok) == 0 || notHeaderName(tok) {
 			continue
 		}
 		dst = append(dst, string(tok))
 	}
 	return dst
+}
+
+// notHeaderName reports a Connection token that names no header to strip
+// (appendConnectionNamed says why).
+func notHeaderName(tok []byte) bool {
+	return asciiEqualFold(tok, "close") || asciiEqualFold(tok, "keep-alive") || asciiEqualFold(tok, "upgrade") ||
+		asciiEqualFold(tok, "content-length") || asciiEqualFold(tok, "transfer-encoding") || asciiEqualFold(tok, "host")
 }
 
 // carried returns the names in named that a header of all carries, each
@@ -319,7 +365,7 @@ func underscoreAlias(k []byte, name string) bool {
 func stripResponseHop(h *fasthttp.ResponseHeader) {
 	if found := hopFound(h.All()); found&^(hopExpect|hopReserved) != 0 {
 		// A worker's answer is not bounded: the worker is the fleet's own.
-		stripHop(found, hopExpect, h.All(), h.Del)
+		stripHop(found, hopExpect, h)
 	}
 }
 

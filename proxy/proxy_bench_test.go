@@ -159,6 +159,28 @@ func TestHotPathWithCookiesAllocatesNothing_RDP1(t *testing.T) {
 	}
 }
 
+// TestHotPathBrowserRequestAllocatesNothing_RDP1: a browser's or load
+// balancer's request carries Connection: keep-alive, deleted before it is
+// forwarded, and may repeat a field (tracestate) whose lines the deletion
+// moves and keepFieldOrder puts back: still 0 allocations per request.
+// Before, the Connection line alone cost three (R-DP-1).
+func TestHotPathBrowserRequestAllocatesNothing_RDP1(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	h := newHotPath(t)
+	raw := "GET /bench/alice/json HTTP/1.1\r\nHost: pinboard.test\r\nConnection: keep-alive\r\nTracestate: a=1\r\n" +
+		"Accept: application/json\r\nUser-Agent: pinbench\r\nTracestate: b=2\r\n\r\n"
+	h.req.Reset()
+	if err := h.req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		t.Fatal(err)
+	}
+	h.once(t)
+	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
+		t.Fatalf("unexpected allocations per proxied browser request; got %v; want 0", n)
+	}
+}
+
 // TestHotPathWithCredentialAllocatesNothing_RTR4: a request presenting a
 // passport credential — checked, consumed (one Authorization line only),
 // its account signed into the attestation — is still 0 allocations per
