@@ -32,7 +32,9 @@ Environment:
 
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
-                        back), GET whoami, GET headers, POST sha256 (consumes
+                        back), GET whoami, GET headers, GET caller (the
+                        attested calling instance), GET call?path=P (a
+                        cluster call to P), POST sha256 (consumes
                         the body, returns its digest), GET blob?size=N,
                         GET slow?seconds=S (answers after S seconds)
     /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
@@ -54,7 +56,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
-from pinned import PinnedAPI, PinnedHost, PinnedWorker, route
+from pinned import Attestation, PinnedAPI, PinnedHost, PinnedWorker, attestation, route
 
 WORKER_NAME = os.environ.get("WORKER_NAME", "local")
 
@@ -136,6 +138,27 @@ class Counter(PinnedAPI):
     @route.get("/whoami")
     async def whoami(self) -> dict[str, Any]:
         return {"worker": WORKER_NAME, "id": self.id}
+
+    @route.get("/caller")
+    async def caller(self, request: Request) -> dict[str, Any]:
+        # The attested calling instance, if this request is a cluster call
+        # (R-TR-6): pinned verified pinboard's attestation and its caller claim.
+        who = attestation(request)
+        if isinstance(who, Attestation.Instance):
+            return {"worker": WORKER_NAME, "id": self.id, "caller": f"{who.ns}/{who.id}", "depth": who.depth}
+        return {"worker": WORKER_NAME, "id": self.id, "caller": None, "depth": None}
+
+    @route.get("/call")
+    async def call(self, path: str) -> dict[str, Any]:
+        # An instance-to-instance call through pinned's cluster client: in
+        # process when the target id lives here, else through pinboard with
+        # this instance attested as the caller (R-TR-6, R-PL-4).
+        res = await self.cluster.get(path)
+        try:
+            body: Any = res.json()
+        except ValueError:
+            body = res.text
+        return {"worker": WORKER_NAME, "id": self.id, "status": res.status_code, "body": body}
 
     @route.get("/headers")
     async def headers(self, request: Request) -> dict[str, Any]:
