@@ -30,6 +30,9 @@ Environment:
                         thousands of ids keeps this short to keep requests
                         O(recent ids) instead of O(all ids).
 
+POST /_e2e/drain?deadline=S starts the worker's own drain, POST /_e2e/drain
+without a deadline revokes it (not an instance route: no attestation).
+
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
                         back), GET whoami, GET headers, GET caller (the
@@ -278,6 +281,23 @@ app.include_router(worker)
 app.include_router(counters)
 app.include_router(tickers)
 app.include_router(retained)
+
+
+_drains: set["asyncio.Task[None]"] = set()
+
+
+@app.post("/_e2e/drain")
+async def self_drain(deadline: float | None = None) -> dict[str, Any]:
+    """The worker's own drain (PinnedWorker.drain, as install_sigterm_drain
+    would start it): with `deadline` (seconds) it stops taking new ids and
+    heartbeats draining: true; without, it revokes the drain."""
+    if deadline is None:
+        await worker.drain(None)
+    else:
+        task = asyncio.get_running_loop().create_task(worker.drain(deadline))
+        _drains.add(task)
+        task.add_done_callback(_drains.discard)
+    return {"worker": WORKER_NAME, "draining": worker.draining}
 
 
 @app.get("/healthz")
