@@ -47,9 +47,21 @@ func clientIDs(ctx context.Context, t *testing.T, f *MultiFleet) map[string]stri
 func TestMultiNodeReplacementSeenByOtherNode_RPL1(t *testing.T) {
 	requireSuite(t)
 	srv := redistest.StartServer(t)
+	testReplacementSeenByOtherNode(t, srv.URL())
+}
+
+// The same on a 3-master Redis Cluster: the placement key and its
+// invalidation live on whichever master owns the id's slot.
+func TestMultiNodeClusterReplacementSeenByOtherNode_RPL1(t *testing.T) {
+	requireSuite(t)
+	c := redistest.StartCluster(t, 3)
+	testReplacementSeenByOtherNode(t, c.URL())
+}
+
+func testReplacementSeenByOtherNode(t *testing.T, redisURL string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: srv.URL(), Nodes: 2, Workers: []string{"w1", "w2"},
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: redisURL, Nodes: 2, Workers: []string{"w1", "w2"},
 		Headroom: 20, LeaseTTL: 6 * time.Second})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)
