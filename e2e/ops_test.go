@@ -395,3 +395,87 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	}
 	t.Logf("exited %v after the second signal", time.Since(second))
 }
+
+// TestMetricsOpenStreamsAndDialErrors_RDP2_RDP3: the scrape counts what is
+// open and what failed — one Server-Sent Events stream and one WebSocket
+// relayed show as 1 in their gauges while open and 0 once closed; a
+// request for an id whose worker was SIGKILLed answers 502 and counts one
+// upstream error and one 5xx; each id placed counts one new placement.
+func TestMetricsOpenStreamsAndDialErrors_RDP2_RDP3(t *testing.T) {
+	requireSuite(t)
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	admin, env := adminEnv(t)
+	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := f.Pinboard
+	before := scrapeMetrics(ctx, t, admin)
+
+	if r, err := getWithRetry(ctx, pb.URL+"/tickers/ms1/events?count=1"); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot place /tickers/ms1: %s %v", r, err)
+	}
+	res, _ := openEvents(ctx, t, pb.URL+"/tickers/ms1/events?count=100000&interval=0.2")
+	ws, err := wsDial(ctx, "ws://"+strings.TrimPrefix(pb.URL, "http://")+"/tickers/mw1/ws", nil)
+	if err != nil {
+		res.Body.Close()
+		t.Fatalf("cannot open the WebSocket: %v", err)
+	}
+	if err := ws.WriteMessage(wsOpText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := ws.ReadMessage(); err != nil || string(msg) != "hi" {
+		t.Fatalf("unexpected echo %q: %v", msg, err)
+	}
+	open := scrapeMetrics(ctx, t, admin)
+	for _, series := range []string{`pinboard_proxy_open_streams`, `pinboard_proxy_open_websockets`} {
+		if got := open[series]; got != 1 {
+			t.Errorf("unexpected %s with one open; got %v; want 1", series, got)
+		}
+	}
+	res.Body.Close()
+	ws.Close(1000, 5*time.Second)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		m := scrapeMetrics(ctx, t, admin)
+		if m[`pinboard_proxy_open_streams`] == 0 && m[`pinboard_proxy_open_websockets`] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected gauges 5s after the stream and the WebSocket closed; got streams %v, websockets %v; want 0",
+				m[`pinboard_proxy_open_streams`], m[`pinboard_proxy_open_websockets`])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	if r, err := getWithRetry(ctx, pb.URL+"/counters/md1/value"); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot place /counters/md1: %s %v", r, err)
+	}
+	mid := scrapeMetrics(ctx, t, admin)
+	f.Worker("w1").Kill()
+	r, err := do(ctx, http.MethodGet, pb.URL+"/counters/md1/value", nil, nil)
+	if err != nil || r.Status != http.StatusBadGateway {
+		t.Fatalf("unexpected answer for an id on a killed worker; got %s %v; want 502", r, err)
+	}
+	after := scrapeMetrics(ctx, t, admin)
+	upstream := 0.0
+	kinds := map[string]float64{}
+	for series, v := range after {
+		if strings.HasPrefix(series, "pinboard_proxy_upstream_errors_total{") && v != mid[series] {
+			upstream += v - mid[series]
+			kinds[series] = v - mid[series]
+		}
+	}
+	// dial, or read/write when a pooled connection is found dead first.
+	if upstream != 1 {
+		t.Errorf("unexpected change of pinboard_proxy_upstream_errors_total over the 502; got %v (%v); want 1", upstream, kinds)
+	}
+	t.Logf("the 502 counted as %v", kinds)
+	if d := after[`pinboard_proxy_requests_total{namespace="/counters",code="5xx"}`] - mid[`pinboard_proxy_requests_total{namespace="/counters",code="5xx"}`]; d != 1 {
+		t.Errorf("unexpected change of 5xx /counters requests over the 502; got %v; want 1", d)
+	}
+	if d := after[`pinboard_placements_total{kind="new"}`] - before[`pinboard_placements_total{kind="new"}`]; d != 3 {
+		t.Errorf("unexpected change of new placements; got %v; want 3 (ms1, mw1, md1)", d)
+	}
+}
