@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -287,6 +288,98 @@ func TestReclaimedInstanceReleasedOnIdle_RREG1_RREG3(t *testing.T) {
 			if !sleepCtx(ictx, 250*time.Millisecond) {
 				t.Fatalf("the idle instance's release never freed its row; last %d %+v, %v", status, p, err)
 			}
+		}
+	})
+}
+
+// windDown posts POST /registry/wind-down; deadline "null" revokes.
+func windDown(ctx context.Context, t *testing.T, pb *Pinboard, id, deadline string) {
+	t.Helper()
+	r, err := do(ctx, http.MethodPost, pb.URL+"/registry/wind-down", pb.operator(),
+		strings.NewReader(`{"namespace":"/counters","id":"`+id+`","deadline":`+deadline+`}`))
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot wind down %s (deadline %s): %v %s", id, deadline, err, r)
+	}
+}
+
+// A wind-down's deadline and its revoke with the real worker (R-CM-1):
+// two ids each busy with a slow request get a wind_down with a 2 s
+// deadline; one is revoked (deadline null) right after. The worker aborts
+// the other's request once its deadline has passed — not before: the ack
+// tells it the seconds left at delivery — and its placement is freed; the revoked one's
+// request completes, and its instance and placement stay (pinboard's sweep
+// must not free it at the revoked deadline either). On both stores.
+func TestWindDownDeadlineAndRevoke_RCM1(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
+		if err := f.WarmUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pb := f.Pinboard
+		increment(ctx, t, pb, "/counters", "aborted")
+		increment(ctx, t, pb, "/counters", "revoked")
+		keptBefore, _, err := getPlacement(ctx, pb, "/counters", "revoked")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const slow = 8 * time.Second
+		type done struct {
+			r     reply
+			err   error
+			after time.Duration
+		}
+		start := time.Now()
+		results := map[string]chan done{}
+		for _, id := range []string{"aborted", "revoked"} {
+			ch := make(chan done, 1)
+			results[id] = ch
+			go func() {
+				r, err := do(ctx, http.MethodGet, fmt.Sprintf("%s/counters/%s/slow?seconds=%v", pb.URL, id, slow.Seconds()), nil, nil)
+				ch <- done{r, err, time.Since(start)}
+			}()
+		}
+		sleepCtx(ctx, 500*time.Millisecond) // both requests at the worker
+		posted := time.Now()
+		windDown(ctx, t, pb, "aborted", "2")
+		windDown(ctx, t, pb, "revoked", "2")
+		windDown(ctx, t, pb, "revoked", "null")
+
+		a := <-results["aborted"]
+		abortedAt := start.Add(a.after)
+		if a.err == nil && a.r.Status == http.StatusOK {
+			t.Fatalf("unexpected answer for the wound-down id's request; got %s after %v; want it aborted at the 2s deadline", a.r, a.after.Round(time.Millisecond))
+		}
+		if d := abortedAt.Sub(posted); d < 1900*time.Millisecond || d > slow-time.Second {
+			t.Fatalf("unexpected abort %v after the wind-down was posted; want from the 2s deadline on, well before the request's own %v", d.Round(time.Millisecond), slow)
+		}
+		for {
+			_, code, err := getPlacement(ctx, pb, "/counters", "aborted")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code == http.StatusNotFound {
+				break
+			}
+			if time.Since(posted) > 10*time.Second || !sleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("the wound-down id's placement was never freed")
+			}
+		}
+		k := <-results["revoked"]
+		if k.err != nil || k.r.Status != http.StatusOK || !strings.Contains(string(k.r.Body), `"slept"`) {
+			t.Fatalf("unexpected answer for the revoked id's request; got %s (err %v); want 200 after %v", k.r, k.err, slow)
+		}
+		keptAfter, code, err := getPlacement(ctx, pb, "/counters", "revoked")
+		if err != nil || code != http.StatusOK || keptAfter.SessionID != keptBefore.SessionID || keptAfter.Epoch != keptBefore.Epoch {
+			t.Fatalf("unexpected placement of the revoked id past its revoked deadline; got %d %+v (err %v); want %+v", code, keptAfter, err, keptBefore)
+		}
+		if c := increment(ctx, t, pb, "/counters", "revoked"); c.Count != 2 {
+			t.Fatalf("unexpected count of the revoked id; got %+v; want 2 (the same live instance)", c)
+		}
+		if c := increment(ctx, t, pb, "/counters", "aborted"); c.Count != 1 {
+			t.Fatalf("unexpected count of the wound-down id; got %+v; want 1 (a fresh activation)", c)
 		}
 	})
 }
