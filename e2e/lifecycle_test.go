@@ -383,3 +383,99 @@ func TestWindDownDeadlineAndRevoke_RCM1(t *testing.T) {
 		}
 	})
 }
+
+// Re-registration with the real worker (R-REG-1, R-LS-2): a worker frozen
+// past its lease wakes to 409 reregister and registers again with
+// prevSessionId and its live instances. An id re-placed on the other
+// worker meanwhile comes back as a duplicate — it stays where it is, the
+// woken worker's stale instance never serves it again — while an id nobody
+// asked for during the freeze is reclaimed with its live instance. On both
+// stores.
+func TestReregisterDuplicatesAndReclaims_RREG1(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		a := StartWorker(t, pb, WorkerOptions{Name: "A", Headroom: 1000})
+		b := StartWorker(t, pb, WorkerOptions{Name: "B", Headroom: 1})
+		first, err := a.WaitRegistered(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"dup", "reclaim"} {
+			increment(ctx, t, pb, "/counters", id)
+			if c := increment(ctx, t, pb, "/counters", id); c.Worker != "A" || c.Count != 2 {
+				t.Fatalf("unexpected answer for %s; got %+v; want A's instance at count 2", id, c)
+			}
+		}
+		floor, err := a.LeaseFloor(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.proc.signal(syscall.SIGSTOP)
+		stopped := true
+		defer func() {
+			if stopped {
+				a.proc.signal(syscall.SIGCONT)
+			}
+		}()
+		// Past A's lease, "dup" re-places on B at its next request.
+		sleepCtx(ctx, time.Until(floor))
+		for {
+			r, err := do(ctx, http.MethodPost, pb.URL+"/counters/dup/increment", nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status == http.StatusOK {
+				var c counterReply
+				if err := r.JSON(&c); err != nil || c.Worker != "B" || c.Count != 1 {
+					t.Fatalf("unexpected answer for dup past A's lease; got %s; want a new activation on B", r)
+				}
+				break
+			}
+			if r.Status != http.StatusBadGateway && r.Status != http.StatusServiceUnavailable {
+				t.Fatalf("unexpected answer for dup while A is frozen; got %s", r)
+			}
+			if time.Since(floor) > 10*time.Second || !sleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("dup never re-placed on B after A's lease; last %s", r)
+			}
+		}
+		a.proc.signal(syscall.SIGCONT)
+		stopped = false
+		var again WorkerRecord
+		for {
+			rec, ok := record(ctx, t, pb, a.URL)
+			if ok && rec.SessionID != first.SessionID {
+				again = rec
+				break
+			}
+			if !sleepCtx(ctx, 100*time.Millisecond) {
+				t.Fatalf("A never registered again after it woke")
+			}
+		}
+		wantLog := "prevSessionId=" + first.SessionID + " duplicates=1"
+		if !strings.Contains(pb.Output(), wantLog) {
+			t.Errorf("unexpected register log; want a line with %q", wantLog)
+		}
+		// "dup" stays on B; "reclaim" is A's again, with its live instance.
+		if p, code, err := getPlacement(ctx, pb, "/counters", "dup"); err != nil || code != http.StatusOK || p.ClientID == first.ClientID {
+			t.Fatalf("unexpected placement of dup after A re-registered; got %d %+v (err %v); want B's", code, p, err)
+		}
+		if c := increment(ctx, t, pb, "/counters", "dup"); c.Worker != "B" || c.Count != 2 {
+			t.Fatalf("unexpected answer for dup after A re-registered; got %+v; want B's instance at count 2", c)
+		}
+		if p, code, err := getPlacement(ctx, pb, "/counters", "reclaim"); err != nil || code != http.StatusOK || p.SessionID != again.SessionID {
+			t.Fatalf("unexpected placement of reclaim after A re-registered; got %d %+v (err %v); want A's new session %s", code, p, err, again.SessionID)
+		}
+		if c := increment(ctx, t, pb, "/counters", "reclaim"); c.Worker != "A" || c.Count != 3 {
+			t.Fatalf("unexpected answer for reclaim after A re-registered; got %+v; want A's live instance at count 3", c)
+		}
+	})
+}
