@@ -27,12 +27,16 @@ func placeIDs(ctx context.Context, t *testing.T, pb *Pinboard, prefix string, n 
 
 // A worker stopped with SIGTERM releases its placements and deregisters on
 // its way out: the ids it owned re-place on the other worker at the very next
-// request, while the other worker keeps its own.
+// request, while the other worker keeps its own. On both stores.
 func TestGracefulStopReleasesIDs_RREG3(t *testing.T) {
 	t.Parallel()
+	forEachStore(t, testGracefulStopReleasesIDs)
+}
+
+func testGracefulStopReleasesIDs(t *testing.T, storeEnv []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
+	f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -69,13 +73,18 @@ func TestGracefulStopReleasesIDs_RREG3(t *testing.T) {
 // A SIGKILLed worker cannot release anything: until its lease lapses the
 // proxy answers 502 {"error":…} fast for the ids it owned (the owner is
 // unreachable, R-DP-3, R-DP-4); after the lease they re-place on the other
-// worker (R-LS-2). Ids on the survivor keep working throughout.
+// worker (R-LS-2). Ids on the survivor keep working throughout. On both
+// stores.
 func TestKilledWorkerReplacedAfterLease_RLS2_RDP4(t *testing.T) {
 	t.Parallel()
+	forEachStore(t, testKilledWorkerReplacedAfterLease)
+}
+
+func testKilledWorkerReplacedAfterLease(t *testing.T, storeEnv []string) {
 	const ttl = 3 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
+	f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)
 	}
