@@ -238,14 +238,14 @@ func (r *Redis) execTracked(ctx context.Context, op string, sc *script, key stri
 		trail = append(append(make([]string, 0, len(keys)+len(extra)), keys...), extra...)
 	}
 	res, at := r.pipeScript(ctx, op, sc, key, args, func(eval rueidis.Completed) (rueidis.Commands, int) {
-		cmds := make(rueidis.Commands, 0, 5)
+		cmds := make(rueidis.Commands, 0, 9)
 		if lead && len(keys) > 0 {
-			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
+			cmds = r.appendTracked(cmds, r.c.B().Mget().Key(keys...).Build())
 		}
 		at := len(cmds)
 		cmds = append(cmds, eval)
 		if len(trail) > 0 {
-			cmds = append(cmds, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(trail...).Build())
+			cmds = r.appendTracked(cmds, r.c.B().Mget().Key(trail...).Build())
 		}
 		return cmds, at
 	})
@@ -255,11 +255,58 @@ func (r *Redis) execTracked(ctx context.Context, op string, sc *script, key stri
 	}
 	var back []rueidis.RedisMessage
 	if len(trail) > 0 {
-		if back, err = res[len(res)-1].ToArray(); err != nil {
+		m, err := r.trackedReply(res, len(res)-r.trackedLen())
+		if err != nil {
+			return msg, nil, err
+		}
+		if back, err = m.ToArray(); err != nil {
 			return msg, nil, err
 		}
 	}
 	return msg, back, nil
+}
+
+// appendTracked appends read to cmds so that Redis tracks the keys it
+// reads for this node: rueidis's tracking is OPTIN, so CLIENT CACHING YES
+// goes right before it. On Redis Cluster the two are one MULTI block. A
+// client whose slot map is stale (a resharding moved the directory's
+// slot, until rueidis refreshes its map) has each command of a pipeline
+// redirected (MOVED) on its own: the keyless CLIENT CACHING YES is
+// answered by the old master and only the read follows the slot, so the
+// new master served it untracked and the rows it filled were never
+// invalidated (TestRedisClusterSlotMigrationKeepsTracking_RPL1). rueidis
+// moves a MULTI block as a whole, and the flag CLIENT CACHING YES sets
+// lasts until EXEC.
+func (r *Redis) appendTracked(cmds rueidis.Commands, read rueidis.Completed) rueidis.Commands {
+	if r.cluster.Load() {
+		return append(cmds, r.c.B().Multi().Build(), r.c.B().ClientCaching().Yes().Build(), read, r.c.B().Exec().Build())
+	}
+	return append(cmds, r.c.B().ClientCaching().Yes().Build(), read)
+}
+
+// trackedLen is the number of commands appendTracked appends.
+func (r *Redis) trackedLen() int {
+	if r.cluster.Load() {
+		return 4
+	}
+	return 2
+}
+
+// trackedReply returns the reply of the read appendTracked appended at
+// res[at]; its error is the read's, or Nil for a nil reply, as
+// RedisResult.ToMessage.
+func (r *Redis) trackedReply(res []rueidis.RedisResult, at int) (rueidis.RedisMessage, error) {
+	if !r.cluster.Load() {
+		return res[at+1].ToMessage()
+	}
+	tx, err := res[at+3].ToArray()
+	if err != nil {
+		return rueidis.RedisMessage{}, err
+	}
+	if len(tx) != 2 {
+		return rueidis.RedisMessage{}, errShortReply
+	}
+	return tx[1], tx[1].Error()
 }
 
 // parseRow splits a row value "<sessionId> <epoch>".

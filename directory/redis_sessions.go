@@ -103,22 +103,25 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 		return out, nil
 	}
 	gen := r.leaseGen.Load()
-	cmds := make(rueidis.Commands, 0, 3*len(missing))
+	stride := 1 + r.trackedLen()
+	cmds := make(rueidis.Commands, 0, stride*len(missing))
 	for _, sid := range missing {
-		cmds = append(cmds,
-			r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec", "host").Build(),
-			r.c.B().ClientCaching().Yes().Build(),
-			r.c.B().Get().Key(r.key("l", sid)).Build())
+		cmds = append(cmds, r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec", "host").Build())
+		cmds = r.appendTracked(cmds, r.c.B().Get().Key(r.key("l", sid)).Build())
 	}
 	start := time.Now()
 	res := r.c.DoMulti(ctx, cmds...)
 	r.observeMulti("session.resolve", start, res)
 	for i, sid := range missing {
-		f, err := res[3*i].AsStrSlice()
+		f, err := res[stride*i].AsStrSlice()
 		if err != nil {
 			return nil, unavailable("read session", sid, err)
 		}
-		l, err := res[3*i+2].ToString()
+		var l string
+		m, err := r.trackedReply(res, stride*i+1)
+		if err == nil {
+			l, err = m.ToString()
+		}
 		if err != nil && !rueidis.IsRedisNil(err) {
 			return nil, unavailable("read session", sid, err)
 		}
@@ -189,9 +192,13 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 	c, cancel := context.WithTimeout(ctx, r.budget)
 	defer cancel()
 	start := time.Now()
-	res := r.c.DoMulti(c, r.c.B().ClientCaching().Yes().Build(), r.c.B().Mget().Key(keys...).Build())
+	res := r.c.DoMulti(c, r.appendTracked(make(rueidis.Commands, 0, 4), r.c.B().Mget().Key(keys...).Build())...)
 	r.observeMulti("lease.refresh", start, res)
-	vals, err := res[1].ToArray()
+	m, err := r.trackedReply(res, 0)
+	var vals []rueidis.RedisMessage
+	if err == nil {
+		vals, err = m.ToArray()
+	}
 	if err != nil {
 		for _, s := range sess {
 			s.dirty.Store(true)
