@@ -92,10 +92,24 @@ func TestRedisClusterSlotMigrationKeepsTracking_RPL1(t *testing.T) {
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "before", Now: now}); err != nil {
 		t.Fatal(err)
 	}
-	migrateSlot(t, c, "{mig}:era")
-	const n = 20
+	// Each move has a chance that the client refreshes its map before the
+	// first claim (rueidis refreshes at a random delay under 1 s after the
+	// first MOVED): three moves make missing the window unlikely.
+	for round := range 3 {
+		migrateSlot(t, c, "{mig}:era")
+		checkTrackedAfterMove(t, a, b, wa, wb, now, "r"+strconv.Itoa(round)+"-")
+	}
+}
+
+// checkTrackedAfterMove places ids through A right after a move of the
+// directory's slot, re-places them through B and wants A to drop them
+// within the staleness budget.
+func checkTrackedAfterMove(t *testing.T, a, b *directory.Redis, wa, wb string, now time.Time, pfx string) {
+	t.Helper()
+	ctx := ctxT(t)
+	const n = 10
 	for i := range n {
-		id := "m" + strconv.Itoa(i)
+		id := pfx + strconv.Itoa(i)
 		var r directory.Route
 		var err error
 		for range 50 { // errors while the client follows the move are fine
@@ -112,7 +126,7 @@ func TestRedisClusterSlotMigrationKeepsTracking_RPL1(t *testing.T) {
 		}
 	}
 	for i := range n {
-		id := "m" + strconv.Itoa(i)
+		id := pfx + strconv.Itoa(i)
 		r, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: id, Now: now, Exclude: wa})
 		if err != nil || r.Owner.SessionID != wb {
 			t.Fatalf("unexpected re-placement of %s through B; got %+v, %v; want %s", id, r, err, wb)
@@ -122,7 +136,7 @@ func TestRedisClusterSlotMigrationKeepsTracking_RPL1(t *testing.T) {
 	// milliseconds.
 	deadline := time.Now().Add(2500 * time.Millisecond)
 	for i := range n {
-		id := "m" + strconv.Itoa(i)
+		id := pfx + strconv.Itoa(i)
 		for {
 			r, ok := a.Lookup([]byte("/c"), []byte(id), now)
 			if !ok || r.Owner.SessionID != wa {
@@ -131,7 +145,7 @@ func TestRedisClusterSlotMigrationKeepsTracking_RPL1(t *testing.T) {
 			if time.Now().After(deadline) {
 				stale := 0
 				for j := range n {
-					if r, ok := a.Lookup([]byte("/c"), []byte("m"+strconv.Itoa(j)), now); ok && r.Owner.SessionID == wa {
+					if r, ok := a.Lookup([]byte("/c"), []byte(pfx+strconv.Itoa(j)), now); ok && r.Owner.SessionID == wa {
 						stale++
 					}
 				}
