@@ -183,42 +183,44 @@ func testKilledWorkerReplacedAfterLease(t *testing.T, storeEnv []string) {
 // (R-LS-3): its ids re-place at their next request — on the new process —
 // instead of reaching the new process signed with the old secret, which
 // refused them 403 invalid attestation until the lease lapsed. The lease
-// here is long enough that waiting it out would show.
+// here is long enough that waiting it out would show. On both stores.
 func TestWorkerRestartedInPlace_RLS3(t *testing.T) {
 	t.Parallel()
-	const ttl = 15 * time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"first"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pb, first := f.Pinboard, f.Worker("first")
-	ids, owners := placeIDs(ctx, t, pb, "restarted-", 4)
-	for _, id := range ids {
-		if owners[id] != first.Name {
-			t.Fatalf("unexpected owner of %s; got %s; want %s (the only worker)", id, owners[id], first.Name)
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		const ttl = 15 * time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+		defer cancel()
+		f := StartFleet(t, ctx, FleetOptions{Workers: []string{"first"}, Headroom: sharedHeadroom, LeaseTTL: ttl, PinboardEnv: storeEnv})
+		if err := f.WarmUp(ctx); err != nil {
+			t.Fatal(err)
 		}
-	}
-	leaseFloor, err := first.LeaseFloor(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first.Kill()
-	killed := time.Now()
-	second := StartWorker(t, pb, WorkerOptions{Name: "second", Headroom: sharedHeadroom, Port: first.Port})
-	if _, err := second.WaitRegistered(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range ids {
-		if w, r, err := whoami(ctx, pb, id); err != nil || w != second.Name {
-			t.Fatalf("unexpected answer for %s %v after its worker was restarted in place (lease %v); got %s (%v); want 200 from %s", id, time.Since(killed).Round(time.Millisecond), ttl, r, err, second.Name)
+		pb, first := f.Pinboard, f.Worker("first")
+		ids, owners := placeIDs(ctx, t, pb, "restarted-", 4)
+		for _, id := range ids {
+			if owners[id] != first.Name {
+				t.Fatalf("unexpected owner of %s; got %s; want %s (the only worker)", id, owners[id], first.Name)
+			}
 		}
-	}
-	if time.Now().After(leaseFloor) {
-		t.Fatalf("unexpected test timing: the ids were served %v after the kill, past the dead worker's lease (%v); the restart came too late to tell", time.Since(killed).Round(time.Millisecond), ttl)
-	}
-	if !strings.Contains(pb.Output(), "voided: advertise URL registered by another process") {
-		t.Errorf("unexpected pinboard log without the voided line:\n%s", pb.Output())
-	}
+		leaseFloor, err := first.LeaseFloor(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first.Kill()
+		killed := time.Now()
+		second := StartWorker(t, pb, WorkerOptions{Name: "second", Headroom: sharedHeadroom, Port: first.Port})
+		if _, err := second.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if w, r, err := whoami(ctx, pb, id); err != nil || w != second.Name {
+				t.Fatalf("unexpected answer for %s %v after its worker was restarted in place (lease %v); got %s (%v); want 200 from %s", id, time.Since(killed).Round(time.Millisecond), ttl, r, err, second.Name)
+			}
+		}
+		if time.Now().After(leaseFloor) {
+			t.Fatalf("unexpected test timing: the ids were served %v after the kill, past the dead worker's lease (%v); the restart came too late to tell", time.Since(killed).Round(time.Millisecond), ttl)
+		}
+		if !strings.Contains(pb.Output(), "voided: advertise URL registered by another process") {
+			t.Errorf("unexpected pinboard log without the voided line:\n%s", pb.Output())
+		}
+	})
 }

@@ -121,58 +121,60 @@ func TestFullWorkerDeclinesMove_RPL3_RPL6(t *testing.T) {
 // an HTTP denial response (the websocket.http.response extension uvicorn
 // offers) — a 503 carrying `pinned-refusal: lease-unhealthy`. pinboard
 // re-places the id on H as for any request; with H gone, the client gets
-// pinboard's 503 without the marker.
+// pinboard's 503 without the marker. On both stores.
 func TestInBandRefusalWebSocketRealWorker_RPL6(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	pb := StartPinboard(t, PinboardOptions{})
-	unhealthy := StartWorker(t, pb, WorkerOptions{Name: "U", Headroom: 1000, LeaseBuffer: 10 * time.Second})
-	healthy := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
-	var hClient string
-	for _, w := range []*Worker{unhealthy, healthy} {
-		rec, err := w.WaitRegistered(ctx)
-		if err != nil {
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
+		unhealthy := StartWorker(t, pb, WorkerOptions{Name: "U", Headroom: 1000, LeaseBuffer: 10 * time.Second})
+		healthy := StartWorker(t, pb, WorkerOptions{Name: "H", Headroom: 1})
+		var hClient string
+		for _, w := range []*Worker{unhealthy, healthy} {
+			rec, err := w.WaitRegistered(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hClient = rec.ClientID
+		}
+		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
 			t.Fatal(err)
 		}
-		hClient = rec.ClientID
-	}
-	if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
-		t.Fatal(err)
-	}
-	wsBase := "ws" + strings.TrimPrefix(pb.URL, "http")
-	for i := range 10 {
-		id := "ws-refused-" + strconv.Itoa(i)
-		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := wsDial(dctx, wsBase+"/tickers/"+id+"/ws", nil)
-		if err != nil {
+		wsBase := "ws" + strings.TrimPrefix(pb.URL, "http")
+		for i := range 10 {
+			id := "ws-refused-" + strconv.Itoa(i)
+			dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+			c, err := wsDial(dctx, wsBase+"/tickers/"+id+"/ws", nil)
+			if err != nil {
+				dcancel()
+				t.Fatalf("cannot open a WebSocket to %s past U's refusal: %v", id, err)
+			}
+			if err := c.WriteMessage(wsOpText, []byte("ping")); err != nil {
+				t.Fatal(err)
+			}
+			if _, msg, err := c.ReadMessage(); err != nil || string(msg) != "ping" {
+				t.Fatalf("unexpected echo on %s; got %q, %v; want ping", id, msg, err)
+			}
+			c.Close(1000, time.Second)
 			dcancel()
-			t.Fatalf("cannot open a WebSocket to %s past U's refusal: %v", id, err)
+			pl, status, err := getPlacement(ctx, pb, "/tickers", id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if status != http.StatusOK || pl.ClientID != hClient {
+				t.Fatalf("unexpected owner of %s; got %d %+v; want H (%s) after U's refusal", id, status, pl, hClient)
+			}
 		}
-		if err := c.WriteMessage(wsOpText, []byte("ping")); err != nil {
-			t.Fatal(err)
+		stopDeregistered(ctx, t, healthy)
+		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer dcancel()
+		_, err := wsDial(dctx, wsBase+"/tickers/ws-nobody/ws", nil)
+		var he *wsHandshakeError
+		if !errors.As(err, &he) || he.Status != http.StatusServiceUnavailable || he.Header.Get("Retry-After") == "" || he.Header.Get("Pinned-Refusal") != "" {
+			t.Fatalf("unexpected answer when every worker refuses the upgrade; got %v (%+v)", err, he)
 		}
-		if _, msg, err := c.ReadMessage(); err != nil || string(msg) != "ping" {
-			t.Fatalf("unexpected echo on %s; got %q, %v; want ping", id, msg, err)
-		}
-		c.Close(1000, time.Second)
-		dcancel()
-		pl, status, err := getPlacement(ctx, pb, "/tickers", id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if status != http.StatusOK || pl.ClientID != hClient {
-			t.Fatalf("unexpected owner of %s; got %d %+v; want H (%s) after U's refusal", id, status, pl, hClient)
-		}
-	}
-	stopDeregistered(ctx, t, healthy)
-	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer dcancel()
-	_, err := wsDial(dctx, wsBase+"/tickers/ws-nobody/ws", nil)
-	var he *wsHandshakeError
-	if !errors.As(err, &he) || he.Status != http.StatusServiceUnavailable || he.Header.Get("Retry-After") == "" || he.Header.Get("Pinned-Refusal") != "" {
-		t.Fatalf("unexpected answer when every worker refuses the upgrade; got %v (%+v)", err, he)
-	}
+	})
 }
 
 // stopDeregistered stops w with SIGTERM and waits up to 10 s for its
