@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,6 +167,32 @@ func TestMultiNodeClusterColdStartAfterFlushAll_RCS1(t *testing.T) {
 	testColdStartAfterWipe(t, c.URL(), c.FlushAll)
 }
 
+// On a 3-master Redis Cluster, the master serving the directory's slot
+// restarted without persistence: it keeps its slots (nodes.conf) and
+// comes back empty, a wipe of the directory. A restarted master answers
+// CLUSTERDOWN for about two seconds (Redis's CLUSTER_WRITABLE_DELAY),
+// during which nodes keep routing cached ids as in any outage; the wipe
+// is timed from when the slot answers again.
+func TestMultiNodeClusterColdStartAfterRedisRestart_RCS1(t *testing.T) {
+	requireSuite(t)
+	c := redistest.StartCluster(t, 3)
+	srv := directoryMaster(t, c)
+	testColdStartAfterWipe(t, c.URL(), func() error {
+		if err := srv.Restart(); err != nil {
+			return err
+		}
+		for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+			out, err := srv.Do("GET", "{pinboard}:era")
+			if err == nil && !strings.Contains(out, "CLUSTERDOWN") {
+				return nil
+			}
+			if time.Since(start) > 15*time.Second {
+				return fmt.Errorf("the restarted master still refuses the directory's slot: %q %v", out, err)
+			}
+		}
+	})
+}
+
 // reregistered reports whether the worker named name is listed by node's
 // GET /registry/workers: after a wipe, only a worker that registered
 // again is.
@@ -313,12 +340,39 @@ func testColdStartAfterWipe(t *testing.T, redisURL string, wipe func() error) {
 func TestMultiNodeRedisOutage_RDP4(t *testing.T) {
 	requireSuite(t)
 	srv := redistest.StartServer(t)
+	testRedisOutage(t, srv.URL(), srv)
+}
+
+// The same on a 3-master Redis Cluster, the master serving the
+// directory's slot stopped for 5 s (the other two stay up; the cluster
+// answers CLUSTERDOWN for the slot meanwhile) and started again with its
+// data.
+func TestMultiNodeClusterRedisOutage_RDP4(t *testing.T) {
+	requireSuite(t)
+	c := redistest.StartCluster(t, 3)
+	testRedisOutage(t, c.URL(), directoryMaster(t, c))
+}
+
+// directoryMaster returns the master of c serving the directory's slot
+// (every key of the default directory is "{pinboard}:…").
+func directoryMaster(t *testing.T, c *redistest.Cluster) *redistest.Server {
+	t.Helper()
+	srv, err := c.NodeFor("{pinboard}:era")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// testRedisOutage stops srv, the server holding the directory at
+// redisURL, for 5 s and starts it again with its data.
+func testRedisOutage(t *testing.T, redisURL string, srv *redistest.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// The lease outlives the outage: a node's known lease is at least
 	// three quarters of a lease minus a heartbeat old (redis_sessions.go).
 	const ttl = 12 * time.Second
-	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: srv.URL(), Nodes: 2, Workers: []string{"w1", "w2"},
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{RedisURL: redisURL, Nodes: 2, Workers: []string{"w1", "w2"},
 		Headroom: 4, LeaseTTL: ttl})
 	if err := f.WarmUp(ctx); err != nil {
 		t.Fatal(err)
