@@ -145,3 +145,52 @@ func BenchmarkBrowserHeaderEdits(b *testing.B) {
 		}
 	}
 }
+
+// A trusted proxy's X-Forwarded-For lines are joined in the order it sent
+// them, and its last X-Forwarded-Proto and -Host lines are the ones kept,
+// whatever pinboard deleted first: the lines are read before a deletion
+// moves the header's last line into the gap. Before, a browser's
+// Connection: keep-alive deleted ahead of them sent the last For line to
+// the front of the list (the client IP a worker's proxy-headers
+// middleware reads from it moved), and an earlier Proto line was kept as
+// the last (R-DP-1, R-PL-4).
+func TestTrustedForwardedReadInClientOrder_RDP1_RPL4(t *testing.T) {
+	tails := map[string]string{ // each field's last line last in the header
+		"for":   "X-Forwarded-Host: last\r\nX-Forwarded-Proto: https\r\nX-Forwarded-For: 3.3.3.3\r\n",
+		"proto": "X-Forwarded-For: 3.3.3.3\r\nX-Forwarded-Host: last\r\nX-Forwarded-Proto: https\r\n",
+		"host":  "X-Forwarded-Proto: https\r\nX-Forwarded-For: 3.3.3.3\r\nX-Forwarded-Host: last\r\n",
+	}
+	for name, lead := range map[string]string{
+		"connection": "Connection: keep-alive\r\n",
+		"reserved":   "Pinboard-Epoch: 9\r\n",
+		"credential": "Authorization: Bearer " + clientToken + "\r\n",
+	} {
+		for tail, lines := range tails {
+			t.Run(name+"/"+tail, func(t *testing.T) {
+				rg, cl := newCapRig(t, func(o *Options) {
+					tp, err := ParseTrustedProxies("127.0.0.1")
+					if err != nil {
+						t.Fatal(err)
+					}
+					o.TrustedProxies = tp
+				})
+				req := "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" + lead +
+					"X-Forwarded-For: 1.1.1.1\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: first\r\nX-Forwarded-For: 2.2.2.2\r\nX-Y: 1\r\n" +
+					lines + "\r\n"
+				if got := rg.raw(req, 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") {
+					t.Fatalf("unexpected answer; got %q; want 200", got)
+				}
+				wire := cl.String()
+				for field, want := range map[string]string{
+					"X-Forwarded-For":   "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.1",
+					"X-Forwarded-Proto": "https",
+					"X-Forwarded-Host":  "last",
+				} {
+					if got := headerValues(t, wire, field); strings.Join(got, "|") != want {
+						t.Errorf("unexpected %s at the worker; got %q; want %q\n%q", field, got, want, wire)
+					}
+				}
+			})
+		}
+	}
+}

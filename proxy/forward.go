@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -543,12 +544,15 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	stripRequestHop(h, rq, false)
+	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
+	if stripRequestHop(h, rq, false)&hopNamed != 0 {
+		fw.count(h) // it may have taken forwarding headers
+	}
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 		rq.order.edited = true
 	}
-	p.setForwarded(ctx, rq)
+	p.setForwarded(ctx, rq, fw)
 	if !keepOrderOrRefuse(ctx, rq) {
 		return
 	}
@@ -692,79 +696,114 @@ func forwardedFor(h *fasthttp.RequestHeader, dst []byte) []byte {
 	return dst
 }
 
-// setForwarded sets X-Forwarded-For/-Proto/-Host. A peer that is not a
-// trusted proxy cannot smuggle in its own values: every copy it sent is
-// replaced — a second X-Forwarded-For or -Proto line would otherwise reach
-// the worker beside pinboard's, and uvicorn's proxy-headers middleware
-// joins the For lines and takes the last Proto — and its Forwarded and
-// X-Real-IP go too. A trusted proxy's For lines are joined in order
-// (forwardedFor) before the peer is appended, and its last Proto and Host
-// line are kept. One pass over the header counts them; nothing is deleted
-// unless there is a copy to remove.
-func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request) {
-	h := &ctx.Request.Header
-	peer := addrOf(ctx.RemoteAddr())
-	trusted := p.trusted.Trusted(peer)
-	var nFor, nProto, nHost, nOther, nAlias int
-	var proto, host []byte
+// forwarded is what setForwarded reads of the client's forwarding
+// headers (readForwarded): the lines of each, and a trusted peer's last
+// Proto and Host values (copies in rq.tmp).
+type forwarded struct {
+	peer                                netip.Addr
+	trusted                             bool
+	nFor, nProto, nHost, nOther, nAlias int
+	proto, host                         []byte
+}
+
+// count counts the forwarding headers of h and returns the last Proto and
+// Host values, which alias h.
+func (fw *forwarded) count(h *fasthttp.RequestHeader) (proto, host []byte) {
+	fw.nFor, fw.nProto, fw.nHost, fw.nOther, fw.nAlias = 0, 0, 0, 0, 0
 	for k, v := range h.All() {
 		if forwardedAlias(k) {
-			nAlias++
+			fw.nAlias++
 			continue
 		}
 		switch len(k) {
 		case len(hdrXFF):
 			if asciiEqualFold(k, "X-Forwarded-For") {
-				nFor++
+				fw.nFor++
 			}
 		case len(hdrXFProto):
 			if asciiEqualFold(k, "X-Forwarded-Proto") {
-				nProto, proto = nProto+1, v
+				fw.nProto, proto = fw.nProto+1, v
 			}
 		case len(hdrXFHost):
 			if asciiEqualFold(k, "X-Forwarded-Host") {
-				nHost, host = nHost+1, v
+				fw.nHost, host = fw.nHost+1, v
 			}
 		case len("Forwarded"): // and len("X-Real-IP")
 			if asciiEqualFold(k, "Forwarded") || asciiEqualFold(k, "X-Real-IP") {
-				nOther++
+				fw.nOther++
 			}
 		}
 	}
+	return proto, host
+}
+
+// readForwarded counts the client's forwarding headers and, from a
+// trusted peer, keeps what setForwarded passes on: its X-Forwarded-For
+// lines joined in order (rq.xff) and its last Proto and Host lines
+// (copied to rq.tmp). It runs before pinboard deletes anything from the
+// header: a deletion moves the header's last line into the gap
+// (keepFieldOrder), and read after one, the list came out of order and
+// an earlier Proto or Host line passed for the last one
+// (TestTrustedForwardedReadInClientOrder_RDP1_RPL4). A deletion removes
+// every line of a name, so the kept values stay right for each name the
+// header still has; counted again (count) after stripRequestHop deleted
+// Connection-named headers, the only deletion before setForwarded that
+// can take a forwarding header, they say which.
+func (p *Proxy) readForwarded(ctx *fasthttp.RequestCtx, rq *request) forwarded {
+	h := &ctx.Request.Header
+	fw := forwarded{peer: addrOf(ctx.RemoteAddr())}
+	fw.trusted = p.trusted.Trusted(fw.peer)
+	proto, host := fw.count(h)
 	rq.xff = rq.xff[:0]
-	if trusted {
-		if rq.xff = forwardedFor(h, rq.xff); len(rq.xff) > 0 {
-			rq.xff = append(rq.xff, ", "...)
-		}
-		// The kept values alias the header's storage: copied before a
-		// deletion moves it.
+	if fw.trusted {
+		rq.xff = forwardedFor(h, rq.xff)
 		rq.tmp = append(append(rq.tmp[:0], proto...), host...)
-		proto, host = rq.tmp[:len(proto)], rq.tmp[len(proto):]
+		fw.proto, fw.host = rq.tmp[:len(proto)], rq.tmp[len(proto):]
 	}
-	if peer.IsValid() {
-		rq.xff = peer.AppendTo(rq.xff)
+	return fw
+}
+
+// setForwarded sets X-Forwarded-For/-Proto/-Host from what readForwarded
+// read. A peer that is not a trusted proxy cannot smuggle in its own
+// values: every copy it sent is replaced — a second X-Forwarded-For or
+// -Proto line would otherwise reach the worker beside pinboard's, and
+// uvicorn's proxy-headers middleware joins the For lines and takes the
+// last Proto — and its Forwarded and X-Real-IP go too. A trusted proxy's
+// For lines are joined in order (forwardedFor) before the peer is
+// appended, and its last Proto and Host line are kept. Nothing is
+// deleted unless there is a copy to remove.
+func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request, fw forwarded) {
+	h := &ctx.Request.Header
+	trusted, proto, host := fw.trusted, fw.proto, fw.host
+	if !trusted || fw.nFor == 0 {
+		rq.xff = rq.xff[:0]
+	} else if len(rq.xff) > 0 {
+		rq.xff = append(rq.xff, ", "...)
 	}
-	if !trusted || nProto == 0 {
+	if fw.peer.IsValid() {
+		rq.xff = fw.peer.AppendTo(rq.xff)
+	}
+	if !trusted || fw.nProto == 0 {
 		proto = valHTTP
 		if ctx.IsTLS() {
 			proto = valHTTPS
 		}
 	}
-	if !trusted || nHost == 0 {
+	if !trusted || fw.nHost == 0 {
 		host = h.Host()
 	}
-	setOnly(h, hdrXFF, rq.xff, nFor)
-	setOnly(h, hdrXFProto, proto, nProto)
-	setOnly(h, hdrXFHost, host, nHost)
-	if nFor > 0 || nProto > 0 || nHost > 0 {
+	setOnly(h, hdrXFF, rq.xff, fw.nFor)
+	setOnly(h, hdrXFProto, proto, fw.nProto)
+	setOnly(h, hdrXFHost, host, fw.nHost)
+	if fw.nFor > 0 || fw.nProto > 0 || fw.nHost > 0 {
 		rq.order.edited = true // setOnly may have deleted copies
 	}
-	if !trusted && nOther > 0 {
+	if !trusted && fw.nOther > 0 {
 		h.Del("Forwarded")
 		h.Del("X-Real-IP")
 		rq.order.edited = true
 	}
-	if nAlias > 0 {
+	if fw.nAlias > 0 {
 		delForwardedAliases(h)
 		rq.order.edited = true
 	}

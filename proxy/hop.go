@@ -219,14 +219,15 @@ func checkStripBound(h *fasthttp.RequestHeader, found uint16) error {
 // nothing unless the request actually carries Connection-named or
 // reserved headers. Cookie lines, kept apart while the header is edited,
 // are rq's (saveCookies): a Connection header naming Cookie drops them
-// there.
-func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
+// there. It returns what it found (hopFound): with hopNamed, it deleted
+// the headers the Connection lines name.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) (found uint16) {
 	// Fast path: one pass finds what is there; a request carrying none of
 	// it (the common case) costs no deletion, each of which would rescan
 	// the header.
-	found := hopFound(h.All())
+	found = hopFound(h.All())
 	if found == 0 {
-		return
+		return 0
 	}
 	rq.order.edited = true // a deletion moves lines (keepFieldOrder)
 	var keep uint16
@@ -241,6 +242,7 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) {
 			h.Del(n)
 		}
 	}
+	return found
 }
 
 // keepOrderOrRefuse puts repeated fields back in order after the edits

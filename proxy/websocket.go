@@ -63,12 +63,15 @@ func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
 // a request answered "invalid attestation", resolving the id each time.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
 	h := &ctx.Request.Header
-	stripRequestHop(h, rq, true)
+	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
+	if stripRequestHop(h, rq, true)&hopNamed != 0 {
+		fw.count(h) // it may have taken forwarding headers
+	}
 	if rq.principal != nil {
 		h.DelBytes(hdrAuthorization)
 		rq.order.edited = true
 	}
-	p.setForwarded(ctx, rq)
+	p.setForwarded(ctx, rq, fw)
 	if !keepOrderOrRefuse(ctx, rq) {
 		return
 	}
