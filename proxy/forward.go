@@ -97,6 +97,9 @@ type request struct {
 	// order puts back the order of repeated fields after the header's
 	// edits (keepFieldOrder).
 	order fieldOrder
+
+	// sent is the header as it came, kept while Expect checks it.
+	sent fasthttp.RequestHeader
 }
 
 func (rq *request) reset() {
@@ -157,13 +160,25 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 // checked with its body) — is answered here in place of the 100, and the
 // client sends nothing only to have it dropped (RFC 9110 §10.1.1). It reports whether the
 // request may go on; if not, the answer is on ctx.
+//
+// The checks iterate the header, which makes fasthttp parse its Cookie
+// lines into its cookie list: the request's own parse (ServeHTTP) then
+// found them merged into one line, quotes dropped, a quoted value with an
+// escaped quote lost (saveCookies). The header of a request that goes on
+// is put back as it came (TestExpectContinueCookiesForwardedVerbatim_RDP1).
 func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) bool {
 	start := p.now()
 	rq := p.reqPool.Get().(*request)
+	ctx.Request.Header.CopyTo(&rq.sent)
 	ok := p.parse(ctx, rq) && (len(ctx.Request.Header.PeekCanonical(hdrSession)) > 0 || p.admit(ctx, rq))
-	if !ok {
+	if ok {
+		// Request's setter drops a URI parse ToOriginForm left.
+		rq.sent.CopyTo(&ctx.Request.Header)
+		ctx.Request.SetRequestURIBytes(rq.sent.RequestURI())
+	} else {
 		p.metrics.Request(nil, ctx.Response.StatusCode(), p.now().Sub(start))
 	}
+	rq.sent.Reset()
 	rq.reset()
 	p.reqPool.Put(rq)
 	return ok

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
@@ -1008,6 +1010,54 @@ func TestCookiesForwardedVerbatim_RDP1(t *testing.T) {
 		if c := <-got; strings.Join(c, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("unexpected cookies at the worker for %s; got %q; want %q", path, c, want)
 		}
+	}
+}
+
+// A request with Expect: 100-continue keeps its Cookie lines byte for
+// byte too. The server asks Proxy.Expect before the 100, whose checks
+// iterate the header: fasthttp parsed the Cookie lines into its list
+// there, and the handler's own pass found them merged into one line,
+// their quotes dropped (R-DP-1).
+func TestExpectContinueCookiesForwardedVerbatim_RDP1(t *testing.T) {
+	rg, cl := newCapRig(t, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{
+		Handler: rg.p.ServeHTTP, StreamRequestBody: true, DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader: true, NoDefaultDate: true, NoDefaultContentType: true,
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int { // as the node's server asks (server.New)
+			if !rg.p.Expect(ctx) {
+				return ctx.Response.StatusCode()
+			}
+			return fasthttp.StatusContinue
+		},
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	rg.url = "http://" + ln.Addr().String()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(c, "POST /counters/alice/x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n"+
+		"Cookie: a=\"x \\\"y\\\"\"; b=2\r\nCookie: c=3\r\n\r\n")
+	br := bufio.NewReader(c)
+	if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != http.StatusContinue {
+		t.Fatalf("unexpected interim answer; got %v, %v; want 100", res, err)
+	}
+	_, _ = io.WriteString(c, "hi")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("unexpected answer; got %v, %v; want 200", res, err)
+	}
+	res.Body.Close()
+	want := []string{`a="x \"y\""; b=2`, `c=3`}
+	if got := headerValues(t, cl.String(), "Cookie"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("unexpected cookies at the worker; got %q; want %q", got, want)
 	}
 }
 
