@@ -103,26 +103,11 @@ func (fo *fieldOrder) run(k []byte) int {
 	return -1
 }
 
-// keepFieldOrder restores the order of repeated fields (above) in h, the
-// request rq is forwarding, after pinboard edited it. When a line moved,
-// every repeated field is rewritten (one deletion each, then its lines
-// appended in order): a deletion moves lines of other fields too, and
-// with every repeated field out of the way, only fields sent once are
-// left behind, whose order does not matter. Each deletion costs a pass
-// over the header (fasthttp), so a request with more than maxStripped
-// repeated fields to rewrite is refused with errTooManyRepeated, as one
-// naming too many headers to strip is, rather than forwarded out of order
-// (built to order, one cost milliseconds of CPU). Clients send a handful:
-// a browser's Connection: keep-alive moves one line. The caller puts the
-// client's Cookie lines back afterwards (restoreCookies): they are kept
-// apart from the other fields.
-func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) error {
-	fo := &rq.order
-	if !fo.edited {
-		return nil // Fast path: nothing was deleted, nothing moved.
-	}
+// findRuns fills fo with h's lines, sorted by name, and its runs: the
+// names h holds on more than one line, Cookie apart (the proxy keeps a
+// request's Cookie lines apart from its other fields, saveCookies).
+func (fo *fieldOrder) findRuns(h *fasthttp.RequestHeader) {
 	fo.clear()
-	fo.edited = false
 	for k := range h.All() {
 		fo.keys = append(fo.keys, k...)
 		fo.ends = append(fo.ends, len(fo.keys))
@@ -146,8 +131,49 @@ func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) error {
 		}
 		i = j
 	}
-	if len(fo.runs) == 0 {
+}
+
+// checkRepeatBound returns errTooManyRepeated for a request of lines
+// header lines that sends more than maxStripped distinct fields on
+// several lines. keepFieldOrder rewrites each such field with a deletion,
+// a pass over the whole header (fasthttp), once an edit moved a line:
+// the proxy checks the bound with the rest of what the header alone
+// refuses (Proxy.parse), before the request is placed or told 100
+// Continue. Fewer than 2 × (maxStripped + 1) lines cannot hold that many,
+// and cost nothing more.
+func checkRepeatBound(h *fasthttp.RequestHeader, fo *fieldOrder, lines int) error {
+	if lines < 2*(maxStripped+1) {
 		return nil
+	}
+	fo.findRuns(h)
+	n := len(fo.runs)
+	fo.clear()
+	if n > maxStripped {
+		return errTooManyRepeated
+	}
+	return nil
+}
+
+// keepFieldOrder restores the order of repeated fields (above) in h, the
+// request rq is forwarding, after pinboard edited it. When a line moved,
+// every repeated field is rewritten (one deletion each, then its lines
+// appended in order): a deletion moves lines of other fields too, and
+// with every repeated field out of the way, only fields sent once are
+// left behind, whose order does not matter. Each deletion costs a pass
+// over the header (fasthttp): a request with more than maxStripped
+// repeated fields was refused before (checkRepeatBound). Clients send a
+// handful: a browser's Connection: keep-alive moves one line. The caller
+// puts the client's Cookie lines back afterwards (restoreCookies): they
+// are kept apart from the other fields.
+func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) {
+	fo := &rq.order
+	if !fo.edited {
+		return // Fast path: nothing was deleted, nothing moved.
+	}
+	fo.findRuns(h)
+	fo.edited = false
+	if len(fo.runs) == 0 {
+		return
 	}
 	// The lines of each run as they are now, grouped by run in order
 	// (first: where a run's lines start in cur).
@@ -187,10 +213,7 @@ func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) error {
 		fo.lines = append(fo.lines, rawLine{run: r, kEnd: kEnd, vEnd: len(fo.raw)})
 	}
 	if !moved {
-		return nil
-	}
-	if len(fo.runs) > maxStripped {
-		return errTooManyRepeated
+		return
 	}
 	for _, r := range fo.runs {
 		h.DelBytes(fo.keys[r.start:r.end])
@@ -212,9 +235,8 @@ func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) error {
 			h.AddBytesKV(fo.keys[r.start:r.end], fo.vals[c.start:c.end])
 		}
 	}
-	return nil
 }
 
 // errTooManyRepeated refuses a request with more than maxStripped
-// repeated fields to put back in order (keepFieldOrder).
+// repeated fields (checkRepeatBound).
 var errTooManyRepeated = errors.New("too many header fields sent on several lines")

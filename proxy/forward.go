@@ -230,14 +230,21 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 		writeError(ctx, fasthttp.StatusBadRequest, "more than one Authorization header", 0)
 		return false
 	}
-	// Stripping is bounded; a request past the bound is refused here,
-	// with nothing placed for it (a new id would keep its placement).
-	if hop := hopFound(ctx.Request.Header.All()); hop&(hopNamed|hopReserved) != 0 {
-		if err := checkStripBound(&ctx.Request.Header, hop); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-			ctx.SetConnectionClose()
-			return false
-		}
+	// Stripping and putting repeated fields back in order are bounded;
+	// a request past a bound is refused here, with nothing placed for it
+	// (a new id would keep its placement).
+	hop, lines := hopScan(ctx.Request.Header.All())
+	err = nil
+	if hop&(hopNamed|hopReserved) != 0 {
+		err = checkStripBound(&ctx.Request.Header, hop)
+	}
+	if err == nil {
+		err = checkRepeatBound(&ctx.Request.Header, &rq.order, lines)
+	}
+	if err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
+		ctx.SetConnectionClose()
+		return false
 	}
 	return true
 }
@@ -568,9 +575,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		rq.order.edited = true
 	}
 	p.setForwarded(ctx, rq, fw)
-	if !keepOrderOrRefuse(ctx, rq) {
-		return
-	}
+	keepFieldOrder(h, rq)
 	restoreCookies(h, rq)
 	h.SetNoDefaultContentType(true)
 	if ctx.Request.IsBodyStream() {

@@ -166,15 +166,21 @@ func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
 // name, or'ed, and hopNamed. Zero (the common case) means nothing to
 // strip.
 func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
-	var found uint16
+	found, _ := hopScan(all)
+	return found
+}
+
+// hopScan is hopFound that also counts the header's lines.
+func hopScan(all iter.Seq2[[]byte, []byte]) (found uint16, lines int) {
 	for k, v := range all {
 		b := hopBit(k)
 		if b == hopConnection && namesHeader(v) {
 			b |= hopNamed
 		}
 		found |= b
+		lines++
 	}
-	return found
+	return found, lines
 }
 
 // namesHeader reports whether a Connection value v lists a token
@@ -243,18 +249,6 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) (
 		}
 	}
 	return found
-}
-
-// keepOrderOrRefuse puts repeated fields back in order after the edits
-// (keepFieldOrder), or answers 400 and closes the connection when too
-// many of them moved; it reports whether the request goes on.
-func keepOrderOrRefuse(ctx *fasthttp.RequestCtx, rq *request) bool {
-	if err := keepFieldOrder(&ctx.Request.Header, rq); err != nil {
-		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
-		ctx.SetConnectionClose()
-		return false
-	}
-	return true
 }
 
 // appendConnectionNamed appends the header names a Connection value lists

@@ -72,9 +72,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		rq.order.edited = true
 	}
 	p.setForwarded(ctx, rq, fw)
-	if !keepOrderOrRefuse(ctx, rq) {
-		return
-	}
+	keepFieldOrder(h, rq)
 	restoreCookies(h, rq)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
 	for waits, refusals := 0, 0; ; {

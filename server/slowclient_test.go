@@ -204,12 +204,19 @@ func TestExpectContinueAfterIdle_RDP2(t *testing.T) {
 // A request with Expect: 100-continue that pinboard refuses on its header
 // alone — no credential for an authenticated namespace, a path that is no
 // instance, two Authorization lines, more pinboard-* names than it strips
-// — gets the refusal in place of the
+// or fields sent on several lines than it puts back in order — gets the refusal in place of the
 // 100: the client does not send a body (up to the gigabyte it announced)
 // only to have it dropped, and the connection closes after the refusal,
 // the body never read. An admitted one gets its 100 and is forwarded
 // (R-TR-4, R-DP-1, RFC 9110 §10.1.1).
 func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
+	manyRepeated := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "X-R-%d: a\r\nX-R-%d: b\r\n", i, i)
+		}
+		return b.String()
+	}
 	manyReserved := func(n int) string {
 		var b strings.Builder
 		for i := range n {
@@ -239,6 +246,7 @@ func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
 		{"not an instance", "/counters", "Authorization: Bearer tok\r\n", 404, `{"error":"not found"}`},
 		{"two Authorization lines", "/counters/alice/x", "Authorization: Bearer tok\r\nAuthorization: Bearer tok\r\n", 400, `{"error":"more than one Authorization header"}`},
 		{"too many pinboard-* headers", "/counters/alice/x", "Authorization: Bearer tok\r\n" + strings.Repeat("Pinboard-X: 1\r\n", 2) + manyReserved(33), 400, `{"error":"too many Connection-named or pinboard-* headers"}`},
+		{"too many repeated fields", "/counters/alice/x", "Authorization: Bearer tok\r\n" + manyRepeated(33), 400, `{"error":"too many header fields sent on several lines"}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
