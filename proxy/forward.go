@@ -234,6 +234,15 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	// a request past a bound is refused here, with nothing placed for it
 	// (a new id would keep its placement).
 	hop, lines := hopScan(ctx.Request.Header.All())
+	if hop&hopBadName != 0 {
+		// A field name is a token (RFC 9110 §5.1): with a space in it,
+		// the request is as malformed as one fasthttp refuses for any
+		// other such byte, and gets that answer; forwarded, the worker's
+		// HTTP parser refused it instead, its connection closed.
+		writeError(ctx, fasthttp.StatusBadRequest, "malformed request", 0)
+		ctx.SetConnectionClose()
+		return false
+	}
 	err = nil
 	if hop&(hopNamed|hopReserved) != 0 {
 		err = checkStripBound(&ctx.Request.Header, hop)

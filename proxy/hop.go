@@ -42,6 +42,9 @@ const (
 	// the names: "Connection: keep-alive", which most browsers and load
 	// balancers send, costs the deletion of the line alone.
 	hopNamed
+	// hopBadName: a name holds a space, which fasthttp's parser lets
+	// through (it refuses every other byte a token cannot hold).
+	hopBadName
 )
 
 // hopBitNames are the names of the bits above, in bit order (up to
@@ -167,15 +170,19 @@ func connectionNamed(all iter.Seq2[[]byte, []byte]) []string {
 // strip.
 func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
 	found, _ := hopScan(all)
-	return found
+	return found &^ hopBadName
 }
 
-// hopScan is hopFound that also counts the header's lines.
+// hopScan is hopFound that also counts the header's lines and sets
+// hopBadName.
 func hopScan(all iter.Seq2[[]byte, []byte]) (found uint16, lines int) {
 	for k, v := range all {
 		b := hopBit(k)
 		if b == hopConnection && namesHeader(v) {
 			b |= hopNamed
+		}
+		if bytes.IndexByte(k, ' ') >= 0 {
+			b |= hopBadName
 		}
 		found |= b
 		lines++

@@ -1448,3 +1448,22 @@ func TestTooManyStrippedHeadersRefused_RDP1_RTR5(t *testing.T) {
 		}
 	})
 }
+
+// A field name holding a space is refused 400 "malformed request" and the
+// connection closed, as the server refuses a name holding any other byte a
+// token cannot (RFC 9110 §5.1): fasthttp's parser lets a space through,
+// and the worker's HTTP parser refused the forwarded request instead
+// (R-DP-1).
+func TestFieldNameWithSpaceRefused_RDP1(t *testing.T) {
+	rg, cl := newCapRig(t, nil)
+	got := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nX Forwarded-For: 1.2.3.4\r\n\r\n", 10*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.HasSuffix(got, `{"error":"malformed request"}`) {
+		t.Fatalf("unexpected answer; got %q; want 400 malformed request", got)
+	}
+	if !strings.Contains(strings.ToLower(got), "connection: close") {
+		t.Fatalf("unexpected answer without Connection: close; got %q", got)
+	}
+	if wire := cl.String(); wire != "" {
+		t.Fatalf("unexpected request at the worker: %q", wire)
+	}
+}
