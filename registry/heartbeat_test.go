@@ -15,100 +15,104 @@ import (
 // Every error row of the heartbeat reference (003_d935a1d8ec89be7a.txt),
 // status and body byte for byte (R-REG-2).
 func TestHeartbeatErrorRows_RREG2(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	// The limit is R-REG-7's 1 MiB, not whatever MaxBody says: one byte
-	// past it is refused, a body of exactly 1 MiB (a heartbeat padded with
-	// white space) is read.
-	const limit = 1 << 20
-	big := h.beatBody(session, nil)
-	atLimit := big + strings.Repeat(" ", limit-len(big))
-	big = atLimit + " "
-	cases := []struct {
-		name   string
-		token  string
-		body   string
-		status int
-		want   string
-	}{
-		{"no credential", "", h.beatBody(session, nil), 401, `{"error":"unauthorized"}`},
-		{"unknown token", "nope", h.beatBody(session, nil), 401, `{"error":"unauthorized"}`},
-		{"missing scope", operatorToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
-		{"other account", otherToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
-		{"claims no longer cover", narrowToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
-		{"body too large", workerToken, big, 413, `{"error":"body too large"}`},
-		{"body at the limit", workerToken, atLimit, 200, `{"expiresInMs":15000,"draining":false}`},
-		{"invalid json", workerToken, `{"sessionId":`, 400, `{"error":"invalid json"}`},
-		{"schema: missing challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: headroom string", workerToken, `{"sessionId":"x","headroom":"1","draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: draining null", workerToken, `{"sessionId":"x","headroom":1,"draining":null,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: acks not strings", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[1]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: key in another case", workerToken, `{"SESSIONID":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: acks with null", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[null]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: array", workerToken, `[]`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		// challenge and challengeValue are tokens as at register: 1 to 512
-		// characters (an empty challenge probes nothing; a long one would
-		// ride in every probe's request line).
-		{"schema: empty challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: empty challengeValue", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":""}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: challenge too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"` + strings.Repeat("c", 513) + `","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"schema: challengeValue too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"` + strings.Repeat("v", 513) + `"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
-		{"unknown session", workerToken, h.beatBody("no-such-session", nil), 409, `{"error":"unknown session","reregister":true}`},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			res := h.post("/registry/heartbeat", tc.token, tc.body)
-			if res.status != tc.status || res.body != tc.want {
-				t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
-			}
-		})
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		// The limit is R-REG-7's 1 MiB, not whatever MaxBody says: one byte
+		// past it is refused, a body of exactly 1 MiB (a heartbeat padded with
+		// white space) is read.
+		const limit = 1 << 20
+		big := h.beatBody(session, nil)
+		atLimit := big + strings.Repeat(" ", limit-len(big))
+		big = atLimit + " "
+		cases := []struct {
+			name   string
+			token  string
+			body   string
+			status int
+			want   string
+		}{
+			{"no credential", "", h.beatBody(session, nil), 401, `{"error":"unauthorized"}`},
+			{"unknown token", "nope", h.beatBody(session, nil), 401, `{"error":"unauthorized"}`},
+			{"missing scope", operatorToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
+			{"other account", otherToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
+			{"claims no longer cover", narrowToken, h.beatBody(session, nil), 403, `{"error":"forbidden"}`},
+			{"body too large", workerToken, big, 413, `{"error":"body too large"}`},
+			{"body at the limit", workerToken, atLimit, 200, `{"expiresInMs":15000,"draining":false}`},
+			{"invalid json", workerToken, `{"sessionId":`, 400, `{"error":"invalid json"}`},
+			{"schema: missing challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: headroom string", workerToken, `{"sessionId":"x","headroom":"1","draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: draining null", workerToken, `{"sessionId":"x","headroom":1,"draining":null,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: acks not strings", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[1]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: key in another case", workerToken, `{"SESSIONID":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: acks with null", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[null]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: array", workerToken, `[]`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			// challenge and challengeValue are tokens as at register: 1 to 512
+			// characters (an empty challenge probes nothing; a long one would
+			// ride in every probe's request line).
+			{"schema: empty challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: empty challengeValue", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":""}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: challenge too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"` + strings.Repeat("c", 513) + `","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: challengeValue too long", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"` + strings.Repeat("v", 513) + `"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"unknown session", workerToken, h.beatBody("no-such-session", nil), 409, `{"error":"unknown session","reregister":true}`},
+		}
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				res := h.post("/registry/heartbeat", tc.token, tc.body)
+				if res.status != tc.status || res.body != tc.want {
+					t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
+				}
+			})
+		}
+	})
 }
 
 // acks is string[] (003_d935a1d8ec89be7a.txt): an empty string is a
 // string, acking nothing; only a non-string element, null included, is
 // the schema failure (R-REG-2).
 func TestHeartbeatEmptyStringAck_RREG2(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{"", "0123456789abcdef"}}))
-	if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
-		t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
-	}
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []any{"0123456789abcdef", nil}}))
-	if want := `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`; res.status != 400 || res.body != want {
-		t.Fatalf("unexpected reply; got %d %s; want 400 %s", res.status, res.body, want)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{"", "0123456789abcdef"}}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []any{"0123456789abcdef", nil}}))
+		if want := `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`; res.status != 400 || res.body != want {
+			t.Fatalf("unexpected reply; got %d %s; want 400 %s", res.status, res.body, want)
+		}
+	})
 }
 
 // A frozen worker waking past its lease gets 409 unknown session (R-LS-2).
 func TestHeartbeatPastLease_RLS2(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	h.advance(testTTL)
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.status != 409 || res.body != `{"error":"unknown session","reregister":true}` {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		h.advance(testTTL)
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != 409 || res.body != `{"error":"unknown session","reregister":true}` {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+		}
+	})
 }
 
 // The node-not-serving row: 503 with Retry-After.
 func TestHeartbeatNotServing_RREG2(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	h.r.Stop()
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) == "" {
-		t.Fatalf("unexpected reply; got %d %s retry-after=%q", res.status, res.body, res.header.Peek("Retry-After"))
-	}
-	// Credentials come first, as in the table: a bad token hears 401 and
-	// a missing scope 403 from a stopping node too.
-	if res := h.post("/registry/heartbeat", "wrong", h.beatBody(session, nil)); res.status != 401 || res.body != `{"error":"unauthorized"}` {
-		t.Fatalf("unexpected reply to a bad token; got %d %s; want 401", res.status, res.body)
-	}
-	if res := h.post("/registry/heartbeat", operatorToken, h.beatBody(session, nil)); res.status != 403 || res.body != `{"error":"forbidden"}` {
-		t.Fatalf("unexpected reply without the worker scope; got %d %s; want 403", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		h.r.Stop()
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) == "" {
+			t.Fatalf("unexpected reply; got %d %s retry-after=%q", res.status, res.body, res.header.Peek("Retry-After"))
+		}
+		// Credentials come first, as in the table: a bad token hears 401 and
+		// a missing scope 403 from a stopping node too.
+		if res := h.post("/registry/heartbeat", "wrong", h.beatBody(session, nil)); res.status != 401 || res.body != `{"error":"unauthorized"}` {
+			t.Fatalf("unexpected reply to a bad token; got %d %s; want 401", res.status, res.body)
+		}
+		if res := h.post("/registry/heartbeat", operatorToken, h.beatBody(session, nil)); res.status != 403 || res.body != `{"error":"forbidden"}` {
+			t.Fatalf("unexpected reply without the worker scope; got %d %s; want 403", res.status, res.body)
+		}
+	})
 }
 
 // Bodies carrying names are written like the reference's JSON.stringify:
@@ -138,19 +142,20 @@ func TestErrorBodiesLineSeparatorsAsIs_RREG2(t *testing.T) {
 // Probe answering a different value: voided, records dropped, 409 with
 // reregister (R-LS-3).
 func TestHeartbeatVoided_RLS3(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	h.fw.mode.Store("mismatch")
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	want := `{"error":"registration voided: challenge value mismatch on the advertise URL","reregister":true}`
-	if res.status != 409 || res.body != want {
-		t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
-	}
-	h.fw.mode.Store("ok")
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.status != 409 || !strings.Contains(res.body, "unknown session") {
-		t.Fatalf("unexpected reply after void; got %d %s; want unknown session", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		h.fw.mode.Store("mismatch")
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		want := `{"error":"registration voided: challenge value mismatch on the advertise URL","reregister":true}`
+		if res.status != 409 || res.body != want {
+			t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+		h.fw.mode.Store("ok")
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != 409 || !strings.Contains(res.body, "unknown session") {
+			t.Fatalf("unexpected reply after void; got %d %s; want unknown session", res.status, res.body)
+		}
+	})
 }
 
 // Unreachable, non-2xx, or no body received: lease renewed, degraded,
@@ -160,30 +165,31 @@ func TestHeartbeatVoided_RLS3(t *testing.T) {
 func TestHeartbeatDegraded_RLS3(t *testing.T) {
 	for _, mode := range []string{"404", "500", "nobody", "down"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t)
-			session := h.register(nil)
-			if mode == "down" {
-				h.fw.srv.Close()
-			} else {
-				h.fw.mode.Store(mode)
-			}
-			h.advance(10 * time.Second)
-			res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-			if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false,"degraded":true}` {
-				t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
-			}
-			info, err := h.store.Session(t.Context(), session, h.clock())
-			if err != nil || !info.Degraded {
-				t.Fatalf("unexpected session; got %+v, %v; want degraded", info, err)
-			}
-			if mode == "down" {
-				return
-			}
-			h.fw.mode.Store("ok")
-			res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-			if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
-				t.Fatalf("unexpected ack after recovery; got %d %s", res.status, res.body)
-			}
+			forEachStore(t, func(t *testing.T, h *harness) {
+				session := h.register(nil)
+				if mode == "down" {
+					h.fw.srv.Close()
+				} else {
+					h.fw.mode.Store(mode)
+				}
+				h.advance(10 * time.Second)
+				res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+				if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false,"degraded":true}` {
+					t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
+				}
+				info, err := h.ds.Session(t.Context(), session, h.clock())
+				if err != nil || !info.Degraded {
+					t.Fatalf("unexpected session; got %+v, %v; want degraded", info, err)
+				}
+				if mode == "down" {
+					return
+				}
+				h.fw.mode.Store("ok")
+				res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+				if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+					t.Fatalf("unexpected ack after recovery; got %d %s", res.status, res.body)
+				}
+			})
 		})
 	}
 }
@@ -191,134 +197,139 @@ func TestHeartbeatDegraded_RLS3(t *testing.T) {
 // A good heartbeat renews the lease by the TTL and replaces headroom and
 // the own drain flag (R-LS-1, R-PL-3).
 func TestHeartbeatRenews_RLS1(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	h.advance(12 * time.Second)
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"headroom": 7, "draining": true}))
-	if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":true}` {
-		t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
-	}
-	info, _ := h.store.Session(t.Context(), session, h.clock())
-	if info.Headroom != 7 || !info.Draining || !info.LeaseUntil.Equal(h.clock().Add(testTTL)) {
-		t.Fatalf("unexpected session state; got %+v", info)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		h.advance(12 * time.Second)
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"headroom": 7, "draining": true}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":true}` {
+			t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
+		}
+		info, _ := h.ds.Session(t.Context(), session, h.clock())
+		if info.Headroom != 7 || !info.Draining || !info.LeaseUntil.Equal(h.clock().Add(testTTL)) {
+			t.Fatalf("unexpected session state; got %+v", info)
+		}
+	})
 }
 
 // Control messages: delivered on every heartbeat until acked, deadline in
 // seconds computed at delivery, 0 once passed, null revokes (R-CM-1).
 func TestHeartbeatControlMessages_RCM1(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
-	res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":30}`)
-	if res.status != 200 {
-		t.Fatalf("cannot wind down; got %d %s", res.status, res.body)
-	}
-	var wd struct{ MsgID, SessionID string }
-	_ = json.Unmarshal([]byte(res.body), &wd)
-	if wd.SessionID != session || len(wd.MsgID) != 16 {
-		t.Fatalf("unexpected wind-down reply %s", res.body)
-	}
-	h.advance(600 * time.Millisecond)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	want := `{"expiresInMs":15000,"draining":false,"messages":[{"msgId":"` + wd.MsgID + `","type":"wind_down","ns":"/counters","id":"alice","deadline":29.4}]}`
-	if res.status != 200 || res.body != want {
-		t.Fatalf("unexpected ack; got %d %s; want %s", res.status, res.body, want)
-	}
-	// Unacked: re-delivered on every heartbeat, the deadline recomputed.
-	h.advance(10 * time.Second)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if !strings.Contains(res.body, `"deadline":19.4`) {
-		t.Fatalf("unexpected redelivery; got %s", res.body)
-	}
-	for range 3 {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":30}`)
+		if res.status != 200 {
+			t.Fatalf("cannot wind down; got %d %s", res.status, res.body)
+		}
+		var wd struct{ MsgID, SessionID string }
+		_ = json.Unmarshal([]byte(res.body), &wd)
+		if wd.SessionID != session || len(wd.MsgID) != 16 {
+			t.Fatalf("unexpected wind-down reply %s", res.body)
+		}
+		h.advance(600 * time.Millisecond)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		want := `{"expiresInMs":15000,"draining":false,"messages":[{"msgId":"` + wd.MsgID + `","type":"wind_down","ns":"/counters","id":"alice","deadline":29.4}]}`
+		if res.status != 200 || res.body != want {
+			t.Fatalf("unexpected ack; got %d %s; want %s", res.status, res.body, want)
+		}
+		// Unacked: re-delivered on every heartbeat, the deadline recomputed.
 		h.advance(10 * time.Second)
 		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	}
-	if !strings.Contains(res.body, `"deadline":0}`) {
-		t.Fatalf("unexpected redelivery past the deadline; got %s; want deadline 0", res.body)
-	}
-	res = h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":null}`)
-	var revoke struct{ MsgID string }
-	_ = json.Unmarshal([]byte(res.body), &revoke)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{wd.MsgID}}))
-	want = `{"expiresInMs":15000,"draining":false,"messages":[{"msgId":"` + revoke.MsgID + `","type":"wind_down","ns":"/counters","id":"alice","deadline":null}]}`
-	if res.body != want {
-		t.Fatalf("unexpected ack after acking the first message; got %s; want %s", res.body, want)
-	}
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{revoke.MsgID}}))
-	if res.body != `{"expiresInMs":15000,"draining":false}` {
-		t.Fatalf("unexpected ack after acking everything; got %s", res.body)
-	}
+		if !strings.Contains(res.body, `"deadline":19.4`) {
+			t.Fatalf("unexpected redelivery; got %s", res.body)
+		}
+		for range 3 {
+			h.advance(10 * time.Second)
+			res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		}
+		if !strings.Contains(res.body, `"deadline":0}`) {
+			t.Fatalf("unexpected redelivery past the deadline; got %s; want deadline 0", res.body)
+		}
+		res = h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":null}`)
+		var revoke struct{ MsgID string }
+		_ = json.Unmarshal([]byte(res.body), &revoke)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{wd.MsgID}}))
+		want = `{"expiresInMs":15000,"draining":false,"messages":[{"msgId":"` + revoke.MsgID + `","type":"wind_down","ns":"/counters","id":"alice","deadline":null}]}`
+		if res.body != want {
+			t.Fatalf("unexpected ack after acking the first message; got %s; want %s", res.body, want)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{revoke.MsgID}}))
+		if res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected ack after acking everything; got %s", res.body)
+		}
+	})
 }
 
 // Timed operator drain: draining in the ack, drainDeadline counting down,
 // 0 once passed; the lease stops at deadline plus one lease (R-LS-5).
 func TestHeartbeatTimedDrain_RLS5(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	info, _ := h.store.Session(t.Context(), session, h.clock())
-	res := h.post("/registry/drain", operatorToken, `{"clientId":"`+info.ClientID+`","deadline":20}`)
-	if res.status != 200 || res.body != `{"clientId":"`+info.ClientID+`","draining":true,"drainDeadline":20}` {
-		t.Fatalf("unexpected drain reply; got %d %s", res.status, res.body)
-	}
-	h.advance(5 * time.Second)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.body != `{"expiresInMs":15000,"draining":true,"drainDeadline":15}` {
-		t.Fatalf("unexpected ack; got %s", res.body)
-	}
-	h.advance(10 * time.Second)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	// deadline at +20s, lease capped at +35s: 20s left from +15s.
-	if res.body != `{"expiresInMs":15000,"draining":true,"drainDeadline":5}` {
-		t.Fatalf("unexpected ack; got %s", res.body)
-	}
-	h.advance(10 * time.Second)
-	res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.body != `{"expiresInMs":10000,"draining":true,"drainDeadline":0}` {
-		t.Fatalf("unexpected ack past the deadline; got %s; want the lease capped at deadline+lease", res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		info, _ := h.ds.Session(t.Context(), session, h.clock())
+		res := h.post("/registry/drain", operatorToken, `{"clientId":"`+info.ClientID+`","deadline":20}`)
+		if res.status != 200 || res.body != `{"clientId":"`+info.ClientID+`","draining":true,"drainDeadline":20}` {
+			t.Fatalf("unexpected drain reply; got %d %s", res.status, res.body)
+		}
+		h.advance(5 * time.Second)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.body != `{"expiresInMs":15000,"draining":true,"drainDeadline":15}` {
+			t.Fatalf("unexpected ack; got %s", res.body)
+		}
+		h.advance(10 * time.Second)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		// deadline at +20s, lease capped at +35s: 20s left from +15s.
+		if res.body != `{"expiresInMs":15000,"draining":true,"drainDeadline":5}` {
+			t.Fatalf("unexpected ack; got %s", res.body)
+		}
+		h.advance(10 * time.Second)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.body != `{"expiresInMs":10000,"draining":true,"drainDeadline":0}` {
+			t.Fatalf("unexpected ack past the deadline; got %s; want the lease capped at deadline+lease", res.body)
+		}
+	})
 }
 
 func TestHeartbeatProbeCarriesSecret_RREG1(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	before := h.fw.probes.Load()
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-	if res.status != 200 || h.fw.probes.Load() != before+1 {
-		t.Fatalf("unexpected heartbeat; got %d %s probes=%d", res.status, res.body, h.fw.probes.Load()-before)
-	}
-	// The fake worker refuses probes without its secret: a degraded ack
-	// would show the header went missing.
-	if strings.Contains(res.body, "degraded") {
-		t.Fatalf("unexpected degraded ack: the probe did not carry pinboard-proxy-secret")
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		before := h.fw.probes.Load()
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != 200 || h.fw.probes.Load() != before+1 {
+			t.Fatalf("unexpected heartbeat; got %d %s probes=%d", res.status, res.body, h.fw.probes.Load()-before)
+		}
+		// The fake worker refuses probes without its secret: a degraded ack
+		// would show the header went missing.
+		if strings.Contains(res.body, "degraded") {
+			t.Fatalf("unexpected degraded ack: the probe did not carry pinboard-proxy-secret")
+		}
+	})
 }
 
 // The superseded row (R-LS-4): a higher-epoch registration takes
 // {hostname}{ns}; the older session's heartbeat gets the documented 409 and
 // its records are gone. A stale registration is refused with the same body.
 func TestHeartbeatSuperseded_RLS4(t *testing.T) {
-	h := newHarness(t)
-	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
-		"instances": map[string][]string{"/counters": {"alice"}}})
-	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
-	want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
-	if res.status != 409 || res.body != want {
-		t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
-	}
-	if _, err := h.store.Placement(t.Context(), "/counters", "alice", h.clock()); err == nil {
-		t.Fatalf("unexpected placement left by a superseded session")
-	}
-	c, v := h.fw.pair("stale")
-	res = h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
-		"clientId": "stale", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-		"hostname": "app.example", "env": "blue", "epoch": 1,
-	}))
-	if res.status != 409 || res.body != want {
-		t.Fatalf("unexpected reply to a stale registration; got %d %s; want 409 %s", res.status, res.body, want)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
+			"instances": map[string][]string{"/counters": {"alice"}}})
+		h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
+		want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
+		if res.status != 409 || res.body != want {
+			t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+		if _, err := h.ds.Placement(t.Context(), "/counters", "alice", h.clock()); err == nil {
+			t.Fatalf("unexpected placement left by a superseded session")
+		}
+		c, v := h.fw.pair("stale")
+		res = h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+			"clientId": "stale", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+			"hostname": "app.example", "env": "blue", "epoch": 1,
+		}))
+		if res.status != 409 || res.body != want {
+			t.Fatalf("unexpected reply to a stale registration; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+	})
 }
 
 // A burst of probes to workers sharing one host:port must not fail for
@@ -351,43 +362,46 @@ func TestProbeBurstOneHost(t *testing.T) {
 // byte for byte like a lapsed session, instead of 503 "directory
 // unavailable" retried until the worker gives up (R-LS-4, R-REG-3).
 func TestSupersededReleaseAndDeregister_RLS4_RREG3(t *testing.T) {
-	h := newHarness(t)
-	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
-		"instances": map[string][]string{"/counters": {"alice"}}})
-	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
-	res := h.post("/registry/release", workerToken, `[{"sessionId":"`+old+`","namespace":"/counters","id":"alice","epoch":"1"}]`)
-	if res.status != 200 || res.body != `{"released":0}` {
-		t.Fatalf("unexpected reply to release; got %d %s; want 200 {\"released\":0}", res.status, res.body)
-	}
-	res = h.post("/registry/deregister", workerToken, `{"sessionId":"`+old+`"}`)
-	if res.status != 200 || res.body != `{"ok":true}` {
-		t.Fatalf("unexpected reply to deregister; got %d %s; want 200 {\"ok\":true}", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1,
+			"instances": map[string][]string{"/counters": {"alice"}}})
+		h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 2})
+		res := h.post("/registry/release", workerToken, `[{"sessionId":"`+old+`","namespace":"/counters","id":"alice","epoch":"1"}]`)
+		if res.status != 200 || res.body != `{"released":0}` {
+			t.Fatalf("unexpected reply to release; got %d %s; want 200 {\"released\":0}", res.status, res.body)
+		}
+		res = h.post("/registry/deregister", workerToken, `{"sessionId":"`+old+`"}`)
+		if res.status != 200 || res.body != `{"ok":true}` {
+			t.Fatalf("unexpected reply to deregister; got %d %s; want 200 {\"ok\":true}", res.status, res.body)
+		}
+	})
 }
 
 // A key naming a field in another case beside the exact one is ignored,
 // as the reference reads body.sessionId (R-REG-7): the heartbeat is
 // answered for the exact key's session.
 func TestHeartbeatCaseVariantKeyIgnored_RREG7(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(nil)
-	body := strings.TrimSuffix(h.beatBody(s, nil), "}") + `,"SessionId":"zzz","HEADROOM":"x"}`
-	if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || !strings.Contains(res.body, `"expiresInMs":15000`) {
-		t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(nil)
+		body := strings.TrimSuffix(h.beatBody(s, nil), "}") + `,"SessionId":"zzz","HEADROOM":"x"}`
+		if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || !strings.Contains(res.body, `"expiresInMs":15000`) {
+			t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
+		}
+	})
 }
 
 // Epochs as large as a nanosecond timestamp register (PinnedWorker takes
 // any int >= 0), and order bindings as the reference's doubles do
 // (R-LS-4).
 func TestLargeEpochs_RLS4(t *testing.T) {
-	h := newHarness(t)
-	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_000_000_000})
-	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_100_000_000})
-	res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
-	if res.status != 409 || !strings.Contains(res.body, `"superseded":true`) {
-		t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 superseded", res.status, res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_000_000_000})
+		h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_100_000_000})
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
+		if res.status != 409 || !strings.Contains(res.body, `"superseded":true`) {
+			t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 superseded", res.status, res.body)
+		}
+	})
 }
 
 // A degraded session's probe waits off the pool: its last probe failed,
@@ -444,9 +458,10 @@ func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 // longer do (R-TR-3): after a passport narrows a key, a session at a host
 // the key may no longer register must not be renewed for ever.
 func TestHeartbeatBackendNoLongerAllowed_RTR3(t *testing.T) {
-	h := newHarness(t)
-	session := h.register(nil)
-	h.wantBeatForbiddenWith(session, `"namespaces":["*"],"allowedBackendHosts":["10.0.0.1"]`)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(nil)
+		h.wantBeatForbiddenWith(session, `"namespaces":["*"],"allowedBackendHosts":["10.0.0.1"]`)
+	})
 }
 
 // wantBeatForbiddenWith sends session's heartbeat to a registry whose
@@ -480,13 +495,14 @@ func TestHeartbeatClaimsNoLongerCover_RREG2_RTR3(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			session := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1})
-			// The unchanged key still renews: only the narrowing refuses.
-			if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
-				t.Fatalf("unexpected reply before narrowing; got %d %s", res.status, res.body)
-			}
-			h.wantBeatForbiddenWith(session, tc.claims)
+			forEachStore(t, func(t *testing.T, h *harness) {
+				session := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1})
+				// The unchanged key still renews: only the narrowing refuses.
+				if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
+					t.Fatalf("unexpected reply before narrowing; got %d %s", res.status, res.body)
+				}
+				h.wantBeatForbiddenWith(session, tc.claims)
+			})
 		})
 	}
 }

@@ -123,10 +123,13 @@ type harness struct {
 	t     testing.TB
 	r     *Registry
 	store *directory.Memory
-	now   time.Time
-	mu    sync.Mutex
-	fw    *fakeWorker
-	seq   int
+	// ds is the store the harness's registries run on: store, or a
+	// Redis directory (newRedisHarness, which leaves store nil).
+	ds  directory.Store
+	now time.Time
+	mu  sync.Mutex
+	fw  *fakeWorker
+	seq int
 }
 
 const testTTL = 15 * time.Second
@@ -135,15 +138,16 @@ func newHarness(t testing.TB) *harness {
 	t.Helper()
 	h := &harness{t: t, now: time.Unix(1_800_000_000, 0), fw: newFakeWorker(t)}
 	h.store = directory.NewMemory(testTTL, h.now)
+	h.ds = h.store
 	h.r = h.registry(testPassport(t))
 	return h
 }
 
 func (h *harness) registry(pp *attest.Passport) *Registry {
-	return h.registryOn(h.store, pp)
+	return h.registryOn(h.ds, pp)
 }
 
-// registryOn is a registry on store, which wraps h.store.
+// registryOn is a registry on store, which wraps h.ds.
 func (h *harness) registryOn(store directory.Store, pp *attest.Passport) *Registry {
 	r, err := New(Options{
 		Store:        store,
