@@ -2,7 +2,9 @@ package registry
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +48,24 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 			{"schema: key in another case", workerToken, `{"SESSIONID":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			{"schema: acks with null", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":[null]}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			{"schema: array", workerToken, `[]`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			// Each field's row: absent, and of another type (the table's
+			// Type column); acks is optional, but when sent it is string[].
+			{"schema: missing sessionId", workerToken, `{"headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: missing headroom", workerToken, `{"sessionId":"x","draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: missing draining", workerToken, `{"sessionId":"x","headroom":1,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: missing challengeValue", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: sessionId number", workerToken, `{"sessionId":1,"headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: sessionId null", workerToken, `{"sessionId":null,"headroom":1,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: headroom null", workerToken, `{"sessionId":"x","headroom":null,"draining":false,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: draining string", workerToken, `{"sessionId":"x","headroom":1,"draining":"false","challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: draining number", workerToken, `{"sessionId":"x","headroom":1,"draining":0,"challenge":"c","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: challenge number", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":1,"challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: challengeValue object", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":{}}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: acks string", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":"0123456789abcdef"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: acks object", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":"v","acks":{}}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: null", workerToken, `null`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: string", workerToken, `"x"`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
+			{"schema: empty object", workerToken, `{}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			// challenge and challengeValue are tokens as at register: 1 to 512
 			// characters (an empty challenge probes nothing; a long one would
 			// ride in every probe's request line).
@@ -60,6 +80,9 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 				res := h.post("/registry/heartbeat", tc.token, tc.body)
 				if res.status != tc.status || res.body != tc.want {
 					t.Fatalf("unexpected reply; got %d %s; want %d %s", res.status, res.body, tc.status, tc.want)
+				}
+				if ct := string(res.header.ContentType()); ct != "application/json" {
+					t.Fatalf("unexpected Content-Type %q; want application/json", ct)
 				}
 			})
 		}
@@ -95,13 +118,14 @@ func TestHeartbeatPastLease_RLS2(t *testing.T) {
 	})
 }
 
-// The node-not-serving row: 503 with Retry-After.
+// The node-not-serving row: 503 with Retry-After (1 s: a stopping node's
+// peers serve the retry) (R-REG-2).
 func TestHeartbeatNotServing_RREG2(t *testing.T) {
 	forEachStore(t, func(t *testing.T, h *harness) {
 		session := h.register(nil)
 		h.r.Stop()
 		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-		if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) == "" {
+		if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) != "1" {
 			t.Fatalf("unexpected reply; got %d %s retry-after=%q", res.status, res.body, res.header.Peek("Retry-After"))
 		}
 		// Credentials come first, as in the table: a bad token hears 401 and
@@ -139,11 +163,15 @@ func TestErrorBodiesLineSeparatorsAsIs_RREG2(t *testing.T) {
 	}
 }
 
-// Probe answering a different value: voided, records dropped, 409 with
-// reregister (R-LS-3).
+// Probe answering a different value: voided, records dropped (the
+// session and its placements), 409 with reregister; the next heartbeat
+// finds the session unknown (R-LS-3).
 func TestHeartbeatVoided_RLS3(t *testing.T) {
 	forEachStore(t, func(t *testing.T, h *harness) {
-		session := h.register(nil)
+		session := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		if p, err := h.ds.Placement(t.Context(), "/counters", "alice", h.clock()); err != nil || p.SessionID != session {
+			t.Fatalf("cannot reclaim alice; got %+v, %v", p, err)
+		}
 		h.fw.mode.Store("mismatch")
 		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
 		want := `{"error":"registration voided: challenge value mismatch on the advertise URL","reregister":true}`
@@ -152,8 +180,14 @@ func TestHeartbeatVoided_RLS3(t *testing.T) {
 		}
 		h.fw.mode.Store("ok")
 		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-		if res.status != 409 || !strings.Contains(res.body, "unknown session") {
-			t.Fatalf("unexpected reply after void; got %d %s; want unknown session", res.status, res.body)
+		if res.status != 409 || res.body != `{"error":"unknown session","reregister":true}` {
+			t.Fatalf("unexpected reply after void; got %d %s; want 409 unknown session", res.status, res.body)
+		}
+		if _, err := h.ds.Session(t.Context(), session, h.clock()); !errors.Is(err, directory.ErrUnknownSession) {
+			t.Fatalf("unexpected session after void; got %v; want ErrUnknownSession", err)
+		}
+		if p, err := h.ds.Placement(t.Context(), "/counters", "alice", h.clock()); err == nil {
+			t.Fatalf("unexpected placement left by a voided session; got %+v", p)
 		}
 	})
 }
@@ -177,9 +211,20 @@ func TestHeartbeatDegraded_RLS3(t *testing.T) {
 				if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false,"degraded":true}` {
 					t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
 				}
+				// Lease renewed, degradedSince the first failing probe,
+				// kept by a second failing one.
+				failed := h.clock()
 				info, err := h.ds.Session(t.Context(), session, h.clock())
-				if err != nil || !info.Degraded {
-					t.Fatalf("unexpected session; got %+v, %v; want degraded", info, err)
+				if err != nil || !info.Degraded || !info.DegradedSince.Equal(failed) || !info.LeaseUntil.Equal(failed.Add(testTTL)) {
+					t.Fatalf("unexpected session; got %+v, %v; want degraded since %v, lease until %v", info, err, failed, failed.Add(testTTL))
+				}
+				h.advance(3 * time.Second)
+				res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+				if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false,"degraded":true}` {
+					t.Fatalf("unexpected second degraded ack; got %d %s", res.status, res.body)
+				}
+				if info, err := h.ds.Session(t.Context(), session, h.clock()); err != nil || !info.DegradedSince.Equal(failed) {
+					t.Fatalf("unexpected session after a second failing probe; got %+v, %v; want degraded since %v", info, err, failed)
 				}
 				if mode == "down" {
 					return
@@ -188,6 +233,9 @@ func TestHeartbeatDegraded_RLS3(t *testing.T) {
 				res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
 				if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
 					t.Fatalf("unexpected ack after recovery; got %d %s", res.status, res.body)
+				}
+				if info, err := h.ds.Session(t.Context(), session, h.clock()); err != nil || info.Degraded || !info.DegradedSince.IsZero() {
+					t.Fatalf("unexpected session after recovery; got %+v, %v; want degraded cleared", info, err)
 				}
 			})
 		})
@@ -222,7 +270,7 @@ func TestHeartbeatControlMessages_RCM1(t *testing.T) {
 		}
 		var wd struct{ MsgID, SessionID string }
 		_ = json.Unmarshal([]byte(res.body), &wd)
-		if wd.SessionID != session || len(wd.MsgID) != 16 {
+		if wd.SessionID != session || !msgIDPattern.MatchString(wd.MsgID) {
 			t.Fatalf("unexpected wind-down reply %s", res.body)
 		}
 		h.advance(600 * time.Millisecond)
@@ -234,15 +282,15 @@ func TestHeartbeatControlMessages_RCM1(t *testing.T) {
 		// Unacked: re-delivered on every heartbeat, the deadline recomputed.
 		h.advance(10 * time.Second)
 		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
-		if !strings.Contains(res.body, `"deadline":19.4`) {
-			t.Fatalf("unexpected redelivery; got %s", res.body)
+		if want := strings.Replace(want, `"deadline":29.4`, `"deadline":19.4`, 1); res.status != 200 || res.body != want {
+			t.Fatalf("unexpected redelivery; got %d %s; want %s", res.status, res.body, want)
 		}
 		for range 3 {
 			h.advance(10 * time.Second)
 			res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
 		}
-		if !strings.Contains(res.body, `"deadline":0}`) {
-			t.Fatalf("unexpected redelivery past the deadline; got %s; want deadline 0", res.body)
+		if want := strings.Replace(want, `"deadline":29.4`, `"deadline":0`, 1); res.status != 200 || res.body != want {
+			t.Fatalf("unexpected redelivery past the deadline; got %d %s; want %s", res.status, res.body, want)
 		}
 		res = h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":null}`)
 		var revoke struct{ MsgID string }
@@ -258,6 +306,9 @@ func TestHeartbeatControlMessages_RCM1(t *testing.T) {
 		}
 	})
 }
+
+// msgIDPattern is a control message's msgId: 16 hex characters (R-CM-1).
+var msgIDPattern = regexp.MustCompile(`^[0-9a-f]{16}$`)
 
 // Timed operator drain: draining in the ack, drainDeadline counting down,
 // 0 once passed; the lease stops at deadline plus one lease (R-LS-5).
@@ -384,8 +435,8 @@ func TestHeartbeatCaseVariantKeyIgnored_RREG7(t *testing.T) {
 	forEachStore(t, func(t *testing.T, h *harness) {
 		s := h.register(nil)
 		body := strings.TrimSuffix(h.beatBody(s, nil), "}") + `,"SessionId":"zzz","HEADROOM":"x"}`
-		if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || !strings.Contains(res.body, `"expiresInMs":15000`) {
-			t.Fatalf("unexpected reply; got %d %s; want 200", res.status, res.body)
+		if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected reply; got %d %s; want 200 {\"expiresInMs\":15000,\"draining\":false}", res.status, res.body)
 		}
 	})
 }
@@ -398,8 +449,9 @@ func TestLargeEpochs_RLS4(t *testing.T) {
 		old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_000_000_000})
 		h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_100_000_000})
 		res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
-		if res.status != 409 || !strings.Contains(res.body, `"superseded":true`) {
-			t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 superseded", res.status, res.body)
+		want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 1700000000100000000","superseded":true}`
+		if res.status != 409 || res.body != want {
+			t.Fatalf("unexpected reply to the older epoch; got %d %s; want 409 %s", res.status, res.body, want)
 		}
 	})
 }
