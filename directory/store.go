@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -178,8 +179,16 @@ type SupersededError struct {
 	ClientID string
 }
 
+// Error is the heartbeat reference's superseded message. The epoch is
+// written as the reference writes a number in a string (JavaScript's
+// Number#toString): the shortest decimal that reads back as the same
+// double, so past 2^53 a nanosecond timestamp ends in zeros
+// (1700000000223456768 is written 1700000000223456800), as %d did not.
+// Epochs are doubles' values (the registry reads them as JSON.parse does),
+// and below 10^21 JavaScript uses no exponent, as 'f' does not.
 func (e *SupersededError) Error() string {
-	return fmt.Sprintf("registration superseded: %s%s now bound to env %s at epoch %d", e.Hostname, e.NS, e.Env, e.Epoch)
+	epoch := strconv.FormatFloat(float64(e.Epoch), 'f', -1, 64)
+	return fmt.Sprintf("registration superseded: %s%s now bound to env %s at epoch %s", e.Hostname, e.NS, e.Env, epoch)
 }
 
 // QuarantineError is returned by Place during the cold-start quarantine.

@@ -456,6 +456,33 @@ func TestLargeEpochs_RLS4(t *testing.T) {
 	})
 }
 
+// The superseded body names the epoch as the reference writes it: a
+// JavaScript number in a template string, the shortest decimal that reads
+// back as the same double, so a nanosecond timestamp past 2^53 ends in
+// zeros (1700000000223456789 is the double 1700000000223456768, written
+// 1700000000223456800). Before, the double's exact integer was written,
+// which no Node pinboard writes (R-REG-2 byte for byte, R-LS-4).
+func TestSupersededBodyEpochAsJavaScriptNumber_RREG2_RLS4(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_123_456_789})
+		h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_223_456_789})
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil))
+		want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 1700000000223456800","superseded":true}`
+		if res.status != 409 || res.body != want {
+			t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+	})
+	for epoch, want := range map[int64]string{
+		0: "0", 3: "3", 1<<53 - 1: "9007199254740991", 1 << 53: "9007199254740992",
+		1 << 60: "1152921504606847000", 1<<63 - 1024: "9223372036854775000",
+	} {
+		e := &directory.SupersededError{Hostname: "h", NS: "/n", Env: "e", Epoch: epoch}
+		if got, w := string(supersededBody(e)), `{"error":"registration superseded: h/n now bound to env e at epoch `+want+`","superseded":true}`; got != w {
+			t.Fatalf("unexpected body for epoch %d; got %s; want %s", epoch, got, w)
+		}
+	}
+}
+
 // A degraded session's probe waits off the pool: its last probe failed,
 // so this one most likely waits for the whole probe timeout too. Workers
 // cut off from pinboard then hold pool slots on their first failing
