@@ -336,6 +336,133 @@ func TestHeartbeatTimedDrain_RLS5(t *testing.T) {
 		if res.body != `{"expiresInMs":10000,"draining":true,"drainDeadline":0}` {
 			t.Fatalf("unexpected ack past the deadline; got %s; want the lease capped at deadline+lease", res.body)
 		}
+		// At the cap the lease has lapsed: the worker hears the 409 that
+		// sends it to register again (R-LS-2).
+		h.advance(10 * time.Second)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != 409 || res.body != `{"error":"unknown session","reregister":true}` {
+			t.Fatalf("unexpected reply at the drain deadline plus one lease; got %d %s; want 409 unknown session", res.status, res.body)
+		}
+	})
+}
+
+// An untimed operator drain on the clientId: the ack's draining is true
+// whatever the worker's own flag, with no drainDeadline (it is only sent
+// under a timed drain); undrain gives the worker's own flag back
+// (R-REG-2 response table, R-REG-6).
+func TestHeartbeatOperatorDrainInAck_RREG2_RREG6(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(map[string]any{"clientId": "drained"})
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"drained"}`); res.status != 200 {
+			t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+		}
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"draining": false}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":true}` {
+			t.Fatalf("unexpected ack under an operator drain; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/undrain", operatorToken, `{"clientId":"drained"}`); res.status != 200 {
+			t.Fatalf("cannot undrain; got %d %s", res.status, res.body)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"draining": false}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected ack after undrain; got %d %s", res.status, res.body)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"draining": true}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":true}` {
+			t.Fatalf("unexpected ack with the worker's own drain; got %d %s", res.status, res.body)
+		}
+	})
+}
+
+// Every optional field of the ack at once, in the reference's order:
+// expiresInMs, draining, drainDeadline, degraded, messages (R-REG-2,
+// R-LS-3, R-LS-5, R-CM-1).
+func TestHeartbeatAckAllFields_RREG2(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(map[string]any{"clientId": "all", "instances": map[string][]string{"/counters": {"alice"}}})
+		res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"alice","deadline":30}`)
+		var wd struct{ MsgID string }
+		if res.status != 200 || json.Unmarshal([]byte(res.body), &wd) != nil {
+			t.Fatalf("cannot wind down; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"all","deadline":60}`); res.status != 200 {
+			t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+		}
+		h.advance(1500 * time.Millisecond)
+		h.fw.mode.Store("500")
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		want := `{"expiresInMs":15000,"draining":true,"drainDeadline":58.5,"degraded":true,"messages":[{"msgId":"` + wd.MsgID +
+			`","type":"wind_down","ns":"/counters","id":"alice","deadline":28.5}]}`
+		if res.status != 200 || res.body != want {
+			t.Fatalf("unexpected ack; got %d %s; want 200 %s", res.status, res.body, want)
+		}
+	})
+}
+
+// Only the listed msgIds are trimmed: a worker acking a later message but
+// not an earlier one (its callback failed there) gets the earlier one
+// again, in queue order; an unknown msgId in acks is ignored (R-CM-1).
+func TestHeartbeatAcksTrimOnlyListed_RCM1(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(map[string]any{"instances": map[string][]string{"/counters": {"a", "b", "c"}}})
+		ids := map[string]string{}
+		for _, id := range []string{"a", "b", "c"} {
+			res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"`+id+`","deadline":null}`)
+			var wd struct{ MsgID string }
+			if res.status != 200 || json.Unmarshal([]byte(res.body), &wd) != nil || !msgIDPattern.MatchString(wd.MsgID) {
+				t.Fatalf("cannot wind down %s; got %d %s", id, res.status, res.body)
+			}
+			ids[id] = wd.MsgID
+		}
+		msg := func(id string) string {
+			return `{"msgId":"` + ids[id] + `","type":"wind_down","ns":"/counters","id":"` + id + `","deadline":null}`
+		}
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if want := `{"expiresInMs":15000,"draining":false,"messages":[` + msg("a") + `,` + msg("b") + `,` + msg("c") + `]}`; res.status != 200 || res.body != want {
+			t.Fatalf("unexpected ack; got %d %s; want %s", res.status, res.body, want)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{ids["b"], "ffffffffffffffff"}}))
+		if want := `{"expiresInMs":15000,"draining":false,"messages":[` + msg("a") + `,` + msg("c") + `]}`; res.status != 200 || res.body != want {
+			t.Fatalf("unexpected ack after acking b; got %d %s; want %s", res.status, res.body, want)
+		}
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, map[string]any{"acks": []string{ids["a"], ids["b"], ids["c"]}}))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected ack after acking everything; got %d %s", res.status, res.body)
+		}
+	})
+}
+
+// Degraded (R-LS-3): existing placements keep routing, no new placements
+// until a probe passes again; the ack said degraded:true meanwhile.
+func TestHeartbeatDegradedKeepsRoutesTakesNoNew_RLS3(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		session := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		// The first placement attempt starts the cold-start quarantine
+		// (R-CS-1); wait it out with the lease kept.
+		_, _ = h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "warm", Now: h.clock()})
+		h.advance(10 * time.Second)
+		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+		}
+		h.advance(10 * time.Second)
+		h.fw.mode.Store("404")
+		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false,"degraded":true}` {
+			t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
+		}
+		r, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: h.clock()})
+		if err != nil || r.Owner.SessionID != session || r.Placed {
+			t.Fatalf("unexpected route of an existing placement on a degraded worker; got %+v, %v; want it kept", r, err)
+		}
+		if r, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "bob", Now: h.clock()}); !errors.Is(err, directory.ErrNoEligible) {
+			t.Fatalf("unexpected new placement on a degraded worker; got %+v, %v; want ErrNoEligible", r, err)
+		}
+		h.fw.mode.Store("ok")
+		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected ack; got %d %s", res.status, res.body)
+		}
+		if r, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "bob", Now: h.clock()}); err != nil || r.Owner.SessionID != session || !r.Placed {
+			t.Fatalf("unexpected placement once the probe passed; got %+v, %v", r, err)
+		}
 	})
 }
 
