@@ -192,12 +192,13 @@ func TestHeartbeatVoided_RLS3(t *testing.T) {
 	})
 }
 
-// Unreachable, non-2xx, or no body received: lease renewed, degraded,
+// Unreachable (a closed listener), non-2xx (404, 500), or no body
+// received (no value, not JSON, a body cut short): lease renewed, degraded,
 // degraded:true in the ack; the next good probe clears it (R-LS-3) —
 // checked after the answers that can turn good again (a closed listener
 // stays closed).
 func TestHeartbeatDegraded_RLS3(t *testing.T) {
-	for _, mode := range []string{"404", "500", "nobody", "down"} {
+	for _, mode := range []string{"404", "500", "nobody", "notjson", "truncated", "down"} {
 		t.Run(mode, func(t *testing.T) {
 			forEachStore(t, func(t *testing.T, h *harness) {
 				session := h.register(nil)

@@ -56,7 +56,7 @@ func testPassport(t testing.TB) *attest.Passport {
 type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
-	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "500", "nobody"
+	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "500", "nobody", "notjson", "truncated"
 	hang   chan struct{} // "hang" answers once this closes
 	mu     sync.Mutex
 	value  map[string]string // challenge -> value
@@ -96,6 +96,20 @@ func newFakeWorker(t testing.TB) *fakeWorker {
 		case "nobody":
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{}`))
+			return
+		case "notjson":
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = w.Write([]byte(`<html>ok</html>`))
+			return
+		case "truncated":
+			// The answer's body never arrives whole: the connection
+			// closes after part of what Content-Length announced.
+			conn, buf, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"value\":\"" + v)
+				_ = buf.Flush()
+				_ = conn.Close()
+			}
 			return
 		}
 		if !ok {
