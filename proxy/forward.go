@@ -155,11 +155,11 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 
 // Expect decides a request that asks Expect: 100-continue on its header
 // alone, before the client sends its body: what serve checks before it
-// touches the store — framing, target, Authorization lines, the bound
-// on headers to strip, the namespace policy (a cluster call's session is
+// touches the store — framing, target, Authorization lines, the header's
+// names and bounds, the namespace policy (a cluster call's session is
 // checked with its body) — is answered here in place of the 100, and the
-// client sends nothing only to have it dropped (RFC 9110 §10.1.1). It reports whether the
-// request may go on; if not, the answer is on ctx.
+// client sends nothing only to have it dropped (RFC 9110 §10.1.1). It
+// reports whether the request may go on; if not, the answer is on ctx.
 //
 // The checks iterate the header, which makes fasthttp parse its Cookie
 // lines into its cookie list: the request's own parse (ServeHTTP) then
