@@ -24,6 +24,9 @@ const (
 var (
 	errBadChunk    = errors.New("malformed chunked body from worker")
 	errStreamEnded = errors.New("stream ended by shutdown")
+	// errTrailersTooLarge: a chunked body's trailer section went past the
+	// response header cap (see skipTrailers).
+	errTrailersTooLarge = errors.New("trailers from worker too large")
 )
 
 // upstreamBody streams one worker response body to the client without
@@ -261,11 +264,18 @@ func (b *upstreamBody) crlf() error {
 }
 
 // skipTrailers discards trailer fields up to the empty line. Trailers are
-// not forwarded: the server re-chunks the body without them.
+// not forwarded: the server re-chunks the body without them. A trailer
+// section may be as large as a response header (the pool's BufferSize),
+// no larger: nothing of it goes to the client, so neither the stall
+// timeout nor the client check would ever end one that never ends.
 func (b *upstreamBody) skipTrailers() error {
 	long := false // inside a line longer than the buffer
+	left := b.pool.bufSize
 	for {
 		line, err := b.pc.br.ReadSlice('\n')
+		if left -= len(line); left < 0 {
+			return errTrailersTooLarge
+		}
 		if err == bufio.ErrBufferFull {
 			long = true
 			continue
