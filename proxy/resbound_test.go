@@ -70,3 +70,60 @@ func TestEndlessTrailersCut_RDP2_RDP3(t *testing.T) {
 		})
 	}
 }
+
+// A worker that stops reading its WebSocket while the client floods it
+// is cut after the stall timeout, as a client that stops reading is
+// (TestWebSocketStalledReaderCut_RDP2_RDP3): both connections close and
+// the relay ends, holding no buffer beyond its one copy buffer meanwhile
+// (R-DP-2, R-DP-3).
+func TestWebSocketStalledWorkerCut_RDP2_RDP3(t *testing.T) {
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.StallTimeout = 300 * time.Millisecond })
+	gone := make(chan struct{})
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, ok := accept101(rw)
+		if !ok {
+			return
+		}
+		defer conn.Close()
+		// Reads nothing until pinboard gives up on it: then the read
+		// finds the close (after what the kernel buffered).
+		time.Sleep(2 * time.Second)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.Copy(io.Discard, conn)
+		close(gone)
+	})
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, upgradeRequest("/counters/alice/ws"))
+	br := bufio.NewReader(c)
+	if line, _ := br.ReadString('\n'); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer; got %q; want 101", line)
+	}
+	// Masked binary frames of 64 KiB (client to server) until the relay
+	// closes the connection.
+	frame := append([]byte{0x82, 0xff, 0, 0, 0, 0, 0, 1, 0, 0, 1, 2, 3, 4}, make([]byte, 64<<10)...)
+	_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	for {
+		if _, err := c.Write(frame); err != nil {
+			break
+		}
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Fatalf("unexpected client still writing %v after its worker stopped reading", d)
+	}
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected worker connection still open 10s after the relay stalled")
+	}
+	for deadline := time.Now().Add(5 * time.Second); rg.p.OpenWebSockets() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected open WebSockets; got %d; want 0", rg.p.OpenWebSockets())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
