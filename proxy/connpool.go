@@ -475,7 +475,7 @@ func (r *carryReader) recheck(err error) (again bool, gone error) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || r.stopped.Load() {
 		return false, nil
 	}
-	if rawio.PeerClosed(r.client) {
+	if rawio.PeerGone(r.client) {
 		return false, errClientGone
 	}
 	return true, nil

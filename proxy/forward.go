@@ -1021,7 +1021,7 @@ func clientClosed(ctx *fasthttp.RequestCtx) {
 // reading of the real clock, wallClock: the deadlines are the kernel's;
 // the caller's, so the wait costs no clock read of its own). While it
 // waits it checks, every clientCheckEvery, that the client is still there
-// (rawio.PeerClosed, as nginx does with proxy_ignore_client_abort off),
+// (rawio.PeerGone, as nginx does with proxy_ignore_client_abort off),
 // and gives up with errClientGone once it left: its worker connection is
 // then closed, which tells the worker (uvicorn's http.disconnect).
 // Before, a client that sent a long-poll request and left held a pooled
@@ -1092,7 +1092,7 @@ func (pc *pconn) keepWaiting(err error, client net.Conn) (bool, error) {
 	if left <= 0 {
 		return false, err
 	}
-	if rawio.PeerClosed(client) {
+	if rawio.PeerGone(client) {
 		return false, errClientGone
 	}
 	pc.deadline = lazyDeadline{t.Add(min(left, clientCheckEvery))}

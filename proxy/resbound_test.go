@@ -127,3 +127,66 @@ func TestWebSocketStalledWorkerCut_RDP2_RDP3(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A client that sends a byte more after its request (the start of a
+// pipelined request, or junk) and then leaves is noticed as gone like one
+// that sent nothing more (TestClientGoneFromIdleStreamFreesWorker_RDP2_RDP3,
+// TestClientGoneBeforeAnswerFreesWorker_RDP3): the check on the client
+// looks at the socket's state, not only at the first byte waiting. Before,
+// the byte waiting unread read as "still there" at every check: an idle
+// event stream held its worker connection until the worker's next events
+// (hours, on a quiet stream), a long poll until the header timeout (R-DP-2,
+// R-DP-3).
+func TestClientGoneWithBytesUnreadFreesWorker_RDP2_RDP3(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 100 * time.Millisecond
+	leaves := map[string]func(c *net.TCPConn){
+		"reset": func(c *net.TCPConn) { c.SetLinger(0); c.Close() },
+		"close": func(c *net.TCPConn) { c.Close() },
+	}
+	for name, leave := range leaves {
+		t.Run("event stream "+name, func(t *testing.T) {
+			rg, w, _ := newCapRigWorker(t, nil)
+			gone, stop := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(stop) })
+			w.route("/events", idleStreamUntilGone(gone, stop))
+			c := openFirstEvent(t, rg.url)
+			defer c.Close()
+			_, _ = io.WriteString(c, "G")
+			time.Sleep(50 * time.Millisecond) // the byte is in before the close
+			leave(c.(*net.TCPConn))
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("unexpected worker connection still open 5s after the client left; got %d open streams; want 0", rg.p.OpenStreams())
+			}
+		})
+		t.Run("long poll "+name, func(t *testing.T) {
+			rg, w, _ := newCapRigWorker(t, nil)
+			gone, stop := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(stop) })
+			w.route("/poll", func(rw http.ResponseWriter, r *http.Request) {
+				select {
+				case <-r.Context().Done():
+					close(gone)
+				case <-stop:
+				}
+			})
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, "GET /counters/alice/poll HTTP/1.1\r\nHost: a\r\n\r\n")
+			time.Sleep(200 * time.Millisecond) // the request is with the worker
+			_, _ = io.WriteString(c, "G")
+			time.Sleep(50 * time.Millisecond)
+			leave(c.(*net.TCPConn))
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+				t.Fatal("unexpected worker connection still open 5s after the client left")
+			}
+		})
+	}
+}

@@ -605,7 +605,13 @@ func tlsPeerGone(c net.Conn) bool {
 	if !ok {
 		return false
 	}
-	tc := TCP(nc.NetConn())
+	return notEstablished(TCP(nc.NetConn()))
+}
+
+// notEstablished reports whether tc (nil: none) is a TCP socket that is no
+// longer established: its peer sent its FIN (CLOSE_WAIT) or a reset
+// (CLOSE). One getsockopt(TCP_INFO).
+func notEstablished(tc *net.TCPConn) bool {
 	if tc == nil {
 		return false
 	}
@@ -633,6 +639,23 @@ const tcpEstablished = 1
 func PeerClosed(c net.Conn) bool {
 	st := peek(c)
 	return st == peekClosed || st == peekError
+}
+
+// PeerGone is PeerClosed, except that data waiting does not hide a close
+// behind it: with bytes unread, the socket's state says whether the peer
+// sent its FIN or a reset after them (notEstablished). For a connection
+// whose waiting bytes are not the caller's to read — a client's pipelined
+// request or junk while its answer streams — whose peer would otherwise
+// read as "still there" at every check once it sent one byte more and
+// left. Connections without a socket report false.
+func PeerGone(c net.Conn) bool {
+	switch peek(c) {
+	case peekClosed, peekError:
+		return true
+	case peekData:
+		return notEstablished(TCP(c))
+	}
+	return false
 }
 
 // peekState is what one MSG_PEEK found.
