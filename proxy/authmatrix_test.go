@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/pinboard-go/pinboard/attest"
@@ -109,5 +111,68 @@ func TestDataPlaneAuthorizationMatrix_RTR4(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A passport credential on an attested cluster call (R-TR-6) is consumed
+// as on any data-plane request (R-TR-4): the call is attested by its
+// session, and the Authorization of a passport key never reaches a worker.
+// Forwarded, an instance that called through a client carrying its
+// deployment's pinboard token handed that token to the callee's worker —
+// another tenant's, on a namespace open to anonymous clients — which could
+// then register, heartbeat or drain as that account. Any other
+// Authorization still passes untouched, and the WebSocket path is the
+// same.
+func TestClusterCallPassportCredentialConsumed_RTR4_RTR6(t *testing.T) {
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"tenant-a","token":{"env":"A"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/a"],"allowedBackendHosts":["*"]}}}
+	]}],"namespaces":{"*":{"allow":"authenticated"},"/open":{"allow":"anonymous"}}}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg := newRig(t, func(o *Options) { o.Passport = pp })
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	rg.add(a, 1, "/a")
+	rg.add(b, 1, "/open")
+	call := func(auth string) map[string]string {
+		return map[string]string{
+			"Pinboard-Session":        a.session.Load().(string),
+			"Pinboard-Session-Secret": a.secret,
+			"Pinboard-From":           "/a/alice",
+			"Authorization":           auth,
+		}
+	}
+	for _, c := range []struct{ auth, want string }{
+		{"Bearer tok-A", ""},
+		{"bearer tok-A", ""},
+		{"Bearer app-jwt", "Bearer app-jwt"},
+	} {
+		res, body := rg.get("/open/bob/value", call(c.auth))
+		if res.StatusCode != 200 {
+			t.Fatalf("unexpected reply to a cluster call with Authorization %q; got %d %s; want 200", c.auth, res.StatusCode, body)
+		}
+		s := decodeSeen(t, body)
+		if got := http.Header(s.Header).Get("Authorization"); got != c.want || s.Worker != "b" {
+			t.Fatalf("unexpected Authorization at worker %s for a cluster call sending %q; got %q; want %q", s.Worker, c.auth, got, c.want)
+		}
+	}
+	// A WebSocket handshake: the worker's answer (a 404 here) is relayed,
+	// and what reached it is recorded.
+	var seenAuth atomic.Pointer[[]string]
+	b.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		v := r.Header.Values("Authorization")
+		seenAuth.Store(&v)
+		rw.WriteHeader(http.StatusNotFound)
+	})
+	req := upgradeRequest("/open/carol/ws")
+	req = strings.TrimSuffix(req, "\r\n") + "Pinboard-Session: " + a.session.Load().(string) + "\r\nPinboard-Session-Secret: " + a.secret +
+		"\r\nPinboard-From: /a/alice\r\nAuthorization: Bearer tok-A\r\n\r\n"
+	if line, _ := rg.rawStatus(req); !strings.Contains(line, " 404") {
+		t.Fatalf("unexpected answer to a cluster call's upgrade; got %q; want the worker's 404", line)
+	}
+	if v := seenAuth.Load(); v == nil || len(*v) != 0 {
+		t.Fatalf("unexpected Authorization at the worker for a cluster call's upgrade; got %v; want none", v)
 	}
 }

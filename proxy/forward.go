@@ -67,6 +67,11 @@ type request struct {
 	att       []byte
 	body      []byte
 	principal *attest.Principal
+	// passport: the Authorization is a passport credential, consumed
+	// here and never forwarded (R-TR-4): an admitted client's, whose
+	// account rides in the attestation (principal), or one a cluster
+	// call carries, attested by its session instead.
+	passport bool
 
 	// The client's Cookie lines as sent (rawCookies), cookieEnds[i] the
 	// end of line i (saveCookies).
@@ -104,7 +109,7 @@ type request struct {
 
 func (rq *request) reset() {
 	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
-	rq.principal = nil
+	rq.principal, rq.passport = nil, false
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
@@ -306,7 +311,7 @@ func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
 	}
 	switch p.passport.Admit(rq.ns, pr) {
 	case attest.Allow:
-		rq.principal = pr
+		rq.principal, rq.passport = pr, pr != nil
 		return true
 	case attest.Unauthorized:
 		writeError(ctx, fasthttp.StatusUnauthorized, "unauthorized", 0)
@@ -373,6 +378,14 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 			return false
 		}
 		depth = n
+	}
+	// The call is attested by its session; a passport credential it
+	// carries (an instance calling through a client set up with its
+	// deployment's token) is consumed as a client's is, or the callee's
+	// worker — another tenant's, on a namespace open to anonymous
+	// clients — would receive a key to pinboard (R-TR-4).
+	if pr, err := p.passport.Authenticate(h.PeekCanonical(hdrAuthorization)); err == nil && pr != nil {
+		rq.passport = true
 	}
 	rq.call = true
 	rq.caller = append(rq.caller, from...)
@@ -579,7 +592,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	if stripRequestHop(h, rq, false)&hopNamed != 0 {
 		fw.count(h) // it may have taken forwarding headers
 	}
-	if rq.principal != nil {
+	if rq.passport {
 		h.DelBytes(hdrAuthorization)
 		rq.order.edited = true
 	}

@@ -67,7 +67,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 	if stripRequestHop(h, rq, true)&hopNamed != 0 {
 		fw.count(h) // it may have taken forwarding headers
 	}
-	if rq.principal != nil {
+	if rq.passport {
 		h.DelBytes(hdrAuthorization)
 		rq.order.edited = true
 	}
