@@ -472,12 +472,35 @@ func (m *Memory) Deregister(ctx context.Context, sessionID string, now time.Time
 func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.releaseLocked(req), nil
+}
+
+// releaseLocked frees req's row if its session still holds it (at its
+// epoch, when non-zero); callers hold m.mu.
+func (m *Memory) releaseLocked(req *ReleaseRequest) bool {
 	sh, key, r := m.row(req.NS, req.ID)
 	if !r.present() || r.owner.SessionID != req.SessionID || (req.Epoch != 0 && r.epoch != req.Epoch) {
-		return false, nil
+		return false
 	}
 	m.freeRow(sh, key, r, req.NS, req.ID)
-	return true, nil
+	return true
+}
+
+// ReleaseBatch implements Store: the lock is held RegisterBatch releases
+// at a time, so other calls proceed in between however many a worker
+// sends.
+func (m *Memory) ReleaseBatch(_ context.Context, reqs []ReleaseRequest, _ time.Time) (int, error) {
+	n := 0
+	for start := 0; start < len(reqs); start += RegisterBatch {
+		m.mu.Lock()
+		for i := start; i < min(start+RegisterBatch, len(reqs)); i++ {
+			if m.releaseLocked(&reqs[i]) {
+				n++
+			}
+		}
+		m.mu.Unlock()
+	}
+	return n, nil
 }
 
 // freeRow deletes the row r of ns/id at key in sh; callers hold m.mu.

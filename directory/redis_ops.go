@@ -151,6 +151,29 @@ func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (
 	return n == 1, nil
 }
 
+// ReleaseBatch implements Store: one script call, one round trip, per
+// RegisterBatch rows (redis_release_batch.lua). A release per call cost a
+// round trip per row: a worker's batch of 9,000 took 9 s across a 1 ms
+// link, past the worker's HTTP timeout and the operation timeout.
+func (r *Redis) ReleaseBatch(ctx context.Context, reqs []ReleaseRequest, _ time.Time) (int, error) {
+	n := 0
+	args := make([]string, 0, 1+3*min(len(reqs), RegisterBatch))
+	for start := 0; start < len(reqs); start += RegisterBatch {
+		chunk := reqs[start:min(start+RegisterBatch, len(reqs))]
+		args = append(args[:0], r.prefix)
+		for i := range chunk {
+			args = append(args, chunk[i].SessionID, strconv.FormatUint(chunk[i].Epoch, 10), rowName(chunk[i].NS, chunk[i].ID))
+		}
+		rows, err := r.runWrite(ctx, "release", scriptReleaseBatch, r.rowKey(chunk[0].NS, chunk[0].ID), args).AsStrSlice()
+		if err != nil {
+			return n, unavailable("release", chunk[0].NS+"/"+chunk[0].ID, err)
+		}
+		r.forget(r.rowKeys(rows))
+		n += len(rows)
+	}
+	return n, nil
+}
+
 // Workers implements Store.
 func (r *Redis) Workers(ctx context.Context, now time.Time) ([]SessionInfo, error) {
 	list, err := r.run(ctx, "workers", scriptWorkers, r.prefix+"leases", []string{r.prefix, micros(now)}).ToArray()

@@ -33,6 +33,8 @@ var (
 	luaHeartbeat string
 	//go:embed redis_release.lua
 	luaRelease string
+	//go:embed redis_release_batch.lua
+	luaReleaseBatch string
 	//go:embed redis_drop.lua
 	luaDrop string
 	//go:embed redis_drain.lua
@@ -60,6 +62,7 @@ var (
 	scriptRegisterDone  = newScript(luaRegisterLib+"\n"+luaRegisterDone, false)
 	scriptHeartbeat     = newScript(luaHeartbeat, false)
 	scriptRelease       = newScript(luaRelease, false)
+	scriptReleaseBatch  = newScript(luaReleaseBatch, false)
 	scriptDrop          = newScript(luaDrop, false)
 	scriptDrain         = newScript(luaDrain, false)
 	scriptWindDown      = newScript(luaWindDown, false)

@@ -64,6 +64,14 @@ type Store interface {
 	// given epoch, when non-zero). It reports whether a row was freed.
 	Release(ctx context.Context, req *ReleaseRequest, now time.Time) (bool, error)
 
+	// ReleaseBatch is Release for each of reqs, in order, and reports how
+	// many rows it freed. A worker sends its releases as one batch of up
+	// to thousands (RegistrationClient._flush_releases): they are made
+	// RegisterBatch at a time, each batch one atomic step of the store —
+	// one round trip to Redis — so a batch costs tens of round trips, not
+	// one per row. On an error the count is of the rows freed before it.
+	ReleaseBatch(ctx context.Context, reqs []ReleaseRequest, now time.Time) (int, error)
+
 	// Workers lists live sessions (R-REG-4).
 	Workers(ctx context.Context, now time.Time) ([]SessionInfo, error)
 

@@ -107,19 +107,20 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 			owners[sid] = true
 		}
 	}
-	released := 0
-	for i := range reqs {
-		if !owners[reqs[i].SessionID] {
-			continue
+	// One batch to the store, not a call per item: a worker's batch of
+	// thousands (a drain's idle evictions) was a round trip per item, past
+	// the worker's 5 s timeout with the store a millisecond away, and each
+	// retry stopped where the first did.
+	live := reqs[:0]
+	for _, rr := range reqs {
+		if owners[rr.SessionID] {
+			live = append(live, rr)
 		}
-		freed, err := r.store.Release(c, &reqs[i], now)
-		if err != nil {
-			r.storeFailed(ctx, "release", err)
-			return
-		}
-		if freed {
-			released++
-		}
+	}
+	released, err := r.store.ReleaseBatch(c, live, now)
+	if err != nil {
+		r.storeFailed(ctx, "release", err)
+		return
 	}
 	replyJSON(ctx, fasthttp.StatusOK, struct {
 		Released int `json:"released"`

@@ -332,3 +332,69 @@ func testEarlierDeregisteredBetweenBatches(t *testing.T, f Factory, hook BatchHo
 	}
 	fx.wantOwner(list, res.SessionID)
 }
+
+// testReleaseBatch: a worker's release batch (RegistrationClient.
+// _flush_releases) frees, across several RegisterBatch steps, exactly the
+// rows a plain Release of each item would: its session's rows at their
+// epoch or any epoch, not one at another epoch, not another session's row
+// named with its session, nothing twice (R-REG-3).
+func testReleaseBatch(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	list := ids(2*directory.RegisterBatch + 10)
+	a := fx.holding(list)
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "b", Sub: "test:worker", Secret: "secret-b", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/b", Headroom: 1, Instances: map[string][]string{"/c": {"bx"}},
+	}, fx.now)
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("cannot register b: %+v, %v", res, err)
+	}
+	b := res.SessionID
+	bx, _ := fx.lookup("/c", "bx")
+	var reqs []directory.ReleaseRequest
+	for i, id := range list {
+		r, ok := fx.lookup("/c", id)
+		if !ok || r.Owner.SessionID != a {
+			t.Fatalf("unexpected row of %s; got %+v, %v; want %s", id, r, ok, a)
+		}
+		rr := directory.ReleaseRequest{SessionID: a, NS: "/c", ID: id, Epoch: r.Epoch}
+		switch i {
+		case 0:
+			rr.Epoch++ // another epoch: kept
+		case 1:
+			rr.Epoch = 0 // any epoch
+		case 2:
+			reqs = append(reqs, rr) // listed twice: freed once
+		}
+		reqs = append(reqs, rr)
+	}
+	reqs = append(reqs,
+		directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "bx"},                      // b's row
+		directory.ReleaseRequest{SessionID: b, NS: "/c", ID: "bx", Epoch: bx.Epoch + 1}, // b's, another epoch
+		directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "nobody"},
+	)
+	n, err := fx.s.ReleaseBatch(fx.ctx, reqs, fx.now)
+	if err != nil || n != len(list)-1 {
+		t.Fatalf("unexpected release batch; got %d, %v; want %d freed", n, err, len(list)-1)
+	}
+	if r, ok := fx.lookup("/c", list[0]); !ok || r.Owner.SessionID != a {
+		t.Fatalf("unexpected row of %s released at another epoch; got %+v, %v; want kept on %s", list[0], r, ok, a)
+	}
+	if r, ok := fx.lookup("/c", "bx"); !ok || r.Owner.SessionID != b || r.Epoch != bx.Epoch {
+		t.Fatalf("unexpected row of bx; got %+v, %v; want kept on %s", r, ok, b)
+	}
+	for _, id := range list[1:] {
+		if r, ok := fx.lookup("/c", id); ok {
+			t.Fatalf("unexpected row of %s after its release; got %+v", id, r)
+		}
+		if p, err := fx.s.Placement(fx.ctx, "/c", id, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+			t.Fatalf("unexpected placement of %s after its release; got %+v, %v", id, p, err)
+		}
+	}
+	if ws := fx.sessionsOf("a"); len(ws) != 1 {
+		t.Fatalf("unexpected sessions of a; got %v", ws)
+	}
+	if n, err := fx.s.ReleaseBatch(fx.ctx, nil, fx.now); n != 0 || err != nil {
+		t.Fatalf("unexpected empty release batch; got %d, %v", n, err)
+	}
+}

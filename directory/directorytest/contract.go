@@ -42,6 +42,7 @@ func Run(t *testing.T, f Factory) {
 		{"LostRegisterAnswerIsNoDuplicate_RREG1", testLostRegisterAnswer},
 		{"ReclaimKeepsEpoch_RREG1_RREG3", testReclaimKeepsEpoch},
 		{"ReleaseAndDeregister_RREG3", testRelease},
+		{"ReleaseBatch_RREG3", testReleaseBatch},
 		{"VoidDropsRecords_RLS3", testVoid},
 		{"URLTakeoverVoidsEarlierProcess_RLS3", testURLTakeover},
 		{"EpochsGrowPerID_RPL2", testEpochs},

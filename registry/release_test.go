@@ -1,0 +1,150 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// slowLink is a TCP relay on 127.0.0.1 that holds every chunk it relays,
+// in either direction, for delay: a store one network hop away (another
+// zone, a managed Redis), where each round trip costs about 2*delay.
+type slowLink struct {
+	ln    net.Listener
+	delay atomic.Int64 // nanoseconds
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startSlowLink(t testing.TB, upstream string) *slowLink {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &slowLink{ln: ln}
+	l.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			l.mu.Lock()
+			l.conns = append(l.conns, c, u)
+			l.mu.Unlock()
+			l.wg.Go(func() { l.relay(u, c) })
+			l.wg.Go(func() { l.relay(c, u) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		l.mu.Lock()
+		for _, c := range l.conns {
+			_ = c.Close()
+		}
+		l.mu.Unlock()
+		l.wg.Wait()
+	})
+	return l
+}
+
+func (l *slowLink) relay(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if d := time.Duration(l.delay.Load()); d > 0 {
+				time.Sleep(d)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				return
+			}
+			return
+		}
+	}
+}
+
+func (l *slowLink) URL() string { return "redis://" + l.ln.Addr().String() }
+
+// A worker's release batch is answered within the worker's HTTP timeout
+// (httpx.AsyncClient(timeout=5.0), RegistrationClient._run) and frees
+// every row it names, with Redis a millisecond's round trip away (another
+// zone, a managed Redis). RegistrationClient._flush_releases sends every
+// release queued behind the one in flight as one array, so a drain's idle
+// evictions make batches of thousands, up to the 1 MiB body. Each item
+// was one round trip to Redis: 9,000 items took 9 s or more, past the
+// operation timeout (5 s), so the call answered 503 with part of the batch
+// freed; the worker's retries, the same batch from its first item, each
+// stopped at the same place, and the rest stayed placed on the worker
+// (R-REG-3, R-REG-7).
+func TestReleaseBatchOverSlowLinkWithinWorkerTimeout_RREG3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	link := startSlowLink(t, srv.Addr)
+	h := newRedisHarness(t, link.URL(), "slowrel")
+	const n = 9_000
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("i%05d", i)
+	}
+	sid := h.register(map[string]any{"instances": map[string][]string{"/counters": ids}})
+	// The worker's encoding: httpx's json= (compact separators), each
+	// item's epoch the placement epoch as a decimal string.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, id := range ids {
+		p, err := h.ds.Placement(ctx, "/counters", id, h.clock())
+		if err != nil || p.SessionID != sid {
+			t.Fatalf("unexpected placement of %s; got %+v, %v; want %s", id, p, err, sid)
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"sessionId":%q,"namespace":"/counters","id":%q,"epoch":"%d"}`, sid, id, p.Epoch)
+	}
+	b.WriteByte(']')
+	if b.Len() > MaxBody {
+		t.Fatalf("BUG: the batch is %d bytes, past the body limit", b.Len())
+	}
+	link.delay.Store(int64(500 * time.Microsecond))
+	start := time.Now()
+	res := h.post("/registry/release", workerToken, b.String())
+	took := time.Since(start)
+	want := fmt.Sprintf(`{"released":%d}`, n)
+	if res.status != 200 || res.body != want {
+		t.Fatalf("unexpected reply after %v; got %d %.200s; want 200 %s", took, res.status, res.body, want)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("unexpected release time %v; want within the worker's 5 s timeout", took)
+	}
+	t.Logf("released %d items in %v", n, took)
+	link.delay.Store(0)
+	for _, id := range []string{ids[0], ids[n/2], ids[n-1]} {
+		if _, err := h.ds.Placement(ctx, "/counters", id, h.clock()); !errors.Is(err, directory.ErrNoPlacement) {
+			t.Fatalf("unexpected placement of %s after its release: %v", id, err)
+		}
+	}
+}
