@@ -193,18 +193,25 @@ func hopScan(all iter.Seq2[[]byte, []byte]) (found uint16, lines int) {
 // namesHeader reports whether a Connection value v lists a token
 // appendConnectionNamed would take for a header name.
 func namesHeader(v []byte) bool {
+	_, _, ok := nextNamed(v)
+	return ok
+}
+
+// nextNamed returns the first token of the Connection value v that names
+// a header to strip (appendConnectionNamed says which do not), and what
+// follows it; ok is false when there is none.
+func nextNamed(v []byte) (tok, rest []byte, ok bool) {
 	for len(v) > 0 {
-		var tok []byte
 		if i := bytes.IndexByte(v, ','); i >= 0 {
 			tok, v = v[:i], v[i+1:]
 		} else {
 			tok, v = v, nil
 		}
 		if tok = bytes.TrimSpace(tok); len(tok) > 0 && !notHeaderName(tok) {
-			return true
+			return tok, v, true
 		}
 	}
-	return false
+	return nil, nil, false
 }
 
 // checkStripBound returns errTooManyStripped when stripping a request
@@ -267,17 +274,7 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) (
 // connection and hand it to the next client as its answer — and Host is
 // how the request is routed.
 func appendConnectionNamed(dst []string, v []byte) []string {
-	for len(v) > 0 {
-		var tok []byte
-		if i := bytes.IndexByte(v, ','); i >= 0 {
-			tok, v = v[:i], v[i+1:]
-		} else {
-			tok, v = v, nil
-		}
-		tok = bytes.TrimSpace(tok)
-		if len(tok) == 0 || notHeaderName(tok) {
-			continue
-		}
+	for tok, rest, ok := nextNamed(v); ok; tok, rest, ok = nextNamed(rest) {
 		dst = append(dst, string(tok))
 	}
 	return dst
