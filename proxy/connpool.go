@@ -53,10 +53,6 @@ type pconn struct {
 	// header timeout (see keepWaiting).
 	waitStart time.Time
 	waitFor   time.Duration
-	// late: get did not take pc straight off the idle list but dialed it
-	// or waited for it (up to DialTimeout, ConnWait), so the caller's
-	// reading of the clock from before get is stale (roundTrip).
-	late bool
 }
 
 // lazyDeadline keeps a connection deadline about d ahead of now without
@@ -147,18 +143,21 @@ func newConnPool(addr string, dial func(string) (net.Conn, error), o UpstreamOpt
 }
 
 // get returns an idle connection younger than idleTimeout, or dials a new
-// one when the pool has room, or waits up to connWait for either; a
-// connection it dialed or waited for is marked late.
-func (p *connPool) get(now time.Time) (*pconn, error) {
+// one when the pool has room, or waits up to connWait for either. late
+// reports that it did not take pc straight off the idle list but dialed
+// it or waited for it (up to DialTimeout, ConnWait): the caller's reading
+// of the clock from before get is stale (roundTrip).
+func (p *connPool) get(now time.Time) (pc *pconn, late bool, err error) {
 	if pc := p.popIdle(now); pc != nil {
-		return pc, nil
+		return pc, false, nil
 	}
 	select {
 	case p.tokens <- struct{}{}:
-		return p.dialNew()
+		pc, err = p.dialNew()
 	default:
+		pc, err = p.wait(now)
 	}
-	return p.wait(now)
+	return pc, true, err
 }
 
 // popIdle returns the most recently used idle connection younger than
@@ -209,7 +208,6 @@ func (p *connPool) wait(now time.Time) (*pconn, error) {
 	for {
 		if pc := p.popIdle(now); pc != nil {
 			p.passWake()
-			pc.late = true
 			return pc, nil
 		}
 		select {
@@ -248,7 +246,7 @@ func (p *connPool) dialNew() (*pconn, error) {
 	// Raw read(2)/write(2) toward the worker: the goroutine keeps its P
 	// through the calls (package rawio says why).
 	c = rawio.Wrap(c)
-	pc := &pconn{c: c, pool: p, late: true}
+	pc := &pconn{c: c, pool: p}
 	pc.br = p.headerReader(pc)
 	pc.w = (*pconnOut)(pc)
 	return pc, nil

@@ -38,11 +38,11 @@ func TestPoolWakesEveryWaiter_RDP3(t *testing.T) {
 	pool := newConnPool(ln.Addr().String(), func(addr string) (net.Conn, error) { return net.Dial("tcp", addr) }, o)
 	defer pool.closeIdle(time.Now(), true)
 	now := time.Now()
-	a, err := pool.get(now)
+	a, _, err := pool.get(now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := pool.get(now)
+	b, _, err := pool.get(now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestPoolWakesEveryWaiter_RDP3(t *testing.T) {
 	for range 2 {
 		go func() {
 			start := time.Now()
-			pc, err := pool.get(time.Now())
+			pc, _, err := pool.get(time.Now())
 			done <- got{pc, err, time.Since(start)}
 		}()
 	}

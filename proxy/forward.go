@@ -917,7 +917,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 	idempotent := idempotentRequest(&ctx.Request.Header)
 	retry := false
 	for {
-		pc, err := pool.get(now)
+		pc, late, err := pool.get(now)
 		if err != nil {
 			if errors.Is(err, errPoolExhausted) {
 				p.metrics.UpstreamError("pool")
@@ -928,13 +928,12 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			}
 			return failed
 		}
-		if pc.late {
+		if late {
 			// The pool dialed or waited: the deadlines below count from
 			// now. From the request's arrival, a request that waited
 			// longer than the header timeout (or the first client check)
 			// for a connection found its read deadline passed before it
 			// went out, and was answered 504 without reaching the worker.
-			pc.late = false
 			now = p.now()
 		}
 		reused := pc.reused

@@ -96,7 +96,7 @@ func TestStreamReaderCarryAndRestore(t *testing.T) {
 		c, _ := ln.Accept()
 		accepted <- c
 	}()
-	pc, err := pool.get(time.Now())
+	pc, _, err := pool.get(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
