@@ -105,6 +105,10 @@ type request struct {
 
 	// sent is the header as it came, kept while Expect checks it.
 	sent fasthttp.RequestHeader
+
+	// hop is the header's hopFound, taken by parse with its checks and
+	// used by stripRequestHop: nothing between them adds a header.
+	hop uint16
 }
 
 func (rq *request) reset() {
@@ -113,7 +117,7 @@ func (rq *request) reset() {
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
-	rq.routed, rq.noHost = false, false
+	rq.routed, rq.noHost, rq.hop = false, false, 0
 	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	rq.order.reset()
 }
@@ -239,6 +243,7 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	// a request past a bound is refused here, with nothing placed for it
 	// (a new id would keep its placement).
 	hop, lines := hopScan(ctx.Request.Header.All())
+	rq.hop = hop &^ hopBadName
 	if hop&hopBadName != 0 {
 		// A field name is a token (RFC 9110 §5.1): with a space in it,
 		// the request is as malformed as one fasthttp refuses for any
@@ -589,7 +594,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
 	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
-	if stripRequestHop(h, rq, false)&hopNamed != 0 {
+	if stripRequestHop(h, rq, rq.hop, false)&hopNamed != 0 {
 		fw.count(h) // it may have taken forwarding headers
 	}
 	if rq.passport {

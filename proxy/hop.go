@@ -122,6 +122,7 @@ var errTooManyStripped = errors.New("too many Connection-named or pinboard-* hea
 // reports whether a Connection header named Cookie, which a request keeps
 // apart from its other headers (saveCookies). A request's header was
 // bounded before (checkStripBound); a response's is not.
+//
 // It is generic over the header so that its methods are called directly:
 // passed as func values (h.All(), h.Del), they escaped, and every request
 // with a Connection: keep-alive line — most browsers' and load balancers'
@@ -174,12 +175,20 @@ func hopFound(all iter.Seq2[[]byte, []byte]) uint16 {
 }
 
 // hopScan is hopFound that also counts the header's lines and sets
-// hopBadName.
+// hopBadName. A bare "Connection: close" is no line to strip: fasthttp
+// keeps it as a flag, which All yields as that line, and which the
+// proxy clears itself (forward) or replaces (a WebSocket's Connection:
+// Upgrade), as a response's is cleared before stripResponseHop.
 func hopScan(all iter.Seq2[[]byte, []byte]) (found uint16, lines int) {
 	for k, v := range all {
 		b := hopBit(k)
-		if b == hopConnection && namesHeader(v) {
-			b |= hopNamed
+		if b == hopConnection {
+			switch {
+			case string(v) == "close":
+				b = 0
+			case namesHeader(v):
+				b |= hopNamed
+			}
 		}
 		if bytes.IndexByte(k, ' ') >= 0 {
 			b |= hopBadName
@@ -232,20 +241,20 @@ func checkStripBound(h *fasthttp.RequestHeader, found uint16) error {
 
 // stripRequestHop removes hop-by-hop headers, the headers the Connection
 // header names, and every client-supplied pinboard-* header, from a
-// request whose bound was checked (checkStripBound). keepUpgrade keeps Upgrade (and the caller re-adds
-// Connection: Upgrade) for WebSocket handshakes. Expect goes too: fasthttp
+// request whose bound was checked (checkStripBound). keepUpgrade keeps
+// Upgrade (and the caller re-adds Connection: Upgrade) for WebSocket
+// handshakes. Expect goes too: fasthttp
 // answers Expect: 100-continue itself, and forwarding it would make the
 // worker answer a second 100 the client never asked for. It allocates
 // nothing unless the request actually carries Connection-named or
 // reserved headers. Cookie lines, kept apart while the header is edited,
 // are rq's (saveCookies): a Connection header naming Cookie drops them
-// there. It returns what it found (hopFound): with hopNamed, it deleted
-// the headers the Connection lines name.
-func stripRequestHop(h *fasthttp.RequestHeader, rq *request, keepUpgrade bool) (found uint16) {
-	// Fast path: one pass finds what is there; a request carrying none of
-	// it (the common case) costs no deletion, each of which would rescan
-	// the header.
-	found = hopFound(h.All())
+// there. found is the header's hopFound, which the proxy took with the
+// header's checks (Proxy.parse, rq.hop): a request carrying none of it
+// (the common case) costs no deletion, each of which would rescan the
+// header, and no second pass. It returns found: with hopNamed, it
+// deleted the headers the Connection lines name.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, found uint16, keepUpgrade bool) uint16 {
 	if found == 0 {
 		return 0
 	}

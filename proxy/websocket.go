@@ -64,7 +64,7 @@ func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
 	h := &ctx.Request.Header
 	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
-	if stripRequestHop(h, rq, true)&hopNamed != 0 {
+	if stripRequestHop(h, rq, rq.hop, true)&hopNamed != 0 {
 		fw.count(h) // it may have taken forwarding headers
 	}
 	if rq.passport {
