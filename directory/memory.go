@@ -469,10 +469,9 @@ func (m *Memory) Deregister(ctx context.Context, sessionID string, now time.Time
 }
 
 // Release implements Store.
-func (m *Memory) Release(_ context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.releaseLocked(req), nil
+func (m *Memory) Release(ctx context.Context, req *ReleaseRequest, now time.Time) (bool, error) {
+	n, err := m.ReleaseBatch(ctx, []ReleaseRequest{*req}, now)
+	return n == 1, err
 }
 
 // releaseLocked frees req's row if its session still holds it (at its

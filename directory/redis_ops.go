@@ -137,18 +137,9 @@ func (r *Redis) Deregister(ctx context.Context, sessionID string, now time.Time)
 }
 
 // Release implements Store.
-func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, _ time.Time) (bool, error) {
-	name := rowName(req.NS, req.ID)
-	key := r.prefix + "p:" + name
-	n, err := r.runWrite(ctx, "release", scriptRelease, key, []string{r.prefix, req.SessionID,
-		strconv.FormatUint(req.Epoch, 10), name}).AsInt64()
-	if err != nil {
-		return false, unavailable("release", req.NS+"/"+req.ID, err)
-	}
-	if n == 1 {
-		r.forget([]string{key})
-	}
-	return n == 1, nil
+func (r *Redis) Release(ctx context.Context, req *ReleaseRequest, now time.Time) (bool, error) {
+	n, err := r.ReleaseBatch(ctx, []ReleaseRequest{*req}, now)
+	return n == 1, err
 }
 
 // ReleaseBatch implements Store: one script call, one round trip, per

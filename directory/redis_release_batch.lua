@@ -1,6 +1,6 @@
--- release_batch frees each listed placement its session still holds, as
--- release does one (R-REG-3): a worker's batch of releases,
--- RegisterBatch rows per call (ReleaseBatch).
+-- release_batch frees each listed placement its session still holds
+-- (R-REG-3): a worker's batch of releases, RegisterBatch rows per call
+-- (ReleaseBatch), or one (Release).
 -- KEYS[1] the first row's placement key
 -- ARGV: 1 prefix, then per row: 3k-1 session, 3k epoch ("0": any),
 -- 3k+1 row "ns\0id".

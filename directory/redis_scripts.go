@@ -31,8 +31,6 @@ var (
 	luaRegisterDone string
 	//go:embed redis_heartbeat.lua
 	luaHeartbeat string
-	//go:embed redis_release.lua
-	luaRelease string
 	//go:embed redis_release_batch.lua
 	luaReleaseBatch string
 	//go:embed redis_drop.lua
@@ -61,7 +59,6 @@ var (
 	scriptRegisterBatch = newScript(luaRegisterLib+"\n"+luaRegisterBatch, false)
 	scriptRegisterDone  = newScript(luaRegisterLib+"\n"+luaRegisterDone, false)
 	scriptHeartbeat     = newScript(luaHeartbeat, false)
-	scriptRelease       = newScript(luaRelease, false)
 	scriptReleaseBatch  = newScript(luaReleaseBatch, false)
 	scriptDrop          = newScript(luaDrop, false)
 	scriptDrain         = newScript(luaDrain, false)
