@@ -57,7 +57,9 @@ func (h *harness) doAuth(r *Registry, method, path string, authorization *string
 		p = p[:i]
 	}
 	r.ServeHTTP(&ctx, p)
-	return response{status: ctx.Response.StatusCode(), body: string(ctx.Response.Body())}
+	hdr := &fasthttp.ResponseHeader{}
+	ctx.Response.Header.CopyTo(hdr)
+	return response{status: ctx.Response.StatusCode(), body: string(ctx.Response.Body()), header: hdr}
 }
 
 // The authorization matrix (R-TR-1..3, R-REG-1..6, docs/PROTOCOL.md §2

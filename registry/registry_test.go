@@ -2,7 +2,6 @@ package registry
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -200,26 +199,11 @@ type response struct {
 // do runs one request through the registry in process.
 func (h *harness) do(r *Registry, method, path, token, body string) response {
 	h.t.Helper()
-	var req fasthttp.Request
-	req.Header.SetMethod(method)
-	req.SetRequestURI(path)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if token == "" {
+		return h.doAuth(r, method, path, nil, body)
 	}
-	if body != "" {
-		req.Header.SetContentType("application/json")
-		req.SetBodyString(body)
-	}
-	var ctx fasthttp.RequestCtx
-	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}, nil)
-	p := []byte(path)
-	if i := indexByte(p, '?'); i >= 0 {
-		p = p[:i]
-	}
-	r.ServeHTTP(&ctx, p)
-	hdr := &fasthttp.ResponseHeader{}
-	ctx.Response.Header.CopyTo(hdr)
-	return response{status: ctx.Response.StatusCode(), body: string(ctx.Response.Body()), header: hdr}
+	auth := "Bearer " + token
+	return h.doAuth(r, method, path, &auth, body)
 }
 
 func indexByte(b []byte, c byte) int {
