@@ -35,7 +35,11 @@ type workerView struct {
 	Placements *int   `json:"placements,omitempty"`
 	Hostname   string `json:"hostname,omitempty"`
 	Env        string `json:"env,omitempty"`
-	Epoch      int64  `json:"epoch,omitempty"`
+	// Epoch is the registration epoch as the reference lists it: the
+	// double JSON.parse made of it, written as a JavaScript number (the
+	// shortest decimal that reads back as that double; encoding/json
+	// writes a float64 so below 1e21, and epochs are below 2^63).
+	Epoch float64 `json:"epoch,omitempty"`
 }
 
 // workers handles GET /registry/workers: live sessions whose namespaces the
@@ -82,7 +86,7 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 			RegisteredAt:   s.RegisteredAt.UnixMilli(),
 			Hostname:       s.Hostname,
 			Env:            s.Env,
-			Epoch:          s.Epoch,
+			Epoch:          float64(s.Epoch),
 		}
 		if len(covered) == len(s.Namespaces) {
 			n := s.Placements

@@ -524,6 +524,30 @@ func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
 	}
 }
 
+// The listing writes a worker's epoch as the reference does: a
+// JavaScript number, so a nanosecond timestamp past 2^53 reads
+// 1700000000223456800 (the double's shortest decimal), not the double's
+// exact integer 1700000000223456768, which a Python or Go client would
+// read as a different epoch than the Node pinboard lists (R-REG-4, R-LS-4).
+func TestWorkersListingEpochAsJavaScriptNumber_RREG4_RLS4(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"clientId": "c-big", "hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_223_456_789,
+			"advertiseUrl": h.fw.srv.URL + "/big"})
+		h.register(map[string]any{"clientId": "c-small", "hostname": "other.example", "env": "blue", "epoch": 7,
+			"advertiseUrl": h.fw.srv.URL + "/small"})
+		h.register(map[string]any{"clientId": "c-none", "advertiseUrl": h.fw.srv.URL + "/none"})
+		res := h.get("/registry/workers", operatorToken)
+		for _, want := range []string{`"epoch":1700000000223456800}`, `"epoch":7}`} {
+			if res.status != 200 || !strings.Contains(res.body, want) {
+				t.Fatalf("unexpected listing; got %d %s; want it to hold %s", res.status, res.body, want)
+			}
+		}
+		if strings.Count(res.body, `"epoch"`) != 2 {
+			t.Fatalf("unexpected listing; got %s; want no epoch for the worker without one", res.body)
+		}
+	})
+}
+
 // The listing counts a session's placements only for a credential that
 // covers every namespace the session serves: one covering some of them
 // sees the entry without the count, which would tell it how busy other
