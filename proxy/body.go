@@ -213,14 +213,22 @@ func (b *upstreamBody) readChunked(p []byte) (int, error) {
 	return n, nil
 }
 
+// cutShort reports the end of the worker's input inside the chunk framing
+// (a size line, a chunk's CRLF, the trailer section) as what it is: the
+// body cut short. A bare io.EOF there read as the body's end, and the
+// client got a last chunk the worker never sent (R-DP-2).
+func cutShort(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
 // chunkHeader reads "<hex>[;ext]\r\n".
 func (b *upstreamBody) chunkHeader() (int64, error) {
 	line, err := b.pc.br.ReadSlice('\n')
 	if err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, err
+		return 0, cutShort(err)
 	}
 	var size int64
 	digits := 0
@@ -251,11 +259,11 @@ func (b *upstreamBody) chunkHeader() (int64, error) {
 func (b *upstreamBody) crlf() error {
 	c1, err := b.pc.br.ReadByte()
 	if err != nil {
-		return err
+		return cutShort(err)
 	}
 	c2, err := b.pc.br.ReadByte()
 	if err != nil {
-		return err
+		return cutShort(err)
 	}
 	if c1 != '\r' || c2 != '\n' {
 		return errBadChunk
@@ -281,7 +289,7 @@ func (b *upstreamBody) skipTrailers() error {
 			continue
 		}
 		if err != nil {
-			return err
+			return cutShort(err)
 		}
 		if !long && (len(line) == 1 || len(line) == 2 && line[0] == '\r') {
 			return nil // "\r\n" or a bare "\n"; not a two-byte line like "X\n"

@@ -133,6 +133,11 @@ var respCases = []respCase{
 	{name: "chunk_overflow", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000005\r\nhello\r\n0\r\n\r\n", status: 200, truncated: true},
 	{name: "chunk_negative", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n", status: 200, truncated: true},
 	{name: "chunk_longer_than_size", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello!\r\n0\r\n\r\n", status: 200, truncated: true},
+	// A worker that closes inside the chunk framing — before a chunk's
+	// CRLF, inside the trailer section — cut the body short: its end was
+	// never sent, so the client's body must not end cleanly either.
+	{name: "chunk_cut_before_crlf", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello", after: respClose, status: 200, truncated: true},
+	{name: "chunk_cut_in_trailers", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n", after: respClose, status: 200, truncated: true},
 	// Trailers are dropped (RFC 9112 §7.1.2), framing names included: the
 	// chunked framing already ended the body.
 	{name: "trailer", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n", status: 200, body: "hello", reuse: true},
@@ -176,6 +181,8 @@ var respCases = []respCase{
 	{name: "sse_http10_te", script: "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" + sseBody, status: 502},
 	{name: "sse_extra", script: sseHead + "Transfer-Encoding: chunked\r\n\r\n" + sseBody + respSmuggled, status: 200, body: sseEvent},
 	{name: "sse_bad_chunk", script: sseHead + "Transfer-Encoding: chunked\r\n\r\n9\r\n" + sseEvent + "\r\n-1\r\n\r\n", status: 200, truncated: true},
+	{name: "sse_cut_before_crlf", script: sseHead + "Transfer-Encoding: chunked\r\n\r\n9\r\n" + sseEvent, after: respClose, status: 200, truncated: true},
+	{name: "sse_cut_in_trailers", script: sseHead + "Transfer-Encoding: chunked\r\n\r\n" + "9\r\n" + sseEvent + "\r\n0\r\n", after: respClose, status: 200, truncated: true},
 	// WebSocket handshakes go on a connection of their own, never pooled;
 	// an answer other than 101 is relayed as a response, by the same rules.
 	// A 101 goes byte for byte: one with a bare LF or a folded line would
