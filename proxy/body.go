@@ -50,7 +50,13 @@ type upstreamBody struct {
 	keep      bool  // the worker allows reuse (no Connection: close)
 	sse       bool  // text/event-stream: shutdown may end it cleanly
 	relayed   bool  // relayed off the server (events.go), not read by it
-	stopped   atomic.Bool
+	// err is the error that broke the body, which every later Read
+	// reports: fasthttp's chunked writer writes the bytes a Read returned
+	// with an error and reads on (writeBodyChunked), and a read past a
+	// chunk not ended by CRLF parsed what followed as more of the body,
+	// up to a clean end the worker never framed.
+	err     error
+	stopped atomic.Bool
 
 	client net.Conn      // the client's connection: stall deadline on writes to it
 	stall  time.Duration // see UpstreamOptions.StallTimeout; 0: none
@@ -65,7 +71,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
-	b.remaining, b.done, b.broken, b.relayed, b.guard = 0, false, false, false, nil
+	b.remaining, b.done, b.broken, b.relayed, b.guard, b.err = 0, false, false, false, nil, nil
 	b.stopped.Store(false)
 	if mode == bodyFixed {
 		b.remaining = size
@@ -89,6 +95,9 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 func (b *upstreamBody) read(p []byte) (int, error) {
 	if b.done {
 		return 0, io.EOF
+	}
+	if b.err != nil {
+		return 0, b.err
 	}
 	if b.stopped.Load() {
 		return 0, b.stopErr()
@@ -114,6 +123,9 @@ func (b *upstreamBody) read(p []byte) (int, error) {
 				return n, nil // the next Read ends the stream
 			}
 			err = b.stopErr()
+		}
+		if err != io.EOF {
+			b.err = err
 		}
 	}
 	return n, err
@@ -327,7 +339,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 			b.pool.discard(b.pc)
 		}
 	}
-	b.pool, b.pc, b.up, b.tracker, b.client, b.guard = nil, nil, nil, nil, nil, nil
+	b.pool, b.pc, b.up, b.tracker, b.client, b.guard, b.err = nil, nil, nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
 }

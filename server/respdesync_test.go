@@ -133,6 +133,11 @@ var respCases = []respCase{
 	{name: "chunk_overflow", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000005\r\nhello\r\n0\r\n\r\n", status: 200, truncated: true},
 	{name: "chunk_negative", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nhello\r\n0\r\n\r\n", status: 200, truncated: true},
 	{name: "chunk_longer_than_size", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello!\r\n0\r\n\r\n", status: 200, truncated: true},
+	// A chunk not ended by CRLF fails the read that returned its bytes;
+	// fasthttp writes bytes returned with an error and reads on, so the
+	// error must stand for every later read: "XX" taken for the CRLF, the
+	// rest parsed as a last chunk and ended the body cleanly.
+	{name: "chunk_bad_crlf_then_last", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n", status: 200, truncated: true},
 	// A worker that closes inside the chunk framing — before a chunk's
 	// CRLF, inside the trailer section — cut the body short: its end was
 	// never sent, so the client's body must not end cleanly either.
