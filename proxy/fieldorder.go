@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"iter"
 	"slices"
 
 	"github.com/valyala/fasthttp"
@@ -28,11 +29,38 @@ import (
 // the raw header). Fields pinboard rewrote (X-Forwarded-For) or removed
 // keep pinboard's lines.
 
+// editor is the header of a request being forwarded, for deleting its
+// lines. fasthttp fills a deleted line's place with the header's last
+// line (delAllArgs), which may move a repeated field's line in front of
+// its siblings: each deletion through an editor marks the field order for
+// repair (keepFieldOrder), so that no edit of the request's header can
+// forget to. The forwarding code deletes from the header only through
+// one (rewriteRequest); it is two pointers, passed by value.
+type editor struct {
+	h  *fasthttp.RequestHeader
+	fo *fieldOrder
+}
+
+// All iterates over h's lines (stripHop's hopHeader).
+func (e editor) All() iter.Seq2[[]byte, []byte] { return e.h.All() }
+
+// Del deletes every line named k.
+func (e editor) Del(k string) {
+	e.h.Del(k)
+	e.fo.edited = true
+}
+
+// DelBytes deletes every line named k.
+func (e editor) DelBytes(k []byte) {
+	e.h.DelBytes(k)
+	e.fo.edited = true
+}
+
 // fieldOrder is keepFieldOrder's scratch space, kept in the pooled
 // request: nothing is allocated once it is warm.
 type fieldOrder struct {
-	// edited: pinboard deleted something from the header; nothing
-	// moved otherwise (set, not add, rewrites in place).
+	// edited: pinboard deleted something from the header (editor);
+	// nothing moved otherwise (set, not add, rewrites in place).
 	edited bool
 	keys   []byte  // the names of the header's lines, back to back
 	ends   []int   // ends[i]: the end of line i's name in keys

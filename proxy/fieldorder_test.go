@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinboard-go/pinboard/attest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -20,6 +21,14 @@ import (
 // tracestate, Via or a trusted proxy's Forwarded lines last first
 // (R-DP-1).
 func TestFieldOrderKept_RDP1(t *testing.T) {
+	// The passport that consumes a client's "Bearer tok-A" (R-TR-4).
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"a","token":{"env":"A"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}
+	]}],"namespaces":{"*":{"allow":"authenticated"}}}`
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, lead := range map[string]string{
 		"connection":    "Connection: keep-alive\r\n",
 		"keep_alive":    "Keep-Alive: timeout=5\r\n",
@@ -27,11 +36,19 @@ func TestFieldOrderKept_RDP1(t *testing.T) {
 		"te":            "TE: trailers\r\n",
 		"named":         "Connection: X-Hop\r\nX-Hop: 1\r\n",
 		"forwarded":     "X-Forwarded-For: 10.0.0.1\r\nX-Forwarded-For: 10.0.0.2\r\n",
+		"proto_twice":   "X-Forwarded-Proto: https\r\nX-Forwarded-Proto: http\r\n",
+		"rfc_forwarded": "Forwarded: for=10.0.0.1\r\n",
+		"real_ip":       "X-Real-IP: 10.0.0.1\r\n",
 		"underscore":    "X_Real_IP: 10.0.0.1\r\n",
+		"credential":    "Authorization: Bearer tok-A\r\n",
 		"nothing_taken": "",
 	} {
 		t.Run(name, func(t *testing.T) {
-			rg, cl := newCapRig(t, nil)
+			var opts func(*Options)
+			if name == "credential" {
+				opts = func(o *Options) { o.Passport = pp }
+			}
+			rg, cl := newCapRig(t, opts)
 			req := "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" + lead +
 				"Tracestate: a=1\r\nVia: 1.1 p1\r\nX-Y: 1\r\nTracestate: b=2\r\nX-Folded: f1\r\n f2\r\nVia: 1.1 p2\r\nX-Folded: f3\r\nTracestate: c=3\r\n\r\n"
 			if got := rg.raw(req, 10*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") {

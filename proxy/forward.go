@@ -321,17 +321,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	h := &ctx.Request.Header
 	clientClose := h.ConnectionClose()
 	h.ResetConnectionClose()
-	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
-	if stripRequestHop(h, rq, rq.hop, false)&hopNamed != 0 {
-		fw.count(h) // it may have taken forwarding headers
-	}
-	if rq.passport {
-		h.DelBytes(hdrAuthorization)
-		rq.order.edited = true
-	}
-	p.setForwarded(ctx, rq, fw)
-	keepFieldOrder(h, rq)
-	restoreCookies(h, rq)
+	p.rewriteRequest(ctx, rq, false)
 	h.SetNoDefaultContentType(true)
 	if ctx.Request.IsBodyStream() {
 		if cl := h.ContentLength(); cl >= 0 && cl <= p.smallBody {

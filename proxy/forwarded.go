@@ -116,36 +116,53 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request, fw forwarded
 	if !trusted || fw.nHost == 0 {
 		host = h.Host()
 	}
-	setOnly(h, hdrXFF, rq.xff, fw.nFor)
-	setOnly(h, hdrXFProto, proto, fw.nProto)
-	setOnly(h, hdrXFHost, host, fw.nHost)
-	if fw.nFor > 0 || fw.nProto > 0 || fw.nHost > 0 {
-		rq.order.edited = true // setOnly may have deleted copies
-	}
+	ed := editor{h, &rq.order}
+	setOnly(ed, hdrXFF, rq.xff, fw.nFor)
+	setOnly(ed, hdrXFProto, proto, fw.nProto)
+	setOnly(ed, hdrXFHost, host, fw.nHost)
 	if !trusted && fw.nOther > 0 {
-		h.Del("Forwarded")
-		h.Del("X-Real-IP")
-		rq.order.edited = true
+		ed.Del("Forwarded")
+		ed.Del("X-Real-IP")
 	}
 	if fw.nAlias > 0 {
-		delForwardedAliases(h)
-		rq.order.edited = true
+		delForwardedAliases(ed)
 	}
+}
+
+// rewriteRequest makes the client's header the worker's, for a request
+// (forward) or a WebSocket handshake (serveWebSocket, keepUpgrade): the
+// hop-by-hop, Connection-named and reserved headers stripped, a passport
+// credential pinboard consumed removed (R-TR-4), the forwarding headers
+// set, then the order of repeated fields and the client's Cookie lines
+// put back. Every deletion goes through an editor, which marks the field
+// order for repair.
+func (p *Proxy) rewriteRequest(ctx *fasthttp.RequestCtx, rq *request, keepUpgrade bool) {
+	h := &ctx.Request.Header
+	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
+	if stripRequestHop(h, rq, rq.hop, keepUpgrade)&hopNamed != 0 {
+		fw.count(h) // it may have taken forwarding headers
+	}
+	if rq.passport {
+		editor{h, &rq.order}.DelBytes(hdrAuthorization)
+	}
+	p.setForwarded(ctx, rq, fw)
+	keepFieldOrder(h, rq)
+	restoreCookies(h, rq)
 }
 
 // delForwardedAliases removes the underscored aliases of the forwarding
 // headers (underscoreAlias) from every request, a trusted proxy's too: no
 // proxy spells them so (nginx drops underscored names by default). Rare:
 // the names are copied.
-func delForwardedAliases(h *fasthttp.RequestHeader) {
+func delForwardedAliases(ed editor) {
 	var names []string
-	for k := range h.All() {
+	for k := range ed.All() {
 		if forwardedAlias(k) {
 			names = append(names, string(k))
 		}
 	}
 	for _, n := range names {
-		h.Del(n)
+		ed.Del(n)
 	}
 }
 
@@ -162,11 +179,11 @@ func forwardedAlias(k []byte) bool {
 
 // setOnly leaves key with the single value v (none when v is empty), the
 // header holding n copies of it now; v must not alias one of them.
-func setOnly(h *fasthttp.RequestHeader, key, v []byte, n int) {
+func setOnly(ed editor, key, v []byte, n int) {
 	if n > 1 || (n == 1 && len(v) == 0) {
-		h.DelBytes(key)
+		ed.DelBytes(key)
 	}
 	if len(v) > 0 {
-		h.SetCanonical(key, v)
+		ed.h.SetCanonical(key, v)
 	}
 }

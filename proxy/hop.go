@@ -258,17 +258,17 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, found uint16, keepU
 	if found == 0 {
 		return 0
 	}
-	rq.order.edited = true // a deletion moves lines (keepFieldOrder)
+	ed := editor{h, &rq.order}
 	var keep uint16
 	if keepUpgrade {
 		keep = hopUpgrade
 	}
-	if stripHop(found, keep, h) {
+	if stripHop(found, keep, ed) {
 		rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	}
 	if found&hopReserved != 0 {
 		for _, n := range reservedNames(h) {
-			h.Del(n)
+			ed.Del(n)
 		}
 	}
 	return found

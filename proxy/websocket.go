@@ -63,17 +63,7 @@ func refuseUpgradeWithBody(ctx *fasthttp.RequestCtx) {
 // a request answered "invalid attestation", resolving the id each time.
 func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time) {
 	h := &ctx.Request.Header
-	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
-	if stripRequestHop(h, rq, rq.hop, true)&hopNamed != 0 {
-		fw.count(h) // it may have taken forwarding headers
-	}
-	if rq.passport {
-		h.DelBytes(hdrAuthorization)
-		rq.order.edited = true
-	}
-	p.setForwarded(ctx, rq, fw)
-	keepFieldOrder(h, rq)
-	restoreCookies(h, rq)
+	p.rewriteRequest(ctx, rq, true)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
 	for waits, refusals := 0, 0; ; {
 		st, err := p.state(route.Owner)
