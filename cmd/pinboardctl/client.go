@@ -37,6 +37,7 @@ type apiError struct {
 	Status       int
 	Message      string // the body's "error", or the raw body
 	RetryAfter   string
+	Location     string // a redirect's target
 }
 
 func (e *apiError) Error() string {
@@ -61,6 +62,17 @@ func (e *apiError) Error() string {
 		if e.RetryAfter != "" {
 			s += " (retry after " + e.RetryAfter + "s)"
 		}
+	}
+	if e.Status >= 300 && e.Status <= 399 {
+		// Pinboard never redirects: something in front of it does (an
+		// http:// URL sent to https://, a login page). Followed, a drain's
+		// POST came back a GET and the bearer token was dropped on
+		// another host, and the error blamed the token or the base path.
+		s += " (pinboard does not redirect: PINBOARD_URL reaches something in front of it"
+		if e.Location != "" {
+			s += " that sends it to " + cell(clip(e.Location, 200)) + "; if that is pinboard, set PINBOARD_URL to it"
+		}
+		s += ")"
 	}
 	return s
 }
@@ -142,11 +154,15 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 		return &unreachableError{URL: c.base, Err: fmt.Errorf("cannot read the answer to %s %s: %w", method, path, err)}
 	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
-		ae := &apiError{Method: method, Path: path, Status: res.StatusCode, RetryAfter: res.Header.Get("Retry-After")}
+		ae := &apiError{Method: method, Path: path, Status: res.StatusCode, RetryAfter: res.Header.Get("Retry-After"),
+			Location: res.Header.Get("Location")}
 		var eb struct {
 			Error string `json:"error"`
 		}
-		if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
+		if ae.Status >= 300 && ae.Status <= 399 {
+			// A redirect's body is a link to its Location (net/http's
+			// "<a href=…>Found</a>."): the status text and the target say it.
+		} else if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
 			// Pinboard's messages print as they are; JSON from something
 			// else in front of it (a gateway's {"error":…}) may hold a
 			// line break or an escape sequence, quoted as a page is.
@@ -201,5 +217,8 @@ func unwrapURLError(err error) error {
 func newHTTPClient(timeout time.Duration) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DisableCompression = true
-	return &http.Client{Transport: tr, Timeout: timeout}
+	// Redirects are answers, not followed (apiError): the operator API
+	// never sends one.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &http.Client{Transport: tr, Timeout: timeout, CheckRedirect: noRedirect}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unicode/utf8"
 )
@@ -298,9 +300,13 @@ func TestReadsNeedPinboardsAnswer_RREG4_RREG5(t *testing.T) {
 			{"health"}, {"health", "--json"},
 			{"where", "counters", "alice"}, {"where", "counters", "alice", "--json"},
 		} {
+			want := "unexpected answer"
+			if strings.HasSuffix(base, "/redirect") {
+				want = "pinboard does not redirect" // reported, not followed to the page
+			}
 			code, out, errs := runCtl(t, env, args...)
-			if code != exitAPI || out != "" || !strings.Contains(errs, "unexpected answer") {
-				t.Errorf("unexpected result for %v at %s; got exit %d, stdout %q, stderr %q; want exit %d, no output and \"unexpected answer\"", args, base, code, out, errs, exitAPI)
+			if code != exitAPI || out != "" || !strings.Contains(errs, want) {
+				t.Errorf("unexpected result for %v at %s; got exit %d, stdout %q, stderr %q; want exit %d, no output and %q", args, base, code, out, errs, exitAPI, want)
 			}
 		}
 	}
@@ -375,6 +381,38 @@ func TestNotFoundFromElsewhereNamesTheURL_RREG6(t *testing.T) {
 	env["PINBOARD_URL"] = f.server(t).URL + "/pb"
 	if code, _, errs := runCtl(t, env, "drain", "nope"); code != exitAPI || !strings.Contains(errs, `no live worker has clientId "nope"`) || strings.Contains(errs, "base path") {
 		t.Errorf("unexpected result for pinboard's unknown clientId; got exit %d, stderr %q; want exit %d with the clientId hint only", code, errs, exitAPI)
+	}
+}
+
+// A redirect in front of pinboard is reported, not followed: pinboard
+// never sends one, and followed, a drain's POST came back a GET (a 404 or
+// 405 blamed on the base path) and the bearer token was dropped on
+// another host (a 401 blamed on the token). The command fails with the
+// redirect's target, and nothing reaches the target (R-REG-6).
+func TestRedirectReportedNotFollowed_RREG6(t *testing.T) {
+	var reached atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		w.WriteHeader(200)
+		io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(target.Close)
+	for _, status := range []int{301, 302, 307, 308} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, target.URL+r.URL.Path, status)
+		}))
+		t.Cleanup(srv.Close)
+		env := map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}
+		for _, args := range [][]string{{"drain", "c1"}, {"workers"}} {
+			code, out, errs := runCtl(t, env, args...)
+			if code != exitAPI || out != "" || !strings.Contains(errs, fmt.Sprintf(": %d ", status)) ||
+				!strings.Contains(errs, "pinboard does not redirect") || !strings.Contains(errs, target.URL) || strings.Count(errs, "\n") != 1 || strings.Contains(errs, "href") {
+				t.Errorf("unexpected result for %v answered %d; got exit %d, stdout %q, stderr %q; want exit %d naming the redirect's target", args, status, code, out, errs, exitAPI)
+			}
+		}
+	}
+	if n := reached.Load(); n != 0 {
+		t.Fatalf("unexpected requests at the redirect's target; got %d; want 0", n)
 	}
 }
 
