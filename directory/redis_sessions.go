@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -86,9 +87,10 @@ func (r *Redis) leaseChanged(sid string) {
 }
 
 // resolve returns the node's sessions for sids, reading unknown ones from
-// Redis in one round trip. The identity fields never change; the lease key
-// is read with tracking on, so its next renewal or deletion is pushed.
-// Sessions that no longer exist are missing from the result.
+// Redis, resolveBatch sessions per round trip. The identity fields never
+// change; the lease key is read with tracking on, so its next renewal or
+// deletion is pushed. Sessions that no longer exist are missing from the
+// result.
 func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSession, error) {
 	out := make(map[string]*redisSession, len(sids))
 	var missing []string
@@ -99,23 +101,41 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 			missing = append(missing, sid)
 		}
 	}
-	if len(missing) == 0 {
-		return out, nil
+	for batch := range slices.Chunk(missing, resolveBatch) {
+		if err := r.readSessions(ctx, batch, out); err != nil {
+			return nil, err
+		}
 	}
+	return out, nil
+}
+
+// resolveBatch bounds the sessions one pipeline reads: at most five
+// commands each (appendTracked on a cluster), a pipeline stays under
+// rueidis's BlockingPipeline (2,000 commands, the default), past which it
+// goes over a second, pooled connection. Tracked reads there register
+// their keys on a connection whose close the node does not watch
+// (revalidate watches the main one): invalidations lost with it left a
+// deregistered session known until its known lease ran out
+// (TestRedisResolvesManySessionsOnItsConnection_RLS2_RPL1).
+const resolveBatch = 256
+
+// readSessions reads the sessions sids from Redis in one round trip and
+// adds those that exist to out.
+func (r *Redis) readSessions(ctx context.Context, sids []string, out map[string]*redisSession) error {
 	gen := r.leaseGen.Load()
 	stride := 1 + r.trackedLen()
-	cmds := make(rueidis.Commands, 0, stride*len(missing))
-	for _, sid := range missing {
+	cmds := make(rueidis.Commands, 0, stride*len(sids))
+	for _, sid := range sids {
 		cmds = append(cmds, r.c.B().Hmget().Key(r.key("s", sid)).Field("cid", "url", "sec", "host").Build())
 		cmds = r.appendTracked(cmds, r.c.B().Get().Key(r.key("l", sid)).Build())
 	}
 	start := time.Now()
 	res := r.c.DoMulti(ctx, cmds...)
 	r.observeMulti("session.resolve", start, res)
-	for i, sid := range missing {
+	for i, sid := range sids {
 		f, err := res[stride*i].AsStrSlice()
 		if err != nil {
-			return nil, unavailable("read session", sid, err)
+			return unavailable("read session", sid, err)
 		}
 		var l string
 		m, err := r.trackedReply(res, stride*i+1)
@@ -123,7 +143,7 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 			l, err = m.ToString()
 		}
 		if err != nil && !rueidis.IsRedisNil(err) {
-			return nil, unavailable("read session", sid, err)
+			return unavailable("read session", sid, err)
 		}
 		if len(f) < 4 || f[0] == "" || l == "" {
 			continue // gone
@@ -134,7 +154,7 @@ func (r *Redis) resolve(ctx context.Context, sids []string) (map[string]*redisSe
 		}
 		out[sid] = r.adoptRead(sid, s, gen)
 	}
-	return out, nil
+	return nil
 }
 
 // refreshLoop re-reads dirty leases lazily: a session whose lease was
