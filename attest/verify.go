@@ -143,6 +143,34 @@ func VerifyAttestation(token string, secret []byte, audiences []string, now time
 	return checkClaims(cv, audiences, now)
 }
 
+// AttestationAudience returns the aud claim of token without verifying
+// it: the session whose secret would verify it, for a caller that looks
+// the secret up first (the proxy's loop check). ok is false when the
+// token has no payload segment that decodes to an object with a string
+// aud.
+func AttestationAudience(token string) (aud string, ok bool) {
+	d1 := strings.IndexByte(token, '.')
+	if d1 < 0 {
+		return "", false
+	}
+	d2 := strings.IndexByte(token[d1+1:], '.')
+	if d2 < 0 {
+		return "", false
+	}
+	payload, ok := pyB64URLDecode(nil, token[d1+1:d1+1+d2])
+	if !ok {
+		return "", false
+	}
+	cv, err := pyLoads(payload)
+	if err != nil || cv.kind != pyDict {
+		return "", false
+	}
+	if a := cv.get("aud"); a != nil && a.kind == pyStr {
+		return a.str, true
+	}
+	return "", false
+}
+
 // checkHeader applies rules 3 and 4 of VerifyAttestation to the header.
 func checkHeader(seg string) error {
 	header, ok := pyB64URLDecode(nil, seg)

@@ -153,3 +153,25 @@ func FuzzVerifyAttestation(f *testing.F) {
 		}
 	})
 }
+
+// AttestationAudience reads the session an attestation names before its
+// secret is known (the proxy's loop check looks the secret up by it), and
+// refuses what has no object payload with a string aud (R-TR-5).
+func TestAttestationAudience_RTR5(t *testing.T) {
+	tok := string(AppendAttestation(nil, &AttestationInput{Secret: []byte("s"), Aud: "sess-1", IssuedAt: 1, Depth: NoDepth}))
+	if aud, ok := AttestationAudience(tok); !ok || aud != "sess-1" {
+		t.Fatalf("unexpected audience of a minted token; got %q, %v; want sess-1, true", aud, ok)
+	}
+	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, bad := range []string{
+		"", "forged", "a.b", "a.!!!.c",
+		"a." + b64(`[1]`) + ".c",
+		"a." + b64(`{"aud":1}`) + ".c",
+		"a." + b64(`{"iat":1}`) + ".c",
+		"a." + b64(`{"aud":"x"`) + ".c",
+	} {
+		if aud, ok := AttestationAudience(bad); ok {
+			t.Fatalf("unexpected audience of %q; got %q; want none", bad, aud)
+		}
+	}
+}

@@ -139,6 +139,9 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 	if !p.parse(ctx, rq) {
 		return
 	}
+	if rq.hop&hopReserved != 0 && p.looped(ctx, now) {
+		return
+	}
 	if sess := ctx.Request.Header.PeekCanonical(hdrSession); len(sess) > 0 {
 		if !p.clusterCall(ctx, rq, sess, now) {
 			return
@@ -148,6 +151,45 @@ func (p *Proxy) serve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
 		return
 	}
 	p.dispatch(ctx, rq, now)
+}
+
+// looped refuses a request pinboard itself forwarded: one carrying an
+// attestation that verifies for a session of this directory. A worker
+// advertise URL that reaches pinboard — registered by a key whose
+// allowedBackendHosts cover pinboard's own address (`*`, a pod range),
+// its challenge probe answered through pinboard by a worker serving the
+// namespace the probe's path names — would otherwise send every request
+// for its ids back through pinboard, each hop holding a worker connection
+// up to the pool's cap: one client request became a thousand in flight,
+// each for up to the worker header timeout. Clients cannot mint an
+// attestation (they hold no worker secret); a worker replaying one it
+// received only has its own request refused. Anything else carrying the
+// header — a forgery, a session this directory does not know, a store
+// that does not answer — goes on to be stripped as before (R-TR-5). The
+// check costs nothing unless the request carries a pinboard-* header
+// (rq.hop); then it costs a session lookup, like a cluster call.
+func (p *Proxy) looped(ctx *fasthttp.RequestCtx, now time.Time) bool {
+	tok := ctx.Request.Header.PeekCanonical(hdrAttestation)
+	if len(tok) == 0 {
+		return false
+	}
+	aud, ok := attest.AttestationAudience(string(tok))
+	if !ok {
+		return false
+	}
+	info, err := p.store.Session(p.opCtx.get(), aud, now)
+	if err != nil {
+		return false
+	}
+	if _, err := attest.VerifyAttestation(string(tok), []byte(info.Secret), []string{aud}, now); err != nil {
+		return false
+	}
+	if sec := now.Unix(); p.loopLogged.Swap(sec) != sec {
+		p.log.Warn("refused a request pinboard forwarded to itself: a worker's advertise URL reaches pinboard",
+			"sessionId", aud, "clientId", info.ClientID, "advertiseUrl", info.AdvertiseURL)
+	}
+	writeError(ctx, fasthttp.StatusLoopDetected, "loop detected: a worker's advertise URL reaches pinboard", 0)
+	return true
 }
 
 // Expect decides a request that asks Expect: 100-continue on its header

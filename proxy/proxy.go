@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -111,6 +112,10 @@ type Proxy struct {
 
 	reqPool sync.Pool
 	opCtx   opContexts
+
+	// loopLogged is the Unix second looped last logged in: one line a
+	// second at most, whatever the rate of looping requests.
+	loopLogged atomic.Int64
 }
 
 // New returns a Proxy.
