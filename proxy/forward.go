@@ -250,7 +250,7 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	saveCookies(&ctx.Request.Header, rq)
 	t, err := ParseTarget(ctx.Request.Header.RequestURI(), p.base)
 	if err != nil {
-		if err == errNotInstance || err == errOutsideBase {
+		if err == errNotInstance || err == errOutsideBase || err == errWorkerRoute {
 			writeError(ctx, fasthttp.StatusNotFound, "not found", 0)
 			return false
 		}

@@ -17,6 +17,7 @@ var (
 	errLongID        = directory.ErrLongID
 	errIDCharset     = directory.ErrIDCharset
 	errDotSegment    = errors.New("path must not contain . or .. segments")
+	errWorkerRoute   = errors.New("path is the worker's own wake route")
 	errOutsideBase   = errors.New("path is outside the base path")
 	errPathMalformed = errors.New("request target must be an absolute path")
 	errBadAuthority  = errors.New("absolute-form request target needs a host and no userinfo")
@@ -105,7 +106,8 @@ type Target struct {
 // invalid_id_reason): 1..256 characters of [A-Za-z0-9._~-]. "." and ".."
 // segments are refused anywhere after the namespace: a worker framework or
 // a hop in between that resolves them would otherwise reach routes outside
-// the instance (the challenge and stats routes, another id).
+// the instance (the challenge and stats routes, another id). The worker's
+// wake route after the id is refused too (wakeRoute).
 func ParseTarget(uri, basePath []byte) (Target, error) {
 	var t Target
 	path := uri
@@ -162,7 +164,44 @@ func ParseTarget(uri, basePath []byte) (Target, error) {
 	if climbs(path) {
 		return t, errDotSegment
 	}
+	if wakeRoute(path[idEnd:]) {
+		return t, errWorkerRoute
+	}
 	return t, nil
+}
+
+// wakeSuffix is the worker's wake route after an instance's id
+// (pinned.hosting.host: PinnedHost._mount_wake).
+const wakeSuffix = "/_wake"
+
+// wakeRoute reports whether rest, the path after the id, reaches the
+// worker's POST <ns>/<id>/_wake as its server decodes it (uvicorn's
+// scope["path"]): "/_wake" with any byte percent-escaped, and with one
+// "\n" after it, which Starlette's route regex admits (Python's "$"
+// matches before a final newline). The route is the Node pinboard's
+// durable-resurrection sweeper's: it activates the instance without the
+// route's authorize, which otherwise runs before a cold instance's
+// lifespan, so a client that reached it with pinboard's attestation could
+// activate any id its worker would refuse it. Fast path: the first byte
+// after "/" that is neither '_' nor '%' answers.
+func wakeRoute(rest []byte) bool {
+	n := 0 // bytes of wakeSuffix matched, one more for the newline
+	for i := 0; i < len(rest); i++ {
+		c := rest[i]
+		if c == '%' && i+2 < len(rest) && ascii.IsHex(rest[i+1]) && ascii.IsHex(rest[i+2]) {
+			c = unhex(rest[i+1])<<4 | unhex(rest[i+2])
+			i += 2
+		}
+		switch {
+		case n < len(wakeSuffix) && c == wakeSuffix[n]:
+			n++
+		case n == len(wakeSuffix) && c == '\n':
+			n++
+		default:
+			return false
+		}
+	}
+	return n >= len(wakeSuffix)
 }
 
 // climbs reports whether path holds a dot segment ("." or ".."), also

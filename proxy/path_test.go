@@ -49,6 +49,22 @@ func TestParseTarget_RDP1(t *testing.T) {
 		{uri: "/counters/alice/%2e%2e%2e", ns: "/counters", id: "alice", path: "/counters/alice/%2e%2e%2e"},
 		{uri: "/counters/alice/a%2fb%2e", ns: "/counters", id: "alice", path: "/counters/alice/a%2fb%2e"},
 		{uri: "/counters/alice/%2", ns: "/counters", id: "alice", path: "/counters/alice/%2"},
+		// The worker's wake route, however its server decodes to it.
+		{uri: "/counters/alice/_wake", err: errWorkerRoute},
+		{uri: "/counters/alice/_wake?x=1", err: errWorkerRoute},
+		{uri: "/counters/alice/%5Fwake", err: errWorkerRoute},
+		{uri: "/counters/alice/%5f%77ak%65", err: errWorkerRoute},
+		{uri: "/counters/alice/_wake%0A", err: errWorkerRoute},
+		{uri: "/counters/alice/_wake%0a", err: errWorkerRoute},
+		{uri: "/c%6Funters/alice/_wake", err: errWorkerRoute},
+		{uri: "/counters/alice/_wake/", ns: "/counters", id: "alice", path: "/counters/alice/_wake/"},
+		{uri: "/counters/alice/_wake%0A%0A", ns: "/counters", id: "alice", path: "/counters/alice/_wake%0A%0A"},
+		{uri: "/counters/alice/_wakes", ns: "/counters", id: "alice", path: "/counters/alice/_wakes"},
+		{uri: "/counters/alice/_Wake", ns: "/counters", id: "alice", path: "/counters/alice/_Wake"},
+		{uri: "/counters/alice/x/_wake", ns: "/counters", id: "alice", path: "/counters/alice/x/_wake"},
+		{uri: "/counters/alice/_wak", ns: "/counters", id: "alice", path: "/counters/alice/_wak"},
+		{uri: "/counters/_wake", ns: "/counters", id: "_wake", path: "/counters/_wake"},
+		{uri: "/counters/alice/_wake%", ns: "/counters", id: "alice", path: "/counters/alice/_wake%"},
 		{uri: "http://host/counters/a", err: errPathMalformed},
 		{uri: "*", err: errPathMalformed},
 	}
@@ -74,7 +90,7 @@ func TestParseTargetAllocs(t *testing.T) {
 }
 
 func FuzzParseTarget(f *testing.F) {
-	for _, s := range []string{"/counters/alice/value", "/a/b/../c", "/x//y", "/%2e%2e/a", "/a/b/.%2e/c", "/a/b/x%2F%2E%2E"} {
+	for _, s := range []string{"/counters/alice/value", "/a/b/../c", "/x//y", "/%2e%2e/a", "/a/b/.%2e/c", "/a/b/x%2F%2E%2E", "/a/b/%5Fwake%0a"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, uri string) {
@@ -95,6 +111,12 @@ func FuzzParseTarget(f *testing.F) {
 			if seg == "." || seg == ".." {
 				t.Fatalf("accepted a dot segment in %q", uri)
 			}
+		}
+		// Nor the worker's wake route after the id (Python's "$" admits
+		// one final newline).
+		rest, err := url.PathUnescape(string(tg.Path[len(tg.NS)+1+len(tg.ID):]))
+		if err == nil && strings.TrimSuffix(rest, "\n") == "/_wake" {
+			t.Fatalf("accepted the wake route in %q", uri)
 		}
 	})
 }

@@ -22,6 +22,10 @@ Environment:
                         unhealthy (pinned's default is 5.0). Must be well below
                         PINBOARD_LEASE_TTL_MS, or every new activation answers
                         503 "lease unhealthy" with the in-band refusal marker.
+    STATE_STORE         "memory": the worker gets pinned's MemoryStateStore, so
+                        each host mounts its POST <ns>/<id>/_wake route (the
+                        Node pinboard's durable-resurrection sweeper calls it),
+                        and a /guarded host is added (below)
     COUNTERS_IDLE_TIMEOUT
                         seconds after which an idle /counters or /tickers
                         instance is evicted and its placement released
@@ -44,6 +48,9 @@ Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /retained  Counter  with release_placement_on_idle=False: instances evict
                         after IDLE_TIMEOUT seconds (default 1) but keep their
                         placement
+    /guarded   Guarded  only with STATE_STORE: authorize refuses every request
+                        (403), so no instance should ever activate; each
+                        activation is recorded, GET /_e2e/activations lists them
 """
 
 import asyncio
@@ -59,7 +66,16 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
-from pinned import Attestation, PinnedAPI, PinnedHost, PinnedWorker, attestation, route
+from pinned import (
+    Attestation,
+    AuthRejected,
+    PinnedAPI,
+    PinnedHost,
+    PinnedWorker,
+    attestation,
+    route,
+)
+from pinned.durability import MemoryStateStore
 
 WORKER_NAME = os.environ.get("WORKER_NAME", "local")
 
@@ -111,6 +127,8 @@ def _make_worker() -> PinnedWorker:
     # Passed explicitly: pinned 0.16.0's PinnedWorker reads no environment
     # (without pinboard_url it runs in local mode), and a half-set
     # environment fails loudly here.
+    if os.environ.get("STATE_STORE") == "memory":
+        kwargs["state_store"] = MemoryStateStore()
     pinboard_url = os.environ.get("PINBOARD_URL")
     if pinboard_url:
         kwargs["pinboard_url"] = pinboard_url
@@ -248,6 +266,25 @@ class Ticker(PinnedAPI):
             return
 
 
+# Ids of Guarded instances that activated (ran their lifespan).
+ACTIVATIONS: list[str] = []
+
+
+class Guarded(PinnedAPI):
+    async def authorize(self, conn: Any) -> Any:
+        # pinned runs this before lifespan on a cold instance: a denied
+        # request never activates (PinnedAPI.authorize).
+        raise AuthRejected("denied", status_code=403)
+
+    async def lifespan(self) -> AsyncIterator[None]:
+        ACTIVATIONS.append(self.id)
+        yield
+
+    @route.get("/value")
+    async def value(self) -> dict[str, Any]:
+        return {"id": self.id, "worker": WORKER_NAME}
+
+
 def _host_kwargs() -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     raw = os.environ.get("COUNTERS_IDLE_TIMEOUT")
@@ -276,11 +313,19 @@ retained = PinnedHost(
     sweep_interval=0.25,
 )
 
+guarded = (
+    PinnedHost(Guarded, worker=worker, namespace="/guarded")
+    if worker.state_store is not None
+    else None
+)
+
 app = FastAPI()
 app.include_router(worker)
 app.include_router(counters)
 app.include_router(tickers)
 app.include_router(retained)
+if guarded is not None:
+    app.include_router(guarded)
 
 
 _drains: set["asyncio.Task[None]"] = set()
@@ -298,6 +343,12 @@ async def self_drain(deadline: float | None = None) -> dict[str, Any]:
         _drains.add(task)
         task.add_done_callback(_drains.discard)
     return {"worker": WORKER_NAME, "draining": worker.draining}
+
+
+@app.get("/_e2e/activations")
+async def activations() -> dict[str, Any]:
+    """Ids of /guarded instances that activated (STATE_STORE only)."""
+    return {"worker": WORKER_NAME, "ids": ACTIVATIONS}
 
 
 @app.get("/healthz")
