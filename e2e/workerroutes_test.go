@@ -95,3 +95,39 @@ func TestWakeRouteNotForwarded_RDP1(t *testing.T) {
 		t.Fatalf("unexpected activations on the worker; got %q; want none (authorize refuses every request)", got.IDs)
 	}
 }
+
+// A worker may register the namespace "/_pinned" (PinnedHost takes any
+// "/segment"), where its PinnedWorker serves its own routes. Forwarded
+// with pinboard's attestation, which _verify_probe takes in place of the
+// proxy secret, GET /_pinned/stats answered a client with every instance
+// id the worker hosts, in every namespace. The data plane answers the
+// namespace 404 however it is spelt; its ids are shadowed by the worker's
+// routes anyway.
+func TestWorkerNamespaceNotForwarded_RDP1(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pb := StartPinboard(t, PinboardOptions{})
+	w := StartWorker(t, pb, WorkerOptions{Name: "p1", Headroom: 100, Env: []string{"EXTRA_NAMESPACE=/_pinned"}})
+	rec, err := w.WaitRegistered(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rec.Namespaces, "/_pinned") {
+		t.Fatalf("unexpected namespaces; got %q; want /_pinned among them", rec.Namespaces)
+	}
+	if r, err := getWithRetry(ctx, pb.URL+"/counters/warmup/value"); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot warm up: %v %s", err, r)
+	}
+	for _, target := range []string{
+		"/_pinned/stats",
+		"/_pinned/stats?x=1",
+		"/%5Fpinned/stats",
+		"/_pinned/alice/value",
+	} {
+		status, body := rawRequest(t, pb.URL, http.MethodGet, target)
+		var e errorBody
+		if status != http.StatusNotFound || json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+			t.Errorf("unexpected answer to GET %s; got %d %s; want pinboard's 404", target, status, body)
+		}
+	}
+}

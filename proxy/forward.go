@@ -259,6 +259,10 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	}
 	rq.noHost = len(ctx.Request.Header.Host()) == 0
 	rq.ns = appendNamespace(rq.ns, t.NS)
+	if string(rq.ns) == workerNamespace {
+		writeError(ctx, fasthttp.StatusNotFound, "not found", 0)
+		return false
+	}
 	rq.id = append(rq.id, t.ID...)
 	rq.path = append(append(rq.path, t.Path...), t.Query...)
 

@@ -1180,3 +1180,30 @@ func rawExchange(t *testing.T, base, req string) (*http.Response, string) {
 	}
 	return res, string(b)
 }
+
+// The worker's own namespace (/_pinned: its challenge and stats routes)
+// is not forwarded even when a worker registered it, however the client
+// spells it, and nothing is placed for it (R-DP-1). Neither is an
+// instance's wake route. e2e: TestWorkerNamespaceNotForwarded_RDP1,
+// TestWakeRouteNotForwarded_RDP1.
+func TestWorkerRoutesNotForwarded_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	rg.add(w, 1, "/counters", "/_pinned")
+	for _, path := range []string{"/_pinned/stats", "/%5Fpinned/stats", "/%5fpinned/challenge?challenge=x", "/_pinned/alice/value", "/counters/alice/_wake", "/counters/alice/%5Fwake%0A"} {
+		req, _ := http.NewRequest("POST", rg.url+"/", nil)
+		req.URL.Opaque = path // sent as it is
+		if res, body := rg.do(req); res.StatusCode != 404 || body != `{"error":"not found"}` {
+			t.Fatalf("unexpected reply for %s; got %d %s; want 404 not found", path, res.StatusCode, body)
+		}
+	}
+	if n := w.hits.Load(); n != 0 {
+		t.Fatalf("unexpected requests forwarded; got %d; want 0", n)
+	}
+	if _, ok := rg.store.Lookup([]byte("/_pinned"), []byte("stats"), rg.now()); ok {
+		t.Fatalf("unexpected placement of /_pinned/stats")
+	}
+	// The namespace's neighbours still go through.
+	if res, body := rg.get("/counters/alice/_wakes", nil); res.StatusCode != 200 {
+		t.Fatalf("unexpected reply for /counters/alice/_wakes; got %d %s; want 200", res.StatusCode, body)
+	}
+}

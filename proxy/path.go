@@ -170,6 +170,15 @@ func ParseTarget(uri, basePath []byte) (Target, error) {
 	return t, nil
 }
 
+// workerNamespace is where the worker serves its own routes
+// (pinned.pinboard.worker: PinnedWorker's /_pinned/challenge and
+// /_pinned/stats). A worker can register it (PinnedHost takes any
+// "/segment"), and its routes come first: forwarded with pinboard's
+// attestation, which the stats route takes in place of the proxy secret,
+// GET /_pinned/stats told a client every instance id of the worker. The
+// data plane answers the namespace, decoded, 404.
+const workerNamespace = "/_pinned"
+
 // wakeSuffix is the worker's wake route after an instance's id
 // (pinned.hosting.host: PinnedHost._mount_wake).
 const wakeSuffix = "/_wake"

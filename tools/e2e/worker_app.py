@@ -26,6 +26,8 @@ Environment:
                         each host mounts its POST <ns>/<id>/_wake route (the
                         Node pinboard's durable-resurrection sweeper calls it),
                         and a /guarded host is added (below)
+    EXTRA_NAMESPACE     one more Counter host at this namespace (the worker's own
+                        routes' "/_pinned" is one a worker can register)
     COUNTERS_IDLE_TIMEOUT
                         seconds after which an idle /counters or /tickers
                         instance is evicted and its placement released
@@ -319,6 +321,12 @@ guarded = (
     else None
 )
 
+extra = (
+    PinnedHost(Counter, worker=worker, namespace=os.environ["EXTRA_NAMESPACE"])
+    if os.environ.get("EXTRA_NAMESPACE")
+    else None
+)
+
 app = FastAPI()
 app.include_router(worker)
 app.include_router(counters)
@@ -326,6 +334,8 @@ app.include_router(tickers)
 app.include_router(retained)
 if guarded is not None:
     app.include_router(guarded)
+if extra is not None:
+    app.include_router(extra)
 
 
 _drains: set["asyncio.Task[None]"] = set()
