@@ -195,9 +195,13 @@ type SupersededError struct {
 // Epochs are doubles' values (the registry reads them as JSON.parse does),
 // and below 10^21 JavaScript uses no exponent, as 'f' does not.
 func (e *SupersededError) Error() string {
-	epoch := strconv.FormatFloat(float64(e.Epoch), 'f', -1, 64)
-	return fmt.Sprintf("registration superseded: %s%s now bound to env %s at epoch %s", e.Hostname, e.NS, e.Env, epoch)
+	return fmt.Sprintf("registration superseded: %s%s now bound to env %s at epoch %s", e.Hostname, e.NS, e.Env, FormatEpoch(e.Epoch))
 }
+
+// FormatEpoch writes a registration epoch as the reference writes the
+// number (SupersededError.Error): logs name it as the 409 body and the
+// workers listing do.
+func FormatEpoch(epoch int64) string { return strconv.FormatFloat(float64(epoch), 'f', -1, 64) }
 
 // QuarantineError is returned by Place during the cold-start quarantine.
 type QuarantineError struct {

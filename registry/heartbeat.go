@@ -86,7 +86,7 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 	if err != nil {
 		var se *directory.SupersededError
 		if errors.As(err, &se) {
-			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
 			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
 			return nil, nil, nil, "superseded"
 		}
@@ -150,7 +150,7 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 	var se *directory.SupersededError
 	switch {
 	case errors.As(err, &se):
-		r.log.Warn("superseded", "clientId", info.ClientID, "sessionId", info.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", se.Epoch)
+		r.log.Warn("superseded", "clientId", info.ClientID, "sessionId", info.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
 		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
 		return "superseded"
 	case errors.Is(err, directory.ErrUnknownSession):

@@ -220,3 +220,48 @@ func TestOperatorDrainLogsDeadlineSeconds_RREG6(t *testing.T) {
 		t.Fatalf("unexpected drain lines; got %q; want deadline=300, then deadline=<nil>", drains)
 	}
 }
+
+// The superseded lines name the epoch as the 409 body and the workers
+// listing write it (a JavaScript number: 1700000000223456789 reads
+// 1700000000223456800), not as the double's exact integer, which no other
+// place shows (R-LS-4).
+func TestSupersededLogEpochAsInBody_RLS4(t *testing.T) {
+	h := newHarness(t)
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	r, err := New(Options{
+		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
+		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_123_456_789,
+		"advertiseUrl": h.fw.srv.URL + "/old"})
+	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_223_456_789,
+		"advertiseUrl": h.fw.srv.URL + "/new"})
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil)); res.status != 409 {
+		t.Fatalf("unexpected heartbeat answer; got %d %s; want 409", res.status, res.body)
+	}
+	c, v := h.fw.pair("late")
+	late := mustJSON(t, map[string]any{"clientId": "client-late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL + "/late", "headroom": 100, "draining": false, "challenge": c, "challengeValue": v,
+		"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_123_456_789})
+	if res := h.post("/registry/register", workerToken, late); res.status != 409 {
+		t.Fatalf("unexpected answer to a lower epoch; got %d %s; want 409", res.status, res.body)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if strings.Contains(line, "superseded") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) != 2 || !strings.Contains(lines[0], " epoch=1700000000223456800") || !strings.Contains(lines[1], " epoch=1700000000123456800") {
+		t.Fatalf("unexpected superseded lines; got %q; want the heartbeat's naming epoch 1700000000223456800, the register's 1700000000123456800", lines)
+	}
+}

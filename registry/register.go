@@ -225,7 +225,7 @@ func (r *Registry) admit(ctx *fasthttp.RequestCtx, reg *directory.Registration, 
 		if errors.As(err, &se) {
 			// A stale or denied registration: the binding belongs to a
 			// higher epoch (R-LS-4). The worker keeps retrying with backoff.
-			r.log.Warn("register refused: superseded", "clientId", reg.ClientID, "hostname", reg.Hostname, "epoch", reg.Epoch, "err", se.Error())
+			r.log.Warn("register refused: superseded", "clientId", reg.ClientID, "hostname", reg.Hostname, "epoch", directory.FormatEpoch(reg.Epoch), "err", se.Error())
 			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
 			return
 		}
