@@ -57,8 +57,14 @@ deps-redis:
 # A Python venv with the reference worker (pinned==0.16.0) for the e2e suite.
 deps-python: $(VENV)/.installed
 
+# Debian's python3 makes venvs only with python3-venv (ensurepip):
+# installed from Debian's packages when the first try fails.
 $(VENV)/.installed: tools/e2e/requirements.txt
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+		rm -rf $(VENV); echo "installing python3-venv from Debian's packages"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; \
+		$(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/pip install -q -r tools/e2e/requirements.txt
 	touch $@
 
