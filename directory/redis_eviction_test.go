@@ -1,35 +1,16 @@
 package directory_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
-
-// syncBuffer is a bytes.Buffer safe for the store's background loggers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A Redis that may evict keys under memory pressure (maxmemory-policy
 // allkeys-*, the usual cache setting) drops placement rows and leases
@@ -41,7 +22,7 @@ func (s *syncBuffer) String() string {
 func TestRedisWarnsOfEvictingPolicy_RPL1(t *testing.T) {
 	srv := redistest.StartServer(t)
 	open := func() string {
-		var log syncBuffer
+		var log testlog.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: 10 * time.Second, Prefix: "evict",

@@ -118,13 +118,18 @@ func TestRedisLookupCostsNoRoundTrip(t *testing.T) {
 }
 
 func totalCommands(t *testing.T, srv *redistest.Server) int {
+	return infoInt(t, srv, "stats", "total_commands_processed")
+}
+
+// infoInt is the integer field of an INFO section of srv.
+func infoInt(t *testing.T, srv *redistest.Server, section, field string) int {
 	t.Helper()
-	info, err := srv.Do("INFO", "stats")
+	info, err := srv.Do("INFO", section)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				t.Fatal(err)
@@ -132,7 +137,7 @@ func totalCommands(t *testing.T, srv *redistest.Server) int {
 			return n
 		}
 	}
-	t.Fatalf("no total_commands_processed in INFO stats: %s", info)
+	t.Fatalf("no %s in INFO %s: %s", field, section, info)
 	return 0
 }
 

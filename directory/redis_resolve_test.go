@@ -10,26 +10,6 @@ import (
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
-// connectedClients is the server's connected_clients (INFO clients).
-func connectedClients(t *testing.T, srv *redistest.Server) int {
-	t.Helper()
-	out, err := srv.Do("INFO", "clients")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.SplitSeq(out, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("cannot find connected_clients in %q", out)
-	return 0
-}
-
 // A node meeting many sessions it does not know yet — a namespace served
 // by hundreds of workers, on its first placement — reads them in
 // pipelines below rueidis's BlockingPipeline (2,000 commands). A longer
@@ -49,7 +29,7 @@ func TestRedisResolvesManySessionsOnItsConnection_RLS2_RPL1(t *testing.T) {
 		register(t, a, "w"+strconv.Itoa(i), 1000, now)
 	}
 	b := openNode(t, srv.URL(), "many", 10*time.Second) // connected: it read the era
-	before := connectedClients(t, srv)
+	before := infoInt(t, srv, "clients", "connected_clients")
 	route, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "first", Now: now})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +37,7 @@ func TestRedisResolvesManySessionsOnItsConnection_RLS2_RPL1(t *testing.T) {
 	if route.Owner == nil || !strings.HasPrefix(route.Owner.ClientID, "w") {
 		t.Fatalf("unexpected placement; got %+v; want one of the 800 workers", route)
 	}
-	if after := connectedClients(t, srv); after != before {
+	if after := infoInt(t, srv, "clients", "connected_clients"); after != before {
 		t.Fatalf("unexpected connections to Redis after resolving 800 sessions; got %d; want %d (no second connection)", after, before)
 	}
 }

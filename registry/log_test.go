@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 )
 
 // challengeServer answers GET /_pinned/challenge like a worker: the value
@@ -61,14 +61,13 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	var logMu sync.Mutex
+	var logs testlog.Buffer
 	now := time.Now()
 	reg, err := New(Options{
 		Store:    directory.NewMemory(15*time.Second, now),
 		Passport: pp,
 		LeaseTTL: 15 * time.Second,
-		Logger:   slog.New(slog.NewJSONHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
+		Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -148,8 +147,6 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	// void (R-LS-3), one line naming it.
 	register("client-6", "")
 
-	logMu.Lock()
-	defer logMu.Unlock()
 	counts := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		var rec map[string]any
@@ -176,40 +173,34 @@ func TestOneLogLinePerRegistryEvent(t *testing.T) {
 	}
 }
 
-type lockedWriter struct {
-	w  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
+// newTextLogHarness is a harness whose registry logs in the text format
+// `make run` uses, to logs (read it once the registry's calls returned).
+func newTextLogHarness(t *testing.T) (*harness, *testlog.Buffer) {
+	t.Helper()
+	h := newHarness(t)
+	logs := &testlog.Buffer{}
+	r, err := New(Options{
+		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(time.Second) })
+	h.r = r
+	return h, logs
 }
 
 // TestOperatorDrainLogsDeadlineSeconds: the operator drain line's deadline
 // reads as seconds in the text format `make run` logs, not as the address
 // of the reply's *float64 (`deadline=0xc000…`); undrain logs none.
 func TestOperatorDrainLogsDeadlineSeconds_RREG6(t *testing.T) {
-	h := newHarness(t)
-	var logs bytes.Buffer
-	var logMu sync.Mutex
-	r, err := New(Options{
-		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
-		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
-	h.r = r
+	h, logs := newTextLogHarness(t)
 	h.register(map[string]any{"clientId": "drain-me"})
 	h.post("/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":300}`)
 	h.post("/registry/undrain", operatorToken, `{"clientId":"drain-me"}`)
 
-	logMu.Lock()
-	defer logMu.Unlock()
 	var drains []string
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if strings.Contains(line, "msg=drain") {
@@ -226,19 +217,7 @@ func TestOperatorDrainLogsDeadlineSeconds_RREG6(t *testing.T) {
 // 1700000000223456800), not as the double's exact integer, which no other
 // place shows (R-LS-4).
 func TestSupersededLogEpochAsInBody_RLS4(t *testing.T) {
-	h := newHarness(t)
-	var logs bytes.Buffer
-	var logMu sync.Mutex
-	r, err := New(Options{
-		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
-		Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
-	h.r = r
+	h, logs := newTextLogHarness(t)
 	old := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1_700_000_000_123_456_789,
 		"advertiseUrl": h.fw.srv.URL + "/old"})
 	h.register(map[string]any{"hostname": "app.example", "env": "green", "epoch": 1_700_000_000_223_456_789,
@@ -253,8 +232,6 @@ func TestSupersededLogEpochAsInBody_RLS4(t *testing.T) {
 	if res := h.post("/registry/register", workerToken, late); res.status != 409 {
 		t.Fatalf("unexpected answer to a lower epoch; got %d %s; want 409", res.status, res.body)
 	}
-	logMu.Lock()
-	defer logMu.Unlock()
 	var lines []string
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if strings.Contains(line, "superseded") {

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/testlog"
 )
 
 // Running out of file descriptors is a moment to wait through, not a
@@ -38,7 +40,7 @@ func TestAcceptSurvivesFDExhaustion_RSRV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr syncBuffer
+	var stderr testlog.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -18,25 +17,9 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/metrics"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // node starts a Pinboard on 127.0.0.1 with an admin listener; it returns
 // the public and admin base URLs and a function that shuts it down.
@@ -159,7 +142,7 @@ func TestAdminPprof(t *testing.T) {
 }
 
 func TestAccessLogSampling(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	_, public, _, _ := node(t, Options{Logger: log, AccessLogSample: 1})
 	get(t, public+"/counters/a/value?secret=x")
@@ -167,7 +150,7 @@ func TestAccessLogSampling(t *testing.T) {
 		t.Errorf("unexpected access log:\n%s", s)
 	}
 
-	var quiet syncBuffer
+	var quiet testlog.Buffer
 	_, public, _, _ = node(t, Options{Logger: slog.New(slog.NewTextHandler(&quiet, nil))})
 	get(t, public+"/counters/a/value")
 	if strings.Contains(quiet.String(), "msg=access") {
@@ -240,7 +223,7 @@ func TestUnreadableRequestErrorsAreJSON_RDP4(t *testing.T) {
 // authority — a userinfo is a credential, and the access log promises
 // none ("never the query, which may carry secrets").
 func TestAccessLogAbsoluteFormPath(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	_, public, _, _ := node(t, Options{Logger: log, AccessLogSample: 1})
 	addr := strings.TrimPrefix(public, "http://")
