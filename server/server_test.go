@@ -25,6 +25,16 @@ import (
 // the public and admin base URLs and a function that shuts it down.
 func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
 	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nodeOn(t, o, ln)
+}
+
+// nodeOn is node serving its public listener on ln.
+func nodeOn(t *testing.T, o Options, ln net.Listener) (*Pinboard, string, string, func() error) {
+	t.Helper()
 	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
 		func(string) (string, bool) { return "tok", true })
 	if err != nil {
@@ -36,10 +46,6 @@ func node(t *testing.T, o Options) (*Pinboard, string, string, func() error) {
 	o.Store = directory.NewMemory(DefaultLeaseTTL, time.Now())
 	o.Passport = pp
 	pb, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,13 +52,33 @@ func TestSilentSmallBodyCut_RDP2(t *testing.T) {
 // whole (not streamed) had no write deadline at all, and the connection's
 // goroutine and descriptor were held for ever (R-DP-2).
 func TestClientNotReadingCut_RDP2(t *testing.T) {
-	pb, public, _, _ := node(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}})
+	// Small socket buffers at both ends (the connections a listener
+	// accepts inherit its sizes), so that pinboard's answers fill them
+	// after a few hundred requests. With the kernel's autotuned ones the
+	// client queued some 4 MB of requests within 20 ms and pinboard
+	// answered for seconds before a write could block: the 6 s below
+	// timed the machine's speed (under -race on a loaded 2-CPU machine it
+	// ran out), not the cut.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return smallBuffers(rc)
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, public, _, _ := nodeOn(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: time.Second}}, ln)
 	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.(*net.TCPConn).SetReadBuffer(4096)
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err == nil {
+		err = smallBuffers(rc)
+	}
+	if err != nil {
+		t.Fatalf("cannot set the client's socket buffers: %v", err)
+	}
 	// Pipelined requests whose answers fill both sockets' buffers; the
 	// writes stop once pinboard stops reading, or fail once it closes.
 	go func() {
@@ -79,6 +101,22 @@ func TestClientNotReadingCut_RDP2(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// smallBuffers sets a socket's send and receive buffers to 4 KiB (Linux
+// doubles it), which also turns their autotuning off.
+func smallBuffers(rc syscall.RawConn) error {
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for _, opt := range []int{syscall.SO_SNDBUF, syscall.SO_RCVBUF} {
+			if err := syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt, 4096); err != nil {
+				serr = err
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // workerNode starts a node on 127.0.0.1 whose /counters is served by
