@@ -72,9 +72,7 @@ func TestFieldOrderKept_RDP1(t *testing.T) {
 // The order is put back without an allocation once the request's scratch
 // space is warm, when the header has no repeated field as when it has.
 func TestKeepFieldOrderAllocatesNothing_RDP1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	for name, raw := range map[string]string{
 		"no_repeat": "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nAccept: */*\r\nX-Y: 1\r\n\r\n",
 		"repeat":    "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nVia: a\r\nX-Y: 1\r\nVia: b\r\n\r\n",

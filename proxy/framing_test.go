@@ -31,9 +31,7 @@ func TestAmbiguousFraming_RDP1(t *testing.T) {
 }
 
 func TestAmbiguousFramingAllocatesNothing_RDP1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := parseHeader(t, "GET /a/b HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nUser-Agent: t\r\nCookie: a=1\r\n\r\n")
 	if n := testing.AllocsPerRun(1000, func() { _ = ambiguousFraming(h) }); n != 0 {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
@@ -81,9 +79,7 @@ func TestResponseFraming_RDP1_RDP3(t *testing.T) {
 }
 
 func TestResponseFramingAllocatesNothing_RDP1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	const resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n\r\nhello"
 	var rh fasthttp.ResponseHeader
 	sr := strings.NewReader(resp)

@@ -111,13 +111,9 @@ func BenchmarkHotPath(b *testing.B) {
 // TestHotPathAllocatesNothing guards the steady state: 0 allocations per
 // proxied request (house style §3).
 func TestHotPathAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := newHotPath(t)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied request; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied request", func() { h.once(t) })
 }
 
 // TestHotPathWithMetricsAllocatesNothing: recording the request's metrics
@@ -125,14 +121,10 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 // state at 0 allocations (issue 6: recording a metric must not allocate on
 // the hot path).
 func TestHotPathWithMetricsAllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	m := metrics.New(metrics.Options{})
 	h := newHotPathWith(t, m)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied request with metrics; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied request with metrics", func() { h.once(t) })
 	exp := string(m.AppendPrometheus(t.Context(), nil))
 	if !strings.Contains(exp, `pinboard_proxy_requests_total{namespace="/bench",code="2xx"} 1002`) {
 		t.Fatalf("unexpected exposition: the requests were not recorded\n%s", exp)
@@ -143,9 +135,7 @@ func TestHotPathWithMetricsAllocatesNothing(t *testing.T) {
 // cookies, which the proxy keeps as sent and puts back after the header
 // passes (saveCookies): still 0 allocations per request (R-DP-1).
 func TestHotPathWithCookiesAllocatesNothing_RDP1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := newHotPath(t)
 	raw := "GET /bench/alice/json HTTP/1.1\r\nHost: pinboard.test\r\nAccept: application/json\r\nUser-Agent: pinbench\r\n" +
 		"Cookie: session=\"abc==\"; theme=dark\r\nCookie: ab=1\r\n\r\n"
@@ -154,9 +144,7 @@ func TestHotPathWithCookiesAllocatesNothing_RDP1(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.once(t)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied request with cookies; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied request with cookies", func() { h.once(t) })
 }
 
 // asBrowser turns h's request into one a browser or a load balancer
@@ -169,6 +157,24 @@ func (h *hotPath) asBrowser(tb testing.TB) {
 		tb.Fatal(err)
 	}
 	h.once(tb)
+}
+
+// wantNoAllocs fails t unless f allocates nothing per call, what naming
+// one call in the failure.
+func wantNoAllocs(t *testing.T, what string, f func()) {
+	t.Helper()
+	if n := testing.AllocsPerRun(1000, f); n != 0 {
+		t.Fatalf("unexpected allocations per %s; got %v; want 0", what, n)
+	}
+}
+
+// skipUnderRace skips an allocation count: the race detector's sync.Pool
+// drops items on purpose, so counts under it are meaningless.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
 }
 
 // BenchmarkHotPathBrowser is BenchmarkHotPath for a browser's request
@@ -189,14 +195,10 @@ func BenchmarkHotPathBrowser(b *testing.B) {
 // moves and keepFieldOrder puts back: still 0 allocations per request.
 // Before, the Connection line alone cost three (R-DP-1).
 func TestHotPathBrowserRequestAllocatesNothing_RDP1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := newHotPath(t)
 	h.asBrowser(t)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied browser request; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied browser request", func() { h.once(t) })
 }
 
 // TestHotPathWithCredentialAllocatesNothing_RTR4: a request presenting a
@@ -204,15 +206,11 @@ func TestHotPathBrowserRequestAllocatesNothing_RDP1(t *testing.T) {
 // its account signed into the attestation — is still 0 allocations per
 // request (R-TR-4).
 func TestHotPathWithCredentialAllocatesNothing_RTR4(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := newHotPath(t)
 	h.req.Header.Set("Authorization", "Bearer dev-token")
 	h.once(t)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied request with a credential; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied request with a credential", func() { h.once(t) })
 }
 
 // asHTTP10 turns h's request into one an HTTP/1.0 client sends (ab's,
@@ -254,14 +252,10 @@ func BenchmarkHotPathHTTP10(b *testing.B) {
 // TestHotPathHTTP10AllocatesNothing: an HTTP/1.0 client's request costs
 // no allocation either, nor a connection to the worker (R-DP-1, R-DP-3).
 func TestHotPathHTTP10AllocatesNothing(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	h := newHotPath(t)
 	h.asHTTP10(t)
-	if n := testing.AllocsPerRun(1000, func() { h.once(t) }); n != 0 {
-		t.Fatalf("unexpected allocations per proxied HTTP/1.0 request; got %v; want 0", n)
-	}
+	wantNoAllocs(t, "proxied HTTP/1.0 request", func() { h.once(t) })
 	if !h.ctx.Response.ConnectionClose() || h.ctx.Request.Header.IsHTTP11() {
 		t.Fatalf("unexpected answer to an HTTP/1.0 client; got close=%v, request HTTP/1.1=%v; want the connection closed and the client's version kept",
 			h.ctx.Response.ConnectionClose(), h.ctx.Request.Header.IsHTTP11())
@@ -357,9 +351,7 @@ func newColdPath(tb testing.TB) (next func()) {
 // (BENCHMARKS.md: cold placements' open-loop tail); BenchmarkColdPath
 // counted 11 allocations and 1.2 KB before, one of them its own.
 func TestColdPathAllocations_RPL1(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are meaningless under the race detector")
-	}
+	skipUnderRace(t)
 	next := newColdPath(t)
 	next()
 	if n := testing.AllocsPerRun(1000, next); n > 5 {
