@@ -5,8 +5,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-
-	"github.com/pinboard-go/pinboard/attest"
 )
 
 // The data plane's authorization matrix (R-TR-4, docs/PROTOCOL.md §2
@@ -29,10 +27,7 @@ func TestDataPlaneAuthorizationMatrix_RTR4(t *testing.T) {
 		"/scoped":{"allow":"authenticated","scopes":["app:read"]},
 		"/locked":{"allow":"deny"},
 		"/pub-*":{"allow":"anonymous"}}}`
-	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
-	if err != nil {
-		t.Fatal(err)
-	}
+	pp := tokPassport(t, raw)
 	rg := newRig(t, func(o *Options) { o.Passport = pp })
 	rg.warm()
 	w := newStandin(t, "w")
@@ -127,10 +122,7 @@ func TestClusterCallPassportCredentialConsumed_RTR4_RTR6(t *testing.T) {
 	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
 		{"name":"tenant-a","token":{"env":"A"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["/a"],"allowedBackendHosts":["*"]}}}
 	]}],"namespaces":{"*":{"allow":"authenticated"},"/open":{"allow":"anonymous"}}}`
-	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
-	if err != nil {
-		t.Fatal(err)
-	}
+	pp := tokPassport(t, raw)
 	rg := newRig(t, func(o *Options) { o.Passport = pp })
 	rg.warm()
 	a, b := newStandin(t, "a"), newStandin(t, "b")

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pinboard-go/pinboard/attest"
 	"github.com/valyala/fasthttp"
 )
 
@@ -25,10 +24,7 @@ func TestFieldOrderKept_RDP1(t *testing.T) {
 	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
 		{"name":"a","token":{"env":"A"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}
 	]}],"namespaces":{"*":{"allow":"authenticated"}}}`
-	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
-	if err != nil {
-		t.Fatal(err)
-	}
+	pp := tokPassport(t, raw)
 	for name, lead := range map[string]string{
 		"connection":    "Connection: keep-alive\r\n",
 		"keep_alive":    "Keep-Alive: timeout=5\r\n",

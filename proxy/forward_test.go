@@ -40,6 +40,17 @@ func rigPassport(t *testing.T) *attest.Passport {
 	return pp
 }
 
+// tokPassport parses the passport raw, each key's token.env NAME holding
+// the token "tok-NAME".
+func tokPassport(t *testing.T, raw string) *attest.Passport {
+	t.Helper()
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pp
+}
+
 type seen struct {
 	Worker  string              `json:"worker"`
 	Method  string              `json:"method"`
@@ -729,10 +740,7 @@ func TestClusterCallBoundByCallerClaims_RTR3_RTR6(t *testing.T) {
 		{"name":"tenant-a","token":{"env":"A"},"claims":{"pinboard":{"namespaces":["/a"]}}},
 		{"name":"tenant-b","token":{"env":"B"},"claims":{"pinboard":{"namespaces":["/b"]}}}
 	]}],"namespaces":{"*":{"allow":"authenticated"},"/open":{"allow":"anonymous"}}}`
-	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return "tok-" + k, true })
-	if err != nil {
-		t.Fatal(err)
-	}
+	pp := tokPassport(t, raw)
 	rg := newRig(t, func(o *Options) { o.Passport = pp })
 	rg.warm()
 	a, b := newStandin(t, "a"), newStandin(t, "b")
