@@ -180,6 +180,21 @@ func record(ctx context.Context, t *testing.T, pb *Pinboard, u string) (WorkerRe
 	return WorkerRecord{}, false
 }
 
+// waitNewSession waits for the worker at advertise URL u to be listed
+// under a session other than old, and returns its record; who names the
+// worker in the failure.
+func waitNewSession(ctx context.Context, t *testing.T, pb *Pinboard, u, old, who string) WorkerRecord {
+	t.Helper()
+	for {
+		if rec, ok := record(ctx, t, pb, u); ok && rec.SessionID != old {
+			return rec
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			t.Fatalf("%s never registered again", who)
+		}
+	}
+}
+
 // A real pinned worker whose heartbeats keep coming while pinboard's
 // challenge probe of its advertise URL fails is degraded (R-LS-3): its
 // acks carry "degraded":true, the listing says degraded, the ids it owns
@@ -301,17 +316,7 @@ func TestDegradedAndVoidedProbe_RLS3(t *testing.T) {
 		}
 		// Once the probe passes, D registers again under a new session.
 		front.set(probePass)
-		var again WorkerRecord
-		for {
-			rec, ok := record(ctx, t, pb, d.URL)
-			if ok && rec.SessionID != before.SessionID {
-				again = rec
-				break
-			}
-			if !sleepCtx(ctx, 100*time.Millisecond) {
-				t.Fatalf("D never registered again after the probe passed")
-			}
-		}
+		again := waitNewSession(ctx, t, pb, d.URL, before.SessionID, "D, after the probe passed,")
 		if again.Degraded == nil || *again.Degraded {
 			t.Fatalf("unexpected listing of D registered again; got %v; want degraded false", again)
 		}

@@ -398,19 +398,7 @@ func TestReregisterDuplicatesAndReclaims_RREG1(t *testing.T) {
 		defer cancel()
 		// A request that still reaches the frozen A gets 504 in 2 s, not
 		// the 5 minutes of the default header timeout.
-		pb := StartPinboard(t, PinboardOptions{Env: append(storeEnv, "PINBOARD_UPSTREAM_HEADER_TIMEOUT_MS=2000")})
-		a := StartWorker(t, pb, WorkerOptions{Name: "A", Headroom: 1000})
-		b := StartWorker(t, pb, WorkerOptions{Name: "B", Headroom: 1})
-		first, err := a.WaitRegistered(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.WaitRegistered(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
-			t.Fatal(err)
-		}
+		pb, a, first := startAB(ctx, t, append(storeEnv, "PINBOARD_UPSTREAM_HEADER_TIMEOUT_MS=2000"))
 		for _, id := range []string{"dup", "reclaim"} {
 			increment(ctx, t, pb, "/counters", id)
 			if c := increment(ctx, t, pb, "/counters", id); c.Worker != "A" || c.Count != 2 {
@@ -456,17 +444,7 @@ func TestReregisterDuplicatesAndReclaims_RREG1(t *testing.T) {
 		}
 		a.proc.signal(syscall.SIGCONT)
 		stopped = false
-		var again WorkerRecord
-		for {
-			rec, ok := record(ctx, t, pb, a.URL)
-			if ok && rec.SessionID != first.SessionID {
-				again = rec
-				break
-			}
-			if !sleepCtx(ctx, 100*time.Millisecond) {
-				t.Fatalf("A never registered again after it woke")
-			}
-		}
+		again := waitNewSession(ctx, t, pb, a.URL, first.SessionID, "A, after it woke,")
 		wantLog := "prevSessionId=" + first.SessionID + " duplicates=1"
 		if !strings.Contains(pb.Output(), wantLog) {
 			t.Errorf("unexpected register log; want a line with %q", wantLog)

@@ -37,20 +37,7 @@ func TestWorkerOwnDrain_RREG2_RREG6(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		pb := StartPinboard(t, PinboardOptions{Env: storeEnv})
-		// A has far more headroom: new ids go to A while it takes them.
-		a := StartWorker(t, pb, WorkerOptions{Name: "A", Headroom: 1000})
-		b := StartWorker(t, pb, WorkerOptions{Name: "B", Headroom: 1})
-		recA, err := a.WaitRegistered(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.WaitRegistered(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
-			t.Fatal(err)
-		}
+		pb, a, recA := startAB(ctx, t, storeEnv)
 		placeAll := func(prefix string, n int, want string) []string {
 			t.Helper()
 			var ids []string
@@ -105,4 +92,26 @@ func TestWorkerOwnDrain_RREG2_RREG6(t *testing.T) {
 		}
 		placeAll("after-", 3, "A")
 	})
+}
+
+// startAB starts pinboard with env and two workers, A with far more
+// headroom than B (new ids go to A while it takes them), waits for both to
+// register and for placements to pass the cold start, and returns them
+// with A's record.
+func startAB(ctx context.Context, t *testing.T, env []string) (*Pinboard, *Worker, WorkerRecord) {
+	t.Helper()
+	pb := StartPinboard(t, PinboardOptions{Env: env})
+	a := StartWorker(t, pb, WorkerOptions{Name: "A", Headroom: 1000})
+	b := StartWorker(t, pb, WorkerOptions{Name: "B", Headroom: 1})
+	recA, err := a.WaitRegistered(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WaitRegistered(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := getWithRetry(ctx, pb.URL+"/counters/warm/whoami"); err != nil {
+		t.Fatal(err)
+	}
+	return pb, a, recA
 }
