@@ -35,11 +35,9 @@ type workerView struct {
 	Placements *int   `json:"placements,omitempty"`
 	Hostname   string `json:"hostname,omitempty"`
 	Env        string `json:"env,omitempty"`
-	// Epoch is the registration epoch as the reference lists it: the
-	// double JSON.parse made of it, written as a JavaScript number (the
-	// shortest decimal that reads back as that double; encoding/json
-	// writes a float64 so below 1e21, and epochs are below 2^63).
-	Epoch float64 `json:"epoch,omitempty"`
+	// Epoch is the registration epoch as the reference lists it: a
+	// JavaScript number (directory.FormatEpoch), absent when zero.
+	Epoch json.Number `json:"epoch,omitempty"`
 }
 
 // workers handles GET /registry/workers: live sessions whose namespaces the
@@ -86,7 +84,7 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 			RegisteredAt:   s.RegisteredAt.UnixMilli(),
 			Hostname:       s.Hostname,
 			Env:            s.Env,
-			Epoch:          float64(s.Epoch),
+			Epoch:          epochNumber(s.Epoch),
 		}
 		if len(covered) == len(s.Namespaces) {
 			n := s.Placements
@@ -431,3 +429,12 @@ func (r *Registry) placement(ctx *fasthttp.RequestCtx) {
 // the pinboard-epoch header carry (JavaScript numbers lose precision past
 // 2^53).
 func formatEpoch(e uint64) string { return strconv.FormatUint(e, 10) }
+
+// epochNumber is a listed registration epoch: none for zero (a worker
+// that declared none), else as the reference writes it.
+func epochNumber(e int64) json.Number {
+	if e == 0 {
+		return ""
+	}
+	return json.Number(directory.FormatEpoch(e))
+}
