@@ -102,6 +102,41 @@ func BenchmarkRedisPlaceNew(b *testing.B) {
 	}
 }
 
+// BenchmarkRedisFirstPlaceManySessions is a node's first placement in a
+// namespace 800 workers serve: every session unknown to it is read from
+// Redis (resolve, 256 per pipeline) before the claim. Each iteration opens
+// a fresh node, whose open is timed too.
+func BenchmarkRedisFirstPlaceManySessions(b *testing.B) {
+	srv := redistest.StartServer(b)
+	ctx := context.Background()
+	const prefix = "first"
+	open := func() *directory.Redis {
+		s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: prefix})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	a := open()
+	b.Cleanup(func() { _ = a.Close() })
+	now := time.Now()
+	_, _ = a.Place(ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+	now = now.Add(time.Hour)
+	for i := range 800 {
+		if _, err := a.Register(ctx, &directory.Registration{ClientID: "m" + strconv.Itoa(i), Sub: "s", Secret: "k",
+			Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/m" + strconv.Itoa(i), Headroom: 1e9}, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; b.Loop(); i++ {
+		node := open()
+		if _, err := node.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "first" + strconv.Itoa(i), Now: now}); err != nil {
+			b.Fatal(err)
+		}
+		_ = node.Close()
+	}
+}
+
 // BenchmarkRedisClaimVisibleOnOtherNode: node A re-places an id that node
 // B serves from its cache (the in-band refusal path, one write); the time
 // from A's claim returning to B's Lookup no longer returning the old owner
