@@ -139,8 +139,9 @@ func (p *Proxy) setForwarded(ctx *fasthttp.RequestCtx, rq *request, fw forwarded
 func (p *Proxy) rewriteRequest(ctx *fasthttp.RequestCtx, rq *request, keepUpgrade bool) {
 	h := &ctx.Request.Header
 	fw := p.readForwarded(ctx, rq) // before a deletion moves lines
-	if stripRequestHop(h, rq, rq.hop, keepUpgrade)&hopNamed != 0 {
-		fw.count(h) // it may have taken forwarding headers
+	stripRequestHop(h, rq, rq.hop, keepUpgrade)
+	if rq.hop&hopNamed != 0 {
+		fw.count(h) // the Connection-named deletions may have taken forwarding headers
 	}
 	if rq.passport {
 		editor{h, &rq.order}.DelBytes(hdrAuthorization)

@@ -252,11 +252,10 @@ func checkStripBound(h *fasthttp.RequestHeader, found uint16) error {
 // there. found is the header's hopFound, which the proxy took with the
 // header's checks (Proxy.parse, rq.hop): a request carrying none of it
 // (the common case) costs no deletion, each of which would rescan the
-// header, and no second pass. It returns found: with hopNamed, it
-// deleted the headers the Connection lines name.
-func stripRequestHop(h *fasthttp.RequestHeader, rq *request, found uint16, keepUpgrade bool) uint16 {
+// header, and no second pass.
+func stripRequestHop(h *fasthttp.RequestHeader, rq *request, found uint16, keepUpgrade bool) {
 	if found == 0 {
-		return 0
+		return
 	}
 	ed := editor{h, &rq.order}
 	var keep uint16
@@ -271,7 +270,6 @@ func stripRequestHop(h *fasthttp.RequestHeader, rq *request, found uint16, keepU
 			ed.Del(n)
 		}
 	}
-	return found
 }
 
 // appendConnectionNamed appends the header names a Connection value lists
