@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
+)
+
+// Serve serves ln until ctx ends, then shuts down gracefully (see
+// Shutdown). Background loops (directory sweeps, pool sweeps) run while it
+// serves, and have ended when it returns: a sweep still running on the
+// store then would meet a caller that closes the store once Serve
+// returned (cmd/pinboard does).
+func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	bg, stopBG := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	loops.Go(func() { pb.proxy.Run(bg) })
+	loops.Go(func() { pb.sweep(bg) })
+	defer func() {
+		stopBG()
+		loops.Wait()
+	}()
+
+	// Raw read(2)/write(2) on client connections: loopback-fast writes
+	// otherwise park the goroutine's P in syscall state and cost context
+	// switches per request (internal/rawio, BENCHMARKS.md). Closed with
+	// unread input, they linger (pb.linger).
+	cln := &onceCloseListener{Listener: patientListener{rawio.ListenerLinger(ln, pb.linger), pb.log}}
+	errc := make(chan error, 1)
+	go func() { errc <- pb.srv.Serve(cln) }()
+	select {
+	case err := <-errc:
+		pb.closeAdmin()
+		return fmt.Errorf("cannot serve: %w", err)
+	case <-ctx.Done():
+	}
+	return pb.shutdown(grace, errc, cln)
+}
+
+// The lingering close of client connections (rawio.Linger): nginx's
+// lingering_timeout and lingering_time are 5 s and 30 s; a client still
+// sending gets less here, and at most lingerMax connections linger at
+// once (each a descriptor and a goroutine), so that clients cannot pile
+// them up.
+const (
+	lingerMax   = 1024
+	lingerWait  = 2 * time.Second
+	lingerTotal = 10 * time.Second
+)
+
+// onceCloseListener closes its listener once; later calls return nil
+// (fasthttp's Shutdown returns its Close error, which would fail a clean
+// shutdown). Serve closes the listener itself at shutdown: fasthttp's
+// Shutdown closes only the listeners its Serve already registered, and
+// does nothing at all before the first one, so a shutdown that started
+// right after Serve was called left the listener open and served on.
+type onceCloseListener struct {
+	net.Listener
+	once sync.Once
+}
+
+func (l *onceCloseListener) Close() error {
+	var err error
+	l.once.Do(func() { err = l.Listener.Close() })
+	return err
+}
+
+// sweep runs the store's housekeeping a few times per lease.
+func (pb *Pinboard) sweep(ctx context.Context) {
+	every := pb.opts.LeaseTTL / 8
+	if every > time.Second {
+		every = time.Second
+	}
+	if every < 50*time.Millisecond {
+		every = 50 * time.Millisecond
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if err := pb.store.Sweep(c, pb.now()); err != nil {
+				pb.log.Warn("directory sweep failed", "err", err)
+			}
+			cancel()
+		}
+	}
+}

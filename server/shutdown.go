@@ -1,0 +1,135 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
+// and the last bytes of ended streams. A shutdown takes at most the grace
+// plus CloseWait (and 0.1 s for the relays cut at its end to let go of
+// their worker connections, proxy.CloseStreamsContext), which is what an
+// orchestrator's kill timeout must exceed with some slack (deploy/,
+// checked by cmd/pinboard's deploy tests).
+const CloseWait = 2 * time.Second
+
+// Shutdown stops the node in three steps:
+//
+//  1. Readiness turns 503, the registry answers 503 "not the serving
+//     fleet" (Retry-After: workers go to another node), the listener
+//     closes, idle keep-alive connections close.
+//  2. In-flight requests — including uploads, downloads and WebSocket
+//     handshakes — get up to grace to finish. The step ends early once
+//     nothing but event streams and WebSockets is left: those never end
+//     by themselves.
+//  3. Event streams end (cleanly between events), other streams still
+//     running are cut, each WebSocket gets a Close frame 1001 "going away"
+//     toward the client and the worker; up to 2s more for the closing
+//     handshakes, then whatever is left is closed.
+//
+// Then the registry pool and the admin listener stop; requests still
+// running then, registry ones included, end with the process. errc, if
+// not nil, is the public listener's Serve result, awaited briefly.
+func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
+	return pb.shutdown(grace, errc, nil)
+}
+
+// shutdown is Shutdown; ln, if not nil, is the public listener, closed
+// here as well as by fasthttp's Shutdown (see onceCloseListener).
+func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
+	pb.stopping.Store(true)
+	// From now on connections close at once: fasthttp closes idle ones to
+	// end their wait for a next request, and one lingering instead would
+	// read and serve a request that arrived just then, its answer lost.
+	pb.linger.Stop()
+	pb.closeResumed()
+	pb.registry.Stop()
+	start := time.Now()
+	sctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- pb.srv.ShutdownWithContext(sctx) }()
+	if ln != nil {
+		_ = ln.Close()
+	}
+
+	var err error
+	finished := pb.drain(grace, done, &err)
+	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
+		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
+	cctx, ccancel := context.WithTimeout(context.Background(), CloseWait)
+	pb.proxy.CloseStreamsContext(cctx)
+	if !finished {
+		select {
+		case err = <-done:
+		case <-cctx.Done():
+			cancel()
+			err = <-done
+		}
+	}
+	ccancel()
+	// Canceled: requests were still in flight when the budget ran out;
+	// they end with the process.
+	cut := errors.Is(err, context.Canceled)
+	if cut {
+		err = nil
+	}
+	if errc != nil {
+		select {
+		case <-errc:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if cut {
+		// Registry requests among them (a body still arriving, a store
+		// call) are cut as the data plane's are: waiting for them took
+		// the shutdown past its budget, then failed it (exit 1).
+		if cerr := pb.registry.Close(registryCutWait); cerr != nil {
+			pb.log.Warn("shutdown: registry requests still running are cut", "err", cerr)
+		}
+	} else if cerr := pb.registry.Close(5 * time.Second); cerr != nil && err == nil {
+		err = fmt.Errorf("cannot stop the registry pool: %w", cerr)
+	}
+	pb.closeAdmin()
+	return err
+}
+
+// registryCutWait is how long the registry pool gets to stop when
+// requests outlived the shutdown's budget: its idle workers' exit, not
+// the requests still running.
+const registryCutWait = 100 * time.Millisecond
+
+// drain is step 2 of Shutdown: it returns when the server finished (true,
+// its result in *err) and no download relayed off it is left, when grace
+// ran out, or when only event streams are left on open connections. It
+// reports whether the server finished.
+func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bool {
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	finished := false
+	for {
+		select {
+		case *err = <-done:
+			finished, done = true, nil
+		case <-timer.C:
+			return finished
+		case <-tick.C:
+		}
+		// A body relayed off the server to an HTTP/1.0 client is a
+		// request in flight on a connection the server no longer counts.
+		if pb.proxy.RelayedDownloads() > 0 {
+			continue
+		}
+		// Each event stream the server still writes holds one connection
+		// (relayed ones left it); a connection doing anything else is an
+		// in-flight request.
+		if finished || int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams()-pb.proxy.RelayedEventStreams() {
+			return finished
+		}
+	}
+}
