@@ -339,7 +339,7 @@ func (l rowList) has(row string) bool {
 
 // listedRows returns every listed row "ns\x00id" in order (namespaces
 // sorted, ids as listed) and those of namespaces the worker serves: the
-// others are duplicates (R-REG-1), as memory.go decides.
+// others are duplicates (R-REG-1), as the memory store decides (memory_register.go).
 func listedRows(reg *Registration) ([]string, rowList) {
 	served := rowList{ns: make(map[string]bool, len(reg.Namespaces))}
 	for _, ns := range reg.Namespaces {
