@@ -70,3 +70,10 @@ func MemoryBindings(m *Memory) int {
 	defer m.mu.Unlock()
 	return len(m.bindings)
 }
+
+// KnownSessionCount is how many sessions r keeps for KnownSessions.
+func (r *Redis) KnownSessionCount() int {
+	r.beats.mu.Lock()
+	defer r.beats.mu.Unlock()
+	return len(r.beats.m)
+}

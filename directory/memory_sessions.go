@@ -59,7 +59,7 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 	if s.info.Sub != beat.Sub {
 		return nil, ErrForbidden
 	}
-	res := &BeatResult{Draining: beat.Draining}
+	res := &BeatResult{Draining: beat.Draining, WasDegraded: s.info.Degraded, WasDraining: s.info.Draining}
 	lease := now.Add(m.ttl)
 	if d := m.drains[s.info.ClientID]; d != nil {
 		d.seen = now

@@ -73,6 +73,8 @@ type Redis struct {
 
 	smu      sync.RWMutex
 	sessions map[string]*redisSession
+	// beats: the sessions heartbeating through this node (KnownSessions).
+	beats beatSessions
 	// leaseGen counts lease invalidations; a session read that saw it move
 	// marks the session dirty (its lease may be older than the push).
 	leaseGen atomic.Uint64

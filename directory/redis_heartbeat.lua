@@ -7,7 +7,7 @@
 --       10.. acked message ids.
 -- Returns {"unknown"} or {"superseded", …} (lib: gone), {"forbidden"} or
 -- {"ok", lease, draining (0/1), operator drain (0/1), drain deadline,
--- messages...}.
+-- own drain flag before (0/1), degraded before (0/1), messages...}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sid = ARGV[4]
 local s = redis.call('HMGET', KEYS[1], 'cid', 'sub')
@@ -29,16 +29,18 @@ end
 setlease(P, sid, l)
 
 local h = P .. 'h:' .. sid
+local was = redis.call('HMGET', h, 'dr', 'dg')
+local wasdr, wasdg = was[1] == '1' and '1' or '0', (was[2] and was[2] ~= '0') and '1' or '0'
 local dg = '0'
 if ARGV[8] == '1' then
-  dg = redis.call('HGET', h, 'dg') or '0'
+  dg = was[2] or '0'
   if dg == '0' then
     dg = ARGV[2]
   end
 end
 redis.call('HSET', h, 'hr', ARGV[6], 'dr', ARGV[7], 'dg', dg)
 
-local out = { 'ok', fmt(l), (ARGV[7] == '1' or op == '1') and '1' or '0', op, dl }
+local out = { 'ok', fmt(l), (ARGV[7] == '1' or op == '1') and '1' or '0', op, dl, wasdr, wasdg }
 local q = P .. 'q:' .. sid
 if redis.call('EXISTS', q) == 1 then
   local msgs = redis.call('LRANGE', q, 0, -1)

@@ -42,6 +42,7 @@ func (r *Redis) Session(ctx context.Context, sessionID string, now time.Time) (*
 	if !ok || reply[0] != "ok" {
 		return nil, unavailable("read session", sessionID, errShortReply)
 	}
+	r.beats.put(&info)
 	return &info, nil
 }
 
@@ -64,18 +65,21 @@ func (r *Redis) Heartbeat(ctx context.Context, beat *Beat, now time.Time) (*Beat
 	switch {
 	case len(reply) > 0 && reply[0] == "forbidden":
 		return nil, ErrForbidden
-	case len(reply) < 5 || reply[0] != "ok":
+	case len(reply) < 7 || reply[0] != "ok":
 		return nil, unavailable("renew session", beat.SessionID, errShortReply)
 	}
 	res := &BeatResult{
-		LeaseUntil: fromMicros(reply[1]),
-		Draining:   reply[2] == "1",
-		Drain:      DrainState{Draining: reply[3] == "1", Deadline: fromMicros(reply[4])},
+		LeaseUntil:  fromMicros(reply[1]),
+		Draining:    reply[2] == "1",
+		Drain:       DrainState{Draining: reply[3] == "1", Deadline: fromMicros(reply[4])},
+		WasDraining: reply[5] == "1",
+		WasDegraded: reply[6] == "1",
 	}
 	if s := r.session(beat.SessionID); s != nil {
 		s.setLease(res.LeaseUntil)
 	}
-	for _, m := range reply[5:] {
+	r.beats.renew(beat.SessionID, res.LeaseUntil, beat.Degraded)
+	for _, m := range reply[7:] {
 		if cm, ok := decodeMessage(m); ok {
 			res.Messages = append(res.Messages, cm)
 		}
@@ -282,7 +286,7 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 // holds Redis for long. A sweep cut short leaves the rest to the next
 // sweep of any node.
 func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
-	return r.inBatches(maxSweepCalls, func() (bool, error) {
+	err := r.inBatches(maxSweepCalls, func() (bool, error) {
 		reply, err := r.runWrite(ctx, "sweep", scriptSweep, r.prefix+"leases", []string{r.prefix, micros(now),
 			r.leaseMicros(), strconv.Itoa(sweepBatch)}).ToArray()
 		if err != nil || len(reply) < 3 {
@@ -296,6 +300,8 @@ func (r *Redis) Sweep(ctx context.Context, now time.Time) error {
 		more, _ := reply[2].AsInt64()
 		return more != 0 || len(dropped) >= sweepBatch, nil
 	})
+	r.beats.prune(now, r.ttl)
+	return err
 }
 
 func (r *Redis) rowKeys(rows []string) []string {

@@ -62,6 +62,7 @@ func (r *Redis) adoptRead(sid string, s *redisSession, gen uint64) *redisSession
 
 // kill ends a session locally: its Owner is revoked for good.
 func (r *Redis) kill(sid string) {
+	r.beats.forget(sid)
 	r.smu.Lock()
 	s := r.sessions[sid]
 	delete(r.sessions, sid)
@@ -499,6 +500,7 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	r.era, r.connID = era, id
 	r.stats.wipes.Add(1)
 	r.dropRows()
+	r.beats.clear()
 	// Epochs read before the wipe say nothing about the new era's counter.
 	// After dropRows: a fill or claim that saw the old generation has
 	// recorded its epoch by now, and later ones see the new one.

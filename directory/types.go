@@ -188,6 +188,12 @@ type BeatResult struct {
 	Draining   bool // own flag or operator drain
 	Drain      DrainState
 	Messages   []ControlMessage
+	// WasDegraded and WasDraining are the session's degraded state and
+	// own drain flag before this heartbeat, read in the same atomic step
+	// that replaced them: the registry logs a transition ("degraded",
+	// "recovered", "drain") from them, once per change, whichever node
+	// took the heartbeat before.
+	WasDegraded, WasDraining bool
 }
 
 // ControlMessage is a queued wind_down (R-CM-1). Deadline is absolute; nil

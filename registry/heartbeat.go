@@ -48,7 +48,7 @@ type ackMessage struct {
 // challenge probe to ServeHTTP (probeCall); beat goes on with its result.
 func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) *probeCall {
 	start := time.Now()
-	pr, body, info, outcome := r.checkHeartbeat(ctx)
+	pr, body, info, known, outcome := r.checkHeartbeat(ctx)
 	if info == nil {
 		r.obs.Heartbeat(time.Since(start), outcome)
 		return nil
@@ -57,45 +57,43 @@ func (r *Registry) heartbeat(ctx *fasthttp.RequestCtx) *probeCall {
 		offPool: info.Degraded,
 		url:     info.AdvertiseURL, secret: info.Secret, challenge: *body.Challenge, value: *body.ChallengeValue,
 		then: func(ctx *fasthttp.RequestCtx, res ProbeResult, perr error) {
-			r.obs.Heartbeat(time.Since(start), r.beat(ctx, pr, body, info, res, perr))
+			r.obs.Heartbeat(time.Since(start), r.beat(ctx, pr, body, info, known, res, perr))
 		},
 	}
 }
 
 // checkHeartbeat answers every error row that comes before the probe
 // (credentials, body, session) and returns the session to probe, or nil
-// and the outcome.
-func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, *heartbeatBody, *directory.SessionInfo, string) {
-	pr := r.principal(ctx, attest.ScopeWorker)
+// and the outcome. known: the session is what the store's node knew of
+// it (directory.KnownSessions), not read from the store for this
+// heartbeat.
+func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (pr *attest.Principal, body *heartbeatBody, info *directory.SessionInfo, known bool, outcome string) {
+	pr = r.principal(ctx, attest.ScopeWorker)
 	if pr == nil {
-		return nil, nil, nil, "auth"
+		return nil, nil, nil, false, "auth"
 	}
-	body := &heartbeatBody{}
+	body = &heartbeatBody{}
 	if !r.readJSON(ctx, body, bodyHeartbeatShape) {
-		return nil, nil, nil, "bad_request"
+		return nil, nil, nil, false, "bad_request"
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
 		!token(*body.Challenge) || !token(*body.ChallengeValue) || // as at register
 		(body.Acks != nil && slices.Contains(*body.Acks, nil)) { // [null]
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
-		return nil, nil, nil, "bad_request"
+		return nil, nil, nil, false, "bad_request"
 	}
-	c, cancel := r.opContext()
-	defer cancel()
-	info, err := r.store.Session(c, *body.SessionID, r.now())
-	if err != nil {
-		var se *directory.SupersededError
-		if errors.As(err, &se) {
-			r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", *body.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
-			reply(ctx, fasthttp.StatusConflict, supersededBody(se))
-			return nil, nil, nil, "superseded"
+	// A session this node saw live, its lease still running, is not read
+	// again: its identity never changes, and the heartbeat's own step
+	// re-checks the session (unknown, superseded, forbidden) where it
+	// renews. On Redis that is one round trip per heartbeat instead of two
+	// (docs/DIRECTORY.md, "Heartbeats").
+	if ks, ok := r.store.(directory.KnownSessions); ok {
+		info, known = ks.KnownSession(*body.SessionID, r.now())
+	}
+	if !known {
+		if info, outcome = r.readSession(ctx, *body.SessionID); info == nil {
+			return nil, nil, nil, false, outcome
 		}
-		if errors.Is(err, directory.ErrUnknownSession) {
-			reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
-			return nil, nil, nil, "unknown_session"
-		}
-		r.storeFailed(ctx, "heartbeat", err)
-		return nil, nil, nil, "unavailable"
 	}
 	// Same account, and its claims must still cover the registration,
 	// advertise URL included (R-TR-3): a passport that narrowed the key
@@ -103,19 +101,53 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (*attest.Principal, 
 	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" ||
 		pr.Claims.CheckBackend(info.AdvertiseURL) != nil {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
-		return nil, nil, nil, "forbidden"
+		return nil, nil, nil, false, "forbidden"
 	}
-	return pr, body, info, ""
+	return pr, body, info, known, ""
+}
+
+// readSession reads a heartbeat's session from the store, or answers why
+// not (409 superseded, 409 unknown session, 503) and returns nil and the
+// outcome.
+func (r *Registry) readSession(ctx *fasthttp.RequestCtx, sid string) (*directory.SessionInfo, string) {
+	c, cancel := r.opContext()
+	defer cancel()
+	info, err := r.store.Session(c, sid, r.now())
+	if err == nil {
+		return info, ""
+	}
+	var se *directory.SupersededError
+	if errors.As(err, &se) {
+		r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", sid, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
+		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
+		return nil, "superseded"
+	}
+	if errors.Is(err, directory.ErrUnknownSession) {
+		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
+		return nil, "unknown_session"
+	}
+	r.storeFailed(ctx, "heartbeat", err)
+	return nil, "unavailable"
 }
 
 // beat applies a probed heartbeat: void on a mismatch, else renew the
 // lease (degraded when the probe failed) and answer the ack.
-func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *heartbeatBody, info *directory.SessionInfo, res ProbeResult, perr error) string {
+func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *heartbeatBody, info *directory.SessionInfo, known bool, res ProbeResult, perr error) string {
 	c, cancel := r.opContext()
 	defer cancel()
 	headroom := *body.Headroom
 	if res == ProbeMismatch {
-		// The URL reaches another process: this registration is void.
+		// The URL reaches another process: this registration is void. A
+		// session the node only knew of is read first: one that ended
+		// meanwhile (through another node) is answered as it ended, not
+		// voided, as when it was read before the probe.
+		if known {
+			fresh, outcome := r.readSession(ctx, info.SessionID)
+			if fresh == nil {
+				return outcome
+			}
+			info = fresh
+		}
 		now := r.now()
 		if err := r.store.Void(c, info.SessionID, now); err != nil {
 			r.storeFailed(ctx, "void", err)
@@ -126,11 +158,6 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 		return "voided"
 	}
 	degraded := res != ProbeOK
-	if degraded && !info.Degraded {
-		r.log.Warn("degraded", "clientId", info.ClientID, "sessionId", info.SessionID, "advertiseUrl", info.AdvertiseURL, "probe", res.String(), "err", perr)
-	} else if !degraded && info.Degraded {
-		r.log.Info("recovered", "clientId", info.ClientID, "sessionId", info.SessionID)
-	}
 	var acks []string
 	if body.Acks != nil {
 		acks = make([]string, len(*body.Acks))
@@ -163,7 +190,14 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 		r.storeFailed(ctx, "heartbeat", err)
 		return "unavailable"
 	}
-	if *body.Draining != info.Draining {
+	// Transitions are logged from the state the store replaced, read in
+	// the same step: once per change, whichever node had the last beat.
+	if degraded && !out.WasDegraded {
+		r.log.Warn("degraded", "clientId", info.ClientID, "sessionId", info.SessionID, "advertiseUrl", info.AdvertiseURL, "probe", res.String(), "err", perr)
+	} else if !degraded && out.WasDegraded {
+		r.log.Info("recovered", "clientId", info.ClientID, "sessionId", info.SessionID)
+	}
+	if *body.Draining != out.WasDraining {
 		r.log.Info("drain", "clientId", info.ClientID, "sessionId", info.SessionID, "draining", *body.Draining, "by", "worker")
 	}
 	ack := heartbeatAck{

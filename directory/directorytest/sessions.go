@@ -26,6 +26,29 @@ func testHeartbeatRenews(t *testing.T, f Factory) {
 	}
 }
 
+// A heartbeat reports the degraded state and own drain flag it replaced,
+// read in the same atomic step: the registry logs each transition once
+// from them, whichever node took the beat before (R-LS-3).
+func testHeartbeatReportsStateReplaced(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	a := fx.register("a", []string{"/c"}, 10)
+	for i, c := range []struct{ draining, degraded, wasDraining, wasDegraded bool }{
+		{false, false, false, false},
+		{false, true, false, false},
+		{true, true, false, true},
+		{true, false, true, true},
+		{false, false, true, false},
+		{false, false, false, false},
+	} {
+		fx.advance(time.Second)
+		res := fx.beat(a, 10, c.draining, c.degraded)
+		if res.WasDraining != c.wasDraining || res.WasDegraded != c.wasDegraded {
+			t.Fatalf("unexpected state replaced by beat %d; got draining %v, degraded %v; want %v, %v",
+				i, res.WasDraining, res.WasDegraded, c.wasDraining, c.wasDegraded)
+		}
+	}
+}
+
 func testHeartbeatErrors(t *testing.T, f Factory) {
 	fx := newFixture(t, f)
 	a := fx.register("a", []string{"/c"}, 10)
