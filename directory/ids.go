@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"sync"
 )
 
 // MaxIDLen is the reference worker's id limit (pinned.pinboard.wire:
@@ -84,4 +85,32 @@ func appendKeyBytes(dst, ns, id []byte) []byte {
 	dst = append(dst, ns...)
 	dst = append(dst, 0)
 	return append(dst, id...)
+}
+
+// lookupKeyLen is the stack buffer a Lookup builds its key in: the
+// longest id (MaxIDLen) under a namespace of up to about 60 bytes, with
+// the Redis key's prefix. Namespaces have no bound of their own (any
+// single path segment a worker registers), so longer keys are built in a
+// keyPool buffer instead: a Lookup allocates nothing either way.
+const lookupKeyLen = 320
+
+// keyPool holds key buffers for keys longer than lookupKeyLen. The zero
+// value is ready; safe for concurrent use.
+type keyPool struct{ p sync.Pool }
+
+// get returns an empty buffer; hand it back with put.
+func (kp *keyPool) get() *[]byte {
+	if b, ok := kp.p.Get().(*[]byte); ok {
+		*b = (*b)[:0]
+		return b
+	}
+	b := make([]byte, 0, 2*lookupKeyLen)
+	return &b
+}
+
+// put returns a buffer; key is what was built in it (its capacity may
+// have grown).
+func (kp *keyPool) put(b *[]byte, key []byte) {
+	*b = key
+	kp.p.Put(b)
 }

@@ -49,6 +49,8 @@ type Memory struct {
 	epoch   uint64
 
 	shards [memoryShards]memShard
+	// longKeys builds Lookup keys past lookupKeyLen.
+	longKeys keyPool
 
 	// afterBatch, when set (tests only, before use), runs between the
 	// batches of a registration's instances, without the lock.
@@ -161,8 +163,18 @@ func fnv32[K string | []byte](key K) uint32 {
 
 // Lookup implements Store. Fast path: one shard read lock, no allocation.
 func (m *Memory) Lookup(ns, id []byte, now time.Time) (Route, bool) {
-	var buf [320]byte
-	key := appendKeyBytes(buf[:0], ns, id)
+	if len(ns)+len(id)+1 > lookupKeyLen {
+		kb := m.longKeys.get()
+		key := appendKeyBytes(*kb, ns, id)
+		rt, ok := m.lookupKey(key, now)
+		m.longKeys.put(kb, key)
+		return rt, ok
+	}
+	var buf [lookupKeyLen]byte
+	return m.lookupKey(appendKeyBytes(buf[:0], ns, id), now)
+}
+
+func (m *Memory) lookupKey(key []byte, now time.Time) (Route, bool) {
 	sh := m.shard(key)
 	sh.mu.RLock()
 	r := sh.rows[string(key)]

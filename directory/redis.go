@@ -70,6 +70,8 @@ type Redis struct {
 	maxRows int // per shard
 
 	shards [redisShards]redisShard
+	// longKeys builds Lookup keys past lookupKeyLen.
+	longKeys keyPool
 
 	smu      sync.RWMutex
 	sessions map[string]*redisSession

@@ -61,10 +61,25 @@ func (r *Redis) shardOf(key string) *redisShard { return &r.shards[fnv32(key)%re
 // never used (R-LS-2): the lease is checked here, from the expiry Redis
 // last told this node.
 func (r *Redis) Lookup(ns, id []byte, now time.Time) (Route, bool) {
-	var buf [320]byte
-	key := append(buf[:0], r.prefix...)
-	key = append(key, 'p', ':')
-	key = appendKeyBytes(key, ns, id)
+	if len(r.prefix)+2+len(ns)+len(id)+1 > lookupKeyLen {
+		kb := r.longKeys.get()
+		key := r.appendRowKey(*kb, ns, id)
+		rt, ok := r.lookupKey(key, now)
+		r.longKeys.put(kb, key)
+		return rt, ok
+	}
+	var buf [lookupKeyLen]byte
+	return r.lookupKey(r.appendRowKey(buf[:0], ns, id), now)
+}
+
+// appendRowKey appends the placement key of (ns, id), "P p:ns\x00id".
+func (r *Redis) appendRowKey(dst, ns, id []byte) []byte {
+	dst = append(dst, r.prefix...)
+	dst = append(dst, 'p', ':')
+	return appendKeyBytes(dst, ns, id)
+}
+
+func (r *Redis) lookupKey(key []byte, now time.Time) (Route, bool) {
 	sh := r.shardBytes(key)
 	sh.mu.RLock()
 	row, ok := sh.rows[string(key)]

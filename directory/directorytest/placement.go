@@ -3,6 +3,7 @@ package directorytest
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -310,21 +311,37 @@ func testExclude(t *testing.T, f Factory) {
 	}
 }
 
+// Lookup allocates nothing for any namespace and id the data plane
+// routes: a short pair, and the longest id (256 characters, R-DP-1) under
+// namespaces past the key's stack buffer — a namespace is any single path
+// segment a worker registers, with no bound of its own.
 func testLookupAllocs(t *testing.T, f Factory) {
 	fx := newFixture(t, f)
 	fx.warm()
-	fx.register("a", []string{"/c"}, 10)
-	fx.place("/c", "alice")
-	ns, id := []byte("/c"), []byte("alice")
-	if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
-		t.Fatalf("unexpected miss")
+	long := strings.Repeat("i", directory.MaxIDLen)
+	cases := []struct{ ns, id string }{
+		{"/c", "alice"},
+		{"/" + strings.Repeat("n", 63), long},
+		{"/" + strings.Repeat("n", 4095), long},
 	}
-	allocs := testing.AllocsPerRun(1000, func() {
+	var nss []string
+	for _, c := range cases {
+		nss = append(nss, c.ns)
+	}
+	fx.register("a", nss, 10)
+	for _, c := range cases {
+		fx.place(c.ns, c.id)
+		ns, id := []byte(c.ns), []byte(c.id)
 		if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
-			panic("miss")
+			t.Fatalf("unexpected miss for a namespace of %d bytes", len(c.ns))
 		}
-	})
-	if allocs != 0 {
-		t.Fatalf("unexpected allocations per Lookup; got %v; want 0", allocs)
+		allocs := testing.AllocsPerRun(1000, func() {
+			if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
+				panic("miss")
+			}
+		})
+		if allocs != 0 {
+			t.Fatalf("unexpected allocations per Lookup with a namespace of %d bytes and an id of %d; got %v; want 0", len(c.ns), len(c.id), allocs)
+		}
 	}
 }
