@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -59,12 +60,18 @@ func newHotPath(tb testing.TB) *hotPath { return newHotPathWith(tb, nil) }
 // (nil: none).
 func newHotPathWith(tb testing.TB, m Metrics) *hotPath {
 	tb.Helper()
+	return newHotPathFor(tb, m, "/bench", "alice")
+}
+
+// newHotPathFor is newHotPathWith for the request GET {ns}/{id}/json.
+func newHotPathFor(tb testing.TB, m Metrics, ns, id string) *hotPath {
+	tb.Helper()
 	now := time.Unix(1_800_000_000, 0)
 	store := directory.NewMemory(time.Hour, now)
 	reg, err := store.Register(context.Background(), &directory.Registration{
-		ClientID: "c", Sub: "dev", Secret: "4f1c2b9e8d7a6c5b4f1c2b9e8d7a6c5b", Namespaces: []string{"/bench"},
+		ClientID: "c", Sub: "dev", Secret: "4f1c2b9e8d7a6c5b4f1c2b9e8d7a6c5b", Namespaces: []string{ns},
 		AdvertiseURL: standInWorker(tb), Headroom: 100,
-		Instances: map[string][]string{"/bench": {"alice"}},
+		Instances: map[string][]string{ns: {id}},
 	}, now)
 	if err != nil {
 		tb.Fatal(err)
@@ -78,7 +85,7 @@ func newHotPathWith(tb testing.TB, m Metrics) *hotPath {
 	h := &hotPath{store: store, sess: reg.SessionID, now: now}
 	h.p = New(Options{Store: store, Passport: pp, Now: func() time.Time { return h.now }, Metrics: m})
 	h.req.Header.SetMethod(fasthttp.MethodGet)
-	h.req.SetRequestURI("/bench/alice/json")
+	h.req.SetRequestURI(ns + "/" + id + "/json")
 	h.req.Header.SetHost("pinboard.test")
 	h.req.Header.Set("Accept", "application/json")
 	h.req.Header.Set("User-Agent", "pinbench")
@@ -114,6 +121,17 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	skipUnderRace(t)
 	h := newHotPath(t)
 	wantNoAllocs(t, "proxied request", func() { h.once(t) })
+}
+
+// TestHotPathLongNamesAllocateNothing_RDP1: the longest id (256
+// characters) under a long namespace — namespaces have no bound of their
+// own — is parsed, resolved and forwarded without an allocation too.
+func TestHotPathLongNamesAllocateNothing_RDP1(t *testing.T) {
+	skipUnderRace(t)
+	for _, n := range []int{64, 1024} {
+		h := newHotPathFor(t, nil, "/"+strings.Repeat("n", n-1), strings.Repeat("i", directory.MaxIDLen))
+		wantNoAllocs(t, fmt.Sprintf("proxied request with a namespace of %d bytes", n), func() { h.once(t) })
+	}
 }
 
 // TestHotPathWithMetricsAllocatesNothing: recording the request's metrics
