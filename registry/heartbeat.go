@@ -90,20 +90,30 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (pr *attest.Principa
 	if ks, ok := r.store.(directory.KnownSessions); ok {
 		info, known = ks.KnownSession(*body.SessionID, r.now())
 	}
-	if !known {
-		if info, outcome = r.readSession(ctx, *body.SessionID); info == nil {
-			return nil, nil, nil, false, outcome
-		}
+	if known && covers(pr, info) {
+		return pr, body, info, true, ""
 	}
-	// Same account, and its claims must still cover the registration,
-	// advertise URL included (R-TR-3): a passport that narrowed the key
-	// ends its sessions at hosts it may no longer register.
-	if info.Sub != pr.Sub || coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) != "" ||
-		pr.Claims.CheckBackend(info.AdvertiseURL) != nil {
+	// Read from the store: a session the node does not know, and a known
+	// one the credential does not cover — one that ended meanwhile
+	// (through another node) is answered as it ended, 409 before 403, as
+	// when it was read before this check.
+	if info, outcome = r.readSession(ctx, *body.SessionID); info == nil {
+		return nil, nil, nil, false, outcome
+	}
+	if !covers(pr, info) {
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 		return nil, nil, nil, false, "forbidden"
 	}
-	return pr, body, info, known, ""
+	return pr, body, info, false, ""
+}
+
+// covers reports whether pr may heartbeat the session: same account, and
+// its claims still cover the registration, advertise URL included
+// (R-TR-3): a passport that narrowed the key ends its sessions at hosts
+// it may no longer register.
+func covers(pr *attest.Principal, info *directory.SessionInfo) bool {
+	return info.Sub == pr.Sub && coverage(pr, info.Namespaces, info.Hostname, info.Env, info.Envs) == "" &&
+		pr.Claims.CheckBackend(info.AdvertiseURL) == nil
 }
 
 // readSession reads a heartbeat's session from the store, or answers why

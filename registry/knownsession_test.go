@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/tools/redistest"
@@ -225,6 +226,62 @@ func TestTransitionsLoggedOnceAcrossNodes_RLS3(t *testing.T) {
 	}{{"degraded", 1, 0}, {"recovered", 0, 1}, {"drain", 1, 0}} {
 		if a, b := count(n.logsA, c.msg), count(n.logsB, c.msg); a != c.a || b != c.b {
 			t.Fatalf("unexpected %q lines; got %d on A and %d on B; want %d and %d\nA:\n%s\nB:\n%s", c.msg, a, b, c.a, c.b, n.logsA, n.logsB)
+		}
+	}
+}
+
+// A session the node knew, ended through another node, is answered as it
+// ended — 409 unknown session, or 409 superseded, byte for byte — to a
+// credential the registration check refuses too (another account, or the
+// same key narrowed since): the 409 rows come before the 403 as when the
+// session was read before the check (R-REG-2, R-TR-3).
+func TestKnownSessionEndedElsewhereForbiddenCredential_RREG2_RTR3(t *testing.T) {
+	unknown := `{"error":"unknown session","reregister":true}`
+	superseded := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
+	narrowed := func(t *testing.T, h *harness) *Registry {
+		raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+			{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["/other"],"allowedBackendHosts":["127.0.0.1"]}}}
+		]}]}`
+		pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { return workerToken, k == "W" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.registry(pp) // node A's store: what it knows is kept
+	}
+	for _, end := range []string{"deregistered", "superseded"} {
+		for _, cred := range []string{"other account", "narrowed"} {
+			t.Run(end+"/"+cred, func(t *testing.T) {
+				n := newTwoNodes(t)
+				h := n.h
+				session := h.register(map[string]any{"hostname": "app.example", "env": "blue", "epoch": 1})
+				if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 {
+					t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+				}
+				want := unknown
+				if end == "deregistered" {
+					if res := h.do(n.b, "POST", "/registry/deregister", workerToken, `{"sessionId":"`+session+`"}`); res.status != 200 {
+						t.Fatalf("cannot deregister through node B; got %d %s", res.status, res.body)
+					}
+				} else {
+					want = superseded
+					c, v := h.fw.pair("green")
+					res := h.do(n.b, "POST", "/registry/register", workerToken, mustJSON(t, map[string]any{
+						"clientId": "green", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+						"advertiseUrl": h.fw.srv.URL + "/green", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+						"hostname": "app.example", "env": "green", "epoch": 2,
+					}))
+					if res.status != 200 {
+						t.Fatalf("cannot register through node B; got %d %s", res.status, res.body)
+					}
+				}
+				r, token := h.r, otherToken
+				if cred == "narrowed" {
+					r, token = narrowed(t, h), workerToken
+				}
+				if res := h.do(r, "POST", "/registry/heartbeat", token, h.beatBody(session, nil)); res.status != 409 || res.body != want {
+					t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+				}
+			})
 		}
 	}
 }
