@@ -40,8 +40,9 @@ var _ KnownSessions = (*Redis)(nil)
 // through it (KnownSessions): identity and the last lease it learned.
 // Entries go when the node learns the session ended (kill), when their
 // lease passes (looked up, or pruned about once a lease), and on a wipe.
-// Bounded by the live sessions heartbeating through the node. Safe for
-// concurrent use.
+// Every session read through the node records one (heartbeats, releases,
+// the proxy's cluster calls): bounded by the sessions read within about
+// the last two leases. Safe for concurrent use.
 type beatSessions struct {
 	mu     sync.Mutex
 	m      map[string]*SessionInfo

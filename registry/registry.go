@@ -355,7 +355,10 @@ type probing func(ctx *fasthttp.RequestCtx) *probeCall
 // a heartbeat another worker cannot get answered. Workers cut off from
 // pinboard (a firewall, a wrong ADVERTISE_URL) thus hold a slot on their
 // first failing heartbeat or register only; from the next one on, their
-// probes wait on the requests' own goroutines.
+// probes wait on the requests' own goroutines. On a Redis directory that
+// is their first failing heartbeat through each node: a known session's
+// degraded state is the probe outcome the node last recorded itself
+// (directory.KnownSessions), not another node's.
 type probeCall struct {
 	url, secret, challenge, value string
 	then                          func(ctx *fasthttp.RequestCtx, res ProbeResult, err error)
