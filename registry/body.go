@@ -329,6 +329,9 @@ func (r *Registry) readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) b
 		}
 		return false
 	}
+	if hb, ok := v.(*heartbeatBody); ok && decodeHeartbeatFast(b, hb) {
+		return true // the body as workers send it (heartbeat_decode.go)
+	}
 	if err := decode(b, v); err != nil {
 		if errors.Is(err, errInvalidJSON) {
 			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
