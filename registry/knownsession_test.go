@@ -81,6 +81,23 @@ func newTwoNodes(t *testing.T) *twoNodes {
 	return n
 }
 
+// supersedeOnB registers, through node B, a worker at epoch 2 that takes
+// the binding of app.example/counters for env green from an epoch-1
+// registration (R-LS-4).
+func (n *twoNodes) supersedeOnB(t *testing.T) {
+	t.Helper()
+	h := n.h
+	c, v := h.fw.pair("green")
+	res := h.do(n.b, "POST", "/registry/register", workerToken, mustJSON(t, map[string]any{
+		"clientId": "green", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL + "/green", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+		"hostname": "app.example", "env": "green", "epoch": 2,
+	}))
+	if res.status != 200 {
+		t.Fatalf("cannot register through node B; got %d %s", res.status, res.body)
+	}
+}
+
 // A heartbeat of a session the node saw live costs one round trip to
 // Redis, the heartbeat script: the session read before the probe is
 // answered from what the node knows (directory.KnownSessions), and the
@@ -160,15 +177,7 @@ func TestKnownSessionEndedElsewhere_RREG2_RLS2_RLS3_RLS4(t *testing.T) {
 		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil)); res.status != 200 {
 			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
 		}
-		c, v := h.fw.pair("green")
-		res := h.do(n.b, "POST", "/registry/register", workerToken, mustJSON(t, map[string]any{
-			"clientId": "green", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-			"advertiseUrl": h.fw.srv.URL + "/green", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-			"hostname": "app.example", "env": "green", "epoch": 2,
-		}))
-		if res.status != 200 {
-			t.Fatalf("cannot register through node B; got %d %s", res.status, res.body)
-		}
+		n.supersedeOnB(t)
 		want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
 		h.fw.mode.Store("mismatch")
 		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(old, nil)); res.status != 409 || res.body != want {
@@ -264,15 +273,7 @@ func TestKnownSessionEndedElsewhereForbiddenCredential_RREG2_RTR3(t *testing.T) 
 					}
 				} else {
 					want = superseded
-					c, v := h.fw.pair("green")
-					res := h.do(n.b, "POST", "/registry/register", workerToken, mustJSON(t, map[string]any{
-						"clientId": "green", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-						"advertiseUrl": h.fw.srv.URL + "/green", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-						"hostname": "app.example", "env": "green", "epoch": 2,
-					}))
-					if res.status != 200 {
-						t.Fatalf("cannot register through node B; got %d %s", res.status, res.body)
-					}
+					n.supersedeOnB(t)
 				}
 				r, token := h.r, otherToken
 				if cred == "narrowed" {
