@@ -37,7 +37,8 @@ run: build
 
 # The zero-allocation tests skip under -race (sync.Pool drops items on
 # purpose there): run once more without it, or they never run at all.
-ALLOC_TESTS = $(GO) test -count=1 -run 'Alloc' ./proxy/ ./attest/
+ALLOC_TESTS = $(GO) test -count=1 -run 'Alloc' ./proxy/ ./attest/ && \
+	$(GO) test -count=1 -run 'Contract/LookupDoesNotAllocate' ./directory/
 
 # Everything the tests need, then every test.
 test: deps lint

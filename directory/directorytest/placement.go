@@ -329,8 +329,11 @@ func testLookupAllocs(t *testing.T, f Factory) {
 		nss = append(nss, c.ns)
 	}
 	fx.register("a", nss, 10)
-	for _, c := range cases {
+	for i, c := range cases {
 		fx.place(c.ns, c.id)
+		if i > 0 && raceEnabled {
+			continue // long keys are built in a pooled buffer (raceEnabled)
+		}
 		ns, id := []byte(c.ns), []byte(c.id)
 		if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {
 			t.Fatalf("unexpected miss for a namespace of %d bytes", len(c.ns))

@@ -1,0 +1,5 @@
+//go:build !race
+
+package directorytest
+
+const raceEnabled = false
