@@ -155,3 +155,33 @@ func TestProberCloseIdleClosesConnections_RREG1(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A worker that stops answering on a connection the prober pooled from an
+// earlier probe is unreachable after the probe timeout, however long the
+// connection idled before: probes run on raw connections (internal/rawio)
+// whose read deadline is armed when a read must wait, so a reused one
+// must still time out (R-REG-2: a hung worker's heartbeat is degraded,
+// not held).
+func TestProbeHangOnPooledConnectionTimesOut_RREG2(t *testing.T) {
+	fw := newFakeWorker(t)
+	t.Cleanup(func() { close(fw.hang) }) // before the server's Close waits for its handlers
+	const timeout = 300 * time.Millisecond
+	p := NewProber(timeout)
+	for _, idle := range []time.Duration{0, 50 * time.Millisecond, 400 * time.Millisecond} {
+		fw.mode.Store("ok")
+		c, v := fw.pair("pooled" + idle.String())
+		if res, err := p.Probe(fw.srv.URL, fw.secret, c, v); res != ProbeOK {
+			t.Fatalf("cannot probe: %v %v", res, err)
+		}
+		time.Sleep(idle)
+		fw.mode.Store("hang")
+		start := time.Now()
+		c, v = fw.pair("hung" + idle.String())
+		res, _ := p.Probe(fw.srv.URL, fw.secret, c, v)
+		// Bounded, not timed: a probe held past the worker's own 5 s
+		// timeout is the failure this guards against.
+		if took := time.Since(start); res != ProbeUnreachable || took < timeout || took > 5*time.Second {
+			t.Fatalf("unexpected probe of a worker hanging after %v idle; got %v after %v; want unreachable after the %v timeout", idle, res, took, timeout)
+		}
+	}
+}
