@@ -104,16 +104,8 @@ func VerifyAttestation(token string, secret []byte, audiences []string, now time
 			return nil, errAttNotASCII
 		}
 	}
-	d1 := strings.IndexByte(token, '.')
-	if d1 < 0 {
-		return nil, errAttSegments
-	}
-	d2 := strings.IndexByte(token[d1+1:], '.')
-	if d2 < 0 {
-		return nil, errAttSegments
-	}
-	d2 += d1 + 1
-	if strings.IndexByte(token[d2+1:], '.') >= 0 {
+	d1, d2, ok := segments(token)
+	if !ok {
 		return nil, errAttSegments
 	}
 	m := getMacer()
@@ -146,18 +138,15 @@ func VerifyAttestation(token string, secret []byte, audiences []string, now time
 // AttestationAudience returns the aud claim of token without verifying
 // it: the session whose secret would verify it, for a caller that looks
 // the secret up first (the proxy's loop check). ok is false when the
-// token has no payload segment that decodes to an object with a string
+// token is not three segments or its payload does not decode to an
+// object with a string
 // aud.
 func AttestationAudience(token string) (aud string, ok bool) {
-	d1 := strings.IndexByte(token, '.')
-	if d1 < 0 {
+	d1, d2, ok := segments(token)
+	if !ok {
 		return "", false
 	}
-	d2 := strings.IndexByte(token[d1+1:], '.')
-	if d2 < 0 {
-		return "", false
-	}
-	payload, ok := pyB64URLDecode(nil, token[d1+1:d1+1+d2])
+	payload, ok := pyB64URLDecode(nil, token[d1+1:d2])
 	if !ok {
 		return "", false
 	}
@@ -169,6 +158,24 @@ func AttestationAudience(token string) (aud string, ok bool) {
 		return a.str, true
 	}
 	return "", false
+}
+
+// segments returns the indexes of the two dots of a three-segment compact
+// JWS, "header.payload.signature"; ok is false for any other count.
+func segments(token string) (d1, d2 int, ok bool) {
+	d1 = strings.IndexByte(token, '.')
+	if d1 < 0 {
+		return 0, 0, false
+	}
+	d2 = strings.IndexByte(token[d1+1:], '.')
+	if d2 < 0 {
+		return 0, 0, false
+	}
+	d2 += d1 + 1
+	if strings.IndexByte(token[d2+1:], '.') >= 0 {
+		return 0, 0, false
+	}
+	return d1, d2, true
 }
 
 // checkHeader applies rules 3 and 4 of VerifyAttestation to the header.
