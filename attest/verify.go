@@ -139,8 +139,7 @@ func VerifyAttestation(token string, secret []byte, audiences []string, now time
 // it: the session whose secret would verify it, for a caller that looks
 // the secret up first (the proxy's loop check). ok is false when the
 // token is not three segments or its payload does not decode to an
-// object with a string
-// aud.
+// object with a string aud.
 func AttestationAudience(token string) (aud string, ok bool) {
 	d1, d2, ok := segments(token)
 	if !ok {
