@@ -40,6 +40,9 @@ type apiError struct {
 	Location     string // a redirect's target
 }
 
+// redirect reports whether the answer was a redirect (3xx).
+func (e *apiError) redirect() bool { return e.Status >= 300 && e.Status <= 399 }
+
 func (e *apiError) Error() string {
 	msg := e.Message
 	if msg == "" {
@@ -63,7 +66,7 @@ func (e *apiError) Error() string {
 			s += " (retry after " + e.RetryAfter + "s)"
 		}
 	}
-	if e.Status >= 300 && e.Status <= 399 {
+	if e.redirect() {
 		// Pinboard never redirects: something in front of it does (an
 		// http:// URL sent to https://, a login page). Followed, a drain's
 		// POST came back a GET and the bearer token was dropped on
@@ -159,15 +162,16 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 		var eb struct {
 			Error string `json:"error"`
 		}
-		if ae.Status >= 300 && ae.Status <= 399 {
+		switch {
+		case ae.redirect():
 			// A redirect's body is a link to its Location (net/http's
 			// "<a href=…>Found</a>."): the status text and the target say it.
-		} else if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
+		case json.Unmarshal(b, &eb) == nil && eb.Error != "":
 			// Pinboard's messages print as they are; JSON from something
 			// else in front of it (a gateway's {"error":…}) may hold a
 			// line break or an escape sequence, quoted as a page is.
 			ae.Message = cell(clip(eb.Error, 200))
-		} else {
+		default:
 			// Not pinboard's JSON: a proxy's error page, often HTML over
 			// several lines. Quoted when it does not print, so the error
 			// stays on its one line and nothing reaches the terminal.
