@@ -67,7 +67,7 @@ func Run(t *testing.T, f Factory) {
 		{"DegradedSinceKeepsFirstFailure_RLS3", testDegradedSince},
 		{"StaleReleaseKeepsNewOwner_RREG3", testStaleRelease},
 		{"ReclaimedOwnerServesDuringQuarantine_RCS1", testReclaimDuringQuarantine},
-		{"LookupDoesNotAllocate", testLookupAllocs},
+		{"LookupDoesNotAllocate_RDP1", testLookupAllocs},
 		{"NamespaceBytesKept_RREG4_RPL5", testNamespaceBytes},
 		{"InstanceListedTwiceIsNoDuplicate_RREG1", testInstanceListedTwice},
 		{"ReregisterAcrossBatches_RREG1", testReregisterAcrossBatches},
