@@ -74,11 +74,29 @@ func (s stallReader) Read(p []byte) (int, error) {
 
 // decode parses a JSON body into v. Syntax errors are errInvalidJSON;
 // well-formed JSON of the wrong shape (a wrong type, a non-object) is
-// errShape, answered with the endpoint's "expected { … }" message.
-//
-// One json.Unmarshal does both: it checks the whole input before it
-// decodes anything, and a syntax error is its own type.
+// errShape, answered with the endpoint's "expected { … }" message. A body
+// type with a decoder of its own for the form clients send (fastBody)
+// is read by it first.
 func decode(b []byte, v any) error {
+	if fb, ok := v.(fastBody); ok && fb.decodeFast(b) {
+		return nil
+	}
+	return decodeJSON(b, v)
+}
+
+// fastBody is a request body type with a decoder of its own for the form
+// its clients send, which must decode every body it takes exactly as
+// decodeJSON does and leave the rest (ok false, the body untouched) to
+// it: heartbeatBody (heartbeat_decode.go).
+type fastBody interface {
+	decodeFast(b []byte) bool
+}
+
+// decodeJSON is decode's general path, every body read as the reference
+// reads it. One json.Unmarshal checks the syntax and decodes: it checks
+// the whole input before it decodes anything, and a syntax error is its
+// own type.
+func decodeJSON(b []byte, v any) error {
 	t := reflect.TypeOf(v).Elem()
 	if err := json.Unmarshal(b, v); err != nil {
 		if _, ok := errors.AsType[*json.SyntaxError](err); ok {
@@ -328,9 +346,6 @@ func (r *Registry) readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) b
 			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
 		}
 		return false
-	}
-	if hb, ok := v.(*heartbeatBody); ok && decodeHeartbeatFast(b, hb) {
-		return true // the body as workers send it (heartbeat_decode.go)
 	}
 	if err := decode(b, v); err != nil {
 		if errors.Is(err, errInvalidJSON) {

@@ -4,20 +4,20 @@ import (
 	"strconv"
 )
 
-// decodeHeartbeatFast decodes a heartbeat body in the form workers send —
+// decodeFast decodes a heartbeat body in the form workers send —
 // an object of the six members 003_d935a1d8ec89be7a.txt names, each at
 // most once, strings of printable ASCII without escapes, a plain JSON
-// number for headroom — into hb, exactly as decode would, and reports
-// whether it did. Anything else (another key, a null, an escape, a
-// non-ASCII byte, a syntax error) is left to decode, which reads every
-// body as the reference does: ok false, hb untouched.
+// number for headroom — into hb, exactly as decodeJSON would, and reports
+// whether it did (fastBody). Anything else (another key, a null, an
+// escape, a non-ASCII byte, a syntax error) is left to decodeJSON, which
+// reads every body as the reference does: ok false, hb untouched.
 //
-// Why: decode is encoding/json plus a reflective check of the keys, about
+// Why: decodeJSON is encoding/json plus a reflective check of the keys, about
 // 8 µs and 19 allocations a body; with 10,000 workers (3,333 heartbeats a
 // second) it was the largest piece of pinboard's own work in a heartbeat
 // storm (BENCHMARKS.md). FuzzHeartbeatFastDecodeAgrees_RREG2 holds the two
 // equal on every body this accepts.
-func decodeHeartbeatFast(b []byte, hb *heartbeatBody) bool {
+func (hb *heartbeatBody) decodeFast(b []byte) bool {
 	d := fastDec{b: b}
 	var out heartbeatBody
 	var seen uint8

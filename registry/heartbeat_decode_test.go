@@ -51,7 +51,7 @@ var heartbeatBodies = []struct {
 func TestHeartbeatFastDecode_RREG2(t *testing.T) {
 	for _, c := range heartbeatBodies {
 		var fast heartbeatBody
-		if got := decodeHeartbeatFast([]byte(c.body), &fast); got != c.fast {
+		if got := fast.decodeFast([]byte(c.body)); got != c.fast {
 			t.Fatalf("unexpected fast decode of %q; got %v; want %v", c.body, got, c.fast)
 		}
 		if !c.fast {
@@ -64,11 +64,12 @@ func TestHeartbeatFastDecode_RREG2(t *testing.T) {
 	}
 }
 
-// wantSameAsDecode fails unless decode takes b and fills what fast holds.
+// wantSameAsDecode fails unless decode's general path (decodeJSON) takes
+// b and fills what fast holds.
 func wantSameAsDecode(t *testing.T, b []byte, fast *heartbeatBody) {
 	t.Helper()
 	var slow heartbeatBody
-	if err := decode(b, &slow); err != nil {
+	if err := decodeJSON(b, &slow); err != nil {
 		t.Fatalf("unexpected fast decode of %q, which decode refuses: %v", b, err)
 	}
 	if !reflect.DeepEqual(*fast, slow) {
@@ -87,19 +88,19 @@ func FuzzHeartbeatFastDecodeAgrees_RREG2(f *testing.F) {
 	f.Add([]byte(`{"acks":[` + strings.Repeat(`"0123456789abcdef",`, 100) + `"x"]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var fast heartbeatBody
-		if decodeHeartbeatFast(b, &fast) {
+		if fast.decodeFast(b) {
 			wantSameAsDecode(t, b, &fast)
 		}
 	})
 }
 
-// BenchmarkDecodeHeartbeatFast is decodeHeartbeatFast on the body the
+// BenchmarkDecodeHeartbeatFast is heartbeatBody.decodeFast on the body the
 // reference sends, beside BenchmarkDecodeHeartbeat.
 func BenchmarkDecodeHeartbeatFast(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var hb heartbeatBody
-		if !decodeHeartbeatFast(benchHeartbeatBody, &hb) {
+		if !hb.decodeFast(benchHeartbeatBody) {
 			b.Fatal("refused")
 		}
 	}
