@@ -123,21 +123,28 @@ func (r *Registry) readSession(ctx *fasthttp.RequestCtx, sid string) (*directory
 	c, cancel := r.opContext()
 	defer cancel()
 	info, err := r.store.Session(c, sid, r.now())
-	if err == nil {
-		return info, ""
+	if err != nil {
+		return nil, r.sessionFailed(ctx, sid, err)
 	}
+	return info, ""
+}
+
+// sessionFailed answers a heartbeat whose session the store did not find
+// or renew: 409 superseded (logged), 409 unknown session, else 503; it
+// returns the outcome.
+func (r *Registry) sessionFailed(ctx *fasthttp.RequestCtx, sid string, err error) string {
 	var se *directory.SupersededError
 	if errors.As(err, &se) {
 		r.log.Warn("superseded", "clientId", se.ClientID, "sessionId", sid, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
 		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
-		return nil, "superseded"
+		return "superseded"
 	}
 	if errors.Is(err, directory.ErrUnknownSession) {
 		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
-		return nil, "unknown_session"
+		return "unknown_session"
 	}
 	r.storeFailed(ctx, "heartbeat", err)
-	return nil, "unavailable"
+	return "unavailable"
 }
 
 // beat applies a probed heartbeat: void on a mismatch, else renew the
@@ -184,21 +191,12 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 		Degraded:  degraded,
 		Acks:      acks,
 	}, now)
-	var se *directory.SupersededError
 	switch {
-	case errors.As(err, &se):
-		r.log.Warn("superseded", "clientId", info.ClientID, "sessionId", info.SessionID, "hostname", se.Hostname, "namespace", se.NS, "env", se.Env, "epoch", directory.FormatEpoch(se.Epoch))
-		reply(ctx, fasthttp.StatusConflict, supersededBody(se))
-		return "superseded"
-	case errors.Is(err, directory.ErrUnknownSession):
-		reply(ctx, fasthttp.StatusConflict, bodyUnknownSession)
-		return "unknown_session"
 	case errors.Is(err, directory.ErrForbidden):
 		reply(ctx, fasthttp.StatusForbidden, bodyForbidden)
 		return "forbidden"
 	case err != nil:
-		r.storeFailed(ctx, "heartbeat", err)
-		return "unavailable"
+		return r.sessionFailed(ctx, info.SessionID, err)
 	}
 	// Transitions are logged from the state the store replaced, read in
 	// the same step: once per change, whichever node had the last beat.
