@@ -264,33 +264,62 @@ func stormSection(b *strings.Builder, res *Results) {
 		bench.FmtUs(st.ack.P999), bench.FmtUs(st.ack.Max), fmt.Sprint(st.non200), fmt.Sprint(st.degraded))
 	b.WriteString(t.Markdown())
 	b.WriteString("\n")
-	dt := bench.Table{Header: []string{"data plane", "p50", "p90", "p99", "p99.9", "max", "pinboard CPU (cores)", "errors"}}
-	for _, ph := range []struct {
-		name, phase string
-		cores       float64
-		a           Agg
-	}{{"storm off", "storm-off", st.coresOff, st.offAgg}, {"storm on", "storm-on", st.coresOn, st.onAgg}} {
-		a := ph.a
-		windows := "windows"
-		if a.N == 1 {
-			windows = "window"
+	dt := bench.Table{Header: []string{"data plane", "storm", "p50", "p90", "p99", "p99.9", "max", "p99 on vs off", "proxy CPU (cores)", "errors"}}
+	rows := append([]stormCompare{{name: pinboard, on: st.onAgg, off: st.offAgg, impact: st.impact}}, st.baselines...)
+	for _, c := range rows {
+		for _, ph := range []struct {
+			name string
+			a    Agg
+		}{{"off", c.off}, {"on", c.on}} {
+			a := ph.a
+			if a.N == 0 {
+				continue
+			}
+			windows := "windows"
+			if a.N == 1 {
+				windows = "window"
+			}
+			cores, impact := "–", ""
+			switch {
+			case c.name == pinboard && ph.name == "off":
+				cores = fmt.Sprintf("%.2f", st.coresOff)
+			case c.name == pinboard:
+				cores = fmt.Sprintf("%.2f", st.coresOn)
+			case c.name != direct:
+				cores = fmt.Sprintf("%.2f", a.ProxyCores)
+			}
+			if ph.name == "on" && c.off.N > 0 {
+				impact = fmt.Sprintf("%+.0f%%", c.impact*100)
+			}
+			dt.Add(c.name, fmt.Sprintf("%s (%d %s)", ph.name, a.N, windows), bench.FmtUs(a.Latency.P50), bench.FmtUs(a.Latency.P90), bench.FmtUs(a.Latency.P99),
+				bench.FmtUs(a.Latency.P999), bench.FmtUs(a.Latency.Max), impact, cores, fmt.Sprint(a.Errors))
 		}
-		dt.Add(fmt.Sprintf("%s (%d %s)", ph.name, a.N, windows), bench.FmtUs(a.Latency.P50), bench.FmtUs(a.Latency.P90), bench.FmtUs(a.Latency.P99), bench.FmtUs(a.Latency.P999),
-			bench.FmtUs(a.Latency.Max), fmt.Sprintf("%.2f", ph.cores), fmt.Sprint(a.Errors))
 	}
 	b.WriteString(dt.Markdown())
 	loud := ""
 	switch {
 	case st.loud > 0:
-		loud = fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during either window are left out of both rows "+
+		loud = fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during any window are left out of every row "+
 			"(%d windows here): the impact is a ratio of two tails, and another tenant moves a tail more than the storm does; "+
 			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, st.loud)
 	case st.loudKept > 0:
 		loud = fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (%d windows); all are kept.",
 			otherLoadCores, st.loudKept)
 	}
-	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%%.%s The storm fleet (sending the heartbeats and answering the probes) runs "+
-		"on the same two CPUs.\n", st.impact*100, loud)
+	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%% through pinboard.%s The storm fleet (sending the heartbeats and answering the probes) runs "+
+		"on the same two CPUs, and pinboard's registry answers the storm in every window, whichever data plane is measured", st.impact*100, loud)
+	if len(st.baselines) > 0 {
+		b.WriteString(": nginx's and direct's rows, in the same rounds, are what the busy machine alone does to a tail; " +
+			"pinboard's impact beyond theirs (the ratio of the on/off ratios) is what its own registry costs its data plane:")
+		for i, c := range st.baselines {
+			sep := ","
+			if i == len(st.baselines)-1 {
+				sep = ""
+			}
+			fmt.Fprintf(b, " %+.0f%% beyond %s's%s", st.beyond(c)*100, c.name, sep)
+		}
+	}
+	b.WriteString(".\n")
 }
 
 func sseSection(b *strings.Builder, res *Results, links []string) {

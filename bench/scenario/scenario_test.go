@@ -238,7 +238,7 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	if g.Met || !strings.Contains(g.Measured, "; the rounds of 2 windows under other load left out") {
 		t.Fatalf("unexpected goal; got %+v", g)
 	}
-	if md := Markdown(res, nil, nil); !strings.Contains(md, "| storm off (1 window) |") || !strings.Contains(md, "left out of both rows (2 windows here)") {
+	if md := Markdown(res, nil, nil); !strings.Contains(md, "| pinboard | off (1 window) |") || !strings.Contains(md, "left out of every row (2 windows here)") {
 		t.Fatalf("unexpected storm section:\n%s", md)
 	}
 
@@ -252,6 +252,62 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	}
 	if n := st.loudNote(); n != "; no round without other load, 1 window under it kept" {
 		t.Fatalf("unexpected note; got %q", n)
+	}
+}
+
+// TestStormBaselinesInSameRounds: nginx's and direct's storm windows
+// are compared over the same rounds as pinboard's — a round another
+// tenant made loud in any target's window goes for all of them — and the
+// goal names their impacts beside pinboard's without judging on them.
+// Results written before the baselines joined have no target: pinboard.
+func TestStormBaselinesInSameRounds(t *testing.T) {
+	window := func(res *Results, target, phase string, round int, p99us, foreign float64) {
+		h := bench.NewHist()
+		h.RecordN(int64(p99us*1000), 100)
+		res.add(&Record{Scenario: "storm", Target: target, Phase: phase, Round: round, ForeignCores: foreign, ProxyCores: 0.3,
+			Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h)}})
+		tgt := target
+		if target == pinboard {
+			tgt = "" // as written before the baselines
+		}
+		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Target: tgt, Workers: 10000, ProxyCores: 0.5})
+	}
+	res := &Results{Rounds: 2}
+	for round, loud := range map[int]float64{1: 0, 2: 0.9} {
+		window(res, pinboard, "storm-on", round, 6000, 0)
+		window(res, pinboard, "storm-off", round, 2000, 0)
+		window(res, nginx, "storm-on", round, 3000, loud) // round 2: a tenant in nginx's window only
+		window(res, nginx, "storm-off", round, 2000, 0)
+		window(res, direct, "storm-on", round, 1500, 0)
+		window(res, direct, "storm-off", round, 1000, 0)
+	}
+	st := stormSummary(res)
+	if st.loud != 6 || st.onAgg.N != 1 || st.offAgg.N != 1 || len(st.baselines) != 2 {
+		t.Fatalf("unexpected windows; got %d left out, %d/%d pinboard, %d baselines; want 6, 1/1, 2", st.loud, st.onAgg.N, st.offAgg.N, len(st.baselines))
+	}
+	if st.impact < 1.9 || st.impact > 2.1 || st.coresOn != 0.5 {
+		t.Fatalf("unexpected pinboard comparison; got %+.0f%%, %.1f cores; want about +200%%, 0.5", st.impact*100, st.coresOn)
+	}
+	for _, c := range st.baselines {
+		want := map[string]float64{nginx: 0.5, direct: 0.5}[c.name]
+		if c.on.N != 1 || c.impact < want-0.05 || c.impact > want+0.05 {
+			t.Fatalf("unexpected %s baseline; got %d on windows, %+.0f%%; want 1, %+.0f%%", c.name, c.on.N, c.impact*100, want*100)
+		}
+	}
+	var g Goal
+	for _, x := range Goals(res) {
+		if x.Name == "Heartbeat storm: data-plane p99 impact" {
+			g = x
+		}
+	}
+	if g.Met || !strings.Contains(g.Measured, "(+200%; in the same rounds nginx +50% (pinboard's beyond it +100%), direct +50% (pinboard's beyond it +100%); the rounds of 6 windows") {
+		t.Fatalf("unexpected goal; got %+v", g)
+	}
+	md := Markdown(res, nil, nil)
+	for _, want := range []string{"| nginx | on (1 window) |", "| direct | off (1 window) |", "| +50% | – |", "+200% through pinboard", "registry costs its data plane: +100% beyond nginx's, +100% beyond direct's."} {
+		if !strings.Contains(md, want) {
+			t.Fatalf("storm section lacks %q:\n%s", want, md)
+		}
 	}
 }
 

@@ -8,15 +8,29 @@ import (
 	"github.com/pinboard-go/pinboard/bench"
 )
 
+// stormTargets are the data planes measured with the storm on and off.
+// The storm is aimed at pinboard's registry in every window; nginx and
+// direct are the same run's baselines for what a busy machine alone does
+// to a tail: the storm fleet, sending the heartbeats and answering the
+// probes, shares the two CPUs with every data plane, and pinboard's
+// registry work is there in their windows too. Pinboard's impact beyond
+// theirs is what its own control plane costs its data plane.
+var stormTargets = []string{pinboard, nginx, direct}
+
 // storm registers 10,000 virtual workers (2,000 in quick mode) on the one
 // pinboard node, heartbeating every 3 s: 3,333 heartbeats a second, each
 // with its challenge probe back to the worker. Data-plane windows at a
-// quarter of the hot rate alternate between storm on and storm paused
-// (heartbeats held for a window well inside the 15 s lease), measuring
-// heartbeat ack latency and what the storm does to data-plane latency.
+// quarter of the hot rate, through each target in turn, alternate
+// between storm on and storm paused (heartbeats held for one window,
+// well inside the 15 s lease), measuring heartbeat ack latency and what
+// the storm does to data-plane latency.
 func (r *runner) storm(ctx context.Context) error {
 	if r.rate == 0 {
 		r.rate = 2000
+	}
+	ws, err := r.fl.workers()
+	if err != nil {
+		return err
 	}
 	n := r.sz.stormWorkers
 	r.logf("    registering %d workers…", n)
@@ -35,9 +49,6 @@ func (r *runner) storm(ctx context.Context) error {
 	// after, 37 ms in one starting three after; BENCHMARKS.md). The
 	// registration itself is reported on its own (storm.registerS).
 	sleepCtx(ctx, 9500*time.Millisecond)
-	t := r.tgt[pinboard]
-	rt := newRoute(t, nil)
-	doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
 	// The storm alone takes most of this machine (pinboard's registry and
 	// the storm fleet, which in production runs elsewhere): the data plane
 	// runs at a quarter of the hot rate, so that what is measured is the
@@ -46,55 +57,71 @@ func (r *runner) storm(ctx context.Context) error {
 	r.res.fact("storm.rate", rate)
 	rounds := r.cfg.Rounds + 1
 	for round := 1; round <= rounds; round++ {
-		phases := []bool{true, false}
-		if round%2 == 0 {
-			phases = []bool{false, true}
-		}
-		for _, on := range phases {
-			if err := ctx.Err(); err != nil {
-				return err
+		for _, name := range orderFor(stormTargets, round) {
+			t := r.tgt[name]
+			// Minted per target and round: a baseline's attestations last
+			// about a minute, and one target's pair of windows is 16 s.
+			rt := newRoute(t, ws)
+			doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
+			phases := []bool{true, false}
+			if round%2 == 0 {
+				phases = []bool{false, true}
 			}
-			phase := "storm-on"
-			r.waitQuiet(ctx)
-			if !on {
-				phase = "storm-off"
-				if err := sf.call("POST", "/pause", nil); err != nil {
-					return err
-				}
-				sleepCtx(ctx, 300*time.Millisecond) // heartbeats in flight finish
-			}
-			if _, err := sf.stats(true); err != nil {
-				return err
-			}
-			l := &bench.Loop{Rate: rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
-			r.noQuietWait = true
-			rec, err := r.measure("storm", phase, round, t, l, doers)
-			r.noQuietWait = false
-			if err != nil {
-				return err
-			}
-			st, serr := sf.stats(true)
-			if !on {
-				if err := sf.call("POST", "/resume", nil); err != nil {
+			for _, on := range phases {
+				if err := r.stormWindow(ctx, sf, t, doers, rate, round, on, n); err != nil {
 					return err
 				}
 			}
-			if serr != nil {
-				return serr
-			}
-			r.res.mu.Lock()
-			r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Workers: n, Acks: st, ProxyCores: rec.ProxyCores})
-			r.res.mu.Unlock()
-			if on {
-				r.logf("    storm: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
-					st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
-			}
-			if !on {
-				// Resumed heartbeats arrive within one interval; let the
-				// next "on" window start with the storm at full rate.
-				sleepCtx(ctx, 3*time.Second)
-			}
 		}
+	}
+	return nil
+}
+
+// stormWindow measures one data-plane window through t with the storm
+// on, or paused for the window's length.
+func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doers func(int) (bench.Doer, error), rate float64, round int, on bool, n int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	phase := "storm-on"
+	r.waitQuiet(ctx)
+	if !on {
+		phase = "storm-off"
+		if err := sf.call("POST", "/pause", nil); err != nil {
+			return err
+		}
+		sleepCtx(ctx, 300*time.Millisecond) // heartbeats in flight finish
+	}
+	if _, err := sf.stats(true); err != nil {
+		return err
+	}
+	l := &bench.Loop{Rate: rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
+	r.noQuietWait = true
+	rec, err := r.measure("storm", phase, round, t, l, doers)
+	r.noQuietWait = false
+	if err != nil {
+		return err
+	}
+	st, serr := sf.stats(true)
+	if !on {
+		if err := sf.call("POST", "/resume", nil); err != nil {
+			return err
+		}
+	}
+	if serr != nil {
+		return serr
+	}
+	r.res.mu.Lock()
+	r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Target: t.name, Workers: n, Acks: st, ProxyCores: rec.ProxyCores})
+	r.res.mu.Unlock()
+	if on {
+		r.logf("    storm: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
+			st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
+	}
+	if !on {
+		// Resumed heartbeats arrive within one interval; let the next "on"
+		// window start with the storm at full rate.
+		sleepCtx(ctx, 3*time.Second)
 	}
 	return nil
 }
