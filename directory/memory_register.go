@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 )
@@ -121,7 +122,7 @@ func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegiste
 			Namespaces:   slices.Clone(reg.Namespaces),
 			Hostname:     reg.Hostname,
 			Env:          reg.Env,
-			Envs:         reg.Envs,
+			Envs:         maps.Clone(reg.Envs),
 			Epoch:        reg.Epoch,
 			Headroom:     reg.Headroom,
 			Draining:     reg.Draining,

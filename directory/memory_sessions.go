@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 )
@@ -30,6 +31,7 @@ func (m *Memory) Session(_ context.Context, sessionID string, now time.Time) (*S
 func (m *Memory) infoLocked(s *memSession) SessionInfo {
 	info := s.info
 	info.Namespaces = slices.Clone(info.Namespaces)
+	info.Envs = maps.Clone(info.Envs)
 	info.LeaseUntil = s.owner.LeaseUntil()
 	info.Placements = len(s.rows)
 	if d := m.drains[s.info.ClientID]; d != nil {

@@ -154,3 +154,43 @@ func testHostRouting(t *testing.T, f Factory) {
 		t.Fatalf("unexpected placements for an unbound host; got %v; want the plain worker used", counts)
 	}
 }
+
+// testRegistrationNotAliased: the store keeps its own copy of what a
+// registration names and hands out copies of what it keeps, so a caller
+// that reuses or edits its Registration, or the SessionInfo it read,
+// cannot change the bindings and namespaces another request sees
+// (R-REG-1, R-LS-4).
+func testRegistrationNotAliased(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	reg := &directory.Registration{
+		ClientID: "a", Sub: "test:worker", Secret: "s-a", Namespaces: []string{"/c", "/d"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10,
+		Hostname: "app.example", Env: "blue", Envs: map[string]string{"/d": "green"}, Epoch: 1,
+	}
+	res, err := fx.s.Register(fx.ctx, reg, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Envs["/d"] = "red"
+	reg.Envs["/c"] = "red"
+	reg.Namespaces[0] = "/x"
+	want := func() {
+		t.Helper()
+		info, err := fx.s.Session(fx.ctx, res.SessionID, fx.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Envs) != 1 || info.Envs["/d"] != "green" || len(info.Namespaces) != 2 || info.Namespaces[0] != "/c" {
+			t.Fatalf("unexpected session; got envs %v, namespaces %v; want envs map[/d:green], namespaces [/c /d]", info.Envs, info.Namespaces)
+		}
+		info.Envs["/d"] = "red"
+		info.Namespaces[1] = "/x"
+	}
+	want()
+	want() // the edits to the first copy did not reach the store either
+	// The binding is still app.example/d to green at epoch 1: an older
+	// epoch is refused with it.
+	_, err = fx.registerBound("b", "app.example", "red", 0, "", "/d")
+	wantSuperseded(t, err, "app.example", "/d", "green", 1)
+}

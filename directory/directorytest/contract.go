@@ -61,6 +61,7 @@ func Run(t *testing.T, f Factory) {
 		{"HeldBindingSurvivesSweep_RLS4", testHeldBindingSurvivesSweep},
 		{"HostnameRoutesNewPlacements_RLS4", testHostRouting},
 		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
+		{"RegistrationNotAliased_RREG1_RLS4", testRegistrationNotAliased},
 		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
 		{"WindDownNeedsLiveOwner_RCM1", testWindDownDeadOwner},
 		{"WindDownChecksNamedOwner_RCM1", testWindDownNamedOwner},
