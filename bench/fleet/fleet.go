@@ -263,14 +263,16 @@ func (f *Fleet) Worker(i int) *Worker {
 	return f.workers[i].Load()
 }
 
-// Workers returns every worker that has not left.
+// Workers returns every worker that has not begun to leave. A leaving
+// worker still answers during its grace, but a listing taken then (a
+// baseline's route, right after a churn window) must not name it.
 func (f *Fleet) Workers() []*Worker {
 	f.mu.Lock()
 	n := f.n
 	f.mu.Unlock()
 	out := make([]*Worker, 0, n)
 	for i := 0; i < n; i++ {
-		if w := f.workers[i].Load(); w != nil && !w.left.Load() {
+		if w := f.workers[i].Load(); w != nil && !w.leaving.Load() {
 			out = append(out, w)
 		}
 	}
@@ -353,6 +355,7 @@ func (f *Fleet) Join(ctx context.Context) (*Worker, error) {
 // id re-places), keeps serving what is already on its way for grace, and
 // then its routes answer 404.
 func (f *Fleet) Leave(ctx context.Context, w *Worker, grace time.Duration) error {
+	w.leaving.Store(true)
 	w.stopLoop()
 	err := w.deregister(ctx)
 	go func() {

@@ -198,9 +198,16 @@ func TestFleetAgainstPinboard(t *testing.T) {
 		t.Fatalf("unexpected download; got %d, %v", n, err)
 	}
 
-	// Churn: a worker leaves (its ids re-place) and another joins.
+	// Churn: a worker leaves (its ids re-place) and another joins. It is
+	// off the listing at once, though it answers until its grace ends: a
+	// baseline's route taken then must not name it.
 	if err := f.Leave(ctx, owner, 50*time.Millisecond); err != nil {
 		t.Fatal(err)
+	}
+	for _, w := range f.Workers() {
+		if w == owner {
+			t.Fatalf("unexpected listing of worker %d while it leaves", owner.Index)
+		}
 	}
 	joined, err := f.Join(ctx)
 	if err != nil || joined.Session() == "" {

@@ -27,7 +27,11 @@ type Worker struct {
 	st     atomic.Pointer[wstate]
 	// verified caches the last accepted attestation (see verify).
 	verified atomic.Pointer[verifiedToken]
-	left     atomic.Bool
+	// leaving is set when Leave begins: the worker is off the listing
+	// at once (its session is gone, so nothing may be sent to it for
+	// the baselines), and serves requests until left, after the grace.
+	leaving atomic.Bool
+	left    atomic.Bool
 
 	stopOnce sync.Once
 	stop     chan struct{}
