@@ -20,7 +20,7 @@ import (
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	quick := fs.Bool("quick", false, "short phases, one round, smaller fleets (about 3 minutes)")
+	quick := fs.Bool("quick", false, "short phases, one round, smaller fleets (about 4 minutes)")
 	rounds := fs.Int("rounds", 0, "rounds per scenario (default 3, quick 1)")
 	only := fs.String("scenarios", "", "comma-separated subset of "+strings.Join(scenario.Scenarios, ","))
 	pinboardBin := fs.String("pinboard", "bin/pinboard", "pinboard binary")
