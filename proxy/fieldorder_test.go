@@ -131,6 +131,53 @@ func TestTooManyRepeatedFieldsRefused_RDP1(t *testing.T) {
 	}
 }
 
+// TestRepeatsAgreesWithFindRuns_RDP1: keepFieldOrder skips its sort when
+// repeats finds no name on several lines; repeats must never say so of a
+// header in which findRuns finds a run, or a repeated field's order would
+// go unrepaired (R-DP-1). Cookie lines are no run; past repeatsScan lines
+// repeats defers to findRuns.
+func TestRepeatsAgreesWithFindRuns_RDP1(t *testing.T) {
+	many := func(n int, dup bool) string {
+		var b strings.Builder
+		for i := range n {
+			fmt.Fprintf(&b, "X-F%d: v\r\n", i)
+		}
+		if dup {
+			b.WriteString("X-F0: w\r\n")
+		}
+		return b.String()
+	}
+	for name, tc := range map[string]struct {
+		lines string
+		want  bool
+	}{
+		"browser":          {"User-Agent: m\r\nAccept: */*\r\nAccept-Language: en\r\nTraceparent: 00\r\n", false},
+		"repeated":         {"Tracestate: a=1\r\nVia: p1\r\nTracestate: b=2\r\n", true},
+		"case_folded":      {"tracestate: a=1\r\nTRACESTATE: b=2\r\n", true},
+		"same_length":      {"X-Aa: 1\r\nX-Bb: 2\r\nX-Cc: 3\r\n", false},
+		"cookies_only":     {"Cookie: a=1\r\nCookie: b=2\r\n", false},
+		"cookies_and_via":  {"Cookie: a=1\r\nVia: p1\r\nCookie: b=2\r\nVia: p2\r\n", true},
+		"user_agent_twice": {"User-Agent: a\r\nUser-Agent: b\r\n", false}, // fasthttp keeps one User-Agent
+		"last_repeats":     {many(repeatsScan-3, true), true},
+		"long_distinct":    {many(repeatsScan+5, false), true}, // deferred: findRuns finds none
+		"long_repeated":    {many(repeatsScan+5, true), true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var req fasthttp.Request
+			raw := "GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" + tc.lines + "\r\n"
+			if err := req.Header.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+				t.Fatal(err)
+			}
+			var fo fieldOrder
+			fo.findRuns(&req.Header)
+			got := repeats(&req.Header)
+			if got != tc.want || (!got && len(fo.runs) > 0) {
+				t.Fatalf("unexpected answer; got repeats %v with %d runs; want %v", got, len(fo.runs), tc.want)
+			}
+		})
+	}
+}
+
 // BenchmarkBrowserHeaderEdits: what a browser's request costs pinboard's
 // header edits — its Connection: keep-alive deleted, then the order of
 // repeated fields checked (keepFieldOrder), with none repeated and with
