@@ -3,6 +3,7 @@ package scenario
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/pinboard-go/pinboard/bench"
@@ -145,6 +146,11 @@ type stormCompare struct {
 	name    string
 	on, off Agg
 	impact  float64
+	// rounds is pinboard's impact beyond this one's in each kept round
+	// alone, in round order: a round's four windows ran minutes apart at
+	// most, so the spread of these says how far the pooled figure can
+	// be trusted.
+	rounds []float64
 }
 
 // loudNote says which windows under other load the comparison left out
@@ -224,6 +230,7 @@ func stormSummary(res *Results) stormStats {
 			continue
 		}
 		c.name = name
+		c.rounds = roundsBeyond(res, name, keep)
 		st.baselines = append(st.baselines, c)
 	}
 	if keepAll {
@@ -249,6 +256,40 @@ func (st *stormStats) beyond(c stormCompare) float64 {
 		return 0
 	}
 	return (1+st.impact)/(1+c.impact) - 1
+}
+
+// roundsBeyond is pinboard's storm impact beyond base's, round by round:
+// for each round keep keeps in which both data planes have an on and an
+// off window, the ratio of their on/off p99 ratios, less one.
+func roundsBeyond(res *Results, base string, keep func(int) bool) []float64 {
+	type key struct {
+		round  int
+		target string
+		on     bool
+	}
+	p99 := map[key]float64{}
+	var rounds []int
+	for _, run := range res.Runs {
+		if run.Scenario != "storm" || (run.Target != pinboard && run.Target != base) {
+			continue
+		}
+		k := key{run.Round, run.Target, run.Phase == "storm-on"}
+		if _, seen := p99[k]; !seen && !slices.Contains(rounds, run.Round) {
+			rounds = append(rounds, run.Round)
+		}
+		p99[k] = run.Summary.Latency.P99
+	}
+	slices.Sort(rounds)
+	var out []float64
+	for _, r := range rounds {
+		pOn, pOff := p99[key{r, pinboard, true}], p99[key{r, pinboard, false}]
+		bOn, bOff := p99[key{r, base, true}], p99[key{r, base, false}]
+		if !keep(r) || pOn <= 0 || pOff <= 0 || bOn <= 0 || bOff <= 0 {
+			continue
+		}
+		out = append(out, (pOn/pOff)/(bOn/bOff)-1)
+	}
+	return out
 }
 
 // baselineNote names the baselines' impacts in the same rounds.

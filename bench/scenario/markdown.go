@@ -318,6 +318,21 @@ func stormSection(b *strings.Builder, res *Results) {
 			}
 			fmt.Fprintf(b, " %+.0f%% beyond %s's%s", st.beyond(c)*100, c.name, sep)
 		}
+		b.WriteString(". Round by round, each figure from one round's four windows alone:")
+		for i, c := range st.baselines {
+			var parts []string
+			for _, v := range c.rounds {
+				parts = append(parts, fmt.Sprintf("%+.0f%%", v*100))
+			}
+			sep := ";"
+			if i == len(st.baselines)-1 {
+				sep = ""
+			}
+			if len(parts) == 0 {
+				parts = []string{"no round with all four"}
+			}
+			fmt.Fprintf(b, " beyond %s's %s%s", c.name, strings.Join(parts, ", "), sep)
+		}
 	}
 	b.WriteString(".\n")
 }
