@@ -230,7 +230,7 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	if st.impact < 0.9 || st.impact > 1.1 || st.coresOn != 0.6 || st.coresOff != 0.2 {
 		t.Fatalf("unexpected comparison; got %+.0f%% and cores %.1f/%.1f; want about +100%% (8 ms on vs 4 ms off) and 0.6/0.2", st.impact*100, st.coresOn, st.coresOff)
 	}
-	g := goalNamed(res, "Heartbeat storm: data-plane p99 impact")
+	g := goal(t, res, "Heartbeat storm: data-plane p99 impact")
 	if g.Met || !strings.Contains(g.Measured, "; the rounds of 2 windows under other load left out") {
 		t.Fatalf("unexpected goal; got %+v", g)
 	}
@@ -249,16 +249,6 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	if n := st.loudNote(); n != "; no round without other load, 1 window under it kept" {
 		t.Fatalf("unexpected note; got %q", n)
 	}
-}
-
-// goalNamed is res's goal called name, or the zero Goal.
-func goalNamed(res *Results, name string) Goal {
-	for _, g := range Goals(res) {
-		if g.Name == name {
-			return g
-		}
-	}
-	return Goal{}
 }
 
 // TestStormBaselinesInSameRounds: nginx's and direct's storm windows
@@ -309,7 +299,7 @@ func TestStormBaselinesInSameRounds(t *testing.T) {
 			t.Fatalf("unexpected %s baseline; got %d on windows, %+.0f%%, rounds %v; want 2, +100%%, [1 0]", c.name, c.on.N, c.impact*100, c.rounds)
 		}
 	}
-	g := goalNamed(res, "Heartbeat storm: data-plane p99 impact")
+	g := goal(t, res, "Heartbeat storm: data-plane p99 impact")
 	if g.Met || !strings.Contains(g.Measured, "(+200%; in the same rounds nginx +100% (pinboard's beyond it +50%), direct +100% (pinboard's beyond it +50%); the rounds of 6 windows") {
 		t.Fatalf("unexpected goal; got %+v", g)
 	}
