@@ -125,7 +125,6 @@ type stormStats struct {
 	degraded          uint64
 	ack               bench.Percentiles
 	impact            float64
-	coresOn, coresOff float64
 	// onAgg and offAgg compare the rounds whose on and off windows were
 	// both measured without other load, when there is one; loud is how
 	// many windows that left out, or, when no round was quiet, loudKept
@@ -190,21 +189,13 @@ func stormSummary(res *Results) stormStats {
 	keepAll := len(loudRounds) == len(rounds)
 	keep := func(round int) bool { return keepAll || !loudRounds[round] }
 	ack := bench.NewHist()
-	var coresOn, coresOff []float64
-	for i := range res.Storm {
-		p := &res.Storm[i]
+	for _, p := range res.Storm {
 		st.workers = p.Workers
 		if !p.On {
-			if keep(p.Round) && p.target() == pinboard {
-				coresOff = append(coresOff, p.ProxyCores)
-			}
 			continue
 		}
 		// Acks are the storm fleet's, not the data plane's: every window.
 		st.phasesOn++
-		if keep(p.Round) && p.target() == pinboard {
-			coresOn = append(coresOn, p.ProxyCores)
-		}
 		ack.Merge(bench.HistOf(p.Acks.AckHist))
 		st.beats += p.Acks.Heartbeats
 		st.degraded += p.Acks.Degraded
@@ -242,7 +233,6 @@ func stormSummary(res *Results) stormStats {
 			}
 		}
 	}
-	st.coresOn, st.coresOff = median(coresOn), median(coresOff)
 	return st
 }
 

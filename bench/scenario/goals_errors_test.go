@@ -103,7 +103,7 @@ func TestStormImpactGoalNeedsBothWindows(t *testing.T) {
 	h.RecordN(8_000_000, 100)
 	res.add(&Record{Scenario: "storm", Target: pinboard, Phase: "storm-on", Round: 1,
 		Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h)}})
-	res.Storm = append(res.Storm, StormPhase{Round: 1, On: true, Workers: 10000, ProxyCores: 0.6})
+	res.Storm = append(res.Storm, StormPhase{Round: 1, On: true, Workers: 10000})
 	g := goal(t, res, "Heartbeat storm: data-plane p99 impact")
 	if g.Known || g.Met {
 		t.Fatalf("unexpected goal without a storm-off window; got %+v; want not measured", g)

@@ -280,12 +280,7 @@ func stormSection(b *strings.Builder, res *Results) {
 				windows = "window"
 			}
 			cores, impact := "–", ""
-			switch {
-			case c.name == pinboard && ph.name == "off":
-				cores = fmt.Sprintf("%.2f", st.coresOff)
-			case c.name == pinboard:
-				cores = fmt.Sprintf("%.2f", st.coresOn)
-			case c.name != direct:
+			if c.name != direct {
 				cores = fmt.Sprintf("%.2f", a.ProxyCores)
 			}
 			if ph.name == "on" && c.off.N > 0 {

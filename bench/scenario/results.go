@@ -83,26 +83,12 @@ type LargeRun struct {
 
 // StormPhase is one data-plane window with the heartbeat storm on or off.
 type StormPhase struct {
-	Round int  `json:"round"`
-	On    bool `json:"on"`
-	// Target is the data plane measured in the window; results written
-	// before the baselines joined the storm have none: pinboard.
-	Target  string `json:"target,omitempty"`
-	Workers int    `json:"workers"`
-	// Acks is the storm fleet's heartbeat statistics over the window.
+	Round   int  `json:"round"`
+	On      bool `json:"on"`
+	Workers int  `json:"workers"`
+	// Acks is the storm fleet's heartbeat statistics over the window. The
+	// window's data plane, and its proxy's CPU, are in its Record.
 	Acks fleet.Snapshot `json:"acks"`
-	// ProxyCores is the target proxy's CPU use over the window (cores;
-	// 0 for direct). Only pinboard's windows show the storm's cost.
-	ProxyCores float64 `json:"proxyCores"`
-}
-
-// target is the phase's data plane, pinboard for results from before
-// the baselines.
-func (p *StormPhase) target() string {
-	if p.Target == "" {
-		return pinboard
-	}
-	return p.Target
 }
 
 // ChurnPhase is one data-plane window with or without churn.

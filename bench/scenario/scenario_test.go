@@ -214,9 +214,9 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	window := func(res *Results, phase string, round int, p99us, foreign, cores float64) {
 		h := bench.NewHist()
 		h.RecordN(int64(p99us*1000), 100)
-		res.add(&Record{Scenario: "storm", Target: pinboard, Phase: phase, Round: round, ForeignCores: foreign,
+		res.add(&Record{Scenario: "storm", Target: pinboard, Phase: phase, Round: round, ForeignCores: foreign, ProxyCores: cores,
 			Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h)}})
-		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10, ProxyCores: cores})
+		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10})
 	}
 	res := &Results{Rounds: 2}
 	window(res, "storm-on", 1, 8000, 0, 0.6)
@@ -227,8 +227,8 @@ func TestStormImpactLeavesOutLoudRounds(t *testing.T) {
 	if st.loud != 2 || st.loudKept != 0 || st.onAgg.N != 1 || st.offAgg.N != 1 {
 		t.Fatalf("unexpected windows; got %d left out, %d kept loud, %d on, %d off; want 2, 0, 1, 1", st.loud, st.loudKept, st.onAgg.N, st.offAgg.N)
 	}
-	if st.impact < 0.9 || st.impact > 1.1 || st.coresOn != 0.6 || st.coresOff != 0.2 {
-		t.Fatalf("unexpected comparison; got %+.0f%% and cores %.1f/%.1f; want about +100%% (8 ms on vs 4 ms off) and 0.6/0.2", st.impact*100, st.coresOn, st.coresOff)
+	if st.impact < 0.9 || st.impact > 1.1 || st.onAgg.ProxyCores != 0.6 || st.offAgg.ProxyCores != 0.2 {
+		t.Fatalf("unexpected comparison; got %+.0f%% and cores %.1f/%.1f; want about +100%% (8 ms on vs 4 ms off) and 0.6/0.2", st.impact*100, st.onAgg.ProxyCores, st.offAgg.ProxyCores)
 	}
 	g := goal(t, res, "Heartbeat storm: data-plane p99 impact")
 	if g.Met || !strings.Contains(g.Measured, "; the rounds of 2 windows under other load left out") {
@@ -260,13 +260,9 @@ func TestStormBaselinesInSameRounds(t *testing.T) {
 	window := func(res *Results, target, phase string, round int, p99us, foreign float64) {
 		h := bench.NewHist()
 		h.RecordN(int64(p99us*1000), 100)
-		res.add(&Record{Scenario: "storm", Target: target, Phase: phase, Round: round, ForeignCores: foreign, ProxyCores: 0.3,
+		res.add(&Record{Scenario: "storm", Target: target, Phase: phase, Round: round, ForeignCores: foreign, ProxyCores: 0.5,
 			Summary: bench.Summary{Rate: 1000, RPS: 1000, OK: 100, LatHist: bench.BucketsOf(h), Latency: bench.Percentiles{P99: p99us}}})
-		tgt := target
-		if target == pinboard {
-			tgt = "" // as written before the baselines
-		}
-		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Target: tgt, Workers: 10000, ProxyCores: 0.5})
+		res.Storm = append(res.Storm, StormPhase{Round: round, On: phase == "storm-on", Workers: 10000})
 	}
 	res := &Results{Rounds: 3}
 	// Rounds 1 and 2: pinboard ×3, both baselines ×1.5 (pinboard's beyond
@@ -288,8 +284,8 @@ func TestStormBaselinesInSameRounds(t *testing.T) {
 	if st.loud != 6 || st.onAgg.N != 2 || st.offAgg.N != 2 || len(st.baselines) != 2 {
 		t.Fatalf("unexpected windows; got %d left out, %d/%d pinboard, %d baselines; want 6, 2/2, 2", st.loud, st.onAgg.N, st.offAgg.N, len(st.baselines))
 	}
-	if st.impact < 1.9 || st.impact > 2.1 || st.coresOn != 0.5 {
-		t.Fatalf("unexpected pinboard comparison; got %+.0f%%, %.1f cores; want about +200%%, 0.5", st.impact*100, st.coresOn)
+	if st.impact < 1.9 || st.impact > 2.1 || st.onAgg.ProxyCores != 0.5 {
+		t.Fatalf("unexpected pinboard comparison; got %+.0f%%, %.1f cores; want about +200%%, 0.5", st.impact*100, st.onAgg.ProxyCores)
 	}
 	for _, c := range st.baselines {
 		// Pooled: on p99s 3,000 and 4,000 (1,500 and 2,000 µs) give

@@ -97,7 +97,7 @@ func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doer
 	}
 	l := &bench.Loop{Rate: rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
 	r.noQuietWait = true
-	rec, err := r.measure("storm", phase, round, t, l, doers)
+	_, err := r.measure("storm", phase, round, t, l, doers)
 	r.noQuietWait = false
 	if err != nil {
 		return err
@@ -112,7 +112,7 @@ func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doer
 		return serr
 	}
 	r.res.mu.Lock()
-	r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Target: t.name, Workers: n, Acks: st, ProxyCores: rec.ProxyCores})
+	r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Workers: n, Acks: st})
 	r.res.mu.Unlock()
 	if on {
 		r.logf("    storm: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
