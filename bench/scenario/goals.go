@@ -264,7 +264,7 @@ func roundsBeyond(res *Results, base string, keep func(int) bool) []float64 {
 			continue
 		}
 		k := key{run.Round, run.Target, run.Phase == "storm-on"}
-		if _, seen := p99[k]; !seen && !slices.Contains(rounds, run.Round) {
+		if !slices.Contains(rounds, run.Round) {
 			rounds = append(rounds, run.Round)
 		}
 		p99[k] = run.Summary.Latency.P99

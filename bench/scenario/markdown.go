@@ -306,28 +306,20 @@ func stormSection(b *strings.Builder, res *Results) {
 	if len(st.baselines) > 0 {
 		b.WriteString(": nginx's and direct's rows, in the same rounds, are what the busy machine alone does to a tail; " +
 			"pinboard's impact beyond theirs (the ratio of the on/off ratios) is what its own registry costs its data plane:")
-		for i, c := range st.baselines {
-			sep := ","
-			if i == len(st.baselines)-1 {
-				sep = ""
+		var pooled, rounds []string
+		for _, c := range st.baselines {
+			pooled = append(pooled, fmt.Sprintf("%+.0f%% beyond %s's", st.beyond(c)*100, c.name))
+			figs := []string{"no round with all four"}
+			if len(c.rounds) > 0 {
+				figs = figs[:0]
+				for _, v := range c.rounds {
+					figs = append(figs, fmt.Sprintf("%+.0f%%", v*100))
+				}
 			}
-			fmt.Fprintf(b, " %+.0f%% beyond %s's%s", st.beyond(c)*100, c.name, sep)
+			rounds = append(rounds, fmt.Sprintf("beyond %s's %s", c.name, strings.Join(figs, ", ")))
 		}
-		b.WriteString(". Round by round, each figure from one round's four windows alone:")
-		for i, c := range st.baselines {
-			var parts []string
-			for _, v := range c.rounds {
-				parts = append(parts, fmt.Sprintf("%+.0f%%", v*100))
-			}
-			sep := ";"
-			if i == len(st.baselines)-1 {
-				sep = ""
-			}
-			if len(parts) == 0 {
-				parts = []string{"no round with all four"}
-			}
-			fmt.Fprintf(b, " beyond %s's %s%s", c.name, strings.Join(parts, ", "), sep)
-		}
+		fmt.Fprintf(b, " %s. Round by round, each figure from one round's four windows alone: %s",
+			strings.Join(pooled, ", "), strings.Join(rounds, "; "))
 	}
 	b.WriteString(".\n")
 }
