@@ -169,6 +169,8 @@ func TestAttestationAudience_RTR5(t *testing.T) {
 		"a." + b64(`{"aud":1}`) + ".c",
 		"a." + b64(`{"iat":1}`) + ".c",
 		"a." + b64(`{"aud":"x"`) + ".c",
+		"a." + b64(`{"aud":"x"}`) + ".c.d", // not three segments: VerifyAttestation refuses it too
+		"a." + b64(`{"aud":"x"}`),
 	} {
 		if aud, ok := AttestationAudience(bad); ok {
 			t.Fatalf("unexpected audience of %q; got %q; want none", bad, aud)
