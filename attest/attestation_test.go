@@ -4,6 +4,8 @@ import (
 	"encoding/base64"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/raceflag"
 )
 
 func TestHeaderSegment_RTR5(t *testing.T) {
@@ -86,7 +88,7 @@ func TestAppendAttestation_OmitsOptionalClaims_RTR5(t *testing.T) {
 }
 
 func TestAppendAttestation_ZeroAlloc_RTR5(t *testing.T) {
-	if raceEnabled {
+	if raceflag.Enabled {
 		t.Skip("sync.Pool drops items on purpose under -race; run without -race")
 	}
 	p := authTestPassport(t)

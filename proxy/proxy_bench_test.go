@@ -14,6 +14,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/raceflag"
 	"github.com/pinboard-go/pinboard/metrics"
 )
 
@@ -190,7 +191,7 @@ func wantNoAllocs(t *testing.T, what string, f func()) {
 // drops items on purpose, so counts under it are meaningless.
 func skipUnderRace(t *testing.T) {
 	t.Helper()
-	if raceEnabled {
+	if raceflag.Enabled {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/raceflag"
 )
 
 // Contract cases about placement: the cold-start quarantine, claims,
@@ -331,8 +332,8 @@ func testLookupAllocs(t *testing.T, f Factory) {
 	fx.register("a", nss, 10)
 	for i, c := range cases {
 		fx.place(c.ns, c.id)
-		if i > 0 && raceEnabled {
-			continue // long keys are built in a pooled buffer (raceEnabled)
+		if i > 0 && raceflag.Enabled {
+			continue // long keys are built in a pooled buffer (raceflag)
 		}
 		ns, id := []byte(c.ns), []byte(c.id)
 		if _, ok := fx.s.Lookup(ns, id, fx.now); !ok {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package attest
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package directorytest
-
-const raceEnabled = false
