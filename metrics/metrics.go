@@ -93,7 +93,7 @@ func upstreamKind(kind string) int {
 
 // Heartbeat outcomes (registry.Observer.Heartbeat): every outcome the
 // registry reports, superseded (R-LS-4) included, then other.
-var heartbeatOutcomes = [...]string{"ok", "degraded", "auth", "bad_request", "unknown_session", "superseded", "forbidden", "voided", "unavailable", "busy", "stopping", "other"}
+var heartbeatOutcomes = [...]string{"ok", "degraded", "auth", "bad_request", "unknown_session", "superseded", "forbidden", "voided", "unavailable", "busy", "stale", "stopping", "other"}
 
 func heartbeatOutcome(o string) int {
 	for i, k := range heartbeatOutcomes[:len(heartbeatOutcomes)-1] {

@@ -259,15 +259,18 @@ func TestSupersededHeartbeatOutcome_RLS4(t *testing.T) {
 }
 
 // Heartbeats the registry turned away before they ran count under their
-// own outcomes, "busy" (pool full) and "stopping" (node shutting down),
-// not as "other" (R-REG-2).
+// own outcomes, "busy" (pool full), "stale" (waited for the pool past
+// the worker's timeout) and "stopping" (node shutting down), not as
+// "other" (R-REG-2).
 func TestRefusedHeartbeatOutcomes_RREG2(t *testing.T) {
 	m := New(Options{})
 	m.Heartbeat(time.Millisecond, "busy")
 	m.Heartbeat(time.Millisecond, "busy")
+	m.Heartbeat(time.Millisecond, "stale")
 	m.Heartbeat(time.Millisecond, "stopping")
 	got := scrape(t, m)
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="busy"}`, "2")
+	want(t, got, `pinboard_registry_heartbeats_total{outcome="stale"}`, "1")
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="stopping"}`, "1")
 	want(t, got, `pinboard_registry_heartbeats_total{outcome="other"}`, "0")
 }

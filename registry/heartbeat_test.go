@@ -713,3 +713,77 @@ func TestHeartbeatClaimsNoLongerCover_RREG2_RTR3(t *testing.T) {
 		})
 	}
 }
+
+// A register or heartbeat that waited for the pool past MaxQueueWait is
+// answered 503 "registry busy" and not handled: the worker gives up after
+// WorkerTimeout and sends the next one with a new challenge, so handled
+// late its probe asked for a challenge the worker no longer answers — a
+// healthy session marked degraded until its next heartbeat — or a
+// register won while its worker backed off, leaving a session the worker
+// never learnt of (R-LS-1, R-REG-1). Neither probes the worker, renews a
+// lease or adds a session: the next heartbeat, past the lease, finds the
+// session gone.
+func TestStaleQueuedRequestsNotHandled_RLS1_RREG1(t *testing.T) {
+	h := newHarness(t)
+	obs := &outcomes{}
+	const maxWait = 100 * time.Millisecond
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	session := h.register(nil)
+	listed := func() int {
+		ws, err := h.store.Workers(t.Context(), h.clock())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ws)
+	}
+	workers, probes := listed(), h.fw.probes.Load()
+	h.advance(testTTL - time.Second) // a renewal would push the lease a lease past this
+
+	block, started := make(chan struct{}), make(chan struct{})
+	if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	c, v := h.fw.pair("late-register")
+	regBody := mustJSON(t, map[string]any{
+		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+	beatBody := h.beatBody(session, nil)
+	got := make(chan response, 2)
+	go func() { got <- h.post("/registry/heartbeat", workerToken, beatBody) }()
+	go func() { got <- h.post("/registry/register", workerToken, regBody) }()
+	for deadline := time.Now().Add(10 * time.Second); r.pool.Waiting() < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d requests queued after 10s; want 2", r.pool.Waiting())
+		}
+	}
+	time.Sleep(maxWait + 50*time.Millisecond) // both queued before this began
+	close(block)
+	for range 2 {
+		res := <-got
+		if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
+			t.Fatalf("unexpected reply to a request that waited past MaxQueueWait; got %d %s Retry-After %q; want 503 registry busy, Retry-After 1",
+				res.status, res.body, res.header.Peek("Retry-After"))
+		}
+	}
+	if n := h.fw.probes.Load() - probes; n != 0 {
+		t.Fatalf("unexpected probes of the worker by stale requests; got %d; want 0", n)
+	}
+	if n := listed(); n != workers {
+		t.Fatalf("unexpected workers after a stale register; got %d; want %d", n, workers)
+	}
+	if obs.last() != "stale" {
+		t.Fatalf("unexpected heartbeat outcome; got %q; want stale", obs.last())
+	}
+	h.advance(2 * time.Second) // past the lease a stale heartbeat would have renewed
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 409 || res.body != string(bodyUnknownSession) {
+		t.Fatalf("unexpected heartbeat after the lease lapsed unrenewed; got %d %s; want 409 unknown session", res.status, res.body)
+	}
+}

@@ -61,7 +61,18 @@ type Options struct {
 	// this far, so a large body over a slow link is not cut while it
 	// moves. 0 leaves the deadline the server set.
 	BodyStall time.Duration
+	// MaxQueueWait is how long a register or heartbeat may wait for a pool
+	// worker and still be handled; default WorkerTimeout less 1 s. One
+	// that waited longer is answered 503 "registry busy" unhandled (see
+	// ServeHTTP).
+	MaxQueueWait time.Duration
 }
+
+// WorkerTimeout is how long the reference worker waits for the answer to
+// its register or heartbeat (pinned.pinboard.registration: httpx
+// timeout=5.0) before it gives up and sends the next one, with a new
+// challenge.
+const WorkerTimeout = 5 * time.Second
 
 // Observer sees registry outcomes (for metrics). Methods must be cheap.
 type Observer interface {
@@ -89,6 +100,7 @@ type Registry struct {
 	log      *slog.Logger
 	obs      Observer
 	stall    time.Duration // Options.BodyStall
+	maxWait  time.Duration // Options.MaxQueueWait
 	stopping atomic.Bool
 	gov      *governor
 	stopGov  context.CancelFunc
@@ -111,6 +123,10 @@ func New(o Options) (*Registry, error) {
 		log:      o.Logger,
 		obs:      o.Observer,
 		stall:    o.BodyStall,
+		maxWait:  o.MaxQueueWait,
+	}
+	if r.maxWait <= 0 {
+		r.maxWait = WorkerTimeout - time.Second
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -236,7 +252,19 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		r.submit(ctx, func() *probeCall { h(ctx); return nil })
 		return
 	}
+	// A register or heartbeat that waited for the pool past maxWait is
+	// answered 503 without being handled: its worker has given up on it
+	// or is about to (WorkerTimeout), and has sent or will send the next
+	// one with a new challenge. Handled, its probe asked for the old
+	// challenge, which the worker answers 404 — a healthy session marked
+	// degraded (no new placements) until its next heartbeat — or, for a
+	// register while the worker backs off, won: a session the worker never
+	// learns of, listed, placed on and refused by it until its lease lapsed.
+	queued, stale := time.Now(), false
 	call, ok := r.submit(ctx, func() *probeCall {
+		if stale = time.Since(queued) > r.maxWait; stale {
+			return nil
+		}
 		call := p(ctx)
 		if call == nil || call.offPool {
 			return call
@@ -247,17 +275,43 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		call.then(ctx, res, err)
 		return nil
 	})
+	if stale {
+		r.turnedAwayStale(ctx, beat, start, queued)
+		return
+	}
 	if !ok || call == nil {
 		r.refused(beat, ok, start)
 		return
 	}
 	// A degraded session's probe, off the pool on the request's own
-	// goroutine; then back to the pool with its answer.
+	// goroutine; then back to the pool with its answer — unless that
+	// waited past maxWait too, for the same reasons.
 	res, err := r.probe(call)
-	_, ok = r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil })
+	queued = time.Now()
+	_, ok = r.submit(ctx, func() *probeCall {
+		if stale = time.Since(queued) > r.maxWait; !stale {
+			call.then(ctx, res, err)
+		}
+		return nil
+	})
+	if stale {
+		r.turnedAwayStale(ctx, beat, start, queued)
+		return
+	}
 	// Turned away on its way back (its probe done) is turned away all
 	// the same: counted, or a heartbeat answered 503 went uncounted.
 	r.refused(beat, ok, start)
+}
+
+// turnedAwayStale answers a register or heartbeat that waited for the
+// pool since queued, past maxWait, 503 "registry busy" (ServeHTTP).
+func (r *Registry) turnedAwayStale(ctx *fasthttp.RequestCtx, beat bool, start, queued time.Time) {
+	replyRetry(ctx, bodyBusy, 1)
+	r.log.Debug("registry request waited past the worker's timeout, not handled",
+		"path", string(ctx.Path()), "waited", time.Since(queued).Round(time.Millisecond))
+	if beat {
+		r.obs.Heartbeat(time.Since(start), "stale")
+	}
 }
 
 // refused counts a heartbeat the pool turned away (submit's ok false),
