@@ -325,3 +325,24 @@ func TestMarkdownSaysHowRoundsCombine(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeBodiesRunBeforeIdleStreams: the idle SSE streams leave the
+// proxy holding their memory, and a transfer measured after them reuses
+// it (every stored run: pinboard's RSS before each transfer was its RSS
+// with 9,750 streams, growth +0.0–0.1 MiB), so the large-bodies RSS goal
+// could not fail. Every scenario has a step, and the steps run in the
+// order of Scenarios.
+func TestLargeBodiesRunBeforeIdleStreams(t *testing.T) {
+	if slices.Index(Scenarios, "large") > slices.Index(Scenarios, "sse") {
+		t.Fatalf("unexpected order: large bodies after SSE; got %v", Scenarios)
+	}
+	steps := (&runner{}).steps()
+	if len(steps) != len(Scenarios) {
+		t.Fatalf("unexpected steps; got %d; want %d", len(steps), len(Scenarios))
+	}
+	for _, name := range Scenarios {
+		if steps[name] == nil {
+			t.Fatalf("unexpected scenario without a step: %s", name)
+		}
+	}
+}
