@@ -387,6 +387,79 @@ func TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1(t *testing.T) {
 	h.wantBeatAnswered(r, healthy, 10*time.Second, "the probes of registers that cannot succeed")
 }
 
+// A register whose probe waits off the pool (its advertise URL's last
+// probe found it unreachable) waits for the pool twice: before its checks
+// and, probe done, before admit. MaxQueueWait bounds the two together, as
+// it bounds the one wait of a probe made on the pool: each under it,
+// together past it, the worker has given up (WorkerTimeout) and admitted
+// the register would store a session the worker never learns of — the
+// common case at a fleet's deploy, whose first register probes race the
+// bind and whose registers queue (R-REG-1, R-LS-1).
+func TestStaleAcrossOffPoolProbeNotHandled_RREG1_RLS1(t *testing.T) {
+	h := newHarness(t)
+	const maxWait, wait = time.Second, 600 * time.Millisecond // each wait under maxWait, both past it
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	r.unreachable.set(h.fw.srv.URL, true, h.clock()) // its last register's probe raced the bind
+	// hold blocks the pool's one worker until the returned func is called.
+	hold := func() func() {
+		block, started := make(chan struct{}), make(chan struct{})
+		if err := r.pool.Submit(func() { close(started); <-block }); err != nil {
+			t.Fatal(err)
+		}
+		<-started
+		return func() { close(block) }
+	}
+	queued := func() {
+		for deadline := time.Now().Add(10 * time.Second); r.pool.Waiting() < 1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the register did not queue for the pool in 10s")
+			}
+		}
+	}
+	c, v := h.fw.pair("late-register")
+	body := mustJSON(t, map[string]any{
+		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+	release := hold()
+	got := make(chan response, 1)
+	go func() { got <- h.post("/registry/register", workerToken, body) }()
+	queued()
+	time.Sleep(wait)
+	probes := h.fw.probes.Load()
+	h.fw.mode.Store("hang") // its probe, off the pool, waits while the pool fills again
+	release()
+	for deadline := time.Now().Add(10 * time.Second); h.fw.probes.Load() == probes; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the register's probe did not start in 10s")
+		}
+	}
+	release = hold()
+	h.fw.mode.Store("ok")
+	close(h.fw.hang)
+	queued()
+	time.Sleep(wait)
+	release()
+	res := <-got
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply to a register that waited for the pool past MaxQueueWait in all; got %d %s Retry-After %q; want 503 registry busy, Retry-After 1",
+			res.status, res.body, res.header.Peek("Retry-After"))
+	}
+	ws, err := h.store.Workers(t.Context(), h.clock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 0 {
+		t.Fatalf("unexpected workers after a stale register; got %d; want 0", len(ws))
+	}
+}
+
 // unreachableURLs forgets a URL after unreachableFor or a probe that
 // reached it, and remembers no more than maxUnreachable URLs of at most
 // maxUnreachableURL bytes (R-REG-1).

@@ -261,8 +261,10 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	// register while the worker backs off, won: a session the worker never
 	// learns of, listed, placed on and refused by it until its lease lapsed.
 	queued, stale := time.Now(), false
+	var waited time.Duration // for the pool, in all
 	call, ok := r.submit(ctx, func() *probeCall {
-		if stale = time.Since(queued) > r.maxWait; stale {
+		waited = time.Since(queued)
+		if stale = waited > r.maxWait; stale {
 			return nil
 		}
 		call := p(ctx)
@@ -276,7 +278,7 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		return nil
 	})
 	if stale {
-		r.turnedAwayStale(ctx, beat, start, queued)
+		r.turnedAwayStale(ctx, beat, start, waited)
 		return
 	}
 	if !ok || call == nil {
@@ -284,18 +286,21 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		return
 	}
 	// A degraded session's probe, off the pool on the request's own
-	// goroutine; then back to the pool with its answer — unless that
-	// waited past maxWait too, for the same reasons.
+	// goroutine; then back to the pool with its answer — unless its two
+	// waits for the pool together passed maxWait, for the same reasons:
+	// each under it, a register admitted after both stored a session its
+	// worker had given up on (TestStaleAcrossOffPoolProbeNotHandled_RREG1_RLS1).
 	res, err := r.probe(call)
 	queued = time.Now()
 	_, ok = r.submit(ctx, func() *probeCall {
-		if stale = time.Since(queued) > r.maxWait; !stale {
+		waited += time.Since(queued)
+		if stale = waited > r.maxWait; !stale {
 			call.then(ctx, res, err)
 		}
 		return nil
 	})
 	if stale {
-		r.turnedAwayStale(ctx, beat, start, queued)
+		r.turnedAwayStale(ctx, beat, start, waited)
 		return
 	}
 	// Turned away on its way back (its probe done) is turned away all
@@ -304,11 +309,11 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 }
 
 // turnedAwayStale answers a register or heartbeat that waited for the
-// pool since queued, past maxWait, 503 "registry busy" (ServeHTTP).
-func (r *Registry) turnedAwayStale(ctx *fasthttp.RequestCtx, beat bool, start, queued time.Time) {
+// pool past maxWait in all, 503 "registry busy" (ServeHTTP).
+func (r *Registry) turnedAwayStale(ctx *fasthttp.RequestCtx, beat bool, start time.Time, waited time.Duration) {
 	replyRetry(ctx, bodyBusy, 1)
 	r.log.Debug("registry request waited past the worker's timeout, not handled",
-		"path", string(ctx.Path()), "waited", time.Since(queued).Round(time.Millisecond))
+		"path", string(ctx.Path()), "waited", waited.Round(time.Millisecond))
 	if beat {
 		r.obs.Heartbeat(time.Since(start), "stale")
 	}
