@@ -83,8 +83,8 @@ func TestIdleStreamsGoalNotMetWithFailedStreams(t *testing.T) {
 func TestLargeBodiesGoalNotMetWithFailedTransfers(t *testing.T) {
 	res := &Results{Rounds: 1}
 	res.Large = append(res.Large,
-		LargeRun{Target: pinboard, Direction: "upload", Bytes: 1 << 30, RSSGrowthMiB: 0.1},
-		LargeRun{Target: pinboard, Direction: "download", Bytes: 3 << 20, RSSGrowthMiB: 0.1, Error: "cannot read the response body: EOF"})
+		LargeRun{Target: pinboard, Direction: "upload", Bytes: 1 << 30, RSSBeforeMiB: 50, RSSGrowthMiB: 0.1},
+		LargeRun{Target: pinboard, Direction: "download", Bytes: 3 << 20, RSSBeforeMiB: 50, RSSGrowthMiB: 0.1, Error: "cannot read the response body: EOF"})
 	g := goal(t, res, "Large bodies")
 	if !g.Known || g.Met {
 		t.Fatalf("unexpected goal met with a failed transfer; got %+v; want not met", g)
@@ -107,5 +107,37 @@ func TestStormImpactGoalNeedsBothWindows(t *testing.T) {
 	g := goal(t, res, "Heartbeat storm: data-plane p99 impact")
 	if g.Known || g.Met {
 		t.Fatalf("unexpected goal without a storm-off window; got %+v; want not measured", g)
+	}
+}
+
+// TestGoalsNotMetOnUnreadProcessFigures: the proxy's CPU and RSS come
+// from /proc/<pid>/stat; a read that failed left 0, which read as no CPU
+// per request and no memory growth — goals met on figures never measured.
+func TestGoalsNotMetOnUnreadProcessFigures(t *testing.T) {
+	res := &Results{Rounds: 1}
+	h := bench.NewHist()
+	h.RecordN(1_000_000, 1000)
+	for _, phase := range []string{"peak", "latency"} {
+		res.add(&Record{Scenario: "hot", Target: nginx, Phase: phase, Round: 1, ProxyCPUus: 40,
+			Summary: bench.Summary{Rate: 3000, RPS: 30000, OK: 1000, LatHist: bench.BucketsOf(h)}})
+		res.add(&Record{Scenario: "hot", Target: pinboard, Phase: phase, Round: 1,
+			Summary: bench.Summary{Rate: 3000, RPS: 30000, OK: 1000, LatHist: bench.BucketsOf(h)}})
+	}
+	if g := goal(t, res, "Hot ids: proxy CPU"); !g.Known || g.Met || !strings.Contains(g.Measured, "not read") {
+		t.Fatalf("unexpected CPU goal on an unread CPU; got %+v; want not met, said", g)
+	}
+	res.Large = append(res.Large, LargeRun{Target: pinboard, Direction: "upload", Bytes: 1 << 30})
+	if g := goal(t, res, "Large bodies"); !g.Known || g.Met || !strings.Contains(g.Measured, "not read") {
+		t.Fatalf("unexpected large-bodies goal on an unread RSS; got %+v; want not met, said", g)
+	}
+	res.Large[0].RSSBeforeMiB = 50
+	if g := goal(t, res, "Large bodies"); !g.Met {
+		t.Fatalf("unexpected large-bodies goal on a read RSS; got %+v; want met", g)
+	}
+	res.fact("sse.idle.streams", 10000)
+	res.fact("sse.idle.pinboard.rssGrowthMiB", 0)
+	res.fact("sse.idle.pinboard.kibPerStream", 0)
+	if g := goal(t, res, "SSE: 10,000 idle streams"); !g.Known || g.Met || !strings.Contains(g.Measured, "not read") {
+		t.Fatalf("unexpected idle-streams goal on an unread RSS; got %+v; want not met, said", g)
 	}
 }
