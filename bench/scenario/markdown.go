@@ -383,8 +383,9 @@ func largeSection(b *strings.Builder, res *Results) {
 		return
 	}
 	b.WriteString("\n## Large bodies\n\nOne body up (`POST`, Content-Length) and one down through each target, on a fresh connection; " +
-		"the proxy's RSS sampled every 10 ms.\n\n")
-	t := bench.Table{Header: []string{"target", "direction", "size", "MiB/s (median)", "× direct", "proxy RSS growth (max)", "proxy CPU s/GiB", "errors"}}
+		"the proxy's RSS sampled every 10 ms. Growth is over the RSS before the transfer: memory the proxy already held " +
+		"(idle streams opened and closed before) is reused without growing it, so the RSS before says what was measured against.\n\n")
+	t := bench.Table{Header: []string{"target", "direction", "size", "MiB/s (median)", "× direct", "proxy RSS before (median)", "proxy RSS growth (max)", "proxy CPU s/GiB", "errors"}}
 	type key struct{ target, dir string }
 	groups := map[key][]LargeRun{}
 	for _, l := range res.Large {
@@ -403,11 +404,12 @@ func largeSection(b *strings.Builder, res *Results) {
 			if len(ls) == 0 {
 				continue
 			}
-			var rss, cpu []float64
+			var rss, before, cpu []float64
 			errs := 0
 			var size int64
 			for _, l := range ls {
 				rss = append(rss, l.RSSGrowthMiB)
+				before = append(before, l.RSSBeforeMiB)
 				if l.Bytes > 0 {
 					cpu = append(cpu, l.ProxyCPUs/(float64(l.Bytes)/(1<<30)))
 				}
@@ -416,8 +418,9 @@ func largeSection(b *strings.Builder, res *Results) {
 				}
 				size = max(size, l.Bytes)
 			}
-			growth, cpuCol := "–", "–"
+			growth, beforeCol, cpuCol := "–", "–", "–"
 			if name != direct {
+				beforeCol = fmt.Sprintf("%.0f MiB", median(before))
 				worst := rss[0]
 				for _, v := range rss {
 					worst = max(worst, v)
@@ -426,7 +429,7 @@ func largeSection(b *strings.Builder, res *Results) {
 				cpuCol = fmt.Sprintf("%.2f", median(cpu))
 			}
 			t.Add(name, dir, fmt.Sprintf("%d MiB", size>>20), fmt.Sprintf("%.0f", mbps(key{name, dir})), ratio(mbps(key{name, dir}), mbps(key{direct, dir})),
-				growth, cpuCol, fmt.Sprint(errs))
+				beforeCol, growth, cpuCol, fmt.Sprint(errs))
 		}
 	}
 	b.WriteString(t.Markdown())
