@@ -197,7 +197,9 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 	if o.json {
 		return printJSON(w, raw)
 	}
-	_, err := fmt.Fprintf(w, "undrained %s: it takes new placements again\n", args[0])
+	// The worker learns of it from its next heartbeat ack: until then it
+	// still declines new ids itself (503 "host draining; retry").
+	_, err := fmt.Fprintf(w, "undrained %s: pinboard places new ids on it again; the worker takes them from its next heartbeat\n", args[0])
 	return err
 }
 

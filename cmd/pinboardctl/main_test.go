@@ -40,6 +40,8 @@ func (f *fake) server(t *testing.T) *httptest.Server {
 			io.WriteString(w, `{"error":"unknown clientId"}`)
 		case r.URL.Path == "/pb/registry/drain":
 			io.WriteString(w, `{"clientId":"c1","draining":true,"drainDeadline":300}`)
+		case r.URL.Path == "/pb/registry/undrain":
+			io.WriteString(w, `{"clientId":"c1","draining":false}`)
 		case r.URL.Path == "/pb/registry/wind-down":
 			io.WriteString(w, `{"msgId":"0123456789abcdef","sessionId":"s1"}`)
 		default:
@@ -323,6 +325,23 @@ func TestWindDownEchoesDuration_RCM1(t *testing.T) {
 		if code != exitOK || !strings.Contains(out, want) {
 			t.Errorf("unexpected result for --deadline %s; got exit %d, stdout %q, stderr %q; want %q", in, code, out, errs, want)
 		}
+	}
+}
+
+// An undrain takes effect at pinboard at once, but the pinned worker hears
+// it only in its next heartbeat ack (within its heartbeat_interval, 3 s by
+// default) and declines new ids itself until then (503 "host draining;
+// retry"). The CLI said "it takes new placements again", and the request an
+// operator sent right after it was refused (R-REG-6).
+func TestUndrainSaysWhenTheWorkerTakesIds_RREG6(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	code, out, errs := runCtl(t, env, "undrain", "c1")
+	if code != exitOK || f.path != "/pb/registry/undrain" || f.body["clientId"] != "c1" {
+		t.Fatalf("unexpected result; got exit %d, request %s %v, stderr %q; want exit 0 after POST /pb/registry/undrain", code, f.path, f.body, errs)
+	}
+	if !strings.Contains(out, "undrained c1") || !strings.Contains(out, "next heartbeat") || strings.Contains(out, "takes new placements again") {
+		t.Errorf("unexpected output %q; want it to say the worker takes new ids from its next heartbeat", out)
 	}
 }
 
