@@ -88,8 +88,12 @@ func Goals(res *Results) []Goal {
 	sp, sd := res.agg("sse", "delay", pinboard), res.agg("sse", "delay", direct)
 	if sp.N > 0 && sd.N > 0 {
 		added := sp.Latency.P99 - sd.Latency.P99
-		measured(Goal{"SSE: added delay per event, p99", "< 1 ms",
-			fmt.Sprintf("%s (p99 %s through pinboard, %s direct)", bench.FmtUs(added), bench.FmtUs(sp.Latency.P99), bench.FmtUs(sd.Latency.P99)), added < 1000, true}, sp.Errors)
+		m := fmt.Sprintf("%s (p99 %s through pinboard, %s direct)", bench.FmtUs(added), bench.FmtUs(sp.Latency.P99), bench.FmtUs(sd.Latency.P99))
+		if res.factF("sse.delay.afterOpen") > 0 {
+			all := res.agg("sse", "delay-all", pinboard).Latency.P99 - res.agg("sse", "delay-all", direct).Latency.P99
+			m += fmt.Sprintf(", events sent once every stream was open; %s counting those sent while streams opened", bench.FmtUs(all))
+		}
+		measured(Goal{"SSE: added delay per event, p99", "< 1 ms", m, added < 1000, true}, sp.Errors)
 	} else {
 		add(Goal{Name: "SSE: added delay per event, p99", Target: "< 1 ms"})
 	}

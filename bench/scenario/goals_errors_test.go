@@ -141,3 +141,35 @@ func TestGoalsNotMetOnUnreadProcessFigures(t *testing.T) {
 		t.Fatalf("unexpected idle-streams goal on an unread RSS; got %+v; want not met, said", g)
 	}
 }
+
+// TestSSEGoalOnEventsAfterEveryStreamOpened: the SSE goal is judged on
+// the events sent once every stream was open (the "delay" phase), and
+// the events sent while the generator still opened streams are shown
+// beside it (the "delay-all" phase), in the goal row and the table.
+func TestSSEGoalOnEventsAfterEveryStreamOpened(t *testing.T) {
+	res := &Results{Rounds: 1}
+	add := func(phase, target string, p99Us float64) {
+		h := bench.NewHist()
+		h.RecordN(100_000, 980)
+		h.RecordN(int64(p99Us*1000), 20)
+		res.add(&Record{Scenario: "sse", Target: target, Phase: phase, Round: 1,
+			Summary: bench.Summary{OK: 1000, LatHist: bench.BucketsOf(h)}})
+	}
+	add("delay", direct, 1000)
+	add("delay", pinboard, 1500)
+	add("delay-all", direct, 5000)
+	add("delay-all", pinboard, 20000)
+	g := goal(t, res, "SSE: added delay")
+	if !g.Met {
+		t.Fatalf("unexpected goal on the steady events (0.5 ms added); got %+v; want met", g)
+	}
+	res.fact("sse.delay.afterOpen", 1)
+	g = goal(t, res, "SSE: added delay")
+	if !g.Met || !strings.Contains(g.Measured, "once every stream was open") || !strings.Contains(g.Measured, "15.04ms counting those sent while streams opened") {
+		t.Fatalf("unexpected goal; got %+v; want met on the steady events, the 15 ms of all events said", g)
+	}
+	md := Markdown(res, nil, nil)
+	if !strings.Contains(md, "| p99, all events |") || !strings.Contains(md, "| 20.05ms | 15.04ms |") {
+		t.Fatalf("unexpected SSE table without the all-events p99 of 20 ms (15 ms added):\n%s", md)
+	}
+}
