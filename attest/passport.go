@@ -216,6 +216,13 @@ func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, i
 	if pr.AcctJSON, err = appendAcctJSON(nil, pr.Sub, pr.Scopes, claimsRaw); err != nil {
 		return fmt.Errorf("cannot parse %s: %w", named, err)
 	}
+	// The acct rides in every attestation of this key's requests, and the
+	// worker reads the payload with json.loads: an integer past 4300
+	// digits there fails its verification, nesting past the recursion
+	// limit raises. Checked as it sits in a payload (one level down).
+	if _, err := pyLoads(append(append([]byte(`{"acct":`), pr.AcctJSON...), '}')); err != nil {
+		return fmt.Errorf("cannot parse %s: claims: %w, which the worker's JSON parser refuses (every attestation of this key would fail)", named, err)
+	}
 
 	digest := sha256.Sum256(token)
 	if prev, dup := pp.keyPaths[digest]; dup {

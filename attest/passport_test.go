@@ -288,3 +288,30 @@ func TestParsePassport_SubCollision_RTR1(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePassport_ClaimsWorkersCannotRead_RSRV2_RTR5: a key's claims
+// ride verbatim in every attestation of its requests (acct), and the
+// reference worker parses them with json.loads: an integer of more than
+// 4300 digits makes verify_attestation reject the token (ValueError),
+// nesting deeper than Python's recursion limit makes it raise (a 500).
+// Such a passport started, and every request of that key failed at the
+// worker; start-up must refuse it, naming the key (R-SRV-2).
+func TestParsePassport_ClaimsWorkersCannotRead_RSRV2_RTR5(t *testing.T) {
+	for name, claim := range map[string]string{
+		"long integer": strings.Repeat("1", 4301),
+		"deep nesting": strings.Repeat("[", 600) + strings.Repeat("]", 600),
+	} {
+		t.Run(name, func(t *testing.T) {
+			raw := withKeys(keyWith(`"claims":{"team":` + claim + `}`))
+			_, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+			if err == nil || !strings.Contains(err.Error(), `providers[0].keys[0] "k": claims`) {
+				t.Fatalf("unexpected error; got %v; want one naming the key's claims", err)
+			}
+		})
+	}
+	// What a worker reads is still accepted: a long float, moderate nesting.
+	raw := withKeys(keyWith(`"claims":{"team":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `,"n":1e400,"m":` + strings.Repeat("1", 4300) + `}`))
+	if _, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv)); err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+}
