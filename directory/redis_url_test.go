@@ -150,3 +150,15 @@ func TestParseRedisURLRedactsAfterSemicolon_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected error; got %v; want ErrInvalidURL without the sentinel password", err)
 	}
 }
+
+// Brackets enclose an IPv6 address and nothing else (RFC 3986 §3.2.2):
+// "redis://[::1" (the closing bracket lost) was dialled as [::1]:6379 and
+// "redis://[h]:7000" as h:7000, where the Node pinboard's URL parser
+// refuses both; a malformed REDIS_URL is a configuration error (R-SRV-3).
+func TestParseRedisURLRefusesStrayBrackets_RSRV3(t *testing.T) {
+	for _, raw := range []string{"redis://[::1", "redis://::1]", "redis://h]", "redis://[h]", "redis://[h]:7000", "redis://[10.0.0.1]:7000", "redis+cluster://[::1]:7000,[::2"} {
+		if o, err := directory.ParseRedisURL(raw); !errors.Is(err, directory.ErrInvalidURL) {
+			t.Errorf("unexpected result for %q; got %v (addresses %v); want ErrInvalidURL", raw, err, o.InitAddress)
+		}
+	}
+}
