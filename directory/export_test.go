@@ -77,3 +77,16 @@ func (r *Redis) KnownSessionCount() int {
 	defer r.beats.mu.Unlock()
 	return len(r.beats.m)
 }
+
+// DirtySessions counts the sessions r marked as possibly renewed.
+func DirtySessions(r *Redis) int {
+	r.smu.RLock()
+	defer r.smu.RUnlock()
+	n := 0
+	for _, s := range r.sessions {
+		if s.dirty.Load() {
+			n++
+		}
+	}
+	return n
+}

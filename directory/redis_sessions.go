@@ -177,14 +177,31 @@ func (r *Redis) refreshLoop(ctx context.Context) {
 		case <-t.C:
 		case <-r.refresh:
 		}
-		if _, err := r.refreshDue(ctx, false); err != nil && ctx.Err() == nil {
-			r.log.Debug("directory lease refresh failed", "err", err)
+		// Every due lease, refreshBatch per read: one read a tick kept
+		// up with 1,024 sessions a second (15 s lease), fewer than the
+		// workers of a large namespace need, and known leases ran out
+		// while Redis held them live (TestRedisRefresherReadsEveryDueLease_RLS2).
+		for range maxRefreshReads {
+			n, err := r.refreshDue(ctx, false)
+			if err != nil && ctx.Err() == nil {
+				r.log.Debug("directory lease refresh failed", "err", err)
+			}
+			if err != nil || n < refreshBatch {
+				break
+			}
 		}
 	}
 }
 
-// refreshDue re-reads up to 512 dirty leases that are due (all dirty ones
-// with force) and reports how many it read.
+// refreshBatch is the most leases one refresh reads; maxRefreshReads
+// bounds the reads of one refresher tick (32,768 leases).
+const (
+	refreshBatch    = 512
+	maxRefreshReads = 64
+)
+
+// refreshDue re-reads up to refreshBatch dirty leases that are due (all
+// dirty ones with force) and reports how many it read.
 func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 	horizon := r.now().Add(r.ttl * 3 / 4)
 	var due []string
@@ -194,7 +211,7 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 		if s.dirty.Load() && (force || s.owner.LeaseUntil().Before(horizon)) {
 			due = append(due, sid)
 			sess = append(sess, s)
-			if len(due) == 512 {
+			if len(due) == refreshBatch {
 				break
 			}
 		}
