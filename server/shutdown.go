@@ -41,10 +41,6 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 // here as well as by fasthttp's Shutdown (see onceCloseListener).
 func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
 	pb.stopping.Store(true)
-	// From now on connections close at once: fasthttp closes idle ones to
-	// end their wait for a next request, and one lingering instead would
-	// read and serve a request that arrived just then, its answer lost.
-	pb.linger.Stop()
 	pb.closeResumed()
 	pb.registry.Stop()
 	start := time.Now()
@@ -58,6 +54,15 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 
 	var err error
 	finished := pb.drain(grace, done, &err)
+	// Past the grace, connections close at once: what still runs is cut.
+	// Not before: a request answered during the grace without its body
+	// read (a worker's early 403 or 413 to an upload) closes its
+	// connection lingering, or the client's next write met a reset and
+	// it reported that instead of the answer. An idle connection fasthttp
+	// closes meanwhile is no longer served when a request arrives just
+	// then (fasthttp drops a request on a connection its Shutdown
+	// claimed), so its lingering serves nothing.
+	pb.linger.Stop()
 	pb.log.Info("shutdown: closing streams", "afterMs", time.Since(start).Milliseconds(),
 		"eventStreams", pb.proxy.OpenEventStreams(), "streams", pb.proxy.OpenStreams(), "webSockets", pb.proxy.OpenWebSockets())
 	cctx, ccancel := context.WithTimeout(context.Background(), CloseWait)
@@ -103,9 +108,9 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 const registryCutWait = 100 * time.Millisecond
 
 // drain is step 2 of Shutdown: it returns when the server finished (true,
-// its result in *err) and no download relayed off it is left, when grace
-// ran out, or when only event streams are left on open connections. It
-// reports whether the server finished.
+// its result in *err) and no download relayed off it nor lingering close
+// is left, when grace ran out, or when only event streams are left on
+// open connections. It reports whether the server finished.
 func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bool {
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
@@ -121,8 +126,10 @@ func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bo
 		case <-tick.C:
 		}
 		// A body relayed off the server to an HTTP/1.0 client is a
-		// request in flight on a connection the server no longer counts.
-		if pb.proxy.RelayedDownloads() > 0 {
+		// request in flight on a connection the server no longer counts;
+		// so is an answer on a connection closing lingering, its client
+		// still sending: the process ending would reset it.
+		if pb.proxy.RelayedDownloads() > 0 || pb.linger.Lingering() > 0 {
 			continue
 		}
 		// Each event stream the server still writes holds one connection

@@ -212,3 +212,54 @@ func TestServeWaitsForItsBackgroundLoops_RSRV4(t *testing.T) {
 		t.Fatal("unexpected directory sweep still running after Serve returned; want every background loop ended")
 	}
 }
+
+// An upload answered during a shutdown's grace without its body read (a
+// worker's early 403) gets the answer and a clean end, not a reset, as
+// outside a shutdown; and the shutdown waits for that lingering close as
+// for a request in flight, since the process ending would reset it just
+// the same. Connections closed at once from the shutdown's start on: the
+// client's next write met a reset, and a client that writes its whole
+// body before it reads the answer (Python's) reported that instead
+// (R-DP-2, rawio.Linger).
+func TestShutdownEarlyAnswerToUploadNotReset_RDP2(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	// A grace of an hour: nothing here may end by it.
+	pb, public, stop := workerNodeStop(t, Options{}, time.Hour, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(arrived) })
+		<-release
+		refuseEarly(w, r)
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stopErr := make(chan error, 1)
+	go func() {
+		<-arrived
+		go func() { stopErr <- stop() }()
+		for !pb.stopping.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		close(release)
+	}()
+	uploadAnsweredEarly(t, c, bufio.NewReader(c), " during a shutdown's grace")
+	// The client goes on sending a while: its connection still lingers,
+	// and the shutdown waits for it.
+	for range 15 {
+		if _, err := c.Write([]byte("more")); err != nil {
+			t.Fatalf("unexpected write error on a connection answered during the grace; got %v; want it lingering", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-stopErr:
+		t.Fatalf("unexpected shutdown done while an answered client was still sending (lingering close); got %v", err)
+	default:
+	}
+	c.Close()
+	if err := <-stopErr; err != nil {
+		t.Fatalf("unexpected shutdown error: %v", err)
+	}
+}

@@ -47,6 +47,11 @@ func (l *Linger) Stop() {
 	}
 }
 
+// Lingering is the number of connections lingering now: answers on their
+// way to clients still sending, which a graceful shutdown's grace waits
+// for like any request in flight.
+func (l *Linger) Lingering() int { return len(l.slots) }
+
 // ListenerLinger is Listener whose connections close with l.
 func ListenerLinger(ln net.Listener, l *Linger) net.Listener { return listener{ln, l} }
 
