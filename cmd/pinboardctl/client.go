@@ -29,6 +29,11 @@ type client struct {
 	base  string // PINBOARD_URL without a trailing slash
 	token string
 	http  *http.Client
+	// urlName and tokenName say where the URL and the token came from
+	// (PINBOARD_URL or --url, PINBOARD_TOKEN or --token), for the hints
+	// of errors: an operator with the right variable set who passed a
+	// wrong flag was sent to check the variable.
+	urlName, tokenName string
 }
 
 // apiError is a non-2xx answer.
@@ -38,6 +43,9 @@ type apiError struct {
 	Message      string // the body's "error", or the raw body
 	RetryAfter   string
 	Location     string // a redirect's target
+	// URLName and TokenName name the URL's and the token's source
+	// (client.urlName, client.tokenName).
+	URLName, TokenName string
 }
 
 // redirect reports whether the answer was a redirect (3xx).
@@ -51,7 +59,7 @@ func (e *apiError) Error() string {
 	s := fmt.Sprintf("%s %s: %d %s", e.Method, e.Path, e.Status, msg)
 	switch e.Status {
 	case http.StatusUnauthorized:
-		s += " (PINBOARD_TOKEN was not accepted: check it is the deployment's operator token)"
+		s += " (" + e.TokenName + " was not accepted: check it is the deployment's operator token)"
 	case http.StatusForbidden:
 		s += " (the token lacks the pinboard:operator scope, or its claims do not cover that namespace or worker)"
 	case http.StatusNotFound:
@@ -59,7 +67,7 @@ func (e *apiError) Error() string {
 			// Not the operator API's own 404: a PINBOARD_URL without
 			// pinboard's base path reaches its data plane ("unknown
 			// namespace"), or it is not pinboard at all.
-			s += " (is PINBOARD_URL pinboard itself, with its base path?)"
+			s += " (is " + e.URLName + " pinboard itself, with its base path?)"
 		}
 	case http.StatusServiceUnavailable:
 		if e.RetryAfter != "" {
@@ -71,9 +79,9 @@ func (e *apiError) Error() string {
 		// http:// URL sent to https://, a login page). Followed, a drain's
 		// POST came back a GET and the bearer token was dropped on
 		// another host, and the error blamed the token or the base path.
-		s += " (pinboard does not redirect: PINBOARD_URL reaches something in front of it"
+		s += " (pinboard does not redirect: " + e.URLName + " reaches something in front of it"
 		if e.Location != "" {
-			s += " that sends it to " + cell(clip(e.Location, 200)) + "; if that is pinboard, set PINBOARD_URL to it"
+			s += " that sends it to " + cell(clip(e.Location, 200)) + "; if that is pinboard, set " + e.URLName + " to it"
 		}
 		s += ")"
 	}
@@ -94,12 +102,13 @@ func (e *apiError) fromRegistry() bool {
 
 // unreachableError: no HTTP answer at all.
 type unreachableError struct {
-	URL string
-	Err error
+	URL     string
+	URLName string // PINBOARD_URL or --url
+	Err     error
 }
 
 func (e *unreachableError) Error() string {
-	return fmt.Sprintf("cannot reach pinboard at %s: %v (check PINBOARD_URL and that pinboard is running)", e.URL, e.Err)
+	return fmt.Sprintf("cannot reach pinboard at %s: %v (check %s and that pinboard is running)", e.URL, e.Err, e.URLName)
 }
 
 func (e *unreachableError) Unwrap() error { return e.Err }
@@ -149,16 +158,16 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	res, err := c.http.Do(req)
 	if err != nil {
-		return &unreachableError{URL: c.base, Err: unwrapURLError(err)}
+		return &unreachableError{URL: c.base, URLName: c.urlName, Err: unwrapURLError(err)}
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
 	if err != nil {
-		return &unreachableError{URL: c.base, Err: fmt.Errorf("cannot read the answer to %s %s: %w", method, path, err)}
+		return &unreachableError{URL: c.base, URLName: c.urlName, Err: fmt.Errorf("cannot read the answer to %s %s: %w", method, path, err)}
 	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
 		ae := &apiError{Method: method, Path: path, Status: res.StatusCode, RetryAfter: res.Header.Get("Retry-After"),
-			Location: res.Header.Get("Location")}
+			Location: res.Header.Get("Location"), URLName: c.urlName, TokenName: c.tokenName}
 		var eb struct {
 			Error string `json:"error"`
 		}

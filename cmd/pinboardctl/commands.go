@@ -79,7 +79,7 @@ func cmdWorkers(ctx context.Context, c *client, o *options, args []string, w io.
 		Workers *[]worker `json:"workers"`
 	}
 	if json.Unmarshal(raw, &body) != nil || body.Workers == nil {
-		return unexpectedAnswer("GET /registry/workers", raw, false)
+		return unexpectedAnswer(c, "GET /registry/workers", raw, false)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -124,7 +124,7 @@ func cmdHealth(ctx context.Context, c *client, o *options, args []string, w io.W
 		Workers      int    `json:"workers"`
 	}
 	if json.Unmarshal(raw, &h) != nil || h.OK == nil || h.Store == "" {
-		return unexpectedAnswer("GET /registry/health", raw, false)
+		return unexpectedAnswer(c, "GET /registry/health", raw, false)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -166,7 +166,7 @@ func cmdDrain(ctx context.Context, c *client, o *options, args []string, w io.Wr
 		DrainDeadline *float64 `json:"drainDeadline"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || !out.Draining {
-		return unexpectedAnswer("POST /registry/drain", raw, true)
+		return unexpectedAnswer(c, "POST /registry/drain", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -192,7 +192,7 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 		Draining *bool  `json:"draining"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || out.Draining == nil || *out.Draining {
-		return unexpectedAnswer("POST /registry/undrain", raw, true)
+		return unexpectedAnswer(c, "POST /registry/undrain", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -207,17 +207,17 @@ func cmdUndrain(ctx context.Context, c *client, o *options, args []string, w io.
 // login page or catch-all. Reporting success then would tell the operator
 // a drain happened when nothing did, or hand a script a page for the
 // worker list (with --json too: it prints only what pinboard answered).
-func unexpectedAnswer(req string, raw []byte, change bool) error {
+func unexpectedAnswer(c *client, req string, raw []byte, change bool) error {
 	b := clip(strings.TrimSpace(string(raw)), 200)
 	what := "it is not pinboard's"
 	if change {
 		what = "nothing was changed as far as pinboardctl can tell"
 	}
-	return fmt.Errorf("%s: unexpected answer %q: %s (is PINBOARD_URL pinboard itself, with its base path?)", req, b, what)
+	return fmt.Errorf("%s: unexpected answer %q: %s (is %s pinboard itself, with its base path?)", req, b, what, c.urlName)
 }
 
 // withClientHint explains pinboard's 404 on drain and undrain; another 404
-// is not about the worker (apiError names PINBOARD_URL then).
+// is not about the worker (apiError names the URL's source then).
 func withClientHint(err error, clientID string) error {
 	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound && ae.Message == msgUnknownClient {
 		return fmt.Errorf("%w: no live worker has clientId %q (list them with 'pinboardctl workers'; a restarted worker has a new one)", err, clientID)
@@ -251,7 +251,7 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 		SessionID string `json:"sessionId"`
 	}
 	if json.Unmarshal(raw, &out) != nil || out.MsgID == "" {
-		return unexpectedAnswer("POST /registry/wind-down", raw, true)
+		return unexpectedAnswer(c, "POST /registry/wind-down", raw, true)
 	}
 	if o.json {
 		return printJSON(w, raw)
@@ -288,7 +288,7 @@ func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Wr
 		Live         *bool  `json:"live"`
 	}
 	if json.Unmarshal(raw, &p) != nil || p.ClientID == "" || p.SessionID == "" || p.Live == nil {
-		return unexpectedAnswer("GET /registry/placement", raw, false)
+		return unexpectedAnswer(c, "GET /registry/placement", raw, false)
 	}
 	if o.json {
 		return printJSON(w, raw)

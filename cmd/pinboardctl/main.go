@@ -114,6 +114,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if o.revoke && cmd != "drain" && cmd != "wind-down" {
 		return usageError(stderr, "%s takes no --revoke (wind-down does)", cmd)
 	}
+	// Hints name where a value came from: a wrong --token is not fixed
+	// by checking PINBOARD_TOKEN.
+	urlName, tokenName := "PINBOARD_URL", "PINBOARD_TOKEN"
+	if flagSet(fs, "url") {
+		urlName = "--url"
+	}
+	if flagSet(fs, "token") {
+		tokenName = "--token"
+	}
 	o.url = strings.TrimSpace(o.url)
 	if o.url == "" {
 		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")
@@ -121,19 +130,19 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	u, err := url.Parse(o.url)
 	if err == nil && u.User != nil {
 		// Never sent (the token is), and not to be echoed in an error.
-		return usageError(stderr, "PINBOARD_URL must not carry a user or password: the operator API takes the token (PINBOARD_TOKEN)")
+		return usageError(stderr, "%s must not carry a user or password: the operator API takes the token (PINBOARD_TOKEN or --token)", urlName)
 	}
 	if err != nil {
 		// Neither the value as given nor url.Parse's error (which
 		// quotes it) may show a password it holds.
-		return usageError(stderr, "PINBOARD_URL %q is not a URL: want a base URL like http://pinboard.internal:8080 (with the base path, if any)", redactUserinfo(o.url))
+		return usageError(stderr, "%s %q is not a URL: want a base URL like http://pinboard.internal:8080 (with the base path, if any)", urlName, redactUserinfo(o.url))
 	}
 	// A scheme is case-insensitive (RFC 3986 §3.1); url.Parse lowers it.
 	if u.Scheme != "http" && u.Scheme != "https" || !strings.HasPrefix(o.url[len(u.Scheme):], "://") {
-		return usageError(stderr, "PINBOARD_URL %q must start with http:// or https://", redactUserinfo(o.url))
+		return usageError(stderr, "%s %q must start with http:// or https://", urlName, redactUserinfo(o.url))
 	}
 	if u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
-		return usageError(stderr, "PINBOARD_URL %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", o.url)
+		return usageError(stderr, "%s %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", urlName, o.url)
 	}
 	o.url = u.Scheme + o.url[len(u.Scheme):]
 	if o.timeout <= 0 {
@@ -146,9 +155,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
 	}
 	if ascii.IndexSpaceOrCtl(o.token) >= 0 {
-		return usageError(stderr, "PINBOARD_TOKEN contains white space or a control character")
+		return usageError(stderr, "%s contains white space or a control character", tokenName)
 	}
-	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout)}
+	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout), urlName: urlName, tokenName: tokenName}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	if err := cmdFn(ctx, c, &o, rest, stdout); err != nil {

@@ -623,3 +623,38 @@ func TestMalformedURLPasswordNotEchoed_RREG5(t *testing.T) {
 		t.Errorf("unexpected error for a path holding @; got %q; want the value as given", errs)
 	}
 }
+
+// Error hints name where the URL and the token came from: with the right
+// PINBOARD_TOKEN set and a wrong --token passed, "PINBOARD_TOKEN was not
+// accepted" sent the operator to check the one value that was right
+// (R-REG-6, the operator API's errors).
+func TestErrorHintsNameFlagsWhenFlagsGiven_RREG6(t *testing.T) {
+	f := &fake{}
+	srv := f.server(t)
+	env := map[string]string{"PINBOARD_URL": srv.URL + "/pb", "PINBOARD_TOKEN": "good"}
+	code, _, errs := runCtl(t, env, "workers", "--token", "wrong")
+	if code != exitAuth || !strings.Contains(errs, "(--token was not accepted") {
+		t.Fatalf("unexpected result with a wrong --token; got exit %d, stderr %q; want exit %d naming --token", code, errs, exitAuth)
+	}
+	env["PINBOARD_TOKEN"] = "wrong"
+	if code, _, errs = runCtl(t, env, "workers"); code != exitAuth || !strings.Contains(errs, "(PINBOARD_TOKEN was not accepted") {
+		t.Fatalf("unexpected result with a wrong PINBOARD_TOKEN; got exit %d, stderr %q; want exit %d naming PINBOARD_TOKEN", code, errs, exitAuth)
+	}
+	env["PINBOARD_TOKEN"] = "good"
+	dataPlane := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(404)
+		io.WriteString(w, `{"error":"unknown namespace"}`)
+	}))
+	t.Cleanup(dataPlane.Close)
+	if code, _, errs = runCtl(t, env, "workers", "--url", dataPlane.URL); code != exitAPI || !strings.Contains(errs, "(is --url pinboard itself") {
+		t.Fatalf("unexpected result with a wrong --url; got exit %d, stderr %q; want exit %d naming --url", code, errs, exitAPI)
+	}
+	if code, _, errs = runCtl(t, env, "workers", "--url", "ftp://x"); code != exitUsage || !strings.Contains(errs, `--url "ftp://x" must start with http://`) {
+		t.Fatalf("unexpected result with an ftp --url; got exit %d, stderr %q; want exit %d naming --url", code, errs, exitUsage)
+	}
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	if code, _, errs = runCtl(t, env, "workers", "--url", closed.URL); code != exitUnreachable || !strings.Contains(errs, "(check --url and that pinboard is running)") {
+		t.Fatalf("unexpected result with an unreachable --url; got exit %d, stderr %q; want exit %d naming --url", code, errs, exitUnreachable)
+	}
+}
