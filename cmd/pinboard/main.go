@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sync"
 	"syscall"
 	"time"
 
@@ -122,7 +123,8 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Error("cannot open the directory", "err", err)
 		return 1
 	}
-	defer store.Close()
+	closeStore := sync.OnceFunc(func() { _ = store.Close() })
+	defer closeStore()
 
 	pb, err := server.New(server.Options{
 		Store:              store,
@@ -154,6 +156,9 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	// the default action instead (exit by signal, not 0).
 	ctx, stop := signalContext(log)
 	defer stop()
+	// The store closes while signals are still watched: a second signal
+	// then exits 1 as documented, not by the signal's default action.
+	defer closeStore()
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
