@@ -40,8 +40,8 @@ func (m *Memory) Register(_ context.Context, reg *Registration, now time.Time) (
 			m.reclaim(g, NSID{ns, id}, serves, now)
 		}
 	}
+	m.handOverQueues(g.earlier, g.s, now)
 	for _, e := range g.earlier {
-		m.handOverQueue(e, g.s, now)
 		m.dropSession(e)
 	}
 	m.mu.Unlock()
@@ -207,26 +207,34 @@ func spendTimedDrain(d *DrainState, now time.Time, ttl time.Duration) {
 	}
 }
 
-// handOverQueue moves the control messages queued for prev's ids that s
-// reclaimed onto s's queue (R-CM-1: delivered until acked — a session lost
-// in between must not lose them; the worker forgets its pending acks when
-// it registers, so delivering them again under s is safe).
-func (m *Memory) handOverQueue(prev, s *memSession, now time.Time) {
-	q := m.queues[prev.info.SessionID]
-	if q == nil {
-		return
-	}
+// handOverQueues moves the control messages queued for the earlier
+// sessions' ids that s reclaimed onto s's queue (R-CM-1: delivered until
+// acked — a session lost in between must not lose them; the worker
+// forgets its pending acks when it registers, so delivering them again
+// under s is safe). They go ahead of any queued on s between the batches
+// of its registration: a message for an id was queued on an earlier
+// session while that held the id, before any queued on s once s reclaimed
+// it, and the worker applies them in order — a revoke delivered before
+// its wind-down revoked nothing.
+func (m *Memory) handOverQueues(earlier []*memSession, s *memSession, now time.Time) {
 	var kept []ControlMessage
-	for _, c := range q.msgs {
-		if _, ok := s.rows[NSID{c.NS, c.ID}]; ok {
-			kept = append(kept, c)
+	for _, prev := range earlier {
+		q := m.queues[prev.info.SessionID]
+		if q == nil {
+			continue
+		}
+		for _, c := range q.msgs {
+			if _, ok := s.rows[NSID{c.NS, c.ID}]; ok {
+				kept = append(kept, c)
+			}
 		}
 	}
 	if len(kept) == 0 {
 		return
 	}
 	if cur := m.queues[s.info.SessionID]; cur != nil {
-		cur.msgs = append(cur.msgs, kept...)
+		cur.msgs = append(kept, cur.msgs...)
+		cur.touched = now
 		return
 	}
 	m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}

@@ -47,12 +47,13 @@ end
 
 -- handover ends the earlier sessions of a registration once its listed
 -- instances are reclaimed: control messages for rows sid now holds move
--- to its queue (R-CM-1: delivered until acked; memory.go handOverQueue),
+-- to its queue (R-CM-1: delivered until acked; memory_register.go handOverQueues),
 -- and each earlier session is dropped with what it still holds (rows the
 -- worker no longer lists): DROPBATCH rows at most in all, their names
 -- appended to freed; the caller frees the rest in batches (redis_drop.lua).
 local function handover(P, sid, ttl, earlier, freed)
   local q, budget = P .. 'q:' .. sid, DROPBATCH
+  local moved = {}
   for _, o in ipairs(earlier) do
     local pq = P .. 'q:' .. o
     if redis.call('EXISTS', pq) == 1 then
@@ -61,11 +62,18 @@ local function handover(P, sid, ttl, earlier, freed)
         local sp = string.find(m, ' ', 18, true)
         local cur = sp and redis.call('GET', rowkey(P, string.sub(m, sp + 1)))
         if cur and owner(cur) == sid then
-          redis.call('RPUSH', q, m)
+          moved[#moved + 1] = m
         end
       end
     end
     budget = dropsession(P, o, freed, budget)
+  end
+  -- Ahead of what sid's queue got between the batches: a message for an
+  -- id was queued on an earlier session while it held the id, before any
+  -- queued on sid once sid reclaimed it, and the worker applies them in
+  -- order (a revoke after its wind-down; memory_register.go handOverQueues).
+  for i = #moved, 1, -1 do
+    redis.call('LPUSH', q, moved[i])
   end
   if #earlier > 0 and redis.call('EXISTS', q) == 1 then
     redis.call('PEXPIRE', q, fmt(2 * ttl / 1000))

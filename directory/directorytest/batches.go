@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
 )
@@ -184,6 +185,7 @@ func RunBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
 		{"SupersededBetweenBatches_RLS4", testSupersededBetweenBatches},
 		{"ReregisteredBetweenBatches_RREG1", testReregisteredBetweenBatches},
 		{"EarlierDeregisteredBetweenBatches_RREG1_RREG3", testEarlierDeregisteredBetweenBatches},
+		{"ControlMessagesKeepOrderBetweenBatches_RCM1", testControlMessagesOrderBetweenBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -396,5 +398,43 @@ func testReleaseBatch(t *testing.T, f Factory) {
 	}
 	if n, err := fx.s.ReleaseBatch(fx.ctx, nil, fx.now); n != 0 || err != nil {
 		t.Fatalf("unexpected empty release batch; got %d, %v", n, err)
+	}
+}
+
+// testControlMessagesOrderBetweenBatches: a wind-down queued for an id
+// before the worker re-registers, and its revoke queued between two
+// batches of that registration — once the id is the new session's — are
+// delivered in the order they were queued (R-CM-1: null revokes an
+// earlier wind-down). The earlier session's messages were appended after
+// the new session's, so the worker applied the revoke first and then the
+// wind-down: the instance it was told to keep was aborted.
+func testControlMessagesOrderBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(2 * directory.RegisterBatch)
+	old := fx.holding(list)
+	deadline := fx.now.Add(30 * time.Second)
+	windDown, _, err := fx.s.WindDown(fx.ctx, "/c", list[0], "", &deadline, fx.now)
+	if err != nil {
+		t.Fatalf("cannot wind down: %v", err)
+	}
+	var revoke string
+	hook(fx.s, once(func() {
+		var err error
+		if revoke, _, err = fx.s.WindDown(fx.ctx, "/c", list[0], "", nil, fx.now); err != nil {
+			t.Errorf("cannot revoke between batches: %v", err)
+		}
+	}))
+	res, err := fx.registerListing(old, map[string][]string{"/c": list})
+	if err != nil || len(res.Duplicates) != 0 {
+		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
+	}
+	beat := fx.beat(res.SessionID, 100, false, false)
+	var got []string
+	for _, m := range beat.Messages {
+		got = append(got, m.MsgID)
+	}
+	if want := []string{windDown, revoke}; !slices.Equal(got, want) {
+		t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
 	}
 }
