@@ -714,6 +714,37 @@ func TestHeartbeatClaimsNoLongerCover_RREG2_RTR3(t *testing.T) {
 	}
 }
 
+// A heartbeat from another account is the 403 row and nothing else: no
+// probe of the session's advertise URL, and the session left as it was —
+// a challengeValue its worker does not answer must not void another
+// account's registration (R-REG-2, R-TR-3, R-LS-3). The table test cannot
+// tell this apart: the store refuses another account's renewal on its own
+// (ErrForbidden), so with the registry's account check gone that row
+// still read 403, while the probe had run and a mismatch voided the
+// session.
+func TestHeartbeatOtherAccountProbesNothing_RREG2_RTR3(t *testing.T) {
+	for _, token := range []string{otherToken, narrowToken} {
+		t.Run(token, func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, h *harness) {
+				session := h.register(nil)
+				h.fw.mode.Store("mismatch")
+				before := h.fw.probes.Load()
+				res := h.post("/registry/heartbeat", token, h.beatBody(session, nil))
+				if res.status != 403 || res.body != `{"error":"forbidden"}` {
+					t.Fatalf("unexpected reply to another account; got %d %s; want 403 {\"error\":\"forbidden\"}", res.status, res.body)
+				}
+				if n := h.fw.probes.Load() - before; n != 0 {
+					t.Fatalf("unexpected probes of the session's worker for another account's heartbeat; got %d; want 0", n)
+				}
+				h.fw.mode.Store("ok")
+				if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+					t.Fatalf("unexpected reply to the owner after another account's heartbeat; got %d %s; want 200, the session untouched", res.status, res.body)
+				}
+			})
+		})
+	}
+}
+
 // A register or heartbeat that waited for the pool past MaxQueueWait is
 // answered 503 "registry busy" and not handled: the worker gives up after
 // WorkerTimeout and sends the next one with a new challenge, so handled
