@@ -8,8 +8,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"math/big"
 	"net"
+	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,6 +64,16 @@ func tlsNode(t *testing.T, name string, pool *x509.CertPool) string {
 	return ln.Addr().String()
 }
 
+// loopbackOnly is a net.Dialer's Control refusing every address outside
+// 127.0.0.0/8: "localhost" may resolve to ::1 as well, and the dialer
+// then goes on to the next address (tests touch 127.0.0.0/8 only).
+func loopbackOnly(network, address string, _ syscall.RawConn) error {
+	if ap, err := netip.ParseAddrPort(address); err != nil || !ap.Addr().Is4() || !ap.Addr().IsLoopback() {
+		return fmt.Errorf("test dials 127.0.0.0/8 only, not %s", address)
+	}
+	return nil
+}
+
 // A rediss cluster or sentinel URL names several hosts, and the client
 // dials others still (the nodes a cluster announces, the master sentinels
 // name): each connection verifies the certificate of the host it dials.
@@ -85,7 +98,7 @@ func TestRedissVerifiesEachNodeByItsOwnName_RSRV3(t *testing.T) {
 		cfg := o.TLSConfig.Clone()
 		cfg.RootCAs = pool
 		for _, addr := range []string{a, b} {
-			d := tls.Dialer{Config: cfg}
+			d := tls.Dialer{NetDialer: &net.Dialer{Control: loopbackOnly}, Config: cfg}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			c, err := d.DialContext(ctx, "tcp", addr)
 			cancel()

@@ -134,10 +134,18 @@ func TestConfigDefaults_RSRV3(t *testing.T) {
 	}
 }
 
+// Arguments are refused before the configuration is read. The
+// environment has no passport: run given it stops by itself whatever it
+// does with the arguments (with a valid one it would serve for ever, on
+// every interface), and the message tells the two refusals apart.
 func TestRunRejectsArguments(t *testing.T) {
+	kv := base()
+	delete(kv, "PINBOARD_PASSPORT")
+	kv["HOST"], kv["PORT"] = "127.0.0.1", "0"
 	var stderr bytes.Buffer
-	if code := run([]string{"--port", "1"}, env(base()), &stderr); code != 2 {
-		t.Fatalf("unexpected exit code %d", code)
+	code := run([]string{"--port", "1"}, env(kv), &stderr)
+	if out := stderr.String(); code != 2 || !strings.HasPrefix(out, "pinboard: takes no arguments") || strings.Count(out, "\n") != 1 {
+		t.Fatalf("unexpected exit %d; got stderr %q; want 2 and one line refusing the arguments", code, out)
 	}
 }
 
@@ -293,7 +301,11 @@ func TestConfigTrustedProxiesOnePerLine_RSRV3(t *testing.T) {
 func TestConfigErrorOneLineWithControlCharacters_RSRV2(t *testing.T) {
 	kv := base()
 	kv["PINBOARD_PASSPORT"] = `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK\nEN\u001b"},"scopes":["pinboard:worker"]}]}]}`
-	kv["PORT"] = "0"
+	kv["HOST"], kv["PORT"] = "127.0.0.1", "0"
+	// loadConfig first: run would serve for ever on a config it accepts.
+	if _, err := loadConfig(env(kv)); err == nil {
+		t.Fatal("unexpected acceptance of a passport naming an unset token variable; got nil; want an error")
+	}
 	var stderr bytes.Buffer
 	code := run(nil, env(kv), &stderr)
 	out := stderr.String()

@@ -33,6 +33,14 @@ func TestMalformedRedisURL_RSRV3(t *testing.T) {
 			"PINBOARD_PASSPORT": `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK"},"scopes":["pinboard:worker"]}]}]}`,
 			"TOK":               "t",
 			"REDIS_URL":         u,
+			"HOST":              "127.0.0.1",
+			"PORT":              "0",
+		}
+		// loadConfig first: run given a URL it accepts would dial the
+		// URL's hosts (a, b) and, the store open, serve for ever.
+		if _, err := loadConfig(func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err == nil {
+			t.Errorf("%s: unexpected acceptance; got nil; want a REDIS_URL error", u)
+			continue
 		}
 		var stderr bytes.Buffer
 		code := run(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &stderr)
