@@ -142,7 +142,10 @@ func ownVersion(rh *fasthttp.ResponseHeader) {
 }
 
 // readSmallBody reads a sized response body whole and lets go of the
-// connection; on a read error it answers 502 itself and reports false.
+// connection; on a read error it answers itself and reports false: 504
+// when the header timeout passed first (the worker froze mid-answer:
+// nothing of it reached the client, which gets what a header that late
+// gets; before, 502 "owner unreachable"), else 502.
 func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, keep bool, up *upload) bool {
 	if err := readSized(&ctx.Response, pc, ctx.Conn(), p.smallBody); err != nil {
 		p.finish(pool, pc, false, up)
@@ -151,8 +154,7 @@ func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pcon
 			return false
 		}
 		ctx.Response.Reset()
-		p.metrics.UpstreamError("read")
-		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		p.answerUpstreamError(ctx, err, true)
 		return false
 	}
 	p.finish(pool, pc, keep, up)

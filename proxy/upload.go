@@ -49,7 +49,12 @@ type upload struct {
 
 	mu         sync.Mutex
 	headerRead bool // the handler has the response header: arm nothing
+	armed      bool // the upload started the wait for the answer (headerDone)
 	stopping   bool // stop interrupted the client's read: renew no deadline
+
+	// The wait for the answer: the pool's header timeout, the client
+	// checked every check (startWait).
+	headerTimeout, check time.Duration
 
 	stall    time.Duration // see UpstreamOptions.StallTimeout; 0: none
 	stallDue lazyDeadline  // the stall deadlines last set
@@ -113,7 +118,7 @@ var uploadBufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retur
 // by the caller.
 func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.Writer),
 	client net.Conn, worker *pconn, headerTimeout, stall, check time.Duration) *upload {
-	u := &upload{done: make(chan struct{}), client: client, worker: worker, stall: stall}
+	u := &upload{done: make(chan struct{}), client: client, worker: worker, stall: stall, headerTimeout: headerTimeout, check: check}
 	go func() {
 		defer close(u.done)
 		defer release(bw)
@@ -148,6 +153,7 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 			// for the whole header timeout.
 			t := time.Now()
 			_ = worker.c.SetReadDeadline(t.Add(worker.startWait(t, headerTimeout, check)))
+			u.armed = true
 		}
 		u.mu.Unlock()
 	}()
@@ -156,12 +162,24 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 
 // headerDone tells the upload the handler has read the response header
 // (or given up): from here the handler owns the connection's deadline,
-// whose value is unknown to pc's bookkeeping.
+// whose value is unknown to pc's bookkeeping. A header that came before
+// the body was all out (an early answer) found no wait started: it starts
+// now, so that the rest of an answer read whole (readSized) has the header
+// timeout and the client checks, as any other has. Before, that read had
+// no deadline: a worker that froze after its header held the request, and
+// its client unanswered, for as long as it stayed frozen. A streamed
+// answer clears the deadline again (relay).
 func (u *upload) headerDone() {
 	u.mu.Lock()
 	u.headerRead = true
+	armed := u.armed
 	u.mu.Unlock()
-	u.worker.deadline = deadlineUnknown
+	pc := u.worker
+	pc.deadline = deadlineUnknown
+	if !armed {
+		t := time.Now()
+		_ = pc.c.SetReadDeadline(t.Add(pc.startWait(t, u.headerTimeout, u.check)))
+	}
 }
 
 // wait blocks until the upload ended and reports whether it succeeded.

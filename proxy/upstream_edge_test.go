@@ -995,3 +995,83 @@ func TestSequentialRequestsShareOneWorkerConnection_RDP3(t *testing.T) {
 		t.Fatalf("unexpected worker connections for 20 sequential requests; got %d (%v); want 1 reused", len(peers), peers)
 	}
 }
+
+// A worker that answers an upload early — its header and part of a small
+// sized body while the client still sends — and then freezes is cut after
+// the header timeout, as the body of any answer read whole is (readSized),
+// and the client gets an answer (R-DP-3, R-DP-4). Before, a header that
+// came before the body was all out armed no deadline at all (the upload
+// arms it only when it ends first): the read of the rest waited for as
+// long as the worker stayed frozen, the client unanswered, and a client
+// that left was never noticed.
+func TestEarlyAnswerStalledBodyCut_RDP3_RDP4(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 500 * time.Millisecond })
+	rg.warm()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	answered := make(chan struct{})
+	ln := rawListener(t, func(c net.Conn) {
+		defer c.Close()
+		r, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+		close(answered)
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-release // frozen: 7 bytes of the body never come
+	})
+	rg.serveIDs(t, rawWorker("raw", ln), "alice")
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Streamed, not read whole first; the first part is past the 8 KiB
+	// the server reads before the handler runs.
+	const size, first = 200 << 10, 16 << 10
+	if _, err := fmt.Fprintf(c, "POST /counters/alice/up HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s", size, strings.Repeat("x", first)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker got no request")
+	}
+	time.Sleep(200 * time.Millisecond) // the header is read before the upload ends
+	if _, err := io.WriteString(c, strings.Repeat("x", size-first)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer %v after the upload ended, the worker frozen mid-answer: %v", time.Since(start), err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusGatewayTimeout || string(body) != `{"error":"owner timed out"}` {
+		t.Fatalf("unexpected answer to an upload whose answer froze; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
+	}
+}
+
+// A worker that sends its header and then freezes inside a small sized
+// body (read whole before anything reaches the client) gets the client a
+// 504 "owner timed out" after the header timeout, as a header that late
+// does: the worker did not answer in time. Before, 502 "owner
+// unreachable", as if it had closed its connection (R-DP-4).
+func TestFrozenSmallBodyIs504_RDP4(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
+	rg.warm()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+		<-release
+		return false
+	})
+	rg.serveIDs(t, w, "alice")
+	res, body := rg.get("/counters/alice/x", nil)
+	if res.StatusCode != http.StatusGatewayTimeout || body != `{"error":"owner timed out"}` {
+		t.Fatalf("unexpected answer from a worker frozen mid-body; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
+	}
+}
