@@ -35,20 +35,12 @@ type Policy interface {
 }
 
 // HeadroomPolicy is the guide's placement rule (R-PL-3, R-PL-4):
-//   - an attested cluster call prefers the caller's own worker while its
-//     headroom passes the balance guard below;
-//   - otherwise, with an affinity key, the rendezvous (highest random
-//     weight) order of the key over client ids, skipping workers whose
-//     headroom falls below the best headroom divided by BalanceFactor
-//     (when the best is below zero: multiplied by it, so overcommit stays
-//     bounded too);
+//   - an attested cluster call prefers the caller's own worker;
+//   - with an affinity key, the rendezvous (highest random weight) order of
+//     the key over client ids, skipping workers whose headroom falls below
+//     the best headroom divided by BalanceFactor (when the best is below
+//     zero: multiplied by it, so overcommit stays bounded too);
 //   - without a key, power of two choices on headroom.
-//
-// The guide bounds both preferences: "They prefer the caller's own worker
-// (cluster calls) or a stable per-client-IP pick, bounded by
-// PINBOARD_AFFINITY_BALANCE_FACTOR". Unbounded, a worker whose instances
-// create ids through cluster calls kept every one of them however far
-// past its capacity (docs/PROTOCOL.md, "Placement").
 //
 // Headroom is a weight, never a limit: zero or negative headroom stays
 // eligible (R-PL-3). The zero value uses DefaultBalanceFactor and the
@@ -75,11 +67,8 @@ func (p *HeadroomPolicy) Rank(dst []int, cands []Candidate, in *PickInput) []int
 	if in.CallerSession != "" {
 		for i := range cands {
 			if cands[i].SessionID == in.CallerSession {
-				if floor, _ := p.guard(cands); cands[i].Headroom >= floor {
-					dst = append(dst, i)
-					return p.fallback(dst, cands, i)
-				}
-				break // past the guard: the rules for other requests
+				dst = append(dst, i)
+				return p.fallback(dst, cands, i)
 			}
 		}
 	}
@@ -113,7 +102,20 @@ func (p *HeadroomPolicy) intN(n int) int {
 // takes the first whose headroom passes the balance guard. Doing it in one
 // pass: the best-scoring candidate among those passing the guard.
 func (p *HeadroomPolicy) rendezvous(dst []int, cands []Candidate, key string) []int {
-	floor, maxI := p.guard(cands)
+	maxH, maxI := cands[0].Headroom, 0
+	for i := 1; i < len(cands); i++ {
+		if h := cands[i].Headroom; h > maxH {
+			maxH, maxI = h, i
+		}
+	}
+	// Below zero the guard bounds overcommit instead: a worker keeps new
+	// ids while its deficit is at most factor times the best one's. Without
+	// it, a fleet at zero headroom (full, as slot probes report it) sent
+	// every new id of one client IP to one worker until the next heartbeat.
+	floor := maxH / p.factor()
+	if maxH < 0 {
+		floor = maxH * p.factor()
+	}
 	best := maxI
 	var bestScore uint64
 	found := false
@@ -128,26 +130,6 @@ func (p *HeadroomPolicy) rendezvous(dst []int, cands []Candidate, key string) []
 	}
 	dst = append(dst, best)
 	return p.fallback(dst, cands, best)
-}
-
-// guard is the balance guard over cands: the least headroom a preferred
-// worker may have and keep new ids, and the index of the candidate with
-// the most. Below zero the guard bounds overcommit instead: a worker
-// keeps new ids while its deficit is at most factor times the best one's.
-// Without it, a fleet at zero headroom (full, as slot probes report it)
-// sent every new id of one client IP to one worker until the next
-// heartbeat.
-func (p *HeadroomPolicy) guard(cands []Candidate) (floor float64, maxI int) {
-	maxH := cands[0].Headroom
-	for i := 1; i < len(cands); i++ {
-		if h := cands[i].Headroom; h > maxH {
-			maxH, maxI = h, i
-		}
-	}
-	if maxH < 0 {
-		return maxH * p.factor(), maxI
-	}
-	return maxH / p.factor(), maxI
 }
 
 // twoChoices samples two distinct candidates and prefers the one with more

