@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -181,8 +183,12 @@ func TestRelayShutdownSendsGoingAway(t *testing.T) {
 	client.Write(frame(0x8, goingAway[:2], true))
 	worker.Write(frame(0x8, goingAway[:2], false))
 	worker.Close()
-	if _, err := cbr.ReadByte(); err != io.EOF {
-		t.Fatalf("unexpected client read after the close handshake; got %v; want EOF", err)
+	// The relay may end on the worker's close before it has read the
+	// client's Close reply, and a socket closed with input unread sends a
+	// reset, not a FIN (in pinboard the listener's lingering close turns
+	// it into a FIN): either way the client's connection is closed.
+	if _, err := cbr.ReadByte(); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("unexpected client read after the close handshake; got %v; want EOF or a reset", err)
 	}
 	waitRelays(t, hj, "after the closing handshake")
 }
