@@ -581,9 +581,15 @@ func TestDockerfile_RSRV3(t *testing.T) {
 			t.Errorf("the image listens on %d but EXPOSE says %v", want, exposed)
 		}
 	}
-	if !regexp.MustCompile(`(?m)^USER nonroot:nonroot$`).MatchString(src) ||
-		!strings.Contains(src, "distroless/static-debian12:nonroot") {
+	// The user is numeric: for a name ("nonroot", which the base image
+	// itself sets as 65532) the kubelet cannot check runAsNonRoot and
+	// refuses to start the container ("image has non-numeric user") in
+	// any pod that does not also set runAsUser.
+	users := regexp.MustCompile(`(?m)^USER (.+)$`).FindAllStringSubmatch(src, -1)
+	if len(users) == 0 || !strings.Contains(src, "distroless/static-debian12:nonroot") {
 		t.Error("the image must run as distroless's nonroot (uid 65532), as the Kubernetes manifest's runAsUser says")
+	} else if u := strings.TrimSpace(users[len(users)-1][1]); !regexp.MustCompile(`^65532(:65532)?$`).MatchString(u) {
+		t.Errorf("USER %s; want the numeric 65532:65532 (distroless's nonroot), so that runAsNonRoot can verify it without runAsUser", u)
 	}
 	if !regexp.MustCompile(`(?m)^ENTRYPOINT \["/usr/local/bin/pinboard"\]$`).MatchString(src) {
 		t.Error("ENTRYPOINT is not the copied /usr/local/bin/pinboard")
