@@ -47,7 +47,7 @@ func TestOperationsTableListsEveryMetric(t *testing.T) {
 	two := func() int { return 2 }
 	m.Attach(Sources{
 		Store:       directory.NewMemory(15*time.Second, time.Now()),
-		OpenStreams: one, OpenWebSockets: one, OpenConnections: one,
+		OpenStreams: one, OpenEventStreams: one, OpenWebSockets: one, OpenConnections: one,
 		RegistryQueue: two, RegistryRunning: two, RegistryCap: two,
 	})
 	m.StoreCommand("place", time.Millisecond, nil)

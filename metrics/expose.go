@@ -139,6 +139,7 @@ func (m *Metrics) appendScrapeTime(ctx context.Context, e *expo) {
 		}
 	}
 	gauge("pinboard_proxy_open_streams", "Streaming responses being relayed (Server-Sent Events, unsized or large bodies).", s.OpenStreams)
+	gauge("pinboard_proxy_open_event_streams", "Server-Sent Event streams (text/event-stream) being relayed; counted in pinboard_proxy_open_streams too.", s.OpenEventStreams)
 	gauge("pinboard_proxy_open_websockets", "WebSocket connections being relayed.", s.OpenWebSockets)
 	gauge("pinboard_http_open_connections", "Client connections open on the public listener; those relayed off the HTTP server are excluded: WebSockets, event streams, unsized bodies to HTTP/1.0 clients (pinboard_proxy_open_streams and pinboard_proxy_open_websockets count them).", s.OpenConnections)
 	if s.RegistryQueue != nil {

@@ -51,8 +51,9 @@ type Sources struct {
 	// quarantine.
 	Store directory.Store
 	// OpenStreams, OpenWebSockets: the proxy's streaming responses and
-	// relayed WebSockets.
-	OpenStreams, OpenWebSockets func() int64
+	// relayed WebSockets; OpenEventStreams: the Server-Sent Event streams
+	// among OpenStreams.
+	OpenStreams, OpenWebSockets, OpenEventStreams func() int64
 	// OpenConnections: client connections to the public listener.
 	OpenConnections func() int64
 	// RegistryQueue, RegistryRunning, RegistryCap: the registry pool.

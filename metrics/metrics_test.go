@@ -145,12 +145,13 @@ func TestWorkersByState(t *testing.T) {
 			{LeaseUntil: now.Add(time.Second), Drain: directory.DrainState{Draining: true}},
 			{LeaseUntil: now.Add(-time.Second), Draining: true},
 		}, quarantine: 1500 * time.Millisecond},
-		OpenStreams:     func() int64 { return 2 },
-		OpenWebSockets:  func() int64 { return 1 },
-		OpenConnections: func() int64 { return 7 },
-		RegistryQueue:   func() int { return 3 },
-		RegistryRunning: func() int { return 4 },
-		RegistryCap:     func() int { return 12 },
+		OpenStreams:      func() int64 { return 2 },
+		OpenEventStreams: func() int64 { return 1 },
+		OpenWebSockets:   func() int64 { return 1 },
+		OpenConnections:  func() int64 { return 7 },
+		RegistryQueue:    func() int { return 3 },
+		RegistryRunning:  func() int { return 4 },
+		RegistryCap:      func() int { return 12 },
 	})
 	got := scrape(t, m)
 	want(t, got, `pinboard_directory_up`, "1")
@@ -160,6 +161,7 @@ func TestWorkersByState(t *testing.T) {
 	want(t, got, `pinboard_workers{state="expired"}`, "1")
 	want(t, got, `pinboard_cold_start_quarantine_seconds`, "1.5")
 	want(t, got, `pinboard_proxy_open_streams`, "2")
+	want(t, got, `pinboard_proxy_open_event_streams`, "1")
 	want(t, got, `pinboard_proxy_open_websockets`, "1")
 	want(t, got, `pinboard_http_open_connections`, "7")
 	want(t, got, `pinboard_registry_queue_depth`, "3")

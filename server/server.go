@@ -262,13 +262,14 @@ func New(o Options) (*Pinboard, error) {
 	}
 	if o.Metrics != nil {
 		o.Metrics.Attach(metrics.Sources{
-			Store:           o.Store,
-			OpenStreams:     pb.proxy.OpenStreams,
-			OpenWebSockets:  pb.proxy.OpenWebSockets,
-			OpenConnections: func() int64 { return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) },
-			RegistryQueue:   reg.QueueDepth,
-			RegistryRunning: reg.Running,
-			RegistryCap:     reg.Capacity,
+			Store:            o.Store,
+			OpenStreams:      pb.proxy.OpenStreams,
+			OpenEventStreams: pb.proxy.OpenEventStreams,
+			OpenWebSockets:   pb.proxy.OpenWebSockets,
+			OpenConnections:  func() int64 { return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) },
+			RegistryQueue:    reg.QueueDepth,
+			RegistryRunning:  reg.Running,
+			RegistryCap:      reg.Capacity,
 		})
 	}
 	return pb, nil

@@ -113,7 +113,8 @@ func TestAdminEndpoints(t *testing.T) {
 	}
 	code, body := get(t, admin+"/metrics")
 	if code != 200 || !strings.Contains(body, `pinboard_proxy_requests_total{namespace="none",code="5xx"} 1`) ||
-		!strings.Contains(body, `pinboard_build_info{version="test"`) || !strings.Contains(body, "pinboard_directory_up 1") {
+		!strings.Contains(body, `pinboard_build_info{version="test"`) || !strings.Contains(body, "pinboard_directory_up 1") ||
+		!strings.Contains(body, "\npinboard_proxy_open_event_streams 0\n") {
 		t.Errorf("unexpected /metrics; got %d\n%s", code, body)
 	}
 	if code, _ := get(t, public+"/metrics"); code != 404 {
