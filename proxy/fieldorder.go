@@ -133,8 +133,20 @@ func (fo *fieldOrder) run(k []byte) int {
 
 // findRuns fills fo with h's lines, sorted by name, and its runs: the
 // names h holds on more than one line, Cookie apart (the proxy keeps a
-// request's Cookie lines apart from its other fields, saveCookies).
+// request's Cookie lines apart from its other fields, saveCookies). A
+// header with no such name (repeats) has no runs, and its lines are not
+// copied and sorted.
 func (fo *fieldOrder) findRuns(h *fasthttp.RequestHeader) {
+	if !repeats(h) {
+		fo.clear()
+		return
+	}
+	fo.sortRuns(h)
+}
+
+// sortRuns is findRuns without the quick look: every line copied and
+// sorted by name.
+func (fo *fieldOrder) sortRuns(h *fasthttp.RequestHeader) {
 	fo.clear()
 	for k := range h.All() {
 		fo.keys = append(fo.keys, k...)
@@ -162,16 +174,16 @@ func (fo *fieldOrder) findRuns(h *fasthttp.RequestHeader) {
 }
 
 // repeatsScan is how many lines repeats compares pairwise; a longer
-// header is handed to findRuns, whose sort is cheaper at that size.
+// header is handed to sortRuns, whose sort is cheaper at that size.
 const repeatsScan = 32
 
 // repeats reports whether h may hold a name other than Cookie on more
-// than one line: findRuns finds none otherwise, and keepFieldOrder has
+// than one line: sortRuns finds none otherwise, and keepFieldOrder has
 // nothing to put back. A browser's request has a dozen lines and no
 // repeated name, and every request it sends has its Connection:
 // keep-alive deleted: compared pairwise, lengths first, its names cost
-// tens of nanoseconds where findRuns' copy and sort cost a microsecond
-// (BenchmarkRewriteRequestBrowser). Names are compared as findRuns
+// tens of nanoseconds where sortRuns' copy and sort cost a microsecond
+// (BenchmarkRewriteRequestBrowser). Names are compared as sortRuns
 // compares them, byte for byte (fasthttp normalises them as it parses).
 func repeats(h *fasthttp.RequestHeader) bool {
 	var names [repeatsScan][]byte
@@ -181,7 +193,7 @@ func repeats(h *fasthttp.RequestHeader) bool {
 			continue
 		}
 		if n == len(names) {
-			return true // findRuns decides
+			return true // sortRuns decides
 		}
 		for _, o := range names[:n] {
 			if len(o) == len(k) && string(o) == string(k) {
@@ -232,12 +244,9 @@ func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) {
 		return // Fast path: nothing was deleted, nothing moved.
 	}
 	fo.edited = false
-	if !repeats(h) {
-		return // No field on several lines: nothing to put back.
-	}
 	fo.findRuns(h)
 	if len(fo.runs) == 0 {
-		return
+		return // No field on several lines: nothing to put back.
 	}
 	// The lines of each run as they are now, grouped by run in order
 	// (first: where a run's lines start in cur).

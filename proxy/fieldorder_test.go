@@ -131,11 +131,11 @@ func TestTooManyRepeatedFieldsRefused_RDP1(t *testing.T) {
 	}
 }
 
-// TestRepeatsAgreesWithFindRuns_RDP1: keepFieldOrder skips its sort when
+// TestRepeatsAgreesWithFindRuns_RDP1: findRuns skips its sort when
 // repeats finds no name on several lines; repeats must never say so of a
-// header in which findRuns finds a run, or a repeated field's order would
-// go unrepaired (R-DP-1). Cookie lines are no run; past repeatsScan lines
-// repeats defers to findRuns.
+// header in which the sort (sortRuns) finds a run, or a repeated field's
+// order would go unrepaired (R-DP-1). Cookie lines are no run; past
+// repeatsScan lines repeats defers to the sort.
 func TestRepeatsAgreesWithFindRuns_RDP1(t *testing.T) {
 	many := func(n int, dup bool) string {
 		var b strings.Builder
@@ -159,7 +159,7 @@ func TestRepeatsAgreesWithFindRuns_RDP1(t *testing.T) {
 		"cookies_and_via":  {"Cookie: a=1\r\nVia: p1\r\nCookie: b=2\r\nVia: p2\r\n", true},
 		"user_agent_twice": {"User-Agent: a\r\nUser-Agent: b\r\n", false}, // fasthttp keeps one User-Agent
 		"last_repeats":     {many(repeatsScan-3, true), true},
-		"long_distinct":    {many(repeatsScan+5, false), true}, // deferred: findRuns finds none
+		"long_distinct":    {many(repeatsScan+5, false), true}, // deferred: sortRuns finds none
 		"long_repeated":    {many(repeatsScan+5, true), true},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -169,7 +169,7 @@ func TestRepeatsAgreesWithFindRuns_RDP1(t *testing.T) {
 				t.Fatal(err)
 			}
 			var fo fieldOrder
-			fo.findRuns(&req.Header)
+			fo.sortRuns(&req.Header)
 			got := repeats(&req.Header)
 			if got != tc.want || (!got && len(fo.runs) > 0) {
 				t.Fatalf("unexpected answer; got repeats %v with %d runs; want %v", got, len(fo.runs), tc.want)
