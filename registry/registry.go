@@ -249,24 +249,14 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		r.preread(ctx)
 	}
 	if h != nil {
-		r.submit(ctx, func() *probeCall { h(ctx); return nil })
+		r.submit(ctx, func() *probeCall { h(ctx); return nil }, nil)
 		return
 	}
-	// A register or heartbeat that waited for the pool past maxWait is
-	// answered 503 without being handled: its worker has given up on it
-	// or is about to (WorkerTimeout), and has sent or will send the next
-	// one with a new challenge. Handled, its probe asked for the old
-	// challenge, which the worker answers 404 — a healthy session marked
-	// degraded (no new placements) until its next heartbeat — or, for a
-	// register while the worker backs off, won: a session the worker never
-	// learns of, listed, placed on and refused by it until its lease lapsed.
-	queued, stale := time.Now(), false
-	var waited time.Duration // for the pool, in all
-	call, ok := r.submit(ctx, func() *probeCall {
-		waited = time.Since(queued)
-		if stale = waited > r.maxWait; stale {
-			return nil
-		}
+	// A register or heartbeat may wait for the pool maxWait in all (its
+	// waits around an off-pool probe together): submit turns it away past
+	// that (outcome "stale").
+	left := r.maxWait
+	call, why := r.submit(ctx, func() *probeCall {
 		call := p(ctx)
 		if call == nil || call.offPool {
 			return call
@@ -276,60 +266,25 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		res, err := r.probe(call)
 		call.then(ctx, res, err)
 		return nil
-	})
-	if stale {
-		r.turnedAwayStale(ctx, beat, start, waited)
-		return
-	}
-	if !ok || call == nil {
-		r.refused(beat, ok, start)
+	}, &left)
+	if why != "" || call == nil {
+		r.refused(beat, why, start)
 		return
 	}
 	// A degraded session's probe, off the pool on the request's own
-	// goroutine; then back to the pool with its answer — unless its two
-	// waits for the pool together passed maxWait, for the same reasons:
-	// each under it, a register admitted after both stored a session its
-	// worker had given up on (TestStaleAcrossOffPoolProbeNotHandled_RREG1_RLS1).
+	// goroutine; then back to the pool with its answer.
 	res, err := r.probe(call)
-	queued = time.Now()
-	_, ok = r.submit(ctx, func() *probeCall {
-		waited += time.Since(queued)
-		if stale = waited > r.maxWait; !stale {
-			call.then(ctx, res, err)
-		}
-		return nil
-	})
-	if stale {
-		r.turnedAwayStale(ctx, beat, start, waited)
-		return
-	}
+	_, why = r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil }, &left)
 	// Turned away on its way back (its probe done) is turned away all
 	// the same: counted, or a heartbeat answered 503 went uncounted.
-	r.refused(beat, ok, start)
+	r.refused(beat, why, start)
 }
 
-// turnedAwayStale answers a register or heartbeat that waited for the
-// pool past maxWait in all, 503 "registry busy" (ServeHTTP).
-func (r *Registry) turnedAwayStale(ctx *fasthttp.RequestCtx, beat bool, start time.Time, waited time.Duration) {
-	replyRetry(ctx, bodyBusy, 1)
-	r.log.Debug("registry request waited past the worker's timeout, not handled",
-		"path", string(ctx.Path()), "waited", waited.Round(time.Millisecond))
-	if beat {
-		r.obs.Heartbeat(time.Since(start), "stale")
+// refused counts a heartbeat submit turned away, by why ("" when it ran).
+func (r *Registry) refused(beat bool, why string, start time.Time) {
+	if why != "" && beat {
+		r.obs.Heartbeat(time.Since(start), why)
 	}
-}
-
-// refused counts a heartbeat the pool turned away (submit's ok false),
-// by why: the pool full ("busy") or closed as the node stops.
-func (r *Registry) refused(beat, ok bool, start time.Time) {
-	if ok || !beat {
-		return
-	}
-	outcome := "busy"
-	if r.stopping.Load() {
-		outcome = "stopping" // the pool closed under it
-	}
-	r.obs.Heartbeat(time.Since(start), outcome)
 }
 
 // principalKey is the request user value holding the principal its
@@ -368,13 +323,31 @@ func (r *Registry) probe(call *probeCall) (ProbeResult, error) {
 	return res, err
 }
 
-// submit runs task on the pool and waits for it, answering 503 itself
-// when the pool refuses it (ok false).
-func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall) (call *probeCall, ok bool) {
+// submit runs task on the pool and waits for it. When it cannot, it
+// answers 503 itself and says why (a heartbeat outcome): "busy" (the pool
+// full), "stopping" (the pool closed as the node stops) or, with left
+// given, "stale": the wait for a pool worker used up what was left of
+// *left, which submit lowers by each wait. A register or heartbeat that
+// waited that long is answered without being handled: its worker has
+// given up on it or is about to (WorkerTimeout) and sends the next one
+// with a new challenge. Handled, its probe asked for the old challenge,
+// which the worker answers 404 — a healthy session marked degraded (no
+// new placements) until its next heartbeat — or a register won while its
+// worker backed off: a session the worker never learns of, listed and
+// placed on until its lease lapsed. The budget spans a request's waits:
+// each of two around an off-pool probe under it, a register handled after
+// both stored a session its worker had given up on.
+func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall, left *time.Duration) (call *probeCall, why string) {
 	done := make(chan struct{})
 	submitted := time.Now()
 	err := r.pool.Submit(func() {
 		defer close(done)
+		if left != nil {
+			if *left -= time.Since(submitted); *left < 0 {
+				why = "stale"
+				return
+			}
+		}
 		call = task()
 	})
 	if err == nil && r.gov != nil {
@@ -384,15 +357,23 @@ func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall) (cal
 	}
 	r.obs.QueueDepth(r.pool.Waiting())
 	if err != nil {
-		if errors.Is(err, ants.ErrPoolOverload) {
-			replyRetry(ctx, bodyBusy, 1)
-		} else {
-			replyRetry(ctx, bodyNotServing, 1)
+		body, why := bodyBusy, "busy"
+		if !errors.Is(err, ants.ErrPoolOverload) {
+			body = bodyNotServing
+			if r.stopping.Load() {
+				why = "stopping" // the pool closed under it
+			}
 		}
-		return nil, false
+		replyRetry(ctx, body, 1)
+		return nil, why
 	}
 	<-done
-	return call, true
+	if why == "stale" {
+		replyRetry(ctx, bodyBusy, 1)
+		r.log.Debug("registry request waited past the worker's timeout, not handled",
+			"path", string(ctx.Path()), "over", (-*left).Round(time.Millisecond))
+	}
+	return call, why
 }
 
 // handler serves one registry endpoint on the pool.
