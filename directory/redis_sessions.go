@@ -177,31 +177,22 @@ func (r *Redis) refreshLoop(ctx context.Context) {
 		case <-t.C:
 		case <-r.refresh:
 		}
-		// Every due lease, refreshBatch per read: one read a tick kept
-		// up with 1,024 sessions a second (15 s lease), fewer than the
-		// workers of a large namespace need, and known leases ran out
-		// while Redis held them live (TestRedisRefresherReadsEveryDueLease_RLS2).
-		for range maxRefreshReads {
-			n, err := r.refreshDue(ctx, false)
-			if err != nil && ctx.Err() == nil {
-				r.log.Debug("directory lease refresh failed", "err", err)
-			}
-			if err != nil || n < refreshBatch {
-				break
-			}
+		if _, err := r.refreshDue(ctx, false); err != nil && ctx.Err() == nil {
+			r.log.Debug("directory lease refresh failed", "err", err)
 		}
 	}
 }
 
-// refreshBatch is the most leases one refresh reads; maxRefreshReads
-// bounds the reads of one refresher tick (32,768 leases).
-const (
-	refreshBatch    = 512
-	maxRefreshReads = 64
-)
+// refreshBatch is the most leases one read asks for.
+const refreshBatch = 512
 
-// refreshDue re-reads up to refreshBatch dirty leases that are due (all
-// dirty ones with force) and reports how many it read.
+// refreshDue re-reads every dirty lease that is due (every dirty one with
+// force), refreshBatch per read, and reports how many it read. Every due
+// lease, not one batch: a batch a tick kept up with 1,024 sessions a
+// second (15 s lease), fewer than the workers of a large namespace need,
+// and known leases ran out while Redis held them live
+// (TestRedisRefresherReadsEveryDueLease_RLS2). A read that fails leaves
+// its leases and the later ones dirty for the next tick.
 func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 	horizon := r.now().Add(r.ttl * 3 / 4)
 	var due []string
@@ -211,15 +202,24 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 		if s.dirty.Load() && (force || s.owner.LeaseUntil().Before(horizon)) {
 			due = append(due, sid)
 			sess = append(sess, s)
-			if len(due) == refreshBatch {
-				break
-			}
 		}
 	}
 	r.smu.RUnlock()
-	if len(due) == 0 {
-		return 0, nil
+	read := 0
+	for len(due) > 0 {
+		n := min(len(due), refreshBatch)
+		if err := r.refreshLeases(ctx, due[:n], sess[:n]); err != nil {
+			return read, err
+		}
+		read += n
+		due, sess = due[n:], sess[n:]
 	}
+	return read, nil
+}
+
+// refreshLeases re-reads the leases of the sessions due (ids) and sess
+// (theirs) in one read.
+func (r *Redis) refreshLeases(ctx context.Context, due []string, sess []*redisSession) error {
 	for _, s := range sess {
 		s.dirty.Store(false) // before the read: a push during it marks again
 	}
@@ -241,7 +241,7 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 		for _, s := range sess {
 			s.dirty.Store(true)
 		}
-		return 0, fmt.Errorf("cannot refresh %d leases: %w", len(due), err)
+		return fmt.Errorf("cannot refresh %d leases: %w", len(due), err)
 	}
 	r.stats.refreshes.Add(uint64(len(due)))
 	for i, sid := range due {
@@ -252,7 +252,7 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 		}
 		sess[i].setLease(fromMicros(v))
 	}
-	return len(due), nil
+	return nil
 }
 
 // The era key detects wipes, the connection identity lost tracking. A
@@ -530,14 +530,8 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		s.dirty.Store(true)
 	}
 	r.smu.RUnlock()
-	for range 64 {
-		n, err := r.refreshDue(ctx, true)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			break
-		}
+	if _, err := r.refreshDue(ctx, true); err != nil {
+		return err
 	}
 	r.log.Warn("directory wiped: local cache dropped; placements resume after the cold-start quarantine")
 	return nil
