@@ -151,8 +151,7 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 			// client as awaitHeader's does (keepWaiting): a client that
 			// left once its body was out held the worker connection
 			// for the whole header timeout.
-			t := time.Now()
-			_ = worker.c.SetReadDeadline(t.Add(worker.startWait(t, headerTimeout, check)))
+			u.armWait()
 			u.armed = true
 		}
 		u.mu.Unlock()
@@ -174,12 +173,17 @@ func (u *upload) headerDone() {
 	u.headerRead = true
 	armed := u.armed
 	u.mu.Unlock()
-	pc := u.worker
-	pc.deadline = deadlineUnknown
+	u.worker.deadline = deadlineUnknown
 	if !armed {
-		t := time.Now()
-		_ = pc.c.SetReadDeadline(t.Add(pc.startWait(t, u.headerTimeout, u.check)))
+		u.armWait()
 	}
+}
+
+// armWait starts the wait for the answer on the worker connection: the
+// header timeout, the client checked every check (keepWaiting).
+func (u *upload) armWait() {
+	t := time.Now()
+	_ = u.worker.c.SetReadDeadline(t.Add(u.worker.startWait(t, u.headerTimeout, u.check)))
 }
 
 // wait blocks until the upload ended and reports whether it succeeded.
