@@ -81,7 +81,7 @@ e2e: deps-python
 # plots in docs/bench, raw results in bench/results/<time>/ (about 15
 # minutes; BENCH_QUICK=1 for a 3-minute indicative run).
 #   BENCH_QUICK=1            short phases, one round
-#   BENCH_REDIS=redis://…    the Redis-backed hot-ids scenario on that server
+#   BENCH_REDIS=redis://…    the Redis-store scenarios (redis, storm-split) on that server
 #                            (default auto: a private redis-server; empty: skip)
 #   BENCH_ARGS='-scenarios hot,sse -proxy-cpu 1 -fleet-cpu 0 -gen-cpu 0'
 BENCH_QUICK ?=

@@ -146,6 +146,7 @@ per-round percentiles.
 	wsSection(&b, res, links)
 	largeSection(&b, res)
 	redisSection(&b, res)
+	stormSplitSection(&b, res)
 	if len(res.Skipped) > 0 {
 		b.WriteString("\n## Skipped\n\n")
 		for _, s := range res.Skipped {
@@ -259,13 +260,88 @@ func stormSection(b *strings.Builder, res *Results) {
 		"Measurement starts three heartbeat intervals after the registrations. "+
 		"Data-plane windows at %s req/s alternate between storm on and storm paused.\n\n",
 		bench.FmtRate(float64(st.workers)), res.factF("storm.registerS"), bench.FmtRate(float64(st.workers)/3), bench.FmtRate(res.agg("storm", "storm-on", pinboard).Rate))
+	stormTables(b, &st)
+	loud := stormLoud(&st)
+	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%% through pinboard.%s The storm fleet (sending the heartbeats and answering the probes) runs "+
+		"on the same two CPUs, and pinboard's registry answers the storm in every window, whichever data plane is measured", st.impact*100, loud)
+	if len(st.baselines) > 0 {
+		b.WriteString(": nginx's and direct's rows, in the same rounds, are what the busy machine alone does to a tail; " +
+			"pinboard's impact beyond theirs (the ratio of the on/off ratios) is what its own registry costs its data plane:")
+		b.WriteString(stormBeyond(&st))
+	}
+	b.WriteString(".\n")
+}
+
+// stormLoud says which rounds under other load a storm comparison left
+// out, or had to keep.
+func stormLoud(st *stormStats) string {
+	switch {
+	case st.loud > 0:
+		return fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during any window are left out of every row "+
+			"(%d windows here): the impact is a ratio of two tails, and another tenant moves a tail more than the storm does; "+
+			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, st.loud)
+	case st.loudKept > 0:
+		return fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (%d windows); all are kept.",
+			otherLoadCores, st.loudKept)
+	}
+	return ""
+}
+
+// stormBeyond gives the primary's impact beyond each baseline's, pooled
+// and round by round.
+func stormBeyond(st *stormStats) string {
+	var pooled, rounds []string
+	for _, c := range st.baselines {
+		pooled = append(pooled, fmt.Sprintf("%+.0f%% beyond %s's", st.beyond(c)*100, c.name))
+		figs := []string{"no round with all four"}
+		if len(c.rounds) > 0 {
+			figs = figs[:0]
+			for _, v := range c.rounds {
+				figs = append(figs, fmt.Sprintf("%+.0f%%", v*100))
+			}
+		}
+		rounds = append(rounds, fmt.Sprintf("beyond %s's %s", c.name, strings.Join(figs, ", ")))
+	}
+	return fmt.Sprintf(" %s. Round by round, each figure from one round's four windows alone: %s",
+		strings.Join(pooled, ", "), strings.Join(rounds, "; "))
+}
+
+// stormSplitSection reports storm-split: the storm aimed at a registry
+// node on Redis, the data plane measured through another node on the
+// same Redis (docs/OPERATIONS.md, "Registry nodes apart from the data
+// plane").
+func stormSplitSection(b *strings.Builder, res *Results) {
+	st := stormSummaryOf(res, stormSplit)
+	if st.phasesOn == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## Heartbeat storm, registry on a node of its own (Redis store)\n\n"+
+		"Two pinboard nodes on one Redis (on the same two CPUs): every worker — %s storm workers (%.1f s to register them all) and the "+
+		"data-plane fleet — registers and heartbeats with `%s`; no worker calls `%s`, which clients use "+
+		"(`docs/OPERATIONS.md`, \"Registry nodes apart from the data plane\"). "+
+		"Data-plane windows at %s req/s through each node, nginx and direct alternate between storm on and storm paused, as in the storm scenario.\n\n",
+		bench.FmtRate(float64(st.workers)), res.factF("stormSplit.registerS"), registryNode, dataNode, bench.FmtRate(res.agg("storm-split", "storm-on", dataNode).Rate))
+	stormTables(b, &st)
+	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%% through the data node.%s `%s`'s rows are one node doing both on Redis; "+
+		"nginx's and direct's are what the busy machine alone does to a tail (the storm fleet, the registry node and Redis share the CPUs with every data plane)",
+		st.impact*100, stormLoud(&st), registryNode)
+	if len(st.baselines) > 0 {
+		b.WriteString(". The data node's impact beyond each (the ratio of the on/off ratios):")
+		b.WriteString(stormBeyond(&st))
+	}
+	b.WriteString(".\n")
+}
+
+// stormTables writes a storm scenario's ack table and its data planes'
+// windows, on and off, the primary first.
+func stormTables(b *strings.Builder, st *stormStats) {
 	t := bench.Table{Header: []string{"heartbeat acks", "count", "p50", "p90", "p99", "p99.9", "max", "not 200", "degraded"}}
 	t.Add("storm on", bench.FmtRate(float64(st.beats)), bench.FmtUs(st.ack.P50), bench.FmtUs(st.ack.P90), bench.FmtUs(st.ack.P99),
 		bench.FmtUs(st.ack.P999), bench.FmtUs(st.ack.Max), fmt.Sprint(st.non200), fmt.Sprint(st.degraded))
 	b.WriteString(t.Markdown())
 	b.WriteString("\n")
 	dt := bench.Table{Header: []string{"data plane", "storm", "p50", "p90", "p99", "p99.9", "max", "p99 on vs off", "proxy CPU (cores)", "errors"}}
-	rows := append([]stormCompare{{name: pinboard, on: st.onAgg, off: st.offAgg, impact: st.impact}}, st.baselines...)
+	rows := append([]stormCompare{{name: st.primary, on: st.onAgg, off: st.offAgg, impact: st.impact}}, st.baselines...)
 	for _, c := range rows {
 		for _, ph := range []struct {
 			name string
@@ -291,37 +367,6 @@ func stormSection(b *strings.Builder, res *Results) {
 		}
 	}
 	b.WriteString(dt.Markdown())
-	loud := ""
-	switch {
-	case st.loud > 0:
-		loud = fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during any window are left out of every row "+
-			"(%d windows here): the impact is a ratio of two tails, and another tenant moves a tail more than the storm does; "+
-			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, st.loud)
-	case st.loudKept > 0:
-		loud = fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (%d windows); all are kept.",
-			otherLoadCores, st.loudKept)
-	}
-	fmt.Fprintf(b, "\nData-plane p99 with the storm: %+.0f%% through pinboard.%s The storm fleet (sending the heartbeats and answering the probes) runs "+
-		"on the same two CPUs, and pinboard's registry answers the storm in every window, whichever data plane is measured", st.impact*100, loud)
-	if len(st.baselines) > 0 {
-		b.WriteString(": nginx's and direct's rows, in the same rounds, are what the busy machine alone does to a tail; " +
-			"pinboard's impact beyond theirs (the ratio of the on/off ratios) is what its own registry costs its data plane:")
-		var pooled, rounds []string
-		for _, c := range st.baselines {
-			pooled = append(pooled, fmt.Sprintf("%+.0f%% beyond %s's", st.beyond(c)*100, c.name))
-			figs := []string{"no round with all four"}
-			if len(c.rounds) > 0 {
-				figs = figs[:0]
-				for _, v := range c.rounds {
-					figs = append(figs, fmt.Sprintf("%+.0f%%", v*100))
-				}
-			}
-			rounds = append(rounds, fmt.Sprintf("beyond %s's %s", c.name, strings.Join(figs, ", ")))
-		}
-		fmt.Fprintf(b, " %s. Round by round, each figure from one round's four windows alone: %s",
-			strings.Join(pooled, ", "), strings.Join(rounds, "; "))
-	}
-	b.WriteString(".\n")
 }
 
 func sseSection(b *strings.Builder, res *Results, links []string) {

@@ -175,8 +175,8 @@ func baseEnv() []string {
 }
 
 // startPinboard starts the binary with the Node pinboard's environment
-// and waits for /livez.
-func (ps *procs) startPinboard(bin, redisURL string, extra []string) (*pinboardNode, error) {
+// and waits for /livez; name is its process (and log file) name.
+func (ps *procs) startPinboard(name, bin, redisURL string, extra []string) (*pinboardNode, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -190,7 +190,7 @@ func (ps *procs) startPinboard(bin, redisURL string, extra []string) (*pinboardN
 		"PINBOARD_UPSTREAM_MAX_CONNS=16384",
 	)
 	env = append(env, extra...)
-	p, err := ps.start("pinboard", ps.proxyCPU, env, []string{bin}, nil)
+	p, err := ps.start(name, ps.proxyCPU, env, []string{bin}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -16,31 +16,12 @@ import (
 // rounds. RedisURL "auto" starts a private redis-server on a free port.
 // When this build of pinboard has no Redis store the scenario is skipped.
 func (r *runner) redis(ctx context.Context) error {
-	url := r.cfg.RedisURL
-	if url == "" {
-		return &skipError{"no Redis URL given (make bench BENCH_REDIS=auto)"}
+	url, stop, err := r.startRedis("redis")
+	if err != nil {
+		return err
 	}
-	if url == "auto" {
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		if _, err := exec.LookPath("redis-server"); err != nil {
-			return &skipError{"redis-server is not installed"}
-		}
-		rp, err := r.ps.start("redis", r.cfg.FleetCPU, baseEnv(), []string{"redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--save", "", "--appendonly", "no", "--protected-mode", "no"}, nil)
-		if err != nil {
-			return err
-		}
-		defer rp.stop(5 * time.Second)
-		url = "redis://127.0.0.1:" + strconv.Itoa(port)
-		deadline := time.Now().Add(10 * time.Second)
-		for redisCommands(url) < 0 && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	node, err := r.ps.startPinboard(r.cfg.PinboardBin, url, r.cfg.PinboardEnv)
+	defer stop()
+	node, err := r.ps.startPinboard("pinboard-redis", r.cfg.PinboardBin, url, r.cfg.PinboardEnv)
 	if err != nil {
 		return &skipError{fmt.Sprintf("pinboard did not start on %s: %v", url, err)}
 	}
@@ -110,6 +91,38 @@ func (r *runner) redis(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// startRedis returns the Redis URL a scenario's nodes use: the configured
+// one, or, for "auto", a private redis-server (process name) on a free port (without
+// persistence), stopped by the returned func. A skipError when there is
+// none.
+func (r *runner) startRedis(name string) (string, func(), error) {
+	url := r.cfg.RedisURL
+	if url == "" {
+		return "", nil, &skipError{"no Redis URL given (make bench BENCH_REDIS=auto)"}
+	}
+	if url != "auto" {
+		return url, func() {}, nil
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return "", nil, &skipError{"redis-server is not installed"}
+	}
+	rp, err := r.ps.start(name, r.cfg.FleetCPU, baseEnv(), []string{"redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--save", "", "--appendonly", "no", "--protected-mode", "no"}, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	url = "redis://127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for redisCommands(url) < 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return url, func() { rp.stop(5 * time.Second) }, nil
 }
 
 // redisIdleWindow is how long the background command rate is sampled

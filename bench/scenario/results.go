@@ -83,9 +83,12 @@ type LargeRun struct {
 
 // StormPhase is one data-plane window with the heartbeat storm on or off.
 type StormPhase struct {
-	Round   int  `json:"round"`
-	On      bool `json:"on"`
-	Workers int  `json:"workers"`
+	// Scenario is "storm" or "storm-split" (empty in results written
+	// before storm-split existed: "storm").
+	Scenario string `json:"scenario,omitempty"`
+	Round    int    `json:"round"`
+	On       bool   `json:"on"`
+	Workers  int    `json:"workers"`
 	// Acks is the storm fleet's heartbeat statistics over the window. The
 	// window's data plane, and its proxy's CPU, are in its Record.
 	Acks fleet.Snapshot `json:"acks"`

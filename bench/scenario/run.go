@@ -54,8 +54,10 @@ type Config struct {
 	PinboardEnv []string
 	// NginxWorkers is nginx's worker_processes; default runtime.NumCPU().
 	NginxWorkers int
-	// RedisURL, when set (redis://…), adds the hot-ids scenario on a
-	// pinboard node using the Redis store.
+	// RedisURL, when set (redis://…, or "auto" for a private
+	// redis-server), adds the scenarios on the Redis store: hot ids on a
+	// Redis node ("redis") and the heartbeat storm with the registry on a
+	// node apart from the data plane ("storm-split").
 	RedisURL string
 	// Log receives progress lines; default os.Stderr.
 	Log io.Writer
@@ -68,7 +70,7 @@ type Config struct {
 // (pinboard's RSS stays at its with-streams figure, ~80 MiB over its
 // before), and a transfer measured after them reuses that memory, so its
 // RSS growth would read +0 MiB whatever it allocated.
-var Scenarios = []string{"hot", "ws", "large", "sse", "cold", "churn", "storm", "redis"}
+var Scenarios = []string{"hot", "ws", "large", "sse", "cold", "churn", "storm", "redis", "storm-split"}
 
 // sizes are the knobs Quick shrinks.
 type sizes struct {
@@ -214,7 +216,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 
 func (r *runner) want(name string) bool {
 	if len(r.cfg.Scenarios) == 0 {
-		return name != "redis" || r.cfg.RedisURL != ""
+		return (name != "redis" && name != "storm-split") || r.cfg.RedisURL != ""
 	}
 	for _, s := range r.cfg.Scenarios {
 		if s == name {
@@ -232,7 +234,7 @@ func (r *runner) run(ctx context.Context) error {
 	raiseFDLimit()
 	r.logf("pinbench: %d CPU(s), %s, results in %s", r.res.Machine.NProc, r.res.Machine.CPU, r.cfg.OutDir)
 	var err error
-	if r.pb, err = r.ps.startPinboard(r.cfg.PinboardBin, "memory:", r.cfg.PinboardEnv); err != nil {
+	if r.pb, err = r.ps.startPinboard("pinboard", r.cfg.PinboardBin, "memory:", r.cfg.PinboardEnv); err != nil {
 		return err
 	}
 	if r.fl, err = r.ps.startFleet("fleet", r.cfg.PinbenchBin, r.pb.url, r.sz.fleetWorkers, 4, "/bench", 2*time.Minute); err != nil {
@@ -286,6 +288,7 @@ func (r *runner) steps() map[string]func(context.Context) error {
 	return map[string]func(context.Context) error{
 		"hot": r.hot, "ws": r.ws, "sse": r.sse, "large": r.large,
 		"cold": r.cold, "churn": r.churn, "storm": r.storm, "redis": r.redis,
+		"storm-split": r.stormSplit,
 	}
 }
 

@@ -346,3 +346,73 @@ func TestLargeBodiesRunBeforeIdleStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestStormSplitKeptApartFromStorm: storm-split's windows (the storm aimed
+// at a registry node on Redis, the data plane through another node) are
+// judged on the data node against the registry node and the baselines in
+// the same rounds, and never mix with the storm scenario's: each has its
+// own goal row and section, and a storm phase that names no scenario
+// (results written before storm-split) is the storm scenario's.
+func TestStormSplitKeptApartFromStorm(t *testing.T) {
+	window := func(res *Results, scn, target, phase string, round int, p99us float64) {
+		h := bench.NewHist()
+		h.RecordN(int64(p99us*1000), 100)
+		res.add(&Record{Scenario: scn, Target: target, Phase: phase, Round: round, ProxyCores: 0.2,
+			Summary: bench.Summary{Rate: 500, RPS: 500, OK: 100, LatHist: bench.BucketsOf(h), Latency: bench.Percentiles{P99: p99us}}})
+		name := scn
+		if scn == "storm" {
+			name = "" // as stored before storm-split
+		}
+		ack := bench.NewHist()
+		ack.RecordN(int64(map[string]float64{"storm": 20, "storm-split": 80}[scn]*1e6), 10)
+		res.Storm = append(res.Storm, StormPhase{Scenario: name, Round: round, On: phase == "storm-on", Workers: 10000,
+			Acks: fleet.Snapshot{Heartbeats: 10, AckHist: bench.BucketsOf(ack)}})
+	}
+	res := &Results{Rounds: 1}
+	window(res, "storm", pinboard, "storm-on", 1, 6000)
+	window(res, "storm", pinboard, "storm-off", 1, 2000)
+	window(res, "storm", direct, "storm-on", 1, 3000)
+	window(res, "storm", direct, "storm-off", 1, 2000)
+	window(res, "storm-split", dataNode, "storm-on", 1, 3300)
+	window(res, "storm-split", dataNode, "storm-off", 1, 2000)
+	window(res, "storm-split", registryNode, "storm-on", 1, 8000)
+	window(res, "storm-split", registryNode, "storm-off", 1, 2000)
+	window(res, "storm-split", direct, "storm-on", 1, 3000)
+	window(res, "storm-split", direct, "storm-off", 1, 2000)
+
+	st := stormSummary(res)
+	if st.phasesOn != 2 || st.onAgg.N != 1 || len(st.baselines) != 1 || math.Abs(st.impact-2) > 0.01 || st.ack.P99 > 30_000 {
+		t.Fatalf("storm mixed with storm-split; got %d on phases, %d on windows, %d baselines, %+.0f%%, ack p99 %.0f µs; want 2, 1, 1, +200%%, 20 ms",
+			st.phasesOn, st.onAgg.N, len(st.baselines), st.impact*100, st.ack.P99)
+	}
+	sp := stormSummaryOf(res, stormSplit)
+	if sp.phasesOn != 3 || sp.primary != dataNode || len(sp.baselines) != 2 || math.Abs(sp.impact-0.65) > 0.01 || sp.ack.P99 < 70_000 {
+		t.Fatalf("unexpected storm-split summary; got %d on phases, primary %s, %d baselines, %+.0f%%, ack p99 %.0f µs; want 3, %s, 2, +65%%, 80 ms",
+			sp.phasesOn, sp.primary, len(sp.baselines), sp.impact*100, sp.ack.P99, dataNode)
+	}
+	g := goal(t, res, "Heartbeat storm, registry on a node of its own (Redis)")
+	if g.Met || !g.Known || !strings.Contains(g.Measured, "(+65%; in the same rounds pinboard-registry +300% (pinboard-data's beyond it -59%), direct +50% (pinboard-data's beyond it +10%)); acks p99 ") {
+		t.Fatalf("unexpected storm-split goal; got %+v", g)
+	}
+	if g := goal(t, res, "Heartbeat storm: data-plane p99 impact"); !strings.Contains(g.Measured, "(+200%; in the same rounds direct +50% (pinboard's beyond it +100%))") {
+		t.Fatalf("unexpected storm goal; got %+v", g)
+	}
+	md := Markdown(res, nil, nil)
+	for _, want := range []string{"## Heartbeat storm, registry on a node of its own (Redis store)", "| pinboard-data | on (1 window) |",
+		"+65% through the data node", "-59% beyond pinboard-registry's, +10% beyond direct's"} {
+		if !strings.Contains(md, want) {
+			t.Fatalf("storm-split section lacks %q:\n%s", want, md)
+		}
+	}
+
+	// Without storm-split, no goal row for it: a run without Redis does
+	// not list a goal it could not measure.
+	res = &Results{Rounds: 1}
+	window(res, "storm", pinboard, "storm-on", 1, 6000)
+	window(res, "storm", pinboard, "storm-off", 1, 2000)
+	for _, g := range Goals(res) {
+		if strings.Contains(g.Name, "node of its own") {
+			t.Fatalf("storm-split goal without the scenario: %+v", g)
+		}
+	}
+}

@@ -68,7 +68,7 @@ func (r *runner) storm(ctx context.Context) error {
 				phases = []bool{false, true}
 			}
 			for _, on := range phases {
-				if err := r.stormWindow(ctx, sf, t, doers, rate, round, on, n); err != nil {
+				if err := r.stormWindow(ctx, "storm", sf, t, doers, rate, round, on, n); err != nil {
 					return err
 				}
 			}
@@ -77,9 +77,9 @@ func (r *runner) storm(ctx context.Context) error {
 	return nil
 }
 
-// stormWindow measures one data-plane window through t with the storm
-// on, or paused for the window's length.
-func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doers func(int) (bench.Doer, error), rate float64, round int, on bool, n int) error {
+// stormWindow measures one data-plane window of scenario scn through t
+// with the storm on, or paused for the window's length.
+func (r *runner) stormWindow(ctx context.Context, scn string, sf *fleetProc, t *target, doers func(int) (bench.Doer, error), rate float64, round int, on bool, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doer
 	}
 	l := &bench.Loop{Rate: rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
 	r.noQuietWait = true
-	_, err := r.measure("storm", phase, round, t, l, doers)
+	_, err := r.measure(scn, phase, round, t, l, doers)
 	r.noQuietWait = false
 	if err != nil {
 		return err
@@ -112,11 +112,11 @@ func (r *runner) stormWindow(ctx context.Context, sf *fleetProc, t *target, doer
 		return serr
 	}
 	r.res.mu.Lock()
-	r.res.Storm = append(r.res.Storm, StormPhase{Round: round, On: on, Workers: n, Acks: st})
+	r.res.Storm = append(r.res.Storm, StormPhase{Scenario: scn, Round: round, On: on, Workers: n, Acks: st})
 	r.res.mu.Unlock()
 	if on {
-		r.logf("    storm: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
-			st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
+		r.logf("    %s: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
+			scn, st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
 	}
 	if !on {
 		// Resumed heartbeats arrive within one interval; let the next "on"

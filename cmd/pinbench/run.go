@@ -34,7 +34,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	var pbEnv headerFlags
 	fs.Var(&pbEnv, "pinboard-env", "extra KEY=VALUE for pinboard (repeatable), e.g. GOMAXPROCS=1")
 	nginxWorkers := fs.Int("nginx-workers", 0, "nginx worker_processes (default: number of CPUs)")
-	redis := fs.String("redis", "", "also run hot ids on a Redis-backed node: redis://… or auto")
+	redis := fs.String("redis", "", "also run the Redis-store scenarios (hot ids on a Redis node, storm with a registry node apart): redis://… or auto")
 	timeout := fs.Duration("timeout", 30*time.Minute, "abort the run after this long")
 	if err := fs.Parse(args); err != nil {
 		return 2
