@@ -363,6 +363,9 @@ func waitUp(p *proc, d time.Duration, probe func(context.Context) error) error {
 type PinboardOptions struct {
 	LeaseTTL time.Duration // PINBOARD_LEASE_TTL_MS; 0 means defaultLeaseTTL
 	Env      []string      // extra KEY=VALUE entries, applied last
+	// Token is PINBOARD_TOKEN; "" means a fresh random one. Nodes of one
+	// deployment share it (one passport, one secret).
+	Token string
 }
 
 // Pinboard is a running pinboard process on 127.0.0.1.
@@ -408,7 +411,10 @@ func startPinboard(opts PinboardOptions) (*Pinboard, error) {
 	if ttl == 0 {
 		ttl = defaultLeaseTTL
 	}
-	token := randomHex(24)
+	token := opts.Token
+	if token == "" {
+		token = randomHex(24)
+	}
 	var lastErr error
 	for attempt := 0; attempt < startAttempts; attempt++ {
 		port, err := freePort()
