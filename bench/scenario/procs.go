@@ -197,6 +197,10 @@ func (ps *procs) startPinboard(name, bin, redisURL string, extra []string) (*pin
 	n := &pinboardNode{proc: p, addr: "127.0.0.1:" + strconv.Itoa(port), token: benchToken}
 	n.url = "http://" + n.addr
 	if err := waitHTTP(p, n.url+"/livez", 200, 20*time.Second); err != nil {
+		// The caller gets no node to stop: a node that never answered
+		// (storm-split's second node, a Redis node skipped) would run,
+		// and take CPU, until the run ends.
+		p.stop(5 * time.Second)
 		return nil, err
 	}
 	return n, nil
