@@ -74,7 +74,10 @@ func (r *runner) stormSplit(ctx context.Context) error {
 			return err
 		}
 		for i := range reqs {
-			_ = d.Do(uint64(i))
+			if err := d.Do(uint64(i)); err != nil {
+				d.Close()
+				return fmt.Errorf("cannot place hot id %d through %s: %w", i, name, err)
+			}
 		}
 		d.Close()
 	}
@@ -98,7 +101,12 @@ func (r *runner) stormSplit(ctx context.Context) error {
 	}
 	rate := max(500, math.Floor(r.rate/4/100)*100)
 	r.res.fact("stormSplit.rate", rate)
-	for round := 1; round <= r.cfg.Rounds; round++ {
+	// One round more, as in storm: an even count, so that as many rounds
+	// put the storm-on window first as put it second (the order
+	// alternates per round), and with the default three rounds, four:
+	// each of the four targets runs once in each place of the rotation.
+	rounds := r.cfg.Rounds + 1
+	for round := 1; round <= rounds; round++ {
 		for _, name := range orderFor(splitTargets, round) {
 			t := tgt[name]
 			rt := newRoute(t, ws) // the baselines reach the main fleet
