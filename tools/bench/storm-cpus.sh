@@ -26,6 +26,9 @@ PB=$(realpath "${PB:-bin/pinboard}") PINBENCH=$(realpath "${PINBENCH:-bin/pinben
 REDIS_PORT=${REDIS_PORT:-16390} PORT=${PORT:-18181}
 case $MODE in split | mem) ;; *) echo "storm-cpus.sh: mode must be split or mem, got $MODE" >&2; exit 2 ;; esac
 mkdir -p "$OUT" && cd "$OUT"
+# cpu() reads every node-*.pid here: one left by the other mode in the
+# same OUTDIR names a process that is gone (or another one).
+rm -f node-*.pid
 ulimit -n 20000
 
 PASSPORT='{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"bench","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}'
@@ -40,8 +43,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# in_use PORT: something already listens there (a node or Redis left by
+# an earlier run would otherwise answer for the one started here).
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 # node PORT REDIS_URL NAME CPUS
 node() {
+	if in_use "$1"; then
+		echo "storm-cpus.sh: port $1 is in use (PORT)" >&2
+		exit 1
+	fi
 	PORT=$1 HOST=127.0.0.1 PINBOARD_PASSPORT=$PASSPORT REDIS_URL=$2 PINBOARD_LOG_LEVEL=warn \
 		taskset -c "$4" "$PB" >"$3.log" 2>&1 &
 	echo $! >>pids
@@ -57,8 +68,13 @@ node() {
 # fleet NAME PINBOARD_URL WORKERS LISTENERS NS CPUS: prints the control address
 fleet() {
 	taskset -c "$6" "$PINBENCH" fleet -pinboard "$2" -workers "$3" -listeners "$4" -ns "$5" -register-timeout 5m >"$1.out" 2>"$1.log" &
-	echo $! >>pids
+	local pid=$!
+	echo "$pid" >>pids
 	for _ in $(seq 3000); do
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "storm-cpus.sh: fleet $1 exited; see $OUT/$1.log" >&2
+			exit 1
+		fi
 		c=$(grep -o '"control":"[^"]*"' "$1.out" | cut -d'"' -f4 || true)
 		if [ -n "$c" ]; then
 			echo "$c"
@@ -78,9 +94,17 @@ if [ "$MODE" = mem ]; then
 	node "$PORT" memory: node-data "$DATA_CPU" # one node doing both
 	REG=http://127.0.0.1:$PORT
 else
+	if in_use "$REDIS_PORT"; then
+		echo "storm-cpus.sh: port $REDIS_PORT is in use (REDIS_PORT)" >&2
+		exit 1
+	fi
 	taskset -c "$REG_CPU" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save '' --appendonly no >redis.log 2>&1 &
 	echo $! >>pids
 	sleep 0.5
+	if ! kill -0 "$(tail -n1 pids)" 2>/dev/null; then
+		echo "storm-cpus.sh: redis-server exited; see $OUT/redis.log" >&2
+		exit 1
+	fi
 	node "$PORT" "redis://127.0.0.1:$REDIS_PORT" node-registry "$REG_CPU"
 	node $((PORT + 1)) "redis://127.0.0.1:$REDIS_PORT" node-data "$DATA_CPU"
 	REG=http://127.0.0.1:$PORT
