@@ -561,8 +561,17 @@ func checkSplit(ctx context.Context, t *testing.T, reg, dp *Pinboard, regAdmin, 
 	}
 
 	rm, dm := scrapeMetrics(ctx, t, regAdmin), scrapeMetrics(ctx, t, dpAdmin)
+	// The positive controls: each family the checks below want at 0 on
+	// one node counts on the other, so a renamed metric fails here
+	// rather than passing them unseen.
 	if n := rm[`pinboard_registry_heartbeats_total{outcome="ok"}`]; n == 0 {
 		t.Errorf("unexpected heartbeats on R; got 0 ok; want the workers' heartbeats")
+	}
+	if n := sumMetric(rm, "pinboard_registry_probes_total{"); n == 0 {
+		t.Errorf("unexpected challenge probes on R; got 0; want the heartbeats' probes")
+	}
+	if n := sumMetric(dm, "pinboard_proxy_requests_total{"); n == 0 {
+		t.Errorf("unexpected data-plane requests on D; got 0 in its metrics; want the test's requests")
 	}
 	if n := sumMetric(dm, "pinboard_registry_heartbeats_total{") + sumMetric(dm, "pinboard_registry_probes_total{"); n != 0 {
 		t.Errorf("unexpected registry work on D; got %v heartbeats and challenge probes; want 0", n)
