@@ -78,7 +78,7 @@ e2e: deps-python
 
 # Benchmarks: every scenario against the fleet directly, through nginx and
 # through pinboard, in rotating rounds; rewrites BENCHMARKS.md and the
-# plots in docs/bench, raw results in bench/results/<time>/ (about 15
+# plots in docs/bench, raw results in bench/results/<time>/ (about 25
 # minutes; BENCH_QUICK=1 for a 3-minute indicative run).
 #   BENCH_QUICK=1            short phases, one round
 #   BENCH_REDIS=redis://…    the Redis-store scenarios (redis, storm-split) on that server

@@ -36,13 +36,9 @@ func (r *runner) redis(ctx context.Context) error {
 		return err
 	}
 	t := &target{name: "pinboard-redis", addrs: []string{node.addr}, pid: node.pid()}
-	rt := newRoute(t, nil)
-	reqs := rt.hotRequests("/bench", r.sz.hotIDs, "json")
-	d, _ := rt.fixedDoers(reqs)(0)
-	for i := range reqs {
-		_ = d.Do(uint64(i))
+	if err := r.placeHot(t); err != nil {
+		return err
 	}
-	d.Close()
 	ws, err := r.fl.workers()
 	if err != nil {
 		return err
@@ -119,7 +115,11 @@ func (r *runner) startRedis(name string) (string, func(), error) {
 	}
 	url = "redis://127.0.0.1:" + strconv.Itoa(port)
 	deadline := time.Now().Add(10 * time.Second)
-	for redisCommands(url) < 0 && time.Now().Before(deadline) {
+	for redisCommands(url) < 0 {
+		if rp.exited() || time.Now().After(deadline) {
+			rp.stop(5 * time.Second)
+			return "", nil, fmt.Errorf("redis-server on %s did not answer within 10 s; see %s.log", url, name)
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return url, func() { rp.stop(5 * time.Second) }, nil

@@ -258,7 +258,7 @@ func (r *runner) run(ctx context.Context) error {
 	if err := waitPlacements(ctx, r.pb, "/bench/"+hotID(0)+"/json", 60*time.Second); err != nil {
 		return err
 	}
-	if err := r.placeHot(); err != nil {
+	if err := r.placeHot(r.tgt[pinboard]); err != nil {
 		return err
 	}
 	steps := r.steps()
@@ -297,16 +297,20 @@ type skipError struct{ why string }
 
 func (e *skipError) Error() string { return e.why }
 
-// placeHot requests every hot id once through pinboard, so the measured
-// phases see only placed ids (cold placements are their own scenario).
-func (r *runner) placeHot() error {
-	rt := newRoute(r.tgt[pinboard], nil)
+// placeHot requests every hot id once through t (pinboard, or another
+// node), so the measured phases see only placed ids, cached on that node
+// (cold placements are their own scenario).
+func (r *runner) placeHot(t *target) error {
+	rt := newRoute(t, nil)
 	reqs := rt.hotRequests("/bench", r.sz.hotIDs, "json")
-	d, _ := rt.fixedDoers(reqs)(0)
+	d, err := rt.fixedDoers(reqs)(0)
+	if err != nil {
+		return err
+	}
 	defer d.Close()
 	for i := range reqs {
 		if err := d.Do(uint64(i)); err != nil {
-			return fmt.Errorf("cannot place hot id %d: %w", i, err)
+			return fmt.Errorf("cannot place hot id %d through %s: %w", i, t.name, err)
 		}
 	}
 	return nil

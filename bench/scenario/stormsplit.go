@@ -67,19 +67,9 @@ func (r *runner) stormSplit(ctx context.Context) error {
 	// Every hot id placed (through the data node) and read once through
 	// each node, so the windows see only cached placements.
 	for _, name := range []string{dataNode, registryNode} {
-		rt := newRoute(tgt[name], nil)
-		reqs := rt.hotRequests("/bench", r.sz.hotIDs, "json")
-		d, err := rt.fixedDoers(reqs)(0)
-		if err != nil {
+		if err := r.placeHot(tgt[name]); err != nil {
 			return err
 		}
-		for i := range reqs {
-			if err := d.Do(uint64(i)); err != nil {
-				d.Close()
-				return fmt.Errorf("cannot place hot id %d through %s: %w", i, name, err)
-			}
-		}
-		d.Close()
 	}
 	ws, err := r.fl.workers()
 	if err != nil {

@@ -112,12 +112,27 @@ fi
 DATA=127.0.0.1:$([ "$MODE" = mem ] && echo "$PORT" || echo $((PORT + 1)))
 
 fleet fleet "$REG" 16 4 /bench "$DATA_CPU" >/dev/null
-# The cold-start quarantine (one lease), then 100 ids placed.
+# The cold-start quarantine (one lease), then 100 ids placed. Each
+# window requests one of them (the harness spreads over all its hot ids).
+placed=
 for _ in $(seq 600); do
-	[ "$(curl -s -o /dev/null -w '%{http_code}' "http://$DATA/bench/h0/json")" = 200 ] && break
+	if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$DATA/bench/h0/json")" = 200 ]; then
+		placed=1
+		break
+	fi
 	sleep 0.1
 done
-for j in $(seq 0 99); do curl -s -o /dev/null "http://$DATA/bench/h$j/json"; done
+if [ -z "$placed" ]; then
+	echo "storm-cpus.sh: no placement through $DATA within 60 s; see $OUT/node-*.log" >&2
+	exit 1
+fi
+for j in $(seq 0 99); do
+	code=$(curl -s -o /dev/null -w '%{http_code}' "http://$DATA/bench/h$j/json")
+	if [ "$code" != 200 ]; then
+		echo "storm-cpus.sh: placing h$j answered $code" >&2
+		exit 1
+	fi
+done
 STORM=$(fleet storm "$REG" "$WORKERS" 64 /storm "$REG_CPU")
 echo "$MODE: $WORKERS storm workers registered"
 sleep 9.5 # past the registrations' aftermath, as in the harness
@@ -131,20 +146,21 @@ for r in $(seq "$ROUNDS"); do
 			sleep 0.3
 		fi
 		curl -sf "http://$STORM/stats?reset=1" >/dev/null
-		c0=$(cpu)
+		c0=$(cpu) t0=$(date +%s.%N)
 		taskset -c "$DATA_CPU" "$PINBENCH" load -addr "$DATA" -rate "$RATE" -d 6s -c 64 \
 			-path "/bench/h$((r * 7 % 100))/json" -json "load-$r-$p.json" >/dev/null 2>&1
 		curl -sf "http://$STORM/stats?reset=1" >"acks-$r-$p.json"
-		c1=$(cpu)
+		c1=$(cpu) t1=$(date +%s.%N)
 		if [ "$p" = off ]; then
 			curl -sf -XPOST "http://$STORM/resume" >/dev/null
 			sleep 3
 		fi
-		python3 - "$MODE" "$r" "$p" "$c0" "$c1" "load-$r-$p.json" "acks-$r-$p.json" <<'EOF'
+		python3 - "$MODE" "$r" "$p" "$c0" "$c1" "$t0" "$t1" "load-$r-$p.json" "acks-$r-$p.json" <<'EOF'
 import json, sys
-mode, r, p, c0, c1, load, acks = sys.argv[1:]
+mode, r, p, c0, c1, t0, t1, load, acks = sys.argv[1:]
+wall = float(t1) - float(t0)  # CPU ticks are 1/100 s (USER_HZ)
 d, a = json.load(open(load)), json.load(open(acks))
-cores = " ".join("%.2f" % ((int(y) - int(x)) / 100 / 6) for x, y in zip(c0.split(), c1.split()))
+cores = " ".join("%.2f" % ((int(y) - int(x)) / 100 / wall) for x, y in zip(c0.split(), c1.split()))
 print("%s round %s storm %-3s data plane p50 %5.0f µs p99 %6.0f µs ok %d errors %s | acks %d p99 %.1f ms | cores: data node %s"
       % (mode, r, p, d["latencyUs"]["p50"], d["latencyUs"]["p99"], d["ok"], d.get("errors") or 0,
          a.get("heartbeats", 0), a.get("ackP99us", 0) / 1000, cores.replace(" ", ", registry node ", 1) if mode == "split" else cores))
