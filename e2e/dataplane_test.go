@@ -282,33 +282,8 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 	const count, interval = 5, 0.3
 	const bound = 250 * time.Millisecond
 	url := fmt.Sprintf("%s/tickers/t1/events?count=%d&interval=%v", f.Pinboard.URL, count, interval)
-	var res *http.Response
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Accept", "text/event-stream")
-		res, err = httpClient.Do(req)
-		if err != nil {
-			t.Fatalf("GET %s: %v", url, err)
-		}
-		if res.StatusCode != http.StatusServiceUnavailable {
-			break
-		}
-		res.Body.Close()
-		if !sleepCtx(ctx, 500*time.Millisecond) {
-			t.Fatalf("GET %s: still 503 at the deadline", url)
-		}
-	}
+	res := openEventStream(ctx, t, url, 500*time.Millisecond)
 	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
-		t.Fatalf("unexpected answer; got %d %s; want 200", res.StatusCode, b)
-	}
-	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		t.Errorf("unexpected Content-Type; got %q; want text/event-stream", ct)
-	}
 
 	type event struct {
 		N       int     `json:"n"`

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -898,6 +899,41 @@ func sharedFleet(t testing.TB) *Fleet {
 func closeSharedFleet() {
 	if shared != nil {
 		shared.kill()
+	}
+}
+
+// openEventStream GETs an SSE route, retrying every retry while pinboard
+// answers 503 (a placement not yet possible, R-PL-3), and fails the test
+// unless the stream opens: 200 with an event-stream Content-Type. The
+// caller closes the body.
+func openEventStream(ctx context.Context, t *testing.T, url string, retry time.Duration) *http.Response {
+	t.Helper()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", "text/event-stream")
+		res, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		if res.StatusCode == http.StatusServiceUnavailable {
+			res.Body.Close()
+			if !sleepCtx(ctx, retry) {
+				t.Fatalf("GET %s: still 503 at the deadline", url)
+			}
+			continue
+		}
+		if res.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
+			res.Body.Close()
+			t.Fatalf("unexpected answer to GET %s; got %d %s; want 200", url, res.StatusCode, b)
+		}
+		if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+			t.Errorf("unexpected Content-Type of GET %s; got %q; want text/event-stream", url, ct)
+		}
+		return res
 	}
 }
 

@@ -340,33 +340,8 @@ func checkSSE(ctx context.Context, t *testing.T, pb *Pinboard, id string, worker
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	url := fmt.Sprintf("%s/tickers/%s/events?count=%d&interval=0.1", pb.URL, id, count)
-	var res *http.Response
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Accept", "text/event-stream")
-		res, err = httpClient.Do(req)
-		if err != nil {
-			t.Fatalf("GET %s: %v", url, err)
-		}
-		if res.StatusCode != http.StatusServiceUnavailable {
-			break
-		}
-		res.Body.Close()
-		if !sleepCtx(ctx, 250*time.Millisecond) {
-			t.Fatalf("GET %s: still 503 at the deadline", url)
-		}
-	}
+	res := openEventStream(ctx, t, url, 250*time.Millisecond)
 	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
-		t.Fatalf("unexpected SSE answer; got %d %s; want 200", res.StatusCode, b)
-	}
-	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		t.Errorf("unexpected SSE Content-Type; got %q; want text/event-stream", ct)
-	}
 	type event struct {
 		N      int    `json:"n"`
 		Worker string `json:"worker"`
