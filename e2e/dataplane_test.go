@@ -355,19 +355,7 @@ func TestWebSocketEcho_RDP2(t *testing.T) {
 	defer cancel()
 
 	url := "ws" + strings.TrimPrefix(f.Pinboard.URL, "http") + "/tickers/t1/ws"
-	var c *wsConn
-	for {
-		var err error
-		c, err = wsDial(ctx, url, nil)
-		var he *wsHandshakeError
-		if errors.As(err, &he) && he.Status == http.StatusServiceUnavailable && sleepCtx(ctx, 500*time.Millisecond) {
-			continue
-		}
-		if err != nil {
-			t.Fatalf("cannot open %s: %v", url, err)
-		}
-		break
-	}
+	c := dialWebSocket(ctx, t, url, 500*time.Millisecond)
 
 	big := make([]byte, 70000) // 64-bit length
 	for i := range big {

@@ -902,6 +902,24 @@ func closeSharedFleet() {
 	}
 }
 
+// dialWebSocket opens a WebSocket through pinboard, retrying every retry
+// while the upgrade is answered 503 (a placement not yet possible), and
+// fails the test unless it opens.
+func dialWebSocket(ctx context.Context, t *testing.T, url string, retry time.Duration) *wsConn {
+	t.Helper()
+	for {
+		c, err := wsDial(ctx, url, nil)
+		var he *wsHandshakeError
+		if errors.As(err, &he) && he.Status == http.StatusServiceUnavailable && sleepCtx(ctx, retry) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("cannot open %s: %v", url, err)
+		}
+		return c
+	}
+}
+
 // openEventStream GETs an SSE route, retrying every retry while pinboard
 // answers 503 (a placement not yet possible, R-PL-3), and fails the test
 // unless the stream opens: 200 with an event-stream Content-Type. The

@@ -386,19 +386,7 @@ func checkWebSocketEcho(ctx context.Context, t *testing.T, pb *Pinboard, id stri
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	url := "ws" + strings.TrimPrefix(pb.URL, "http") + "/tickers/" + id + "/ws"
-	var c *wsConn
-	for {
-		var err error
-		c, err = wsDial(ctx, url, nil)
-		var he *wsHandshakeError
-		if errors.As(err, &he) && he.Status == http.StatusServiceUnavailable && sleepCtx(ctx, 250*time.Millisecond) {
-			continue
-		}
-		if err != nil {
-			t.Fatalf("cannot open %s: %v", url, err)
-		}
-		break
-	}
+	c := dialWebSocket(ctx, t, url, 250*time.Millisecond)
 	for i, m := range []struct {
 		op      byte
 		payload []byte
