@@ -89,7 +89,7 @@ func Goals(res *Results) []Goal {
 	// the deployment docs/OPERATIONS.md offers SLO-bound fleets, judged by
 	// the same bar on the data node. Only when the scenario ran.
 	if st := stormSummaryOf(res, stormSplit); st.phasesOn > 0 {
-		name := "Heartbeat storm, registry on a node of its own (Redis): data-plane p99 impact"
+		name := "Heartbeat storm, registry on a node of its own on the same CPUs (Redis): data-plane p99 impact"
 		if st.onAgg.N > 0 && st.offAgg.N > 0 {
 			measured(Goal{name, "≤ +10%",
 				fmt.Sprintf("%s on vs %s off (%+.0f%%%s%s); acks p99 %s", bench.FmtUs(st.onAgg.Latency.P99), bench.FmtUs(st.offAgg.Latency.P99),

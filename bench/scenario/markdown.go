@@ -315,7 +315,7 @@ func stormSplitSection(b *strings.Builder, res *Results) {
 	if st.phasesOn == 0 {
 		return
 	}
-	fmt.Fprintf(b, "\n## Heartbeat storm, registry on a node of its own (Redis store)\n\n"+
+	fmt.Fprintf(b, "\n## Heartbeat storm, registry on a node of its own on the same CPUs (Redis store)\n\n"+
 		"Two pinboard nodes on one Redis (on the same two CPUs): every worker — %s storm workers (%.1f s to register them all) and the "+
 		"data-plane fleet — registers and heartbeats with `%s`; no worker calls `%s`, which clients use "+
 		"(`docs/OPERATIONS.md`, \"Registry nodes apart from the data plane\"). "+

@@ -392,7 +392,7 @@ func TestStormSplitKeptApartFromStorm(t *testing.T) {
 		t.Fatalf("unexpected storm-split summary; got %d on phases, primary %s, %d baselines, %+.0f%%, ack p99 %.0f µs; want 3, %s, 2, +65%%, 80 ms",
 			sp.phasesOn, sp.primary, len(sp.baselines), sp.impact*100, sp.ack.P99, dataNode)
 	}
-	g := goal(t, res, "Heartbeat storm, registry on a node of its own (Redis)")
+	g := goal(t, res, "Heartbeat storm, registry on a node of its own on the same CPUs (Redis)")
 	if g.Met || !g.Known || !strings.Contains(g.Measured, "(+65%; in the same rounds pinboard-registry +300% (pinboard-data's beyond it -59%), direct +80% (pinboard-data's beyond it -8%)); acks p99 ") {
 		t.Fatalf("unexpected storm-split goal; got %+v", g)
 	}
@@ -400,7 +400,7 @@ func TestStormSplitKeptApartFromStorm(t *testing.T) {
 		t.Fatalf("unexpected storm goal; got %+v", g)
 	}
 	md := Markdown(res, nil, nil)
-	for _, want := range []string{"## Heartbeat storm, registry on a node of its own (Redis store)", "| pinboard-data | on (1 window) |",
+	for _, want := range []string{"## Heartbeat storm, registry on a node of its own on the same CPUs (Redis store)", "| pinboard-data | on (1 window) |",
 		"+65% through the data node", "-59% beyond pinboard-registry's, -8% beyond direct's"} {
 		if !strings.Contains(md, want) {
 			t.Fatalf("storm-split section lacks %q:\n%s", want, md)
@@ -411,7 +411,7 @@ func TestStormSplitKeptApartFromStorm(t *testing.T) {
 	res = &Results{Rounds: 1}
 	window(res, "storm-split", dataNode, "storm-on", 1, 2100)
 	window(res, "storm-split", dataNode, "storm-off", 1, 2000)
-	if g := goal(t, res, "Heartbeat storm, registry on a node of its own (Redis)"); !g.Met || !g.Known {
+	if g := goal(t, res, "Heartbeat storm, registry on a node of its own on the same CPUs (Redis)"); !g.Met || !g.Known {
 		t.Fatalf("unexpected storm-split goal at +5%%; got %+v; want met", g)
 	}
 
