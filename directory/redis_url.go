@@ -196,17 +196,16 @@ func hostPort(h, defPort string) (string, error) {
 		return "", fmt.Errorf("bad host %q", h)
 	}
 	// Brackets enclose an IPv6 address, both of them or neither: "[::1"
-	// and "[h]" were dialled as if written right.
-	if open := strings.HasPrefix(h, "["); open != strings.Contains(h, "]") {
-		return "", fmt.Errorf("bad host %q", h)
-	} else if ip, err := netip.ParseAddr(host); open && (err != nil || !ip.Is6()) {
+	// and "[h]" were dialled as if written right. A host with colons is
+	// an IPv6 address too, or a mistake such as a port typed twice
+	// ("h:6379:6380"), which would be dialled as the host "[h:6379:6380]"
+	// and fail as an outage.
+	open := strings.HasPrefix(h, "[")
+	if open != strings.Contains(h, "]") {
 		return "", fmt.Errorf("bad host %q", h)
 	}
-	// A host with colons is an IPv6 address, or a mistake such as a port
-	// typed twice ("h:6379:6380"), which would be dialled as the host
-	// "[h:6379:6380]" and fail as an outage.
-	if strings.IndexByte(host, ':') >= 0 {
-		if _, err := netip.ParseAddr(host); err != nil {
+	if open || strings.IndexByte(host, ':') >= 0 {
+		if ip, err := netip.ParseAddr(host); err != nil || !ip.Is6() {
 			return "", fmt.Errorf("bad host %q", h)
 		}
 	}
