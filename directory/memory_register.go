@@ -232,10 +232,11 @@ func (m *Memory) handOverQueues(earlier []*memSession, s *memSession, now time.T
 	if len(kept) == 0 {
 		return
 	}
-	if cur := m.queues[s.info.SessionID]; cur != nil {
-		cur.msgs = append(kept, cur.msgs...)
-		cur.touched = now
-		return
+	q := m.queues[s.info.SessionID]
+	if q == nil {
+		q = &memQueue{}
+		m.queues[s.info.SessionID] = q
 	}
-	m.queues[s.info.SessionID] = &memQueue{msgs: kept, touched: now}
+	q.msgs = append(kept, q.msgs...)
+	q.touched = now
 }
