@@ -357,7 +357,8 @@ func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall, left
 	}
 	r.obs.QueueDepth(r.pool.Waiting())
 	if err != nil {
-		body, why := bodyBusy, "busy"
+		body := bodyBusy
+		why = "busy"
 		if !errors.Is(err, ants.ErrPoolOverload) {
 			body = bodyNotServing
 			if r.stopping.Load() {
