@@ -125,6 +125,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	o.url = strings.TrimSpace(o.url)
 	if o.url == "" {
+		if urlName == "--url" {
+			return usageError(stderr, "--url is empty: want a base URL like http://pinboard.internal:8080")
+		}
 		return usageError(stderr, "PINBOARD_URL is not set (or pass --url)")
 	}
 	u, err := url.Parse(o.url)
@@ -152,6 +155,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	// header may carry: drop surrounding white space, refuse what is left.
 	o.token = strings.TrimSpace(o.token)
 	if o.token == "" {
+		if tokenName == "--token" {
+			return usageError(stderr, "--token is empty: the operator API needs a token with the pinboard:operator scope")
+		}
 		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
 	}
 	if ascii.IndexSpaceOrCtl(o.token) >= 0 {

@@ -657,4 +657,11 @@ func TestErrorHintsNameFlagsWhenFlagsGiven_RREG6(t *testing.T) {
 	if code, _, errs = runCtl(t, env, "workers", "--url", closed.URL); code != exitUnreachable || !strings.Contains(errs, "(check --url and that pinboard is running)") {
 		t.Fatalf("unexpected result with an unreachable --url; got exit %d, stderr %q; want exit %d naming --url", code, errs, exitUnreachable)
 	}
+	// An empty flag is the flag's fault, whatever the variable holds.
+	if code, _, errs = runCtl(t, env, "workers", "--url", " "); code != exitUsage || !strings.Contains(errs, "--url is empty") {
+		t.Fatalf("unexpected result with an empty --url; got exit %d, stderr %q; want exit %d naming --url", code, errs, exitUsage)
+	}
+	if code, _, errs = runCtl(t, env, "workers", "--token", ""); code != exitUsage || !strings.Contains(errs, "--token is empty") {
+		t.Fatalf("unexpected result with an empty --token; got exit %d, stderr %q; want exit %d naming --token", code, errs, exitUsage)
+	}
 }
