@@ -47,10 +47,12 @@ type upload struct {
 	client net.Conn // the client's connection, for stop
 	worker *pconn
 
-	mu         sync.Mutex
-	headerRead bool // the handler has the response header: arm nothing
-	armed      bool // the upload started the wait for the answer (headerDone)
-	stopping   bool // stop interrupted the client's read: renew no deadline
+	mu sync.Mutex
+	// waiting: the wait for the answer started (armWait), by the upload
+	// as it ended or by headerDone for an answer that came first; the
+	// other arms nothing.
+	waiting  bool
+	stopping bool // stop interrupted the client's read: renew no deadline
 
 	// The wait for the answer: the pool's header timeout, the client
 	// checked every check (startWait).
@@ -145,16 +147,11 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 			// deadline may fire on a later request's write.
 			_ = worker.c.SetWriteDeadline(time.Time{})
 		}
-		u.mu.Lock()
-		if !u.headerRead {
-			// The wait for the answer starts now, and checks on the
-			// client as awaitHeader's does (keepWaiting): a client that
-			// left once its body was out held the worker connection
-			// for the whole header timeout.
-			u.armWait()
-			u.armed = true
-		}
-		u.mu.Unlock()
+		// The wait for the answer starts now, and checks on the client
+		// as awaitHeader's does (keepWaiting): a client that left once
+		// its body was out held the worker connection for the whole
+		// header timeout.
+		u.armWait()
 	}()
 	return u
 }
@@ -169,19 +166,20 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 // its client unanswered, for as long as it stayed frozen. A streamed
 // answer clears the deadline again (relay).
 func (u *upload) headerDone() {
-	u.mu.Lock()
-	u.headerRead = true
-	armed := u.armed
-	u.mu.Unlock()
+	u.armWait()
 	u.worker.deadline = deadlineUnknown
-	if !armed {
-		u.armWait()
-	}
 }
 
-// armWait starts the wait for the answer on the worker connection: the
-// header timeout, the client checked every check (keepWaiting).
+// armWait starts the wait for the answer on the worker connection — the
+// header timeout, the client checked every check (keepWaiting) — unless
+// it already started.
 func (u *upload) armWait() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.waiting {
+		return
+	}
+	u.waiting = true
 	t := time.Now()
 	_ = u.worker.c.SetReadDeadline(t.Add(u.worker.startWait(t, u.headerTimeout, u.check)))
 }
