@@ -80,11 +80,11 @@ func TestLingerClose_RDP2(t *testing.T) {
 				t.Fatalf("unexpected write error while the server lingers; got %v", err)
 			}
 		}
-		if len(l.slots) != 1 {
-			t.Fatalf("unexpected lingering count; got %d; want 1", len(l.slots))
+		if l.Lingering() != 1 {
+			t.Fatalf("unexpected lingering count; got %d; want 1", l.Lingering())
 		}
 		client.Close()
-		waitFor(t, func() bool { return len(l.slots) == 0 })
+		waitFor(t, func() bool { return l.Lingering() == 0 })
 	})
 
 	t.Run("a silent client is let go after Wait", func(t *testing.T) {
@@ -93,10 +93,10 @@ func TestLingerClose_RDP2(t *testing.T) {
 		client, server := lingerPair(t, l)
 		unreadInput(t, client, server, 10)
 		_ = server.Close()
-		if len(l.slots) != 1 {
-			t.Fatalf("unexpected lingering count; got %d; want 1", len(l.slots))
+		if l.Lingering() != 1 {
+			t.Fatalf("unexpected lingering count; got %d; want 1", l.Lingering())
 		}
-		waitFor(t, func() bool { return len(l.slots) == 0 })
+		waitFor(t, func() bool { return l.Lingering() == 0 })
 		if err := closeEnd(t, client); err != nil {
 			t.Fatalf("unexpected end after a lingering close; got %v; want a clean end", err)
 		}
@@ -107,8 +107,8 @@ func TestLingerClose_RDP2(t *testing.T) {
 		client, server := lingerPair(t, l)
 		MoreInput(server)
 		_ = server.Close()
-		if len(l.slots) != 1 {
-			t.Fatalf("unexpected lingering count; got %d; want 1", len(l.slots))
+		if l.Lingering() != 1 {
+			t.Fatalf("unexpected lingering count; got %d; want 1", l.Lingering())
 		}
 		for range 64 { // the body the client was still sending
 			if _, err := client.Write(make([]byte, 64<<10)); err != nil {
@@ -119,15 +119,15 @@ func TestLingerClose_RDP2(t *testing.T) {
 			t.Fatalf("unexpected end after a lingering close; got %v; want a clean end", err)
 		}
 		client.Close()
-		waitFor(t, func() bool { return len(l.slots) == 0 })
+		waitFor(t, func() bool { return l.Lingering() == 0 })
 	})
 
 	t.Run("nothing unread closes at once", func(t *testing.T) {
 		l := NewLinger(4, 2*time.Second, 10*time.Second)
 		client, server := lingerPair(t, l)
 		_ = server.Close()
-		if len(l.slots) != 0 {
-			t.Fatalf("unexpected lingering count; got %d; want 0", len(l.slots))
+		if l.Lingering() != 0 {
+			t.Fatalf("unexpected lingering count; got %d; want 0", l.Lingering())
 		}
 		if err := closeEnd(t, client); err != nil {
 			t.Fatalf("unexpected end; got %v; want a clean end", err)
