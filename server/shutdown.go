@@ -21,10 +21,11 @@ const CloseWait = 2 * time.Second
 //  1. Readiness turns 503, the registry answers 503 "not the serving
 //     fleet" (Retry-After: workers go to another node), the listener
 //     closes, idle keep-alive connections close.
-//  2. In-flight requests — including uploads, downloads and WebSocket
-//     handshakes — get up to grace to finish. The step ends early once
-//     nothing but event streams and WebSockets is left: those never end
-//     by themselves.
+//  2. In-flight requests — including uploads, downloads, WebSocket
+//     handshakes, and answers closing lingering to a client still
+//     sending (rawio.Linger) — get up to grace to finish. The step ends
+//     early once nothing but event streams and WebSockets is left: those
+//     never end by themselves. Past it, connections close at once.
 //  3. Event streams end (cleanly between events), other streams still
 //     running are cut, each WebSocket gets a Close frame 1001 "going away"
 //     toward the client and the worker; up to 2s more for the closing
