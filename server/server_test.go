@@ -251,3 +251,51 @@ func TestAccessLogAbsoluteFormPath(t *testing.T) {
 		t.Errorf("unexpected access log for absolute-form targets:\n%s", s)
 	}
 }
+
+// The node's metrics count a Server-Sent Event stream in
+// pinboard_proxy_open_event_streams (and pinboard_proxy_open_streams)
+// while it is relayed, and drop back once it ended (R-DP-2).
+func TestOpenEventStreamsGauge_RDP2(t *testing.T) {
+	m := metrics.New(metrics.Options{Version: "test"})
+	release := make(chan struct{})
+	_, public := workerNode(t, Options{Metrics: m}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: 0\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+	}))
+	gauges := func() string {
+		s := string(m.AppendPrometheus(t.Context(), nil))
+		var b strings.Builder
+		for _, name := range []string{"pinboard_proxy_open_event_streams", "pinboard_proxy_open_streams"} {
+			for line := range strings.Lines(s) {
+				if strings.HasPrefix(line, name+" ") {
+					b.WriteString(line)
+				}
+			}
+		}
+		return b.String()
+	}
+	res, err := http.Get(public + "/counters/alice/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if line, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil || line != "data: 0\n" {
+		t.Fatalf("unexpected first event; got %q, %v; want %q", line, err, "data: 0\n")
+	}
+	want := "pinboard_proxy_open_event_streams 1\npinboard_proxy_open_streams 1\n"
+	if got := gauges(); got != want {
+		t.Fatalf("unexpected gauges while an event stream is relayed; got %q; want %q", got, want)
+	}
+	close(release)
+	_, _ = io.Copy(io.Discard, res.Body)
+	want = "pinboard_proxy_open_event_streams 0\npinboard_proxy_open_streams 0\n"
+	deadline := time.Now().Add(5 * time.Second)
+	for got := gauges(); got != want; got = gauges() {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected gauges after the event stream ended; got %q; want %q", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
