@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/bench"
+	"github.com/pinboard-go/pinboard/bench/fleet"
 )
 
 // stormTargets are the data planes measured with the storm on and off.
@@ -25,9 +26,6 @@ var stormTargets = []string{pinboard, nginx, direct}
 // well inside the 15 s lease), measuring heartbeat ack latency and what
 // the storm does to data-plane latency.
 func (r *runner) storm(ctx context.Context) error {
-	if r.rate == 0 {
-		r.rate = 2000
-	}
 	ws, err := r.fl.workers()
 	if err != nil {
 		return err
@@ -49,26 +47,56 @@ func (r *runner) storm(ctx context.Context) error {
 	// after, 37 ms in one starting three after; BENCHMARKS.md). The
 	// registration itself is reported on its own (storm.registerS).
 	sleepCtx(ctx, 9500*time.Millisecond)
-	// The storm alone takes most of this machine (pinboard's registry and
-	// the storm fleet, which in production runs elsewhere): the data plane
-	// runs at a quarter of the hot rate, so that what is measured is the
-	// storm's effect on it rather than a saturated machine.
-	rate := max(500, math.Floor(r.rate/4/100)*100)
-	r.res.fact("storm.rate", rate)
+	sr := &stormRun{scn: "storm", sf: sf, n: n, rate: r.stormRate(), order: stormTargets, tgt: r.tgt, ws: ws}
+	r.res.fact("storm.rate", sr.rate)
+	return r.stormRounds(ctx, sr)
+}
+
+// stormRun is one storm scenario's measured part: its storm fleet, and
+// the data planes measured with the storm on and paused.
+type stormRun struct {
+	scn   string // "storm" or "storm-split": the records' scenario
+	sf    *fleetProc
+	n     int     // storm workers
+	rate  float64 // data-plane req/s
+	order []string
+	tgt   map[string]*target // by name, every name in order
+	ws    []fleet.WorkerInfo // the main fleet: the baselines' backends
+}
+
+// stormRate is the storm scenarios' data-plane rate. The storm alone
+// takes most of this machine (pinboard's registry and the storm fleet,
+// which in production runs elsewhere): the data plane runs at a quarter
+// of the hot rate, so that what is measured is the storm's effect on it
+// rather than a saturated machine.
+func (r *runner) stormRate() float64 {
+	if r.rate == 0 {
+		r.rate = 2000
+	}
+	return max(500, math.Floor(r.rate/4/100)*100)
+}
+
+// stormRounds measures sr's data planes in rotating order, one pair of
+// windows (storm on, storm paused) each per round. One round more than
+// configured: an even count, so that as many rounds put the storm-on
+// window first as put it second (the order alternates per round), and
+// with the default three rounds, four: storm-split's four data planes
+// each run once in each place of the rotation.
+func (r *runner) stormRounds(ctx context.Context, sr *stormRun) error {
 	rounds := r.cfg.Rounds + 1
 	for round := 1; round <= rounds; round++ {
-		for _, name := range orderFor(stormTargets, round) {
-			t := r.tgt[name]
+		for _, name := range orderFor(sr.order, round) {
+			t := sr.tgt[name]
 			// Minted per target and round: a baseline's attestations last
 			// about a minute, and one target's pair of windows is 16 s.
-			rt := newRoute(t, ws)
+			rt := newRoute(t, sr.ws)
 			doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
 			phases := []bool{true, false}
 			if round%2 == 0 {
 				phases = []bool{false, true}
 			}
 			for _, on := range phases {
-				if err := r.stormWindow(ctx, "storm", sf, t, doers, rate, round, on, n); err != nil {
+				if err := r.stormWindow(ctx, sr, t, doers, round, on); err != nil {
 					return err
 				}
 			}
@@ -77,9 +105,10 @@ func (r *runner) storm(ctx context.Context) error {
 	return nil
 }
 
-// stormWindow measures one data-plane window of scenario scn through t
-// with the storm on, or paused for the window's length.
-func (r *runner) stormWindow(ctx context.Context, scn string, sf *fleetProc, t *target, doers func(int) (bench.Doer, error), rate float64, round int, on bool, n int) error {
+// stormWindow measures one data-plane window of sr through t with the
+// storm on, or paused for the window's length.
+func (r *runner) stormWindow(ctx context.Context, sr *stormRun, t *target, doers func(int) (bench.Doer, error), round int, on bool) error {
+	sf := sr.sf
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -95,9 +124,9 @@ func (r *runner) stormWindow(ctx context.Context, scn string, sf *fleetProc, t *
 	if _, err := sf.stats(true); err != nil {
 		return err
 	}
-	l := &bench.Loop{Rate: rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
+	l := &bench.Loop{Rate: sr.rate, Duration: r.sz.stormPhase, Workers: r.sz.openConns}
 	r.noQuietWait = true
-	_, err := r.measure(scn, phase, round, t, l, doers)
+	_, err := r.measure(sr.scn, phase, round, t, l, doers)
 	r.noQuietWait = false
 	if err != nil {
 		return err
@@ -112,11 +141,11 @@ func (r *runner) stormWindow(ctx context.Context, scn string, sf *fleetProc, t *
 		return serr
 	}
 	r.res.mu.Lock()
-	r.res.Storm = append(r.res.Storm, StormPhase{Scenario: scn, Round: round, On: on, Workers: n, Acks: st})
+	r.res.Storm = append(r.res.Storm, StormPhase{Scenario: sr.scn, Round: round, On: on, Workers: sr.n, Acks: st})
 	r.res.mu.Unlock()
 	if on {
 		r.logf("    %s: %d heartbeats (%v), ack p50 %s p99 %s max %s, degraded %d",
-			scn, st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
+			sr.scn, st.Heartbeats, st.ByStatus, bench.FmtUs(st.AckP50us), bench.FmtUs(st.AckP99us), bench.FmtUs(st.AckMaxUs), st.Degraded)
 	}
 	if !on {
 		// Resumed heartbeats arrive within one interval; let the next "on"

@@ -3,7 +3,6 @@ package scenario
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 )
 
@@ -86,31 +85,7 @@ func (r *runner) stormSplit(ctx context.Context) error {
 	r.res.fact("stormSplit.registerS", time.Since(start).Seconds())
 	r.logf("    %d workers registered in %.1fs", n, time.Since(start).Seconds())
 	sleepCtx(ctx, 9500*time.Millisecond) // as in storm: past the registrations' aftermath
-	if r.rate == 0 {
-		r.rate = 2000
-	}
-	rate := max(500, math.Floor(r.rate/4/100)*100)
-	r.res.fact("stormSplit.rate", rate)
-	// One round more, as in storm: an even count, so that as many rounds
-	// put the storm-on window first as put it second (the order
-	// alternates per round), and with the default three rounds, four:
-	// each of the four targets runs once in each place of the rotation.
-	rounds := r.cfg.Rounds + 1
-	for round := 1; round <= rounds; round++ {
-		for _, name := range orderFor(splitTargets, round) {
-			t := tgt[name]
-			rt := newRoute(t, ws) // the baselines reach the main fleet
-			doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
-			phases := []bool{true, false}
-			if round%2 == 0 {
-				phases = []bool{false, true}
-			}
-			for _, on := range phases {
-				if err := r.stormWindow(ctx, "storm-split", sf, t, doers, rate, round, on, n); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+	sr := &stormRun{scn: "storm-split", sf: sf, n: n, rate: r.stormRate(), order: splitTargets, tgt: tgt, ws: ws}
+	r.res.fact("stormSplit.rate", sr.rate)
+	return r.stormRounds(ctx, sr)
 }
