@@ -179,6 +179,19 @@ func (pb *Pinboard) Health(ctx context.Context) (Health, reply, error) {
 // ---------------------------------------------------------------------------
 // Counter helpers
 
+// answerOf asks node once which worker serves /counters/{id}: the
+// worker's name when it answers 200, "" and the reply otherwise.
+func answerOf(ctx context.Context, node *Pinboard, id string) (string, reply, error) {
+	r, err := do(ctx, http.MethodGet, node.URL+"/counters/"+id+"/whoami", nil, nil)
+	if err != nil || r.Status != http.StatusOK {
+		return "", r, err
+	}
+	var body struct {
+		Worker string `json:"worker"`
+	}
+	return body.Worker, r, r.JSON(&body)
+}
+
 // whoami asks which worker serves /counters/{id}, retrying on 503.
 func whoami(ctx context.Context, pb *Pinboard, id string) (string, reply, error) {
 	r, err := getWithRetry(ctx, pb.URL+"/counters/"+id+"/whoami")

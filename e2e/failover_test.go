@@ -26,6 +26,25 @@ func placeIDs(ctx context.Context, t *testing.T, pb *Pinboard, prefix string, n 
 	return ids, owners
 }
 
+// answerAfterKill asks node once, after the worker named victim was
+// SIGKILLed, which worker serves /counters/{id}: a live worker's name, or
+// "" while the dead owner's lease still runs (502 for the unreachable
+// owner, 503 while nothing can place; R-DP-4). An answer from victim, or
+// any other, fails the test.
+func answerAfterKill(ctx context.Context, t *testing.T, node *Pinboard, id, victim string) (string, reply) {
+	t.Helper()
+	w, r, err := answerOf(ctx, node, id)
+	switch {
+	case err != nil:
+		t.Fatalf("%s: cannot ask %s after the kill: %v (%s)", id, node.URL, err, r)
+	case r.Status == http.StatusOK && w == victim:
+		t.Fatalf("%s: unexpected answer from the killed worker: %s", id, r)
+	case r.Status != http.StatusOK && r.Status != http.StatusBadGateway && r.Status != http.StatusServiceUnavailable:
+		t.Fatalf("%s: unexpected answer after the kill: %s", id, r)
+	}
+	return w, r
+}
+
 // A worker stopped with SIGTERM releases its placements and deregisters on
 // its way out: the ids it owned re-place on the other worker at the very next
 // request, while the other worker keeps its own. On both stores.
@@ -58,15 +77,9 @@ func testGracefulStopReleasesIDs(t *testing.T, storeEnv []string) {
 	}
 
 	for _, id := range ids {
-		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+id+"/whoami", nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var body struct {
-			Worker string `json:"worker"`
-		}
-		if r.Status != http.StatusOK || r.JSON(&body) != nil || body.Worker != survivor.Name {
-			t.Errorf("%s (was on %s): unexpected first request after the stop; got %s; want 200 from %s", id, owners[id], r, survivor.Name)
+		w, r, err := answerOf(ctx, pb, id)
+		if err != nil || r.Status != http.StatusOK || w != survivor.Name {
+			t.Errorf("%s (was on %s): unexpected first request after the stop; got %s (err %v); want 200 from %s", id, owners[id], r, err, survivor.Name)
 		}
 	}
 }
@@ -139,16 +152,13 @@ func testKilledWorkerReplacedAfterLease(t *testing.T, storeEnv []string) {
 	deadline := killed.Add(ttl + 5*time.Second)
 	var replaced time.Time
 	for time.Now().Before(deadline) {
-		r, err := do(ctx, http.MethodGet, pb.URL+"/counters/"+ids[0]+"/whoami", nil, nil)
+		w, r, err := answerOf(ctx, pb, ids[0])
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v (%s)", err, r)
 		}
 		if r.Status == http.StatusOK {
 			replaced = time.Now()
-			var body struct {
-				Worker string `json:"worker"`
-			}
-			if r.JSON(&body) != nil || body.Worker != survivor.Name {
+			if w != survivor.Name {
 				t.Errorf("unexpected re-placement; got %s; want 200 from %s", r, survivor.Name)
 			}
 			break

@@ -17,17 +17,6 @@ import (
 // one node seen by another, a wiped Redis (R-CS-1), Redis stopped and
 // started again.
 
-func answerOf(ctx context.Context, node *Pinboard, id string) (string, reply, error) {
-	r, err := do(ctx, http.MethodGet, node.URL+"/counters/"+id+"/whoami", nil, nil)
-	if err != nil || r.Status != http.StatusOK {
-		return "", r, err
-	}
-	var body struct {
-		Worker string `json:"worker"`
-	}
-	return body.Worker, r, r.JSON(&body)
-}
-
 // clientIDs maps worker names to their registered clientId.
 func clientIDs(ctx context.Context, t *testing.T, f *MultiFleet) map[string]string {
 	t.Helper()
