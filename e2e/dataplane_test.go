@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -286,28 +285,10 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 	defer res.Body.Close()
 
 	type event struct {
-		N       int     `json:"n"`
-		T       float64 `json:"t"`
-		arrived time.Time
+		N int     `json:"n"`
+		T float64 `json:"t"`
 	}
-	var events []event
-	br := bufio.NewReader(res.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
-			ev := event{arrived: time.Now()}
-			if jerr := json.Unmarshal([]byte(data), &ev); jerr != nil {
-				t.Fatalf("cannot decode event %q: %v", data, jerr)
-			}
-			events = append(events, ev)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("cannot read the event stream after %d events: %v", len(events), err)
-		}
-	}
+	events, arrived := readEvents[event](t, res.Body)
 	ended := time.Now()
 
 	if len(events) != count {
@@ -321,7 +302,7 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 	var late []string
 	for i, ev := range events {
 		emitted := time.Unix(0, int64(ev.T*float64(time.Second)))
-		delay := ev.arrived.Sub(emitted)
+		delay := arrived[i].Sub(emitted)
 		if ev.N != i {
 			t.Errorf("unexpected event order; got n=%d at position %d", ev.N, i)
 		}
@@ -337,12 +318,12 @@ func TestSSEStreamsEvents_RDP2(t *testing.T) {
 		t.Errorf("unexpected delays from emission to arrival: %s; want < %v (each event flushed as it comes)", strings.Join(late, ", "), bound)
 	}
 	lastEmitted := time.Unix(0, int64(events[count-1].T*float64(time.Second)))
-	if !events[0].arrived.Before(lastEmitted) {
+	if !arrived[0].Before(lastEmitted) {
 		t.Errorf("unexpected buffering; first event arrived at %v, after the last was emitted at %v; want it before",
-			events[0].arrived.Format(time.StampMicro), lastEmitted.Format(time.StampMicro))
+			arrived[0].Format(time.StampMicro), lastEmitted.Format(time.StampMicro))
 	}
 	step := time.Duration(interval * float64(time.Second))
-	if span := ended.Sub(events[0].arrived); span < (count-2)*step {
+	if span := ended.Sub(arrived[0]); span < (count-2)*step {
 		t.Errorf("unexpected stream timing; the stream ended %v after the first event; want about %v", span.Round(time.Millisecond), (count-1)*step)
 	}
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -952,6 +953,31 @@ func openEventStream(ctx context.Context, t *testing.T, url string, retry time.D
 			t.Errorf("unexpected Content-Type of GET %s; got %q; want text/event-stream", url, ct)
 		}
 		return res
+	}
+}
+
+// readEvents reads an event stream to its end and decodes each "data: "
+// line's JSON into an E, with the time it arrived; it fails the test on
+// a read or decode error.
+func readEvents[E any](t *testing.T, body io.Reader) (events []E, arrived []time.Time) {
+	t.Helper()
+	br := bufio.NewReader(body)
+	for {
+		line, err := br.ReadString('\n')
+		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
+			at := time.Now()
+			var ev E
+			if jerr := json.Unmarshal([]byte(data), &ev); jerr != nil {
+				t.Fatalf("cannot decode event %q: %v", data, jerr)
+			}
+			events, arrived = append(events, ev), append(arrived, at)
+		}
+		if errors.Is(err, io.EOF) {
+			return events, arrived
+		}
+		if err != nil {
+			t.Fatalf("cannot read the event stream after %d events: %v", len(events), err)
+		}
 	}
 }
 

@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -335,24 +332,7 @@ func checkSSE(ctx context.Context, t *testing.T, pb *Pinboard, id string, worker
 		N      int    `json:"n"`
 		Worker string `json:"worker"`
 	}
-	var events []event
-	br := bufio.NewReader(res.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
-			var ev event
-			if jerr := json.Unmarshal([]byte(data), &ev); jerr != nil {
-				t.Fatalf("cannot decode event %q: %v", data, jerr)
-			}
-			events = append(events, ev)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("cannot read the event stream after %d events: %v", len(events), err)
-		}
-	}
+	events, _ := readEvents[event](t, res.Body)
 	if len(events) != count {
 		t.Fatalf("unexpected event count; got %d; want %d", len(events), count)
 	}
