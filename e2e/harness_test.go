@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -640,25 +641,24 @@ func (w *Worker) WaitRegistered(ctx context.Context) (WorkerRecord, error) {
 // WaitUnregistered polls GET /registry/workers until this worker's
 // advertiseUrl is gone.
 func (w *Worker) WaitUnregistered(ctx context.Context) error {
+	if err := waitUnlisted(ctx, w.pb, w.URL); err != nil {
+		return fmt.Errorf("%s: %w", w.Name, err)
+	}
+	return nil
+}
+
+// waitUnlisted polls pb's GET /registry/workers until no record has
+// advertise URL u, or ctx ends.
+func waitUnlisted(ctx context.Context, pb *Pinboard, u string) error {
 	var last string
 	for {
-		recs, r, err := w.pb.Workers(ctx)
-		if err == nil && r.Status == http.StatusOK {
-			found := false
-			for _, rec := range recs {
-				found = found || rec.AdvertiseURL == w.URL
-			}
-			if !found {
-				return nil
-			}
+		recs, r, err := pb.Workers(ctx)
+		if err == nil && r.Status == http.StatusOK && !slices.ContainsFunc(recs, func(rec WorkerRecord) bool { return rec.AdvertiseURL == u }) {
+			return nil
 		}
-		if err != nil {
-			last = err.Error()
-		} else {
-			last = r.String()
-		}
+		last = fmt.Sprintf("%s (err %v)", r, err)
 		if !sleepCtx(ctx, 100*time.Millisecond) {
-			return fmt.Errorf("%s still listed by /registry/workers: %w; last: %s", w.Name, ctx.Err(), last)
+			return fmt.Errorf("%s still listed by %s/registry/workers: %w; last: %s", u, pb.URL, ctx.Err(), last)
 		}
 	}
 }
