@@ -177,11 +177,11 @@ func (r *runner) sseDelay(ctx context.Context, round int, t *target, ws []fleet.
 	pb1, _ := r.proxyCPU(t)
 	all := *res
 	all.Latency, all.Service = bench.NewHist(), bench.NewHist()
-	steady := 0
+	steady, opens := 0, lastOpen.Load()
 	for i := range stamps {
 		for j, st := range stamps[i] {
 			all.Latency.Record(delays[i][j])
-			if st >= lastOpen.Load() {
+			if st >= opens {
 				res.Latency.Record(delays[i][j])
 				steady++
 			}
