@@ -346,27 +346,13 @@ func TestWebSocketEcho_RDP2(t *testing.T) {
 	for i := range mid {
 		mid[i] = byte(i)
 	}
-	for i, m := range []struct {
-		op      byte
-		payload []byte
-	}{
+	echoEach(t, c, []wsMessage{
 		{wsOpText, []byte("hello")},
 		{wsOpBinary, []byte{0, 1, 2, 0xff}},
 		{wsOpBinary, mid},
 		{wsOpText, big},
 		{wsOpText, []byte("bye")},
-	} {
-		if err := c.WriteMessage(m.op, m.payload); err != nil {
-			t.Fatalf("message %d: cannot send: %v", i, err)
-		}
-		op, got, err := c.ReadMessage()
-		if err != nil {
-			t.Fatalf("message %d: cannot read the echo: %v", i, err)
-		}
-		if op != m.op || string(got) != string(m.payload) {
-			t.Fatalf("message %d: unexpected echo; got opcode %d, %d bytes; want opcode %d, %d identical bytes", i, op, len(got), m.op, len(m.payload))
-		}
-	}
+	})
 	if code := c.Close(1000, 5*time.Second); code != 1000 {
 		t.Errorf("unexpected close handshake; got peer code %d; want 1000 (0: no close frame came back)", code)
 	}

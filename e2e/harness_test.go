@@ -903,6 +903,30 @@ func closeSharedFleet() {
 	}
 }
 
+// wsMessage is one WebSocket message: its opcode and payload.
+type wsMessage struct {
+	op      byte
+	payload []byte
+}
+
+// echoEach sends each message on c and fails the test unless the same
+// message comes back next (an echo route, R-DP-2).
+func echoEach(t *testing.T, c *wsConn, msgs []wsMessage) {
+	t.Helper()
+	for i, m := range msgs {
+		if err := c.WriteMessage(m.op, m.payload); err != nil {
+			t.Fatalf("message %d: cannot send: %v", i, err)
+		}
+		op, got, err := c.ReadMessage()
+		if err != nil {
+			t.Fatalf("message %d: cannot read the echo: %v", i, err)
+		}
+		if op != m.op || string(got) != string(m.payload) {
+			t.Fatalf("message %d: unexpected echo; got opcode %d, %d bytes; want opcode %d, %d identical bytes", i, op, len(got), m.op, len(m.payload))
+		}
+	}
+}
+
 // dialWebSocket opens a WebSocket through pinboard, retrying every retry
 // while the upgrade is answered 503 (a placement not yet possible), and
 // fails the test unless it opens.

@@ -358,24 +358,10 @@ func checkWebSocketEcho(ctx context.Context, t *testing.T, pb *Pinboard, id stri
 	defer cancel()
 	url := "ws" + strings.TrimPrefix(pb.URL, "http") + "/tickers/" + id + "/ws"
 	c := dialWebSocket(ctx, t, url, 250*time.Millisecond)
-	for i, m := range []struct {
-		op      byte
-		payload []byte
-	}{
+	echoEach(t, c, []wsMessage{
 		{wsOpText, []byte("hello through the data-plane node")},
 		{wsOpBinary, []byte{0, 1, 2, 0xff}},
-	} {
-		if err := c.WriteMessage(m.op, m.payload); err != nil {
-			t.Fatalf("message %d: cannot send: %v", i, err)
-		}
-		op, got, err := c.ReadMessage()
-		if err != nil {
-			t.Fatalf("message %d: cannot read the echo: %v", i, err)
-		}
-		if op != m.op || string(got) != string(m.payload) {
-			t.Fatalf("message %d: unexpected echo; got opcode %d %q; want opcode %d %q", i, op, got, m.op, m.payload)
-		}
-	}
+	})
 	if code := c.Close(1000, 5*time.Second); code != 1000 {
 		t.Errorf("unexpected close handshake; got peer code %d; want 1000 (0: no close frame came back)", code)
 	}
