@@ -1215,3 +1215,26 @@ func TestWorkerRoutesNotForwarded_RDP1(t *testing.T) {
 		t.Fatalf("unexpected reply for /counters/alice/_wakes; got %d %s; want 200", res.StatusCode, body)
 	}
 }
+
+// A request target holds no fragment (RFC 9112 §3.2.1: origin-form is an
+// absolute path and a query; '#' is in neither). uvicorn on httptools —
+// uvicorn[standard], its default parser when installed — routes by
+// httptools.parse_url's path, which ends at '#': "/counters/alice/_wake#x"
+// reached the wake route pinboard refuses (wakeRoute saw "/_wake#x"), and
+// a query was cut short there. A target with '#' is refused, nothing
+// forwarded or placed (R-DP-1).
+func TestFragmentInTargetRefused_RDP1(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	for _, target := range []string{"/counters/alice/_wake#x", "/counters/alice/_wake#", "/counters/alice/v?x=1#y", "/counters/bob/_wake#x"} {
+		res, body := rawExchange(t, rg.url, "POST "+target+" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		if res.StatusCode != http.StatusBadRequest {
+			t.Fatalf("unexpected answer for %s; got %d %s; want 400", target, res.StatusCode, body)
+		}
+	}
+	if n := w.hits.Load(); n != 0 {
+		t.Fatalf("unexpected requests forwarded; got %d; want 0", n)
+	}
+	if _, ok := rg.store.Lookup([]byte("/counters"), []byte("bob"), rg.now()); ok {
+		t.Fatalf("unexpected placement of /counters bob")
+	}
+}

@@ -21,6 +21,7 @@ var (
 	errOutsideBase   = errors.New("path is outside the base path")
 	errPathMalformed = errors.New("request target must be an absolute path")
 	errBadAuthority  = errors.New("absolute-form request target needs a host and no userinfo")
+	errFragment      = errors.New("request target must not contain a fragment")
 )
 
 // OriginForm splits an absolute-form request target
@@ -108,8 +109,18 @@ type Target struct {
 // a hop in between that resolves them would otherwise reach routes outside
 // the instance (the challenge and stats routes, another id). The worker's
 // wake route after the id is refused too (wakeRoute).
+//
+// A '#' anywhere is refused: a request target has no fragment (RFC 9112
+// §3.2.1, neither a path nor a query holds '#'), and the worker's server
+// may read one anyway. uvicorn on httptools (uvicorn[standard]) routes by
+// httptools.parse_url's path, which ends at the '#':
+// "/counters/alice/_wake#x" reached the wake route, its query cut short,
+// while every check here saw another path.
 func ParseTarget(uri, basePath []byte) (Target, error) {
 	var t Target
+	if bytes.IndexByte(uri, '#') >= 0 {
+		return t, errFragment
+	}
 	path := uri
 	for i, c := range uri {
 		if c == '?' {

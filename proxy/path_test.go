@@ -65,6 +65,10 @@ func TestParseTarget_RDP1(t *testing.T) {
 		{uri: "/counters/alice/_wak", ns: "/counters", id: "alice", path: "/counters/alice/_wak"},
 		{uri: "/counters/_wake", ns: "/counters", id: "_wake", path: "/counters/_wake"},
 		{uri: "/counters/alice/_wake%", ns: "/counters", id: "alice", path: "/counters/alice/_wake%"},
+		// No fragment: uvicorn on httptools routes by the path before '#'.
+		{uri: "/counters/alice/_wake#x", err: errFragment},
+		{uri: "/counters/alice/v?x=1#y", err: errFragment},
+		{uri: "/counters/alice#/v", err: errFragment},
 		{uri: "http://host/counters/a", err: errPathMalformed},
 		{uri: "*", err: errPathMalformed},
 	}
