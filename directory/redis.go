@@ -311,8 +311,15 @@ func unavailable(op, what string, err error) error {
 }
 
 // micros formats t as integer microseconds, the directory's time unit
-// (exact in Lua's doubles; see redis_lib.lua).
-func micros(t time.Time) string { return strconv.FormatInt(t.UnixMicro(), 10) }
+// (exact in Lua's doubles; see redis_lib.lua), rounded up: a lease the
+// scripts set at now plus the TTL then runs the whole TTL from the
+// caller's now, as the memory store's does, not a part of a microsecond
+// less — which the registry, answering expiresInMs in whole milliseconds
+// of a nanosecond clock, wrote as 14999 for 15 s (R-LS-1). Deadlines round
+// up the same way, never coming back earlier than set.
+func micros(t time.Time) string {
+	return strconv.FormatInt(t.Add(time.Microsecond-1).UnixMicro(), 10)
+}
 
 // leaseMicros is the lease TTL in microseconds.
 func (r *Redis) leaseMicros() string { return strconv.FormatInt(r.ttl.Microseconds(), 10) }

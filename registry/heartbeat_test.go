@@ -818,3 +818,33 @@ func TestStaleQueuedRequestsNotHandled_RLS1_RREG1(t *testing.T) {
 		t.Fatalf("unexpected heartbeat after the lease lapsed unrenewed; got %d %s; want 409 unknown session", res.status, res.body)
 	}
 }
+
+// The ack's expiresInMs is the whole lease (R-LS-1: "renews the lease by
+// PINBOARD_LEASE_TTL_MS … returned as expiresInMs") on both stores, on a
+// clock that reads nanoseconds as time.Now does: the Redis store keeps
+// times in microseconds, and a lease of now, cut to the microsecond, plus
+// the TTL is less than the TTL from now by the nanoseconds cut — 14999 ms
+// when truncated to whole milliseconds.
+func TestExpiresInMsWholeLeaseOnNanosecondClock_RLS1(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.advance(123_456_789) // 789 ns past the microsecond
+		c, v := h.fw.pair("one")
+		res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1024, "draining": false,
+			"challenge": c, "challengeValue": v,
+		}))
+		var ack struct {
+			SessionID   string `json:"sessionId"`
+			ExpiresInMs int64  `json:"expiresInMs"`
+		}
+		if res.status != 200 || json.Unmarshal([]byte(res.body), &ack) != nil || ack.ExpiresInMs != 15000 {
+			t.Fatalf("unexpected register ack; got %d %s; want expiresInMs 15000", res.status, res.body)
+		}
+		h.advance(3*time.Second + 1)
+		res = h.post("/registry/heartbeat", workerToken, h.beatBody(ack.SessionID, nil))
+		if res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+			t.Fatalf("unexpected heartbeat ack; got %d %s; want 200 {\"expiresInMs\":15000,\"draining\":false}", res.status, res.body)
+		}
+	})
+}

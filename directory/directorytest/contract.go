@@ -35,6 +35,7 @@ func Run(t *testing.T, f Factory) {
 		{"FractionalHeadroomDecrement_RPL3_RREG4", testFractionalHeadroom},
 		{"DrainingAndDegradedNotEligible_RPL1_RLS3", testIneligible},
 		{"HeartbeatRenews_RLS1", testHeartbeatRenews},
+		{"LeaseNotShortOnNanosecondClock_RLS1", testLeaseNotShort},
 		{"HeartbeatReportsStateReplaced_RLS3", testHeartbeatReportsStateReplaced},
 		{"HeartbeatUnknownAndForbidden_RREG2_RLS2", testHeartbeatErrors},
 		{"ReregisterReclaimsAndDuplicates_RREG1", testReregister},

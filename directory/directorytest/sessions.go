@@ -26,6 +26,36 @@ func testHeartbeatRenews(t *testing.T, f Factory) {
 	}
 }
 
+// testLeaseNotShort: a lease runs a whole TTL from the registration or
+// heartbeat that set it (R-LS-1), on a clock that reads nanoseconds as
+// time.Now does — not short of it by the part of a microsecond a store
+// keeping microseconds (Redis) would cut from now: the registry answers
+// expiresInMs in whole milliseconds, and 15 s less a few nanoseconds is
+// 14999. A store may round up, by less than a microsecond.
+func testLeaseNotShort(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.advance(123_456_789) // 789 ns past the microsecond
+	wantLease := func(what string, got time.Time) {
+		t.Helper()
+		if want := fx.now.Add(TTL); got.Before(want) || !got.Before(want.Add(time.Microsecond)) {
+			t.Fatalf("unexpected lease from %s; got %v; want %v (within a microsecond above)", what, got, want)
+		}
+	}
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{ClientID: "a", Sub: "test:worker", Secret: "s",
+		Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 10}, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLease("the registration", res.LeaseUntil)
+	fx.advance(time.Second + 1)
+	wantLease("a heartbeat", fx.beat(res.SessionID, 10, false, false).LeaseUntil)
+	info, err := fx.s.Session(fx.ctx, res.SessionID, fx.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLease("the session read", info.LeaseUntil)
+}
+
 // A heartbeat reports the degraded state and own drain flag it replaced,
 // read in the same atomic step: the registry logs each transition once
 // from them, whichever node took the beat before (R-LS-3).
