@@ -819,6 +819,67 @@ func TestStaleQueuedRequestsNotHandled_RLS1_RREG1(t *testing.T) {
 	}
 }
 
+// A register or heartbeat whose probe cannot end before its worker stops
+// waiting for the answer (AnswerWithin; WorkerTimeout less a margin) is
+// answered 503 "registry busy" unhandled at that moment, as one that
+// waited for the pool too long: the worker has given up on it and has a
+// new challenge, and the old one's probe, answered 404 late, marked a
+// healthy session degraded — no new placements — until its next
+// heartbeat; a register so probed was refused for a worker that had
+// already sent its next one. MaxQueueWait alone (4 s) left a probe up to
+// its 2 s timeout on top, past the worker's 5 s (R-LS-2, R-REG-1).
+func TestProbeEndsBeforeTheWorkerStopsWaiting_RLS2_RREG1(t *testing.T) {
+	h := newHarness(t)
+	obs := &outcomes{}
+	const within = 150 * time.Millisecond
+	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+		ProbeTimeout: 2 * time.Second, Workers: 4, Queue: 16, AnswerWithin: within, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(time.Second)
+	h.r = r
+	session := h.register(nil)
+	degraded := func() bool {
+		s, err := h.store.Session(t.Context(), session, h.clock())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Degraded
+	}
+
+	h.fw.mode.Store("late404")
+	began := time.Now()
+	res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+	took := time.Since(began)
+	if res.status != 503 || res.body != `{"error":"registry busy"}` || string(res.header.Peek("Retry-After")) != "1" {
+		t.Fatalf("unexpected reply to a heartbeat whose probe outlived its worker's wait; got %d %s Retry-After %q; want 503 registry busy, Retry-After 1",
+			res.status, res.body, res.header.Peek("Retry-After"))
+	}
+	if took >= 400*time.Millisecond {
+		t.Fatalf("unexpected wait for the answer; got %v; want it cut at about %v, before the probe's late 404", took, within)
+	}
+	if obs.last() != "stale" {
+		t.Fatalf("unexpected heartbeat outcome; got %q; want stale", obs.last())
+	}
+	if degraded() {
+		t.Fatal("unexpected degraded session after a probe cut short on its worker's budget; want it as it was")
+	}
+	c, v := h.fw.pair("late-register")
+	regBody := mustJSON(t, map[string]any{
+		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+	if res := h.post("/registry/register", workerToken, regBody); res.status != 503 || res.body != `{"error":"registry busy"}` {
+		t.Fatalf("unexpected reply to a register whose probe outlived its worker's wait; got %d %s; want 503 registry busy", res.status, res.body)
+	}
+
+	h.fw.mode.Store("ok")
+	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil)); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+		t.Fatalf("unexpected reply to the next heartbeat; got %d %s; want 200, not degraded", res.status, res.body)
+	}
+}
+
 // The ack's expiresInMs is the whole lease (R-LS-1: "renews the lease by
 // PINBOARD_LEASE_TTL_MS … returned as expiresInMs") on both stores, on a
 // clock that reads nanoseconds as time.Now does: the Redis store keeps

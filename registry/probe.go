@@ -124,13 +124,39 @@ func NewProber(timeout time.Duration) *Prober {
 // Both share one timeout: the worker waits 5 s for its register or
 // heartbeat answer.
 func (p *Prober) Probe(advertiseURL, secret, challenge, challengeValue string) (ProbeResult, error) {
-	deadline := time.Now().Add(p.timeout)
-	res, err := p.probe(p.client, deadline, advertiseURL, secret, challenge, challengeValue)
-	if res != ProbeMismatch {
-		return res, err
+	return p.ProbeBy(time.Time{}, advertiseURL, secret, challenge, challengeValue)
+}
+
+// ErrAnswerDue is a probe ProbeBy cut short, or did not make, because its
+// worker stops waiting for the answer to the register or heartbeat that
+// asked for it before the probe could end.
+var ErrAnswerDue = errors.New("the worker stops waiting for its answer before the probe could end")
+
+// ProbeBy is Probe ending by answerBy (the zero time: no bound but the
+// probe timeout). A probe that answerBy stopped, or that could not start
+// before it, reports ErrAnswerDue: its outcome says nothing of the worker
+// (it timed out on the worker's budget, not its own), and a worker that
+// gave up on its heartbeat has a new challenge and answers the old one
+// 404 — a healthy session marked degraded on a reply nobody reads.
+func (p *Prober) ProbeBy(answerBy time.Time, advertiseURL, secret, challenge, challengeValue string) (ProbeResult, error) {
+	now := time.Now()
+	deadline := now.Add(p.timeout)
+	due := !answerBy.IsZero() && answerBy.Before(deadline)
+	if due {
+		deadline = answerBy
+		if !now.Before(deadline) {
+			return ProbeUnreachable, ErrAnswerDue
+		}
 	}
-	p.client.CloseIdleConnections()
-	return p.probe(p.fresh, deadline, advertiseURL, secret, challenge, challengeValue)
+	res, err := p.probe(p.client, deadline, advertiseURL, secret, challenge, challengeValue)
+	if res == ProbeMismatch {
+		p.client.CloseIdleConnections()
+		res, err = p.probe(p.fresh, deadline, advertiseURL, secret, challenge, challengeValue)
+	}
+	if due && res == ProbeUnreachable && !time.Now().Before(deadline) {
+		return res, fmt.Errorf("%w: %w", ErrAnswerDue, err)
+	}
+	return res, err
 }
 
 // probe runs one challenge probe through c; a probe through p.fresh

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -183,5 +184,28 @@ func TestProbeHangOnPooledConnectionTimesOut_RREG2(t *testing.T) {
 		if took := time.Since(start); res != ProbeUnreachable || took < timeout || took > 5*time.Second {
 			t.Fatalf("unexpected probe of a worker hanging after %v idle; got %v after %v; want unreachable after the %v timeout", idle, res, took, timeout)
 		}
+	}
+}
+
+// A probe whose worker stops waiting before it could start is not made
+// (ErrAnswerDue, the worker not asked); one whose worker still waits runs
+// as Probe does, answerBy bounding it only when nearer than the timeout
+// (R-REG-1, R-LS-2).
+func TestProbeByAnswerDue_RREG1_RLS2(t *testing.T) {
+	fw := newFakeWorker(t)
+	p := NewProber(time.Second)
+	c, v := fw.pair("due")
+	if res, err := p.ProbeBy(time.Now().Add(-time.Millisecond), fw.srv.URL, fw.secret, c, v); !errors.Is(err, ErrAnswerDue) || res != ProbeUnreachable {
+		t.Fatalf("unexpected probe past its answer's time; got %v %v; want unreachable, ErrAnswerDue", res, err)
+	}
+	if n := fw.probes.Load(); n != 0 {
+		t.Fatalf("unexpected probes of the worker; got %d; want 0", n)
+	}
+	if res, err := p.ProbeBy(time.Now().Add(time.Minute), fw.srv.URL, fw.secret, c, v); res != ProbeOK || err != nil {
+		t.Fatalf("unexpected probe with time to spare; got %v %v; want ok", res, err)
+	}
+	fw.mode.Store("404")
+	if res, err := p.ProbeBy(time.Now().Add(time.Minute), fw.srv.URL, fw.secret, c, v); res != ProbeRejected || errors.Is(err, ErrAnswerDue) {
+		t.Fatalf("unexpected probe answered 404 in time; got %v %v; want rejected, not ErrAnswerDue", res, err)
 	}
 }

@@ -66,6 +66,12 @@ type Options struct {
 	// that waited longer is answered 503 "registry busy" unhandled (see
 	// ServeHTTP).
 	MaxQueueWait time.Duration
+	// AnswerWithin is how long after a register or heartbeat arrives its
+	// challenge probe may still end; default WorkerTimeout less 500 ms for
+	// the store and the answer. A probe that cannot end by then is not
+	// made, or cut short, and the request answered 503 "registry busy"
+	// unhandled, as one that waited past MaxQueueWait (Prober.ProbeBy).
+	AnswerWithin time.Duration
 }
 
 // WorkerTimeout is how long the reference worker waits for the answer to
@@ -101,6 +107,7 @@ type Registry struct {
 	obs      Observer
 	stall    time.Duration // Options.BodyStall
 	maxWait  time.Duration // Options.MaxQueueWait
+	within   time.Duration // Options.AnswerWithin
 	stopping atomic.Bool
 	gov      *governor
 	stopGov  context.CancelFunc
@@ -124,9 +131,13 @@ func New(o Options) (*Registry, error) {
 		obs:      o.Observer,
 		stall:    o.BodyStall,
 		maxWait:  o.MaxQueueWait,
+		within:   o.AnswerWithin,
 	}
 	if r.maxWait <= 0 {
 		r.maxWait = WorkerTimeout - time.Second
+	}
+	if r.within <= 0 {
+		r.within = WorkerTimeout - 500*time.Millisecond
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -255,7 +266,10 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	// A register or heartbeat may wait for the pool maxWait in all (its
 	// waits around an off-pool probe together): submit turns it away past
 	// that (outcome "stale").
-	left := r.maxWait
+	// Its probe must end while the worker still waits for the answer
+	// (AnswerWithin): one that cannot is "stale" too.
+	left, answerBy := r.maxWait, start.Add(r.within)
+	due := false
 	call, why := r.submit(ctx, func() *probeCall {
 		call := p(ctx)
 		if call == nil || call.offPool {
@@ -263,21 +277,42 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		}
 		// Probe and all in this one pool task: the pool bounds how many
 		// probe answers can wake goroutines at once (governor.go).
-		res, err := r.probe(call)
-		call.then(ctx, res, err)
+		res, err := r.probe(call, answerBy)
+		if due = errors.Is(err, ErrAnswerDue); !due {
+			call.then(ctx, res, err)
+		}
 		return nil
 	}, &left)
+	if due {
+		r.answerDue(ctx, beat, start)
+		return
+	}
 	if why != "" || call == nil {
 		r.refused(beat, why, start)
 		return
 	}
 	// A degraded session's probe, off the pool on the request's own
 	// goroutine; then back to the pool with its answer.
-	res, err := r.probe(call)
+	res, err := r.probe(call, answerBy)
+	if errors.Is(err, ErrAnswerDue) {
+		r.answerDue(ctx, beat, start)
+		return
+	}
 	_, why = r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil }, &left)
 	// Turned away on its way back (its probe done) is turned away all
 	// the same: counted, or a heartbeat answered 503 went uncounted.
 	r.refused(beat, why, start)
+}
+
+// answerDue answers a register or heartbeat whose probe could not end
+// before its worker stops waiting (ErrAnswerDue) as one that waited for
+// the pool too long (submit's "stale"): 503 "registry busy", nothing
+// recorded. Its worker sends the next one with a new challenge.
+func (r *Registry) answerDue(ctx *fasthttp.RequestCtx, beat bool, start time.Time) {
+	replyRetry(ctx, bodyBusy, 1)
+	r.log.Debug("registry request's probe could not end before its worker stops waiting, not handled",
+		"path", string(ctx.Path()), "after", time.Since(start).Round(time.Millisecond))
+	r.refused(beat, "stale", start)
 }
 
 // refused counts a heartbeat submit turned away, by why ("" when it ran).
@@ -315,11 +350,14 @@ func (r *Registry) preread(ctx *fasthttp.RequestCtx) {
 	ctx.SetUserValue(prereadKey{}, &prereadBody{b: b, err: err})
 }
 
-// probe makes call's challenge probe and records it.
-func (r *Registry) probe(call *probeCall) (ProbeResult, error) {
+// probe makes call's challenge probe, to end by answerBy, and records it;
+// one answerBy stopped is not a probe outcome (the heartbeat's "stale").
+func (r *Registry) probe(call *probeCall, answerBy time.Time) (ProbeResult, error) {
 	start := time.Now()
-	res, err := r.prober.Probe(call.url, call.secret, call.challenge, call.value)
-	r.obs.Probe(time.Since(start), res)
+	res, err := r.prober.ProbeBy(answerBy, call.url, call.secret, call.challenge, call.value)
+	if !errors.Is(err, ErrAnswerDue) {
+		r.obs.Probe(time.Since(start), res)
+	}
 	return res, err
 }
 

@@ -55,7 +55,7 @@ func testPassport(t testing.TB) *attest.Passport {
 type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
-	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "500", "nobody", "notjson", "truncated"
+	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "late404", "500", "nobody", "notjson", "truncated"
 	hang   chan struct{} // "hang" answers once this closes
 	mu     sync.Mutex
 	value  map[string]string // challenge -> value
@@ -88,6 +88,11 @@ func newFakeWorker(t testing.TB) *fakeWorker {
 		case "mismatch":
 			v = "something-else"
 		case "404":
+			ok = false
+		case "late404":
+			// A worker that gave up on its heartbeat (WorkerTimeout) has a
+			// new challenge: the old one's probe, come late, is a 404.
+			time.Sleep(400 * time.Millisecond)
 			ok = false
 		case "500":
 			w.WriteHeader(http.StatusInternalServerError)
