@@ -500,6 +500,34 @@ type WorkerOptions struct {
 	// Port, when set, is the port to listen on (a worker restarted in
 	// place); otherwise a free one.
 	Port int
+	// Stack is uvicorn's HTTP parser and event loop; the zero value is
+	// stackH11.
+	Stack WorkerStack
+}
+
+// WorkerStack is the HTTP stack a worker's uvicorn runs: its --http and
+// --loop. Both are passed on every start, so a test runs the stack it
+// names and not whatever is installed: with httptools and uvloop in the
+// venv (tools/e2e/requirements.txt), uvicorn's "auto" picks them.
+type WorkerStack struct {
+	HTTP string // --http: h11 or httptools
+	Loop string // --loop: asyncio or uvloop
+}
+
+var (
+	// stackH11 is plain `pip install uvicorn`: the pure-Python h11
+	// parser on asyncio's loop. Every test runs it unless it says.
+	stackH11 = WorkerStack{HTTP: "h11", Loop: "asyncio"}
+	// stackStandard is what `pip install uvicorn[standard]` runs by
+	// default: the httptools C parser on uvloop.
+	stackStandard = WorkerStack{HTTP: "httptools", Loop: "uvloop"}
+)
+
+func (s WorkerStack) orDefault() WorkerStack {
+	if s == (WorkerStack{}) {
+		return stackH11
+	}
+	return s
 }
 
 // Worker is a running worker_app.py process registered (or registering) with
@@ -552,8 +580,10 @@ func startWorker(pb *Pinboard, opts WorkerOptions) (*Worker, error) {
 			env = append(env, "HEADROOM="+strconv.Itoa(opts.Headroom))
 		}
 		env = append(env, opts.Env...)
+		stack := opts.Stack.orDefault()
 		argv := []string{python, "-m", "uvicorn", "worker_app:app",
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", "info"}
+			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", "info",
+			"--http", stack.HTTP, "--loop", stack.Loop}
 		p, err := startProc(fmt.Sprintf("worker %s(:%d)", opts.Name, port), appDir, env, argv)
 		if err != nil {
 			return nil, err
@@ -693,7 +723,8 @@ type FleetOptions struct {
 	Headroom          int
 	HeartbeatInterval time.Duration
 	LeaseBuffer       time.Duration
-	PinboardEnv       []string // extra KEY=VALUE entries for pinboard
+	PinboardEnv       []string    // extra KEY=VALUE entries for pinboard
+	Stack             WorkerStack // every worker's; zero is stackH11
 }
 
 // Fleet is a running pinboard with registered workers.
@@ -727,6 +758,7 @@ func startFleet(ctx context.Context, opts FleetOptions) (*Fleet, error) {
 				Headroom:          opts.Headroom,
 				HeartbeatInterval: opts.HeartbeatInterval,
 				LeaseBuffer:       opts.LeaseBuffer,
+				Stack:             opts.Stack,
 			})
 			results[i] = started{w, err}
 		}()
