@@ -152,6 +152,9 @@ var desyncCases = []desyncCase{
 	{name: "connect_te_identity", req: "CONNECT pb:443 HTTP/1.1\r\nHost: pb:443\r\nTransfer-Encoding: identity\r\n\r\n", status: refused},
 	{name: "outside_path_te_identity", req: "GET /x HTTP/1.1\r\nHost: pb\r\nTransfer-Encoding: identity\r\n\r\n", status: refused},
 	{name: "registry_cl_te", req: "POST /registry/heartbeat HTTP/1.1\r\nHost: pb\r\nContent-Length: 3\r\n" + chunked("0\r\n\r\n"), status: refused},
+	// An absolute-form target goes in origin form: httptools' parse_url
+	// drops its scheme and authority, h11 keeps them in the path.
+	{name: "target_absolute_form", req: "POST http://pb/counters/a/x HTTP/1.1\r\nHost: pb\r\nContent-Length: 5\r\n\r\nhello", status: answered2, fwd: []string{fwdX, fwdProbe}},
 	// A GET may carry a chunked body: it goes as it came.
 	{name: "get_chunked", req: "GET /counters/a/x HTTP/1.1\r\nHost: pb\r\n" + chunked("5\r\nhello\r\n0\r\n\r\n"), status: answered2, fwd: []string{"/counters/a/x hello", fwdProbe}},
 }
@@ -184,18 +187,24 @@ func TestRequestDesyncMatrix_RDP1_RDP4(t *testing.T) {
 			}
 		})
 	}
-	t.Run("h11", func(t *testing.T) { checkH11(t, got) })
+	t.Run("h11", func(t *testing.T) { checkWorkerParser(t, got, "h11", h11Script) })
+	t.Run("httptools", func(t *testing.T) { checkWorkerParser(t, got, "httptools", httptoolsScript) })
 }
 
-// checkH11 feeds what the worker got to h11, the parser uvicorn uses when
-// httptools is not installed (pinned's venv has h11 0.16 and no
-// httptools), and requires it to read the same requests pinboard meant.
-// It runs when PINBOARD_REF_PYTHON names a Python with h11 (one process
-// for every case, bounded at 30 s).
-func checkH11(t *testing.T, got [][]wireConn) {
+// checkWorkerParser feeds what the worker got to one of uvicorn's HTTP
+// parsers, its Python module named by parser, and requires it to read
+// the same requests pinboard meant: h11, what plain `pip install uvicorn`
+// runs (pinned's own dependencies), and httptools (llhttp), what
+// uvicorn[standard] runs by default. It runs when PINBOARD_REF_PYTHON
+// names a Python with the module (one process for every case, bounded at
+// 30 s); tools/e2e/requirements.txt installs both.
+func checkWorkerParser(t *testing.T, got [][]wireConn, parser, script string) {
 	py := os.Getenv("PINBOARD_REF_PYTHON")
 	if py == "" {
 		t.Skip("PINBOARD_REF_PYTHON not set")
+	}
+	if err := exec.Command(py, "-c", "import "+parser).Run(); err != nil {
+		t.Skipf("PINBOARD_REF_PYTHON=%s cannot import %s: %v", py, parser, err)
 	}
 	var in [][]string
 	for _, conns := range got {
@@ -211,7 +220,7 @@ func checkH11(t *testing.T, got [][]wireConn) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, py, "-c", h11Script)
+	cmd := exec.CommandContext(ctx, py, "-c", script)
 	cmd.Stdin = bytes.NewReader(stdin)
 	out, err := cmd.Output()
 	if err != nil {
@@ -219,15 +228,15 @@ func checkH11(t *testing.T, got [][]wireConn) {
 		if errors.As(err, &ee) {
 			err = fmt.Errorf("%w: %s", err, ee.Stderr)
 		}
-		t.Fatalf("cannot run h11: %v", err)
+		t.Fatalf("cannot run %s: %v", parser, err)
 	}
 	var res [][]string
 	if err := json.Unmarshal(out, &res); err != nil || len(res) != len(desyncCases) {
-		t.Fatalf("unexpected h11 output %q: %v", out, err)
+		t.Fatalf("unexpected %s output %q: %v", parser, out, err)
 	}
 	for i, tc := range desyncCases {
 		if !equalStrings(res[i], tc.fwd) {
-			t.Errorf("%s: unexpected requests read by h11; got %q; want %q", tc.name, res[i], tc.fwd)
+			t.Errorf("%s: unexpected requests read by %s; got %q; want %q", tc.name, parser, res[i], tc.fwd)
 		}
 	}
 }
@@ -265,6 +274,56 @@ for conns in json.load(sys.stdin):
                     conn.start_next_cycle()
         except h11.RemoteProtocolError as e:
             reqs.append("<error %s>" % e)
+    out.append(reqs)
+json.dump(out, sys.stdout)
+`
+
+// httptoolsScript is h11Script for uvicorn's HttpToolsProtocol: an
+// httptools.HttpRequestParser with the leniency uvicorn sets, each
+// request's target read as uvicorn builds scope["path"] and
+// scope["query_string"] from it (httptools.parse_url: a '#' ends the path,
+// an absolute form loses its scheme and authority).
+const httptoolsScript = `
+import base64, json, sys, httptools
+
+class Reader:
+    def __init__(self, reqs):
+        self.reqs, self.target, self.url, self.body = reqs, None, b"", b""
+    def on_message_begin(self):
+        self.target, self.url, self.body = None, b"", b""
+    def on_url(self, url):
+        self.url += url
+    def on_headers_complete(self):
+        u = httptools.parse_url(self.url)
+        self.target = u.path.decode("latin-1") + ("?" + u.query.decode("latin-1") if u.query else "")
+    def on_body(self, body):
+        self.body += body
+    def on_message_complete(self):
+        self.reqs.append(self.target + " " + self.body.decode("latin-1"))
+        self.target, self.url = None, b""
+
+out = []
+for conns in json.load(sys.stdin):
+    reqs = []
+    for raw in conns or []:
+        r = Reader(reqs)
+        p = httptools.HttpRequestParser(r)
+        try:
+            p.set_dangerous_leniencies(lenient_data_after_close=True)
+        except AttributeError:
+            pass
+        try:
+            p.feed_data(base64.b64decode(raw))
+        except httptools.HttpParserUpgrade:
+            reqs.append("<upgrade>")
+            continue
+        except httptools.HttpParserError as e:
+            reqs.append("<error %s>" % e)
+            continue
+        if r.target is not None:
+            reqs.append(r.target + " <incomplete>")
+        elif r.url:
+            reqs.append("<leftover %r>" % r.url)
     out.append(reqs)
 json.dump(out, sys.stdout)
 `
