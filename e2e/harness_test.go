@@ -725,6 +725,7 @@ type FleetOptions struct {
 	LeaseBuffer       time.Duration
 	PinboardEnv       []string    // extra KEY=VALUE entries for pinboard
 	Stack             WorkerStack // every worker's; zero is stackH11
+	WorkerEnv         []string    // extra KEY=VALUE entries for every worker
 }
 
 // Fleet is a running pinboard with registered workers.
@@ -759,6 +760,7 @@ func startFleet(ctx context.Context, opts FleetOptions) (*Fleet, error) {
 				HeartbeatInterval: opts.HeartbeatInterval,
 				LeaseBuffer:       opts.LeaseBuffer,
 				Stack:             opts.Stack,
+				Env:               opts.WorkerEnv,
 			})
 			results[i] = started{w, err}
 		}()
