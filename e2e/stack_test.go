@@ -179,9 +179,38 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 		}
 	})
 
-	// The worker's wake route is refused, in any spelling, and a '#'
-	// (where httptools would end the path) too: nothing reaches the
-	// guarded instance, which never activates (R-DP-1).
+	// A chunked upload of unknown length reaches the worker whole: the
+	// proxy forwards it chunked, which llhttp decodes (R-DP-2).
+	t.Run("chunked", func(t *testing.T) {
+		const size = 16 << 20
+		body, digest := generatedBody(4, size)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, pb.URL+"/counters/std-0/sha256", io.NopCloser(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = -1
+		res, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatalf("POST sha256: %v (sent %d of %d bytes)", err, body.n.Load(), size)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		var got struct {
+			Size   int64  `json:"size"`
+			SHA256 string `json:"sha256"`
+		}
+		if err != nil || res.StatusCode != http.StatusOK || json.Unmarshal(b, &got) != nil {
+			t.Fatalf("unexpected answer; got %d %s (err %v); want 200 and a digest", res.StatusCode, b, err)
+		}
+		if got.Size != size || got.SHA256 != digest() {
+			t.Errorf("unexpected upload at the worker; got %d bytes sha256 %s; want %d bytes sha256 %s", got.Size, got.SHA256, size, digest())
+		}
+	})
+
+	// The worker's wake route is refused, in any spelling and in
+	// absolute form (whose authority httptools drops), and a '#' (where
+	// httptools ends the path) too: nothing reaches the guarded instance,
+	// which never activates (R-DP-1).
 	t.Run("refusals", func(t *testing.T) {
 		if r, err := getWithRetry(ctx, pb.URL+"/guarded/alice/value"); err != nil || r.Status != http.StatusForbidden {
 			t.Fatalf("unexpected answer to GET /guarded/alice/value; got %v %s; want 403 from authorize", err, r)
@@ -193,6 +222,7 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 			{"/guarded/alice/_wake", http.StatusNotFound},
 			{"/guarded/alice/%5Fwake", http.StatusNotFound},
 			{"/guarded/alice/_wake%0A", http.StatusNotFound},
+			{"http://e2e/guarded/alice/_wake", http.StatusNotFound},
 			{"/guarded/alice/_wake#x", http.StatusBadRequest},
 			{"/guarded/alice/_wake#", http.StatusBadRequest},
 			{"/guarded/alice/_wake?x=1#y", http.StatusBadRequest},
