@@ -902,6 +902,31 @@ func TestUpgradeWithBodyRefused_RDP2(t *testing.T) {
 	})
 }
 
+// The worker reads the upgrade pinboard decided on. pinboard takes a
+// request for a WebSocket by its first Upgrade line; uvicorn, on h11 and
+// on httptools alike, by its last (HttpToolsProtocol._get_upgrade), so
+// "Upgrade: websocket" then "Upgrade: h2c" was relayed as a handshake
+// that the worker served as a plain GET. One line goes: "websocket"
+// (R-DP-2).
+func TestUpgradeSentAsOneLine_RDP2(t *testing.T) {
+	rg, w := newRigWorker(t, nil)
+	seen := make(chan []string, 1)
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Values("Upgrade")
+		if conn, _, ok := accept101(rw); ok {
+			conn.Close()
+		}
+	})
+	line, err := rg.rawStatus("GET /counters/alice/ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: WebSocket\r\nUpgrade: h2c\r\n" +
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer; got %q (err %v); want the worker's 101", line, err)
+	}
+	if got := <-seen; len(got) != 1 || got[0] != "websocket" {
+		t.Fatalf("unexpected Upgrade lines at the worker; got %q; want [websocket]", got)
+	}
+}
+
 // Interim answers a worker sends before its answer to an upgrade (103
 // Early Hints, RFC 8297; 100 Continue) are read past, as for any request:
 // the client gets the 101 and its WebSocket. Before, the first interim

@@ -65,6 +65,11 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 	h := &ctx.Request.Header
 	p.rewriteRequest(ctx, rq, true)
 	h.Set(fasthttp.HeaderConnection, "Upgrade")
+	// One Upgrade line, the one isWebSocket read: uvicorn (h11 and
+	// httptools alike) takes the last line for the upgrade, and would
+	// serve "Upgrade: websocket" then "Upgrade: h2c" as a plain GET.
+	h.Del(fasthttp.HeaderUpgrade)
+	h.Set(fasthttp.HeaderUpgrade, "websocket")
 	for waits, refusals := 0, 0; ; {
 		st, err := p.state(route.Owner)
 		if err != nil {
