@@ -158,6 +158,14 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 		if code := c.Close(1000, 5*time.Second); code != 1000 {
 			t.Errorf("unexpected close handshake; got peer code %d; want 1000", code)
 		}
+		// A second Upgrade line: pinboard reads the first, uvicorn the
+		// last, so pinboard sends the worker the one it read.
+		c, err := wsDial(ctx, "ws"+strings.TrimPrefix(pb.URL, "http")+"/tickers/std-t/ws", http.Header{"Upgrade": {"h2c"}})
+		if err != nil {
+			t.Fatalf("unexpected answer to a handshake with a second Upgrade line; got %v; want 101", err)
+		}
+		echoEach(t, c, []wsMessage{{wsOpText, []byte("two lines")}})
+		c.Close(1000, 5*time.Second)
 	})
 
 	// A 64 MiB body goes up and comes back intact, both directions at
