@@ -1,6 +1,9 @@
 // Package e2e proves the pinboard binary (cmd/pinboard) against real Python
 // workers: the reference worker package pinned==0.16.0 running
-// tools/e2e/worker_app.py under uvicorn.
+// tools/e2e/worker_app.py under uvicorn. Workers run uvicorn's h11 parser on
+// asyncio's loop (plain `pip install uvicorn`) unless a test picks another
+// stack (WorkerOptions.Stack): TestUvicornStandardStack_* runs them on
+// httptools and uvloop, what uvicorn[standard] runs by default.
 //
 // The package has no API; everything lives in _test.go files. Each test names
 // the REQUIREMENTS.md ids it proves (docs: /work/shared/spec/REQUIREMENTS.md).
