@@ -70,7 +70,14 @@ func (e *apiError) Error() string {
 			s += " (is " + e.URLName + " pinboard itself, with its base path?)"
 		}
 	case http.StatusServiceUnavailable:
-		if e.RetryAfter != "" {
+		switch {
+		case e.fromDataPlane():
+			// A fresh directory answers every data-plane request "cold
+			// start" for one lease, and a base path pinboard does not
+			// have sends /registry/… there: waiting it out only turned it
+			// into a 404 "unknown namespace".
+			s += " (pinboard's data plane answered, not its operator API: is " + e.URLName + " pinboard itself, with its base path?)"
+		case e.RetryAfter != "":
 			s += " (retry after " + e.RetryAfter + "s)"
 		}
 	}
@@ -98,6 +105,15 @@ const (
 // a worker or an id.
 func (e *apiError) fromRegistry() bool {
 	return e.Status == http.StatusNotFound && (e.Message == msgUnknownClient || e.Message == msgNoPlacement)
+}
+
+// fromDataPlane reports whether a 503 is one only pinboard's data plane
+// answers (proxy/placement.go); the operator API's are "directory
+// unavailable", "registry busy" and "not the serving fleet", and its
+// health answers a cold start with 200 and quarantineMs.
+func (e *apiError) fromDataPlane() bool {
+	return e.Status == http.StatusServiceUnavailable &&
+		(strings.HasPrefix(e.Message, "cold start: ") || e.Message == "no worker can take new placements for this namespace")
 }
 
 // unreachableError: no HTTP answer at all.

@@ -665,3 +665,44 @@ func TestErrorHintsNameFlagsWhenFlagsGiven_RREG6(t *testing.T) {
 		t.Fatalf("unexpected result with an empty --token; got exit %d, stderr %q; want exit %d naming --token", code, errs, exitUsage)
 	}
 }
+
+// A PINBOARD_URL with a base path pinboard does not have reaches the data
+// plane, which on a fresh directory answers every request — /pinboard/
+// registry/health included — 503 "cold start: placements resume in …"
+// with Retry-After: one lease after the first placement attempt (which
+// that very call makes). pinboardctl printed it with "(retry after 15s)",
+// so the operator waited for a cold start the operator API never reports
+// (GET /registry/health answers 200 with quarantineMs); only after it
+// did a 404 "unknown namespace" point at the URL. A 503 only the data
+// plane answers points at PINBOARD_URL at once, without the retry hint;
+// the operator API's own 503s keep it (R-REG-6).
+func TestDataPlaneUnavailableNamesTheURL_RREG6(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "15")
+		w.WriteHeader(503)
+		io.WriteString(w, body.Load().(string))
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"PINBOARD_URL": srv.URL + "/pinboard", "PINBOARD_TOKEN": "good"}
+	for _, msg := range []string{
+		"cold start: placements resume in 15000ms",
+		"no worker can take new placements for this namespace",
+	} {
+		body.Store(`{"error":"` + msg + `"}`)
+		for _, args := range [][]string{{"health"}, {"workers"}, {"drain", "c1"}, {"where", "counters", "alice"}} {
+			code, _, errs := runCtl(t, env, args...)
+			if code != exitAPI || !strings.Contains(errs, "base path") || strings.Contains(errs, "retry after") {
+				t.Errorf("unexpected result for %v answered %q; got exit %d, stderr %q; want exit %d pointing at PINBOARD_URL's base path, no retry hint", args, msg, code, errs, exitAPI)
+			}
+		}
+	}
+	for _, msg := range []string{"registry busy", "not the serving fleet", "directory unavailable"} {
+		body.Store(`{"error":"` + msg + `"}`)
+		code, _, errs := runCtl(t, env, "health")
+		if code != exitAPI || strings.Contains(errs, "base path") || !strings.Contains(errs, "retry after 15s") {
+			t.Errorf("unexpected result for the operator API's %q; got exit %d, stderr %q; want exit %d with the retry hint only", msg, code, errs, exitAPI)
+		}
+	}
+}
