@@ -69,6 +69,11 @@ func (e *apiError) Error() string {
 			// namespace"), or it is not pinboard at all.
 			s += " (is " + e.URLName + " pinboard itself, with its base path?)"
 		}
+	case http.StatusMethodNotAllowed:
+		// The operator API takes every method pinboardctl sends: another
+		// server answered, most likely pinboard's admin listener (GET and
+		// HEAD only), whose port is the other one in the deploy files.
+		s += " (pinboard's operator API takes " + e.Method + " here: is " + e.URLName + " pinboard's public listener, not its admin listener, with its base path?)"
 	case http.StatusServiceUnavailable:
 		switch {
 		case e.fromDataPlane():

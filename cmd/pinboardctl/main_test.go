@@ -706,3 +706,31 @@ func TestDataPlaneUnavailableNamesTheURL_RREG6(t *testing.T) {
 		}
 	}
 }
+
+// The operator API takes every method pinboardctl sends, so a 405 comes
+// from something else — pinboard's admin listener (PINBOARD_METRICS_ADDR,
+// GET and HEAD only) is the likely one: its port is the other one in the
+// manifests. drain, undrain and wind-down printed a bare "405 method not
+// allowed", as if the operator API refused a POST, where workers and
+// where, answered 404 there, pointed at PINBOARD_URL (R-REG-6).
+func TestMethodNotAllowedNamesTheURL_RREG6(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// pinboard's admin listener (server/admin.go)
+		w.Header().Set("Allow", "GET, HEAD")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(405)
+		io.WriteString(w, `{"error":"method not allowed"}`)
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{
+		{"drain", "c1"},
+		{"undrain", "c1"},
+		{"wind-down", "counters", "alice", "--revoke"},
+	} {
+		code, _, errs := runCtl(t, env, args...)
+		if code != exitAPI || !strings.Contains(errs, "405") || !strings.Contains(errs, "admin listener") || !strings.Contains(errs, "PINBOARD_URL") {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d pointing at PINBOARD_URL and the admin listener", args, code, errs, exitAPI)
+		}
+	}
+}
