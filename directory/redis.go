@@ -160,12 +160,18 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	r.configure(&copt, opts)
 	c, err := rueidis.NewClient(copt)
 	if err != nil {
+		if refusedByRedis(err) {
+			return nil, fmt.Errorf("cannot connect to redis at %s: %w: %s", redactURL(url), ErrRefused, oneLine(err))
+		}
 		return nil, fmt.Errorf("cannot connect to redis at %s: %w: %w", redactURL(url), ErrUnavailable, err)
 	}
 	r.c = c
 	r.cluster.Store(c.Mode() == rueidis.ClientModeCluster)
 	if err := r.openEra(ctx); err != nil {
 		c.Close()
+		if refusedByRedis(err) {
+			return nil, fmt.Errorf("cannot open the redis directory at %s: %w: %s", redactURL(url), ErrRefused, oneLine(err))
+		}
 		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)
 	}
 	r.checkEviction(ctx)
@@ -176,6 +182,40 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	go func() { defer r.wg.Done(); r.refreshLoop(bg) }()
 	return r, nil
 }
+
+// refusedByRedis reports whether err, from opening the directory, is an
+// answer of Redis's that no retry mends (ErrRefused): authentication
+// (WRONGPASS, NOAUTH, a password the server has none for), an ACL denying
+// a command the directory needs (NOPERM), a database index out of range,
+// or a server without RESP3 and client tracking (rueidis.ErrNoCache; an
+// ACL denying CLIENT TRACKING comes as that too). Everything else — a
+// connection refused or timed out, LOADING, MASTERDOWN, CLUSTERDOWN, the
+// server's client limit — may pass, and stays ErrUnavailable.
+func refusedByRedis(err error) bool {
+	if errors.Is(err, rueidis.ErrNoCache) {
+		return true
+	}
+	var re *rueidis.RedisError
+	if !errors.As(err, &re) || re.IsNil() {
+		return false
+	}
+	msg := re.Error()
+	code, _, _ := strings.Cut(msg, " ")
+	switch code {
+	case "WRONGPASS", "NOAUTH", "NOPERM":
+		return true
+	}
+	for _, s := range [...]string{"DB index is out of range", "invalid DB index", "invalid password", "without any password configured"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// oneLine is err's text on one line (rueidis's ErrNoCache wraps the
+// server's answer over two), for a start-up error the binary prints as one.
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 // redisClientOptions parses url (ParseRedisURL) and applies opts.TLSConfig
 // to every connection the URL makes over TLS: the masters, and the

@@ -173,6 +173,11 @@ var (
 	ErrOwnerChanged = errors.New("placement owner changed")
 	// ErrUnavailable wraps store transport failures.
 	ErrUnavailable = errors.New("directory unavailable")
+	// ErrRefused: Redis answered the directory's connection with an error
+	// no retry mends (a wrong password or user, an ACL denying a command
+	// the directory needs, a database index out of range): REDIS_URL or
+	// the server's configuration must change (OpenRedis).
+	ErrRefused = errors.New("redis refused the directory's connection")
 )
 
 // SupersededError: a hostname-aware binding {hostname}{ns} belongs to a

@@ -255,7 +255,9 @@ const storeOpenTimeout = 10 * time.Second
 
 // openStore opens the directory REDIS_URL names (checkStoreURL already
 // refused malformed URLs). An unreachable Redis is a runtime failure
-// (exit 1: the orchestrator retries).
+// (exit 1: the orchestrator retries); one that refuses the connection's
+// credentials or database (directory.ErrRefused) a configuration error
+// (exit 2, at once).
 //
 // A Redis that refuses connections (down, restarting, not started yet at
 // boot) fails a connection at once, not after a timeout: it is tried
@@ -278,6 +280,12 @@ func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Sto
 		store, err := directory.OpenRedis(ctx, cfg.RedisURL, opts)
 		if err == nil {
 			return store, nil
+		}
+		if errors.Is(err, directory.ErrRefused) {
+			// Redis answered, and no retry mends its answer (a wrong
+			// password, an ACL, a database out of range): a
+			// configuration error, not an unreachable store.
+			return nil, &configError{Var: "REDIS_URL", Err: err}
 		}
 		if !errors.Is(err, directory.ErrUnavailable) {
 			return nil, err

@@ -156,3 +156,35 @@ func TestRedisRefusingAtStartIsWaitedFor_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected openStore duration %v; want at most %v", d, storeOpenTimeout)
 	}
 }
+
+// A Redis that refuses the connection — a wrong password here — is a
+// configuration error: one line naming REDIS_URL, exit 2, at once. It was
+// waited for 10 s as an unreachable Redis ("cannot reach the directory;
+// retrying"), then exit 1, which deploy/systemd restarts for ever where
+// its start limit ends a configuration error's restarts (R-SRV-2, R-SRV-3).
+func TestRedisRefusingCredentialsExits2_RSRV3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	if _, err := srv.Do("CONFIG", "SET", "requirepass", "right-pass"); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"PINBOARD_PASSPORT": `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK"},"scopes":["pinboard:worker"]}]}]}`,
+		"TOK":               "t",
+		"REDIS_URL":         "redis://:wrong-s3cret@" + strings.TrimPrefix(srv.URL(), "redis://"),
+		"HOST":              "127.0.0.1",
+		"PORT":              "0",
+	}
+	var stderr bytes.Buffer
+	began := time.Now()
+	code := run(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &stderr)
+	took, out := time.Since(began), stderr.String()
+	if code != 2 || !strings.HasPrefix(out, "pinboard: REDIS_URL: ") || !strings.Contains(out, "WRONGPASS") || strings.Count(out, "\n") != 1 {
+		t.Fatalf("unexpected start against a Redis refusing the password; got exit %d, %q; want exit 2, one line naming REDIS_URL and WRONGPASS", code, out)
+	}
+	if strings.Contains(out, "wrong-s3cret") {
+		t.Fatalf("unexpected password in %q", out)
+	}
+	if took >= storeOpenTimeout/2 {
+		t.Fatalf("unexpected wait before exiting; got %v; want at once, not the wait for an unreachable Redis (%v)", took, storeOpenTimeout)
+	}
+}

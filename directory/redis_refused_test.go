@@ -1,0 +1,62 @@
+package directory_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// A Redis that answers the connection's set-up with an error no retry
+// mends — a wrong password, none given where one is required, a user whose
+// ACL denies a command the directory needs, a database index out of range
+// — is ErrRefused, not ErrUnavailable: the binary waited 10 s for it as
+// for a Redis that is down, logged "cannot reach the directory" for a
+// Redis that answered, and exited 1, restarted for ever where a
+// configuration error exits 2 (R-SRV-3). A Redis that is down stays
+// ErrUnavailable.
+func TestOpenRedisRefused_RSRV3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	host := strings.TrimPrefix(srv.URL(), "redis://")
+	opts := directory.RedisOptions{LeaseTTL: time.Second}
+	if _, err := srv.Do("ACL", "SETUSER", "narrow", "on", ">narrow-pass", "~*", "+ping"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("CONFIG", "SET", "requirepass", "right-pass"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, url, want string }{
+		{"wrong password", "redis://:wrong-pass@" + host, "WRONGPASS"},
+		{"no password", "redis://" + host, "NOAUTH"},
+		{"ACL without the directory's commands", "redis://narrow:narrow-pass@" + host, "NOPERM"},
+		{"database out of range", "redis://:right-pass@" + host + "/99", "DB index"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
+			s, err := directory.OpenRedis(t.Context(), tc.url, opts)
+			if err == nil {
+				s.Close()
+				t.Fatalf("unexpected open of %s; want ErrRefused", tc.url)
+			}
+			if !errors.Is(err, directory.ErrRefused) || errors.Is(err, directory.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("unexpected error; got %v; want ErrRefused (not ErrUnavailable) naming %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "pass@") {
+				t.Fatalf("unexpected password in the error; got %v; want the URL redacted", err)
+			}
+			t.Logf("refused after %v: %v", time.Since(began).Round(time.Millisecond), err)
+		})
+	}
+	s, err := directory.OpenRedis(t.Context(), "redis://:right-pass@"+host, opts)
+	if err != nil {
+		t.Fatalf("cannot open with the right password: %v", err)
+	}
+	s.Close()
+	srv.Stop()
+	if _, err := directory.OpenRedis(t.Context(), "redis://:right-pass@"+host, opts); !errors.Is(err, directory.ErrUnavailable) || errors.Is(err, directory.ErrRefused) {
+		t.Fatalf("unexpected error for a Redis that is down; got %v; want ErrUnavailable", err)
+	}
+}
