@@ -209,7 +209,7 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	case "1", "true":
 		c.Pprof = true
 	default:
-		return nil, bad("PINBOARD_PPROF", "must be 0 or 1, got %q", v)
+		return nil, bad("PINBOARD_PPROF", "must be 0, 1, false or true, got %q", v)
 	}
 	c.MetricsAddr = get("PINBOARD_METRICS_ADDR")
 	if c.MetricsAddr != "" {

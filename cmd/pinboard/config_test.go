@@ -157,9 +157,15 @@ func TestConfigPprof(t *testing.T) {
 	if err != nil || !c.Pprof {
 		t.Fatalf("unexpected config: %+v %v", c, err)
 	}
+	kv["PINBOARD_PPROF"] = "true"
+	if c, err := loadConfig(env(kv)); err != nil || !c.Pprof {
+		t.Fatalf("unexpected config for PINBOARD_PPROF=true: %+v %v", c, err)
+	}
 	kv["PINBOARD_PPROF"] = "yes"
-	if _, err := loadConfig(env(kv)); err == nil || !strings.Contains(err.Error(), "PINBOARD_PPROF") {
-		t.Fatalf("unexpected acceptance of PINBOARD_PPROF=yes: %v", err)
+	// The error names every value taken: "0 or 1" left out the true and
+	// false it takes too.
+	if _, err := loadConfig(env(kv)); err == nil || !strings.Contains(err.Error(), `PINBOARD_PPROF: must be 0, 1, false or true, got "yes"`) {
+		t.Fatalf("unexpected error for PINBOARD_PPROF=yes; got %v; want it naming 0, 1, false and true", err)
 	}
 }
 
