@@ -257,6 +257,8 @@ func (p *Proxy) CloseStreamsContext(ctx context.Context) {
 		p.hijacks.wait(cctx)
 		cancel()
 	}
+	// Bounded by deadline: what a goodbye writes has it.
+	p.hijacks.goodbyes.Wait()
 	p.ups.closeAll(now)
 }
 

@@ -321,6 +321,9 @@ type hijacks struct {
 	deadline time.Time
 	// idle tells wait when the last relay ended.
 	idle idleSignal
+	// goodbyes counts shutdown's goodbyes still being sent, each over by
+	// the shutdown's deadline (see shutdown).
+	goodbyes sync.WaitGroup
 }
 
 func newHijacks() *hijacks {
@@ -456,6 +459,14 @@ func (hj *hijacks) run(r *wsRelay, handshake, pending, early []byte) {
 // shutdown sends Close 1001 both ways on every relay (see wsrelay.go) —
 // and on every relay that starts later, right after its 101 — and lets
 // them finish until deadline.
+//
+// Each relay is told on a goroutine of its own, which ends by the
+// deadline at the latest (goAway bounds both connections by it): a relay
+// whose client does not read can hold its goodbye that long (its Close
+// frame's write, or 0.1 s of tryClose's retries behind a blocked
+// forward). Told one after the other, twenty stalled clients used up the
+// whole close budget (CloseWait), and the relays after them in the list,
+// healthy ones included, were cut without their Close frame.
 func (hj *hijacks) shutdown(deadline time.Time) {
 	hj.mu.Lock()
 	hj.closing, hj.deadline = true, deadline
@@ -464,8 +475,12 @@ func (hj *hijacks) shutdown(deadline time.Time) {
 		relays = append(relays, r)
 	}
 	hj.mu.Unlock()
+	hj.goodbyes.Add(len(relays))
 	for _, r := range relays {
-		r.goAway(deadline)
+		go func() {
+			defer hj.goodbyes.Done()
+			r.goAway(deadline)
+		}()
 	}
 }
 

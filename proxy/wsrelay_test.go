@@ -430,3 +430,57 @@ func TestHalfCloseWaitWithinGoodbye_RDP2(t *testing.T) {
 		t.Fatal("unexpected relay still open 20s after the client's half-close; want it cut at the goodbye's deadline (300ms), not after the close wait (1h)")
 	}
 }
+
+// stalledRelay starts a relay on hj whose client never reads while its
+// worker streams one endless binary frame, and returns once the relay's
+// write to the client is blocked: the worker's own writes stall.
+func stalledRelay(t *testing.T, hj *hijacks) {
+	t.Helper()
+	relayClient, client := tcpPair(t)
+	relayUp, worker := tcpPair(t)
+	client.(*net.TCPConn).SetReadBuffer(4 << 10)
+	relayClient.(*net.TCPConn).SetWriteBuffer(4 << 10)
+	go hj.relay(relayClient, relayUp, []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n"), nil, nil)
+	// One frame of 1 GiB: the relay is inside it from its first bytes.
+	worker.Write([]byte{0x82, 127, 0, 0, 0, 0, 0x40, 0, 0, 0})
+	chunk := make([]byte, 32<<10)
+	for {
+		worker.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := worker.Write(chunk); err != nil {
+			return
+		}
+	}
+}
+
+// One client that stops reading must not hold up the other relays'
+// goodbyes at shutdown: each relay's Close frame goes out at once,
+// whatever the others do. Before, shutdown said goodbye to one relay
+// after the other, and a relay whose write to its client was blocked (a
+// slow or stalled reader) cost 0.1 s of retries each: with twenty of them
+// the whole close budget (CloseWait, 2 s) went by before healthy relays
+// further down the list were told, and those were cut without their
+// Close 1001 (R-DP-2).
+func TestStalledClientsDoNotDelayOtherGoodbyes_RDP2(t *testing.T) {
+	hj := newHijacks()
+	const stalled = 8
+	for range stalled {
+		stalledRelay(t, hj)
+	}
+	_, _, cbr1, _ := relayed(t, hj, nil)
+	_, _, cbr2, _ := relayed(t, hj, nil)
+	waitOpen(t, hj, stalled+2)
+	start := time.Now()
+	hj.shutdown(start.Add(time.Second))
+	if d := time.Since(start); d > 250*time.Millisecond {
+		t.Errorf("unexpected shutdown of %d relays taking %v; want the goodbyes sent without waiting on stalled clients", stalled+2, d)
+	}
+	for _, cbr := range []*bufio.Reader{cbr1, cbr2} {
+		if op, p := readFrame(t, cbr); op != 0x8 || !bytes.Equal(p, goingAway) {
+			t.Fatalf("unexpected frame at a healthy client; got %x %q; want close 1001", op, p)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Fatalf("unexpected goodbye to a healthy client %v after shutdown; want it at once", d)
+		}
+	}
+	waitRelays(t, hj, "past the shutdown deadline")
+}
