@@ -39,9 +39,9 @@ func ParseTrustedProxies(s string) (*TrustedProxies, error) {
 			return nil, fmt.Errorf("cannot parse trusted proxy %q: %w", f, err)
 		}
 		if a.Zone() != "" {
-			// Peers come without a zone: "fe80::1%eth0" would trust
-			// fe80::1 on every interface, not the one named.
-			return nil, fmt.Errorf("cannot parse trusted proxy %q: an IPv6 zone cannot be trusted (peers carry none); give the address alone", f)
+			// A peer's zone is not compared (addrOf drops it): "fe80::1%eth0"
+			// would trust fe80::1 on every interface, not the one named.
+			return nil, fmt.Errorf("cannot parse trusted proxy %q: an IPv6 zone cannot be trusted (a peer's zone is not compared); give the address alone", f)
 		}
 		a = a.Unmap()
 		tp.prefixes = append(tp.prefixes, netip.PrefixFrom(a, a.BitLen()))
