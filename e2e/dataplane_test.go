@@ -158,29 +158,42 @@ func TestDirectWorkerCallRefused_RTR5(t *testing.T) {
 
 	forged := "eyJhbGciOiJIUzI1NiIsInR5cCI6InBpbmJvYXJkK2p3dCJ9.eyJhdWQiOiJ4IiwiaWF0IjowLCJleHAiOjl9.forged"
 	for _, w := range f.Workers {
-		for _, header := range []http.Header{nil, {"Pinboard-Attestation": {forged}}} {
-			r, err := do(ctx, http.MethodGet, w.URL+"/counters/alice/value", header, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var body struct {
-				Detail string `json:"detail"`
-			}
-			if r.Status != http.StatusForbidden || r.JSON(&body) != nil || body.Detail != "invalid attestation" {
-				t.Errorf("%s: unexpected direct answer; got %s; want 403 {\"detail\":\"invalid attestation\"}", w.Name, r)
-			}
+		checkDirectRefused(ctx, t, w, "/counters/alice/value", nil)
+		checkDirectRefused(ctx, t, w, "/counters/alice/value", http.Header{"Pinboard-Attestation": {forged}})
+		checkDirectUpgradeRefused(ctx, t, w, "/tickers/t1/ws")
+	}
+}
+
+// checkDirectRefused checks that w's instance route at path, called
+// directly with header, answers 403 {"detail":"invalid attestation"}
+// (R-TR-5).
+func checkDirectRefused(ctx context.Context, t *testing.T, w *Worker, path string, header http.Header) {
+	t.Helper()
+	r, err := do(ctx, http.MethodGet, w.URL+path, header, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct {
+		Detail string `json:"detail"`
+	}
+	if r.Status != http.StatusForbidden || r.JSON(&body) != nil || body.Detail != "invalid attestation" {
+		t.Errorf("%s: unexpected direct answer; got %s; want 403 {\"detail\":\"invalid attestation\"}", w.Name, r)
+	}
+}
+
+// checkDirectUpgradeRefused checks that a WebSocket upgrade sent to w's
+// route at path directly is refused before accept: a bare 403, with no
+// body to tell it from a route's own refusal (docs/PROTOCOL.md, the
+// session gap; R-TR-5).
+func checkDirectUpgradeRefused(ctx context.Context, t *testing.T, w *Worker, path string) {
+	t.Helper()
+	c, err := wsDial(ctx, "ws"+strings.TrimPrefix(w.URL, "http")+path, nil)
+	var he *wsHandshakeError
+	if !errors.As(err, &he) || he.Status != http.StatusForbidden || strings.Contains(he.Body, "attestation") {
+		if c != nil {
+			c.conn.Close()
 		}
-		// An upgrade is refused before accept: a bare 403, with no body
-		// to tell it from a route's own refusal (docs/PROTOCOL.md, the
-		// session gap).
-		c, err := wsDial(ctx, "ws"+strings.TrimPrefix(w.URL, "http")+"/tickers/t1/ws", nil)
-		var he *wsHandshakeError
-		if !errors.As(err, &he) || he.Status != http.StatusForbidden || strings.Contains(he.Body, "attestation") {
-			if c != nil {
-				c.conn.Close()
-			}
-			t.Errorf("%s: unexpected direct upgrade answer; got %v; want a bare 403", w.Name, err)
-		}
+		t.Errorf("%s: unexpected direct upgrade answer; got %v; want a bare 403", w.Name, err)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -98,24 +97,8 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 	// A direct call to a worker's instance route is refused (R-TR-5).
 	t.Run("direct", func(t *testing.T) {
 		for _, w := range f.Workers {
-			r, err := do(ctx, http.MethodGet, w.URL+"/counters/std-0/value", nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var body struct {
-				Detail string `json:"detail"`
-			}
-			if r.Status != http.StatusForbidden || r.JSON(&body) != nil || body.Detail != "invalid attestation" {
-				t.Errorf("%s: unexpected direct answer; got %s; want 403 {\"detail\":\"invalid attestation\"}", w.Name, r)
-			}
-			c, err := wsDial(ctx, "ws"+strings.TrimPrefix(w.URL, "http")+"/tickers/t1/ws", nil)
-			var he *wsHandshakeError
-			if !errors.As(err, &he) || he.Status != http.StatusForbidden {
-				if c != nil {
-					c.conn.Close()
-				}
-				t.Errorf("%s: unexpected direct upgrade answer; got %v; want 403", w.Name, err)
-			}
+			checkDirectRefused(ctx, t, w, "/counters/std-0/value", nil)
+			checkDirectUpgradeRefused(ctx, t, w, "/tickers/t1/ws")
 		}
 	})
 
