@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"text/template"
@@ -132,6 +133,12 @@ func (ps *procs) startNginx(bin string, workers int, upstreamPorts []int) (*ngin
 		return nil, err
 	}
 	return n, nil
+}
+
+// nginxWorkers is nginx's default worker_processes for proxies pinned to
+// the taskset CPU list proxyCPU ("" for every CPU).
+func nginxWorkers(proxyCPU string) int {
+	return runtime.NumCPU()
 }
 
 // nginxVersion is `nginx -v` (it prints on stderr).

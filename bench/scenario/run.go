@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		}
 	}
 	if cfg.NginxWorkers <= 0 {
-		cfg.NginxWorkers = runtime.NumCPU()
+		cfg.NginxWorkers = nginxWorkers(cfg.ProxyCPU)
 	}
 	if cfg.NginxBin == "" {
 		cfg.NginxBin = "nginx"
