@@ -136,9 +136,47 @@ func (ps *procs) startNginx(bin string, workers int, upstreamPorts []int) (*ngin
 }
 
 // nginxWorkers is nginx's default worker_processes for proxies pinned to
-// the taskset CPU list proxyCPU ("" for every CPU).
+// the taskset CPU list proxyCPU ("" for every CPU): one per CPU they may
+// use, as pinboard's runtime sets GOMAXPROCS from the affinity mask. One
+// worker per machine CPU would put two nginx workers on a single pinned
+// CPU against pinboard's one P. A list taskset would not take (it fails
+// the run anyway) counts every CPU.
 func nginxWorkers(proxyCPU string) int {
+	if n := cpuListCount(proxyCPU); n > 0 {
+		return n
+	}
 	return runtime.NumCPU()
+}
+
+// cpuListCount is the number of CPUs in a taskset -c list ("1", "0-3",
+// "0,2", "0-7:2"), 0 for "" or a list it cannot parse.
+func cpuListCount(list string) int {
+	if list == "" {
+		return 0
+	}
+	n := 0
+	for _, part := range strings.Split(list, ",") {
+		rng, step, hasStep := strings.Cut(part, ":")
+		lo, hi, isRange := strings.Cut(rng, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return 0
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return 0
+			}
+		}
+		k := 1
+		if hasStep {
+			if k, err = strconv.Atoi(step); err != nil || k <= 0 || !isRange {
+				return 0
+			}
+		}
+		n += (b-a)/k + 1
+	}
+	return n
 }
 
 // nginxVersion is `nginx -v` (it prints on stderr).

@@ -52,7 +52,8 @@ type Config struct {
 	// PinboardEnv is extra KEY=VALUE environment for pinboard nodes
 	// (GOMAXPROCS=1, GOGC=…), noted in the results.
 	PinboardEnv []string
-	// NginxWorkers is nginx's worker_processes; default runtime.NumCPU().
+	// NginxWorkers is nginx's worker_processes; default one per CPU in
+	// ProxyCPU (every CPU when it is empty).
 	NginxWorkers int
 	// RedisURL, when set (redis://…, or "auto" for a private
 	// redis-server), adds the scenarios on the Redis store: hot ids on a
