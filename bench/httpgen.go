@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -167,6 +168,11 @@ func AppendGET(dst []byte, host string, path []byte, headers ...string) []byte {
 // Transfer moves one large body through a fresh connection: an upload of
 // size bytes (POST with Content-Length) when up, else a download of
 // whatever the response carries. It returns the bytes moved in the body.
+//
+// A transfer cut short is an error, not a figure: a download must bring
+// size bytes (when size is above 0), and an upload's answer must be the
+// fleet's {"bytes":N} with N the size sent — a proxy that ended a body
+// early with a clean end of message would otherwise pass as fast.
 func Transfer(addr, path string, headers []string, up bool, size int64, timeout time.Duration) (int64, error) {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -221,24 +227,47 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
 	var resp fasthttp.Response
-	resp.StreamBody = true
-	if err := resp.Read(br); err != nil {
+	// A download's body streams; an upload's answer is small and read
+	// whole (its count of the bytes received).
+	resp.StreamBody = !up
+	limit := 0
+	if up {
+		limit = 4 << 10
+	}
+	if err := resp.ReadLimitBody(br, limit); err != nil {
 		return 0, fmt.Errorf("cannot read the response: %w", err)
 	}
 	if s := resp.StatusCode(); s != fasthttp.StatusOK {
 		return 0, fmt.Errorf("unexpected status %d", s)
 	}
 	buf := make([]byte, 64<<10)
-	moved, err = io.CopyBuffer(discard{}, resp.BodyStream(), buf)
-	_ = resp.CloseBodyStream()
-	if err != nil {
-		return moved, fmt.Errorf("cannot read the response body: %w", err)
+	var answer []byte
+	if up {
+		answer = resp.Body()
+	} else {
+		moved, err = io.CopyBuffer(discard{}, resp.BodyStream(), buf)
+		_ = resp.CloseBodyStream()
+		if err != nil {
+			return moved, fmt.Errorf("cannot read the response body: %w", err)
+		}
 	}
 	if err := <-upErr; err != nil {
 		return moved, fmt.Errorf("cannot send the body: %w", err)
 	}
 	if up {
+		var got struct {
+			Bytes *int64 `json:"bytes"`
+		}
+		if err := json.Unmarshal(answer, &got); err != nil || got.Bytes == nil {
+			return 0, fmt.Errorf("unexpected answer to an upload; got %q; want {\"bytes\":%d}", answer, size)
+		}
+		if *got.Bytes != size {
+			return *got.Bytes, fmt.Errorf("upload cut short: the worker received %d bytes; want %d", *got.Bytes, size)
+		}
 		return size, nil
+	}
+	if size > 0 && moved != size {
+		return moved, fmt.Errorf("download cut short: received %d bytes; want %d", moved, size)
 	}
 	return moved, nil
 }

@@ -149,8 +149,9 @@ func (f *Fleet) serveUpload(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.Response.Header.SetContentType("application/json")
-	ctx.Response.SetBodyRaw(strconv.AppendInt([]byte(`{"bytes":`), n, 10))
-	ctx.Response.AppendBodyString("}")
+	// One buffer: AppendBodyString after SetBodyRaw drops the raw body
+	// (fasthttp's bodyBuffer), and the answer was "}" alone.
+	ctx.Response.SetBodyRaw(append(strconv.AppendInt([]byte(`{"bytes":`), n, 10), '}'))
 }
 
 // serveDownload sends size bytes with a Content-Length.
