@@ -254,3 +254,52 @@ func TestDeclinerRankedLastForNewIds_RPL6_RPL3(t *testing.T) {
 		})
 	}
 }
+
+// A decline for want of room is the answer of one host, one namespace:
+// each PinnedHost of a worker has its own max_instances and its own
+// wind-down (pinned hosting/host.py PinnedHost, hosting/directory.py
+// LocalDirectory.get). The worker that declined stays first for new ids
+// of its other namespaces, by headroom and affinity as before; only an
+// in-band refusal, for the lease its hosts share, ranks it last in all of
+// them. Before, a worker full in one namespace was ranked last in every
+// namespace it serves, and with a decline every 3 s it lost its new ids
+// elsewhere for as long as that one host stayed full (R-PL-6, R-PL-4,
+// R-PL-3).
+func TestDeclineRankedLastInItsNamespaceOnly_RPL6_RPL4(t *testing.T) {
+	for name, tc := range map[string]struct {
+		answer     http.HandlerFunc
+		everywhere bool
+	}{
+		"at capacity":     {retry503(bodyAtCapacity), false},
+		"draining host":   {retry503(bodyHostDraining), false},
+		"lease unhealthy": {refuseActivation, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			a, b := newStandin(t, "a"), newStandin(t, "b")
+			a.route("/full", tc.answer)
+			rg.add(a, 1000, "/threads", "/counters")
+			rg.add(b, 1, "/threads", "/counters")
+			res, body := rg.get("/threads/t1/full", nil)
+			if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+				t.Fatalf("unexpected reply after a decline; got %d %s; want b's answer", res.StatusCode, body)
+			}
+			want := "a"
+			if tc.everywhere {
+				want = "b"
+			}
+			for i := range 5 {
+				res, body := rg.get(fmt.Sprintf("/counters/c%d/value", i), nil)
+				if res.StatusCode != 200 || decodeSeen(t, body).Worker != want {
+					t.Fatalf("unexpected owner of a new id in the other namespace; got %d %s; want %s's answer", res.StatusCode, body, want)
+				}
+			}
+			// In its own namespace the decliner is still ranked last.
+			res, body = rg.get("/threads/t2/value", nil)
+			if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" {
+				t.Fatalf("unexpected owner of a new id in the declining namespace; got %d %s; want b's answer", res.StatusCode, body)
+			}
+		})
+	}
+}

@@ -22,6 +22,12 @@ const declineMemory = 3 * time.Second
 // declined a new activation lately. It only ever reorders candidates:
 // a decliner stays eligible and is tried after the others, so a fleet
 // whose every worker declines behaves as without it.
+//
+// A decline (host draining, at capacity) is remembered for its namespace
+// only: each of a worker's hosts has its own max_instances and wind-down
+// (pinned hosting/host.py PinnedHost), so one full host says nothing of
+// the others. An in-band refusal is remembered for every namespace: it
+// is the worker's lease, which its hosts share.
 type declines struct {
 	// n is the number of entries, read without the lock so that placements
 	// pay nothing while no worker has declined.
@@ -31,16 +37,21 @@ type declines struct {
 	// again although the entries stay until the next note.
 	end   atomic.Int64
 	mu    sync.Mutex
-	until map[string]time.Time // session id → end of its memory
+	until map[declineKey]time.Time // → end of its memory
 }
 
-// note remembers that session declined at now, and forgets entries that
-// have passed (the map holds at most the fleet's sessions).
-func (d *declines) note(session string, now time.Time) {
+// declineKey names what declined: a session in one namespace, or in
+// every namespace (ns "").
+type declineKey struct{ session, ns string }
+
+// note remembers that session declined at now in namespace ns ("": in
+// every namespace), and forgets entries that have passed (the map holds
+// at most the fleet's sessions in each of their namespaces).
+func (d *declines) note(session, ns string, now time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.until == nil {
-		d.until = make(map[string]time.Time)
+		d.until = make(map[declineKey]time.Time)
 	}
 	for s, t := range d.until {
 		if !now.Before(t) {
@@ -48,20 +59,21 @@ func (d *declines) note(session string, now time.Time) {
 		}
 	}
 	until := now.Add(declineMemory)
-	d.until[session] = until
+	d.until[declineKey{session, ns}] = until
 	d.n.Store(int32(len(d.until)))
 	if e := until.UnixNano(); e > d.end.Load() {
 		d.end.Store(e)
 	}
 }
 
-// policy returns inner, or inner ranking the sessions that declined before
-// now last while any is remembered and its memory has not passed.
-func (d *declines) policy(inner directory.Policy, now time.Time) directory.Policy {
+// policy returns inner, or inner ranking last the sessions that declined
+// in namespace ns (or in every namespace) before now, while any is
+// remembered and its memory has not passed.
+func (d *declines) policy(inner directory.Policy, ns string, now time.Time) directory.Policy {
 	if d.n.Load() == 0 || now.UnixNano() >= d.end.Load() {
 		return inner
 	}
-	return &declinersLast{inner: inner, d: d, now: now}
+	return &declinersLast{inner: inner, d: d, ns: ns, now: now}
 }
 
 // declinersLast ranks the candidates that did not decline with the inner
@@ -69,6 +81,7 @@ func (d *declines) policy(inner directory.Policy, now time.Time) directory.Polic
 type declinersLast struct {
 	inner directory.Policy
 	d     *declines
+	ns    string
 	now   time.Time
 }
 
@@ -77,7 +90,7 @@ func (p *declinersLast) Rank(dst []int, cands []directory.Candidate, in *directo
 	var keep, last []int
 	p.d.mu.Lock()
 	for i := range cands {
-		if t, ok := p.d.until[cands[i].SessionID]; ok && p.now.Before(t) {
+		if p.declined(cands[i].SessionID) {
 			last = append(last, i)
 		} else {
 			keep = append(keep, i)
@@ -89,6 +102,17 @@ func (p *declinersLast) Rank(dst []int, cands []directory.Candidate, in *directo
 	}
 	dst = p.rankSubset(dst, cands, keep, in)
 	return p.rankSubset(dst, cands, last, in)
+}
+
+// declined reports whether session declined in p's namespace or in every
+// namespace, with its memory not passed; callers hold p.d.mu.
+func (p *declinersLast) declined(session string) bool {
+	for _, k := range [...]declineKey{{session, ""}, {session, p.ns}} {
+		if t, ok := p.d.until[k]; ok && p.now.Before(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // rankSubset appends the inner policy's ranking of the candidates at idx

@@ -38,9 +38,10 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 		host = hostOnly(ctx.Request.Header.Host())
 	}
 	c := p.opCtx.get()
+	ns := string(rq.ns)
 	rq.placeReq = directory.PlaceRequest{
-		NS: string(rq.ns), ID: string(rq.id), Now: now,
-		Policy: p.declines.policy(p.policy, now), Pick: rq.pick, Exclude: exclude,
+		NS: ns, ID: string(rq.id), Now: now,
+		Policy: p.declines.policy(p.policy, ns, now), Pick: rq.pick, Exclude: exclude,
 		Host: host,
 	}
 	r, err := p.store.Place(c, &rq.placeReq)
@@ -186,8 +187,13 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 // Going on, it returns the time to go on from, as resolve does.
 func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, time.Time, bool) {
 	p.release(rq, route, now)
-	if out == refused || out == declined {
-		p.declines.note(route.Owner.SessionID, now)
+	switch out {
+	case refused:
+		// The lease: every host of the worker refuses (R-PL-6).
+		p.declines.note(route.Owner.SessionID, "", now)
+	case declined:
+		// One host full or winding down: its namespace only.
+		p.declines.note(route.Owner.SessionID, string(rq.ns), now)
 	}
 	if last {
 		if out == refused {
