@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -154,20 +152,7 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 	// A 64 MiB body goes up and comes back intact, both directions at
 	// once (R-DP-2).
 	t.Run("body", func(t *testing.T) {
-		res, sent, digest := bigRequest(ctx, t, http.MethodPost, pb.URL+"/counters/std-0/echo", 3)
-		defer res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(io.LimitReader(res.Body, 4096))
-			t.Fatalf("unexpected answer; got %d %s; want 200", res.StatusCode, b)
-		}
-		h := sha256.New()
-		n, err := io.Copy(h, res.Body)
-		if err != nil {
-			t.Fatalf("cannot read the echo: %v; sent %d of %d bytes, received %d", err, sent.n.Load(), bigBody, n)
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); n != bigBody || got != digest() {
-			t.Errorf("unexpected echo; got %d bytes sha256 %s; want %d bytes sha256 %s", n, got, bigBody, digest())
-		}
+		checkBigEcho(ctx, t, pb.URL+"/counters/std-0/echo", 3)
 	})
 
 	// A chunked upload of unknown length reaches the worker whole: the
