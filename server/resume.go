@@ -57,6 +57,19 @@ func (pb *Pinboard) awaitRequest(c net.Conn) bool {
 	}
 }
 
+// openConnections is pinboard_http_open_connections: fasthttp's count of
+// the public listener's connections, and the connections waiting in
+// awaitRequest for their next request, which fasthttp no longer counts
+// (hijacked) and does not count yet (ServeConn): idle keep-alive
+// connections like any other. Without them a client whose event stream
+// ended cleanly went uncounted until its next request.
+func (pb *Pinboard) openConnections() int64 {
+	pb.resumedMu.Lock()
+	n := len(pb.resumed)
+	pb.resumedMu.Unlock()
+	return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) + int64(n)
+}
+
 // closeResumed closes the connections waiting in awaitRequest: a node
 // stopping serves no further request on them.
 func (pb *Pinboard) closeResumed() {

@@ -266,7 +266,7 @@ func New(o Options) (*Pinboard, error) {
 			OpenStreams:      pb.proxy.OpenStreams,
 			OpenEventStreams: pb.proxy.OpenEventStreams,
 			OpenWebSockets:   pb.proxy.OpenWebSockets,
-			OpenConnections:  func() int64 { return int64(max(pb.srv.GetOpenConnectionsCount(), 0)) },
+			OpenConnections:  pb.openConnections,
 			RegistryQueue:    reg.QueueDepth,
 			RegistryRunning:  reg.Running,
 			RegistryCap:      reg.Capacity,

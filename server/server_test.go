@@ -299,3 +299,56 @@ func TestOpenEventStreamsGauge_RDP2(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A client connection whose event stream ended cleanly goes back to the
+// server for its next request (proxy.Options.Resume): while it waits for
+// that request, idle, it is a client connection on the public listener
+// like any other keep-alive one, and pinboard_http_open_connections
+// counts it (R-DP-2).
+func TestOpenConnectionsCountsResumedConnection_RDP2(t *testing.T) {
+	m := metrics.New(metrics.Options{Version: "test"})
+	_, public := workerNode(t, Options{Metrics: m}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: 0\n\n")
+	}))
+	gauge := func() string {
+		for line := range strings.Lines(string(m.AppendPrometheus(t.Context(), nil))) {
+			if strings.HasPrefix(line, "pinboard_http_open_connections ") {
+				return line
+			}
+		}
+		return ""
+	}
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: x\r\n\r\n")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, res.Body); err != nil || res.Close {
+		t.Fatalf("unexpected end of the event stream; got %v, close %v; want a clean end on a kept connection", err, res.Close)
+	}
+	want := "pinboard_http_open_connections 1\n"
+	deadline := time.Now().Add(2 * time.Second)
+	for got := gauge(); got != want; got = gauge() {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected gauge with the client's connection idle after its event stream; got %q; want %q", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Its next request is served on it, and it is still counted once.
+	_, _ = io.WriteString(c, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+	if res, err := http.ReadResponse(br, nil); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("unexpected answer on the resumed connection; got %v, %v; want 200", res, err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := gauge(); got != want {
+		t.Fatalf("unexpected gauge once the resumed connection served a request; got %q; want %q", got, want)
+	}
+}
