@@ -101,6 +101,9 @@ type Registry struct {
 	now      func() time.Time
 	prober   *Prober
 	pool     *ants.Pool
+	// running counts pool tasks being run (Running): ants's own count
+	// takes in its idle workers too, until they expire.
+	running  atomic.Int32
 	opTime   time.Duration
 	base     string
 	log      *slog.Logger
@@ -216,8 +219,10 @@ func (r *Registry) Stop() { r.stopping.Store(true) }
 // QueueDepth is the number of registry requests waiting for the pool.
 func (r *Registry) QueueDepth() int { return r.pool.Waiting() }
 
-// Running is the number of registry requests being handled.
-func (r *Registry) Running() int { return r.pool.Running() }
+// Running is the number of registry requests being handled: pool tasks
+// running now. Not the pool's Running, which counts its worker goroutines,
+// idle ones included until they expire (a second or two after a burst).
+func (r *Registry) Running() int { return int(r.running.Load()) }
 
 // Capacity is how many registry requests may be handled at once now: the
 // governor moves it between MinWorkers and Workers.
@@ -380,6 +385,9 @@ func (r *Registry) submit(ctx *fasthttp.RequestCtx, task func() *probeCall, left
 	submitted := time.Now()
 	err := r.pool.Submit(func() {
 		defer close(done)
+		// Down before done closes: a request answered is no longer counted.
+		r.running.Add(1)
+		defer r.running.Add(-1)
 		if left != nil {
 			if *left -= time.Since(submitted); *left < 0 {
 				why = "stale"

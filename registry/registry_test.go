@@ -290,3 +290,19 @@ func (h *harness) wantBeatAnswered(r *Registry, healthy string, d time.Duration,
 		h.t.Fatalf("unexpected wait: a healthy worker's heartbeat waited behind %s", behind)
 	}
 }
+
+// Running is pinboard_registry_running, "registry requests being
+// handled": once the requests are answered it is 0, however many pool
+// workers still idle until they expire (ants counts those as running).
+func TestRunningCountsRequestsBeingHandled(t *testing.T) {
+	h := newHarness(t)
+	h.register(nil)
+	for range 3 {
+		if res := h.get("/registry/workers", operatorToken); res.status != 200 {
+			t.Fatalf("unexpected answer; got %d %s; want 200", res.status, res.body)
+		}
+	}
+	if got := h.r.Running(); got != 0 {
+		t.Fatalf("unexpected registry requests being handled with none in flight; got %d; want 0", got)
+	}
+}
