@@ -161,7 +161,7 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	c, err := rueidis.NewClient(copt)
 	if err != nil {
 		if refusedByRedis(err) {
-			return nil, fmt.Errorf("cannot connect to redis at %s: %w: %s", redactURL(url), ErrRefused, oneLine(err))
+			return nil, fmt.Errorf("cannot connect to redis at %s: %w: %v", redactURL(url), ErrRefused, err)
 		}
 		return nil, fmt.Errorf("cannot connect to redis at %s: %w: %w", redactURL(url), ErrUnavailable, err)
 	}
@@ -170,7 +170,8 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	if err := r.openEra(ctx); err != nil {
 		c.Close()
 		if refusedByRedis(err) {
-			return nil, fmt.Errorf("cannot open the redis directory at %s: %w: %s", redactURL(url), ErrRefused, oneLine(err))
+			// %v, not %w: the error wraps ErrUnavailable, which a refusal is not.
+			return nil, fmt.Errorf("cannot open the redis directory at %s: %w: %v", redactURL(url), ErrRefused, err)
 		}
 		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)
 	}
@@ -212,10 +213,6 @@ func refusedByRedis(err error) bool {
 	}
 	return false
 }
-
-// oneLine is err's text on one line (rueidis's ErrNoCache wraps the
-// server's answer over two), for a start-up error the binary prints as one.
-func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }
 
 // redisClientOptions parses url (ParseRedisURL) and applies opts.TLSConfig
 // to every connection the URL makes over TLS: the masters, and the
