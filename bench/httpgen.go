@@ -194,7 +194,6 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 		fmt.Fprintf(bw, "Content-Type: application/octet-stream\r\nContent-Length: %d\r\n", size)
 	}
 	bw.WriteString("Connection: close\r\n\r\n")
-	moved := int64(0)
 	upErr := make(chan error, 1)
 	if up {
 		// The body goes up from its own goroutine: a proxy may answer (or
@@ -223,7 +222,6 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 		if err := bw.Flush(); err != nil {
 			return 0, fmt.Errorf("cannot send the request: %w", err)
 		}
-		close(upErr)
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
 	var resp fasthttp.Response
@@ -240,21 +238,11 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 	if s := resp.StatusCode(); s != fasthttp.StatusOK {
 		return 0, fmt.Errorf("unexpected status %d", s)
 	}
-	buf := make([]byte, 64<<10)
-	var answer []byte
 	if up {
-		answer = resp.Body()
-	} else {
-		moved, err = io.CopyBuffer(discard{}, resp.BodyStream(), buf)
-		_ = resp.CloseBodyStream()
-		if err != nil {
-			return moved, fmt.Errorf("cannot read the response body: %w", err)
+		answer := resp.Body()
+		if err := <-upErr; err != nil {
+			return 0, fmt.Errorf("cannot send the body: %w", err)
 		}
-	}
-	if err := <-upErr; err != nil {
-		return moved, fmt.Errorf("cannot send the body: %w", err)
-	}
-	if up {
 		var got struct {
 			Bytes *int64 `json:"bytes"`
 		}
@@ -265,6 +253,11 @@ func Transfer(addr, path string, headers []string, up bool, size int64, timeout 
 			return *got.Bytes, fmt.Errorf("upload cut short: the worker received %d bytes; want %d", *got.Bytes, size)
 		}
 		return size, nil
+	}
+	moved, err := io.CopyBuffer(discard{}, resp.BodyStream(), make([]byte, 64<<10))
+	_ = resp.CloseBodyStream()
+	if err != nil {
+		return moved, fmt.Errorf("cannot read the response body: %w", err)
 	}
 	if size > 0 && moved != size {
 		return moved, fmt.Errorf("download cut short: received %d bytes; want %d", moved, size)
