@@ -149,7 +149,7 @@ func TestRunRejectsArguments(t *testing.T) {
 	}
 }
 
-func TestConfigPprof(t *testing.T) {
+func TestConfigPprof_RSRV3(t *testing.T) {
 	kv := base()
 	kv["PINBOARD_PPROF"] = "1"
 	kv["PINBOARD_METRICS_ADDR"] = "127.0.0.1:9090"
