@@ -70,6 +70,11 @@ func parseClaims(obj jsonObject, path string, warn func(string)) (Claims, error)
 			if p == "" {
 				return Claims{}, fmt.Errorf("hostnames[%d]: empty hostname pattern", i)
 			}
+			// Registered hostnames lose the trailing dot of a fully
+			// qualified name; so do the patterns they are matched against.
+			if len(p) > 1 && p[len(p)-1] == '.' {
+				p = p[:len(p)-1]
+			}
 			c.hostnames = append(c.hostnames, ascii.Lower(p))
 		}
 	}

@@ -91,7 +91,10 @@ func (b *registerBody) validate() *directory.Registration {
 		Instances:    b.Instances,
 	}
 	if b.Hostname != nil {
-		reg.Hostname = *b.Hostname
+		// "app.example." is app.example to DNS, and requests arrive with
+		// the dot stripped (proxy.hostOnly): kept, it would bind a name no
+		// request carries (R-LS-4).
+		reg.Hostname = trimFQDNDot(*b.Hostname)
 	}
 	if b.Env != nil {
 		reg.Env = *b.Env
@@ -351,4 +354,13 @@ func coverage(pr *attest.Principal, namespaces []string, hostname, env string, e
 		}
 	}
 	return ""
+}
+
+// trimFQDNDot drops the trailing dot of a fully qualified name, keeping a
+// lone "." (no name to shorten).
+func trimFQDNDot(name string) string {
+	if len(name) > 1 && name[len(name)-1] == '.' {
+		return name[:len(name)-1]
+	}
+	return name
 }

@@ -528,3 +528,33 @@ func TestRegisterHostnameClaims_RTR3(t *testing.T) {
 		t.Fatalf("unexpected reply for a covered hostname; got %d %s; want 200", res.status, res.body)
 	}
 }
+
+// A fully qualified hostname ("app.example.") binds the name requests
+// carry: the proxy drops a Host's trailing dot, so the registry drops the
+// hostname's, and a claims pattern written with the dot covers it
+// (R-LS-4, R-TR-3).
+func TestRegisterHostnameTrailingDot_RLS4_RTR3(t *testing.T) {
+	h := newHarness(t)
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"worker","token":{"env":"W"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"hostnames":["APP.example."],"allowedBackendHosts":["127.0.0.1"]}}},
+		{"name":"operator","token":{"env":"O"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}
+	]}]}`
+	tokens := map[string]string{"W": workerToken, "O": operatorToken}
+	pp, err := attest.ParsePassport([]byte(raw), func(k string) (string, bool) { v, ok := tokens[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := h.registry(pp)
+	c, v := h.fw.pair("fqdn")
+	body := mustJSON(t, map[string]any{
+		"clientId": "c-fqdn", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+		"headroom": 1, "draining": false, "challenge": c, "challengeValue": v, "hostname": "app.example.", "env": "blue", "epoch": 1,
+	})
+	if res := h.do(r, "POST", "/registry/register", workerToken, body); res.status != 200 {
+		t.Fatalf("unexpected reply for a fully qualified hostname; got %d %s; want 200", res.status, res.body)
+	}
+	res := h.do(r, "GET", "/registry/workers", operatorToken, "")
+	if !strings.Contains(res.body, `"hostname":"app.example"`) || strings.Contains(res.body, `app.example.`) {
+		t.Fatalf("unexpected hostname in the workers listing; got %s; want app.example without its trailing dot", res.body)
+	}
+}
