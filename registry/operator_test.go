@@ -15,209 +15,215 @@ import (
 )
 
 func TestReleaseAndDeregister_RREG3(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x", "y", "z"}}})
-	p, err := h.store.Placement(t.Context(), "/counters", "x", h.clock())
-	if err != nil {
-		t.Fatal(err)
-	}
-	epoch := formatEpoch(p.Epoch)
-	// The worker's wire form: an array, epoch as a string.
-	res := h.post("/registry/release", workerToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"x","epoch":"`+epoch+`"},{"sessionId":"`+s+`","namespace":"/counters","id":"y","epoch":"1"}]`)
-	if res.status != 200 || res.body != `{"released":1}` {
-		t.Fatalf("unexpected release reply; got %d %s", res.status, res.body)
-	}
-	res = h.post("/registry/release", workerToken, `{"sessionId":"`+s+`","namespace":"/counters","id":"y"}`)
-	if res.status != 200 || res.body != `{"released":1}` {
-		t.Fatalf("unexpected single-object release; got %d %s", res.status, res.body)
-	}
-	if res := h.post("/registry/release", otherToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"z"}]`); res.status != 403 || res.body != `{"error":"forbidden"}` {
-		t.Fatalf("unexpected release by another account; got %d %s", res.status, res.body)
-	}
-	if res := h.post("/registry/release", workerToken, `[{"sessionId":"nope","namespace":"/counters","id":"z"}]`); res.status != 200 || res.body != `{"released":0}` {
-		t.Fatalf("unexpected release for an unknown session; got %d %s", res.status, res.body)
-	}
-	for _, bad := range []string{`[{"namespace":"/c","id":"z"}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":7}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":"x"}]`, `"x"`} {
-		if res := h.post("/registry/release", workerToken, bad); res.status != 400 || res.body != `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}` {
-			t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x", "y", "z"}}})
+		p, err := h.ds.Placement(t.Context(), "/counters", "x", h.clock())
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if res := h.post("/registry/deregister", otherToken, `{"sessionId":"`+s+`"}`); res.status != 403 {
-		t.Fatalf("unexpected deregister by another account; got %d %s", res.status, res.body)
-	}
-	if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 || res.body != `{"ok":true}` {
-		t.Fatalf("unexpected deregister; got %d %s", res.status, res.body)
-	}
-	if _, err := h.store.Placement(t.Context(), "/counters", "z", h.clock()); !errors.Is(err, directory.ErrNoPlacement) {
-		t.Fatalf("unexpected placement after deregister: %v", err)
-	}
-	if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 {
-		t.Fatalf("unexpected second deregister; got %d %s", res.status, res.body)
-	}
-	if res := h.post("/registry/deregister", workerToken, `{}`); res.status != 400 || res.body != `{"error":"expected { sessionId }"}` {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
+		epoch := formatEpoch(p.Epoch)
+		// The worker's wire form: an array, epoch as a string.
+		res := h.post("/registry/release", workerToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"x","epoch":"`+epoch+`"},{"sessionId":"`+s+`","namespace":"/counters","id":"y","epoch":"1"}]`)
+		if res.status != 200 || res.body != `{"released":1}` {
+			t.Fatalf("unexpected release reply; got %d %s", res.status, res.body)
+		}
+		res = h.post("/registry/release", workerToken, `{"sessionId":"`+s+`","namespace":"/counters","id":"y"}`)
+		if res.status != 200 || res.body != `{"released":1}` {
+			t.Fatalf("unexpected single-object release; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/release", otherToken, `[{"sessionId":"`+s+`","namespace":"/counters","id":"z"}]`); res.status != 403 || res.body != `{"error":"forbidden"}` {
+			t.Fatalf("unexpected release by another account; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/release", workerToken, `[{"sessionId":"nope","namespace":"/counters","id":"z"}]`); res.status != 200 || res.body != `{"released":0}` {
+			t.Fatalf("unexpected release for an unknown session; got %d %s", res.status, res.body)
+		}
+		for _, bad := range []string{`[{"namespace":"/c","id":"z"}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":7}]`, `[{"sessionId":"s","namespace":"/c","id":"z","epoch":"x"}]`, `"x"`} {
+			if res := h.post("/registry/release", workerToken, bad); res.status != 400 || res.body != `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}` {
+				t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+			}
+		}
+		if res := h.post("/registry/deregister", otherToken, `{"sessionId":"`+s+`"}`); res.status != 403 {
+			t.Fatalf("unexpected deregister by another account; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 || res.body != `{"ok":true}` {
+			t.Fatalf("unexpected deregister; got %d %s", res.status, res.body)
+		}
+		if _, err := h.ds.Placement(t.Context(), "/counters", "z", h.clock()); !errors.Is(err, directory.ErrNoPlacement) {
+			t.Fatalf("unexpected placement after deregister: %v", err)
+		}
+		if res := h.post("/registry/deregister", workerToken, `{"sessionId":"`+s+`"}`); res.status != 200 {
+			t.Fatalf("unexpected second deregister; got %d %s", res.status, res.body)
+		}
+		if res := h.post("/registry/deregister", workerToken, `{}`); res.status != 400 || res.body != `{"error":"expected { sessionId }"}` {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+		}
+	})
 }
 
 func TestWorkersListing_RREG4_RTR3(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(map[string]any{"clientId": "c-1", "hostname": "", "instances": map[string][]string{"/counters": {"a"}}})
-	res := h.get("/registry/workers", operatorToken)
-	var out struct {
-		Workers []map[string]any `json:"workers"`
-	}
-	if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
-		t.Fatalf("unexpected listing; got %d %s", res.status, res.body)
-	}
-	w := out.Workers[0]
-	for k, want := range map[string]any{
-		"clientId": "c-1", "sessionId": s, "advertiseUrl": h.fw.srv.URL, "headroom": 100.0,
-		"draining": false, "degraded": false, "expiresInMs": 15000.0, "placements": 1.0, "operatorDrain": false,
-	} {
-		if w[k] != want {
-			t.Fatalf("unexpected %s; got %v; want %v (listing %s)", k, w[k], want, res.body)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"clientId": "c-1", "hostname": "", "instances": map[string][]string{"/counters": {"a"}}})
+		res := h.get("/registry/workers", operatorToken)
+		var out struct {
+			Workers []map[string]any `json:"workers"`
 		}
-	}
-	if _, ok := w["secret"]; ok || strings.Contains(res.body, h.fw.secret) {
-		t.Fatalf("unexpected secret in the listing: %s", res.body)
-	}
-	// A credential covering only /other sees nothing of this worker.
-	if res := h.get("/registry/workers", narrowToken); res.body != `{"workers":[]}` {
-		t.Fatalf("unexpected listing for a narrow credential; got %s", res.body)
-	}
-	if res := h.get("/registry/workers", workerToken); res.status != 403 {
-		t.Fatalf("unexpected listing with the worker scope; got %d", res.status)
-	}
-	if res := h.get("/registry/workers", ""); res.status != 401 || res.body != `{"error":"unauthorized"}` {
-		t.Fatalf("unexpected anonymous listing; got %d %s", res.status, res.body)
-	}
+		if err := json.Unmarshal([]byte(res.body), &out); err != nil || res.status != 200 || len(out.Workers) != 1 {
+			t.Fatalf("unexpected listing; got %d %s", res.status, res.body)
+		}
+		w := out.Workers[0]
+		for k, want := range map[string]any{
+			"clientId": "c-1", "sessionId": s, "advertiseUrl": h.fw.srv.URL, "headroom": 100.0,
+			"draining": false, "degraded": false, "expiresInMs": 15000.0, "placements": 1.0, "operatorDrain": false,
+		} {
+			if w[k] != want {
+				t.Fatalf("unexpected %s; got %v; want %v (listing %s)", k, w[k], want, res.body)
+			}
+		}
+		if _, ok := w["secret"]; ok || strings.Contains(res.body, h.fw.secret) {
+			t.Fatalf("unexpected secret in the listing: %s", res.body)
+		}
+		// A credential covering only /other sees nothing of this worker.
+		if res := h.get("/registry/workers", narrowToken); res.body != `{"workers":[]}` {
+			t.Fatalf("unexpected listing for a narrow credential; got %s", res.body)
+		}
+		if res := h.get("/registry/workers", workerToken); res.status != 403 {
+			t.Fatalf("unexpected listing with the worker scope; got %d", res.status)
+		}
+		if res := h.get("/registry/workers", ""); res.status != 401 || res.body != `{"error":"unauthorized"}` {
+			t.Fatalf("unexpected anonymous listing; got %d %s", res.status, res.body)
+		}
+	})
 }
 
 func TestHealthQuarantine_RREG5_RCS1(t *testing.T) {
-	h := newHarness(t)
-	h.register(nil)
-	if res := h.get("/registry/health", operatorToken); res.body != `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":15000,"workers":1}` {
-		t.Fatalf("unexpected health; got %d %s", res.status, res.body)
-	}
-	// The workers count is the listing's: a credential whose claims cover
-	// none of the fleet's namespaces counts none of it (R-TR-3).
-	if res := h.get("/registry/health", narrowToken); res.body != `{"ok":true,"store":"memory","quarantineMs":0,"leaseTtlMs":15000,"workers":0}` {
-		t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 0", res.status, res.body)
-	}
-	h.register(map[string]any{"clientId": "c-other", "namespaces": []string{"/other"}, "advertiseUrl": h.fw.srv.URL + "/other"})
-	if res := h.get("/registry/health", narrowToken); !strings.HasSuffix(res.body, `"workers":1}`) {
-		t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 1", res.status, res.body)
-	}
-	if res := h.get("/registry/health", operatorToken); !strings.HasSuffix(res.body, `"workers":2}`) {
-		t.Fatalf("unexpected health; got %d %s; want workers 2", res.status, res.body)
-	}
-	_, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()})
-	var q *directory.QuarantineError
-	if !errors.As(err, &q) {
-		t.Fatalf("unexpected first placement: %v", err)
-	}
-	h.advance(4 * time.Second)
-	if res := h.get("/registry/health", operatorToken); !strings.Contains(res.body, `"quarantineMs":11000`) {
-		t.Fatalf("unexpected health during quarantine; got %s", res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(nil)
+		if res := h.get("/registry/health", operatorToken); res.body != `{"ok":true,"store":"`+h.ds.Name()+`","quarantineMs":0,"leaseTtlMs":15000,"workers":1}` {
+			t.Fatalf("unexpected health; got %d %s", res.status, res.body)
+		}
+		// The workers count is the listing's: a credential whose claims cover
+		// none of the fleet's namespaces counts none of it (R-TR-3).
+		if res := h.get("/registry/health", narrowToken); res.body != `{"ok":true,"store":"`+h.ds.Name()+`","quarantineMs":0,"leaseTtlMs":15000,"workers":0}` {
+			t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 0", res.status, res.body)
+		}
+		h.register(map[string]any{"clientId": "c-other", "namespaces": []string{"/other"}, "advertiseUrl": h.fw.srv.URL + "/other"})
+		if res := h.get("/registry/health", narrowToken); !strings.HasSuffix(res.body, `"workers":1}`) {
+			t.Fatalf("unexpected health for a credential covering /other only; got %d %s; want workers 1", res.status, res.body)
+		}
+		if res := h.get("/registry/health", operatorToken); !strings.HasSuffix(res.body, `"workers":2}`) {
+			t.Fatalf("unexpected health; got %d %s; want workers 2", res.status, res.body)
+		}
+		_, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()})
+		var q *directory.QuarantineError
+		if !errors.As(err, &q) {
+			t.Fatalf("unexpected first placement: %v", err)
+		}
+		h.advance(4 * time.Second)
+		if res := h.get("/registry/health", operatorToken); !strings.Contains(res.body, `"quarantineMs":11000`) {
+			t.Fatalf("unexpected health during quarantine; got %s", res.body)
+		}
+	})
 }
 
 func TestOperatorDrain_RREG6(t *testing.T) {
-	h := newHarness(t)
-	h.register(map[string]any{"clientId": "drain-me"})
-	cases := []struct {
-		path, token, body string
-		status            int
-		want              string
-	}{
-		{"/registry/drain", operatorToken, `{"clientId":"nobody"}`, 404, `{"error":"unknown clientId"}`},
-		{"/registry/drain", workerToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
-		{"/registry/drain", narrowToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
-		{"/registry/drain", operatorToken, `{}`, 400, `{"error":"expected { clientId, deadline? }"}`},
-		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":-1}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
-		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":604801}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
-		{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":"5m"}`, 400, `{"error":"expected { clientId, deadline? }"}`},
-		{"/registry/drain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":true}`},
-		{"/registry/undrain", operatorToken, `{}`, 400, `{"error":"expected { clientId }"}`},
-		{"/registry/undrain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":false}`},
-	}
-	for _, tc := range cases {
-		if res := h.post(tc.path, tc.token, tc.body); res.status != tc.status || res.body != tc.want {
-			t.Fatalf("unexpected reply to %s %s; got %d %s; want %d %s", tc.path, tc.body, res.status, res.body, tc.status, tc.want)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"clientId": "drain-me"})
+		cases := []struct {
+			path, token, body string
+			status            int
+			want              string
+		}{
+			{"/registry/drain", operatorToken, `{"clientId":"nobody"}`, 404, `{"error":"unknown clientId"}`},
+			{"/registry/drain", workerToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
+			{"/registry/drain", narrowToken, `{"clientId":"drain-me"}`, 403, `{"error":"forbidden"}`},
+			{"/registry/drain", operatorToken, `{}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+			{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":-1}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
+			{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":604801}`, 400, `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}`},
+			{"/registry/drain", operatorToken, `{"clientId":"drain-me","deadline":"5m"}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+			{"/registry/drain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":true}`},
+			{"/registry/undrain", operatorToken, `{}`, 400, `{"error":"expected { clientId }"}`},
+			{"/registry/undrain", operatorToken, `{"clientId":"drain-me"}`, 200, `{"clientId":"drain-me","draining":false}`},
 		}
-	}
+		for _, tc := range cases {
+			if res := h.post(tc.path, tc.token, tc.body); res.status != tc.status || res.body != tc.want {
+				t.Fatalf("unexpected reply to %s %s; got %d %s; want %d %s", tc.path, tc.body, res.status, res.body, tc.status, tc.want)
+			}
+		}
+	})
 }
 
 // A drain outlives sessions: with the client's session lapsed (a timed
 // drain ended it), undrain still clears it for an operator covering every
 // namespace; a narrower operator cannot see the client (R-REG-6).
 func TestUndrainWithoutLiveSession_RREG6(t *testing.T) {
-	h := newHarness(t)
-	h.register(map[string]any{"clientId": "gone"})
-	if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone","deadline":1}`); res.status != 200 {
-		t.Fatalf("cannot drain; got %d %s", res.status, res.body)
-	}
-	h.advance(testTTL + 2*time.Second)
-	cases := []struct {
-		token, body string
-		status      int
-		want        string
-	}{
-		{narrowToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
-		{operatorToken, `{"clientId":"gone"}`, 200, `{"clientId":"gone","draining":false}`},
-		{operatorToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
-		{operatorToken, `{"clientId":"never"}`, 404, `{"error":"unknown clientId"}`},
-	}
-	for _, tc := range cases {
-		if res := h.post("/registry/undrain", tc.token, tc.body); res.status != tc.status || res.body != tc.want {
-			t.Fatalf("unexpected undrain %s with %s; got %d %s; want %d %s", tc.body, tc.token, res.status, res.body, tc.status, tc.want)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"clientId": "gone"})
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone","deadline":1}`); res.status != 200 {
+			t.Fatalf("cannot drain; got %d %s", res.status, res.body)
 		}
-	}
-	if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone"}`); res.status != 404 {
-		t.Fatalf("unexpected drain of a client without a live session; got %d %s", res.status, res.body)
-	}
+		h.advance(testTTL + 2*time.Second)
+		cases := []struct {
+			token, body string
+			status      int
+			want        string
+		}{
+			{narrowToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
+			{operatorToken, `{"clientId":"gone"}`, 200, `{"clientId":"gone","draining":false}`},
+			{operatorToken, `{"clientId":"gone"}`, 404, `{"error":"unknown clientId"}`},
+			{operatorToken, `{"clientId":"never"}`, 404, `{"error":"unknown clientId"}`},
+		}
+		for _, tc := range cases {
+			if res := h.post("/registry/undrain", tc.token, tc.body); res.status != tc.status || res.body != tc.want {
+				t.Fatalf("unexpected undrain %s with %s; got %d %s; want %d %s", tc.body, tc.token, res.status, res.body, tc.status, tc.want)
+			}
+		}
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"gone"}`); res.status != 404 {
+			t.Fatalf("unexpected drain of a client without a live session; got %d %s", res.status, res.body)
+		}
+	})
 }
 
 func TestPlacementAndWindDown_RCM1(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
-	res := h.get("/registry/placement?namespace=/counters&id=alice", operatorToken)
-	if res.status != 200 || !strings.Contains(res.body, `"sessionId":"`+s+`"`) || !strings.Contains(res.body, `"live":true`) {
-		t.Fatalf("unexpected placement; got %d %s", res.status, res.body)
-	}
-	if res := h.get("/registry/placement?namespace=/counters&id=bob", operatorToken); res.status != 404 || res.body != `{"error":"no placement"}` {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
-	if res := h.get("/registry/placement?namespace=/counters", operatorToken); res.status != 400 {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
-	for _, bad := range []string{`{"namespace":"/counters","id":"alice"}`, `{"namespace":"/counters","id":"alice","deadline":"soon"}`, `{"id":"alice","deadline":1}`} {
-		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
-			t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		res := h.get("/registry/placement?namespace=/counters&id=alice", operatorToken)
+		if res.status != 200 || !strings.Contains(res.body, `"sessionId":"`+s+`"`) || !strings.Contains(res.body, `"live":true`) {
+			t.Fatalf("unexpected placement; got %d %s", res.status, res.body)
 		}
-	}
-	for _, bad := range []string{`{"namespace":"/counters","id":"alice","deadline":-1}`, `{"namespace":"/counters","id":"alice","deadline":604801}`} {
-		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}` {
-			t.Fatalf("unexpected reply to %s; got %d %s; want 400 with the deadline's range", bad, res.status, res.body)
+		if res := h.get("/registry/placement?namespace=/counters&id=bob", operatorToken); res.status != 404 || res.body != `{"error":"no placement"}` {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
 		}
-	}
-	if res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"bob","deadline":1}`); res.status != 404 {
-		t.Fatalf("unexpected wind-down of an unplaced id; got %d %s", res.status, res.body)
-	}
-	// A namespace is one a worker could register (R-REG-1's rule): a NUL
-	// in it, which the stores use between namespace and id, addressed
-	// another namespace's row ("/c\0x" and "y" made the key of "/c" and
-	// "x\0y"); an id must not hold a NUL either.
-	for _, q := range []string{"namespace=/counters%00alice&id=y", "namespace=counters&id=alice", "namespace=/a/b&id=alice", "namespace=/counters&id=al%00ice"} {
-		if res := h.get("/registry/placement?"+q, operatorToken); res.status != 400 || res.body != `{"error":"expected ?namespace=&id="}` {
-			t.Fatalf("unexpected placement reply to %s; got %d %s; want the 400", q, res.status, res.body)
+		if res := h.get("/registry/placement?namespace=/counters", operatorToken); res.status != 400 {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
 		}
-	}
-	for _, bad := range []string{`{"namespace":"/counters\u0000alice","id":"y","deadline":1}`, `{"namespace":"counters","id":"alice","deadline":1}`, `{"namespace":"/counters","id":"al\u0000ice","deadline":1}`} {
-		if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
-			t.Fatalf("unexpected wind-down reply to %s; got %d %s; want the 400", bad, res.status, res.body)
+		for _, bad := range []string{`{"namespace":"/counters","id":"alice"}`, `{"namespace":"/counters","id":"alice","deadline":"soon"}`, `{"id":"alice","deadline":1}`} {
+			if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
+				t.Fatalf("unexpected reply for %s; got %d %s", bad, res.status, res.body)
+			}
 		}
-	}
+		for _, bad := range []string{`{"namespace":"/counters","id":"alice","deadline":-1}`, `{"namespace":"/counters","id":"alice","deadline":604801}`} {
+			if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"deadline must be from 0 to 604800 seconds (7 days)"}` {
+				t.Fatalf("unexpected reply to %s; got %d %s; want 400 with the deadline's range", bad, res.status, res.body)
+			}
+		}
+		if res := h.post("/registry/wind-down", operatorToken, `{"namespace":"/counters","id":"bob","deadline":1}`); res.status != 404 {
+			t.Fatalf("unexpected wind-down of an unplaced id; got %d %s", res.status, res.body)
+		}
+		// A namespace is one a worker could register (R-REG-1's rule): a NUL
+		// in it, which the stores use between namespace and id, addressed
+		// another namespace's row ("/c\0x" and "y" made the key of "/c" and
+		// "x\0y"); an id must not hold a NUL either.
+		for _, q := range []string{"namespace=/counters%00alice&id=y", "namespace=counters&id=alice", "namespace=/a/b&id=alice", "namespace=/counters&id=al%00ice"} {
+			if res := h.get("/registry/placement?"+q, operatorToken); res.status != 400 || res.body != `{"error":"expected ?namespace=&id="}` {
+				t.Fatalf("unexpected placement reply to %s; got %d %s; want the 400", q, res.status, res.body)
+			}
+		}
+		for _, bad := range []string{`{"namespace":"/counters\u0000alice","id":"y","deadline":1}`, `{"namespace":"counters","id":"alice","deadline":1}`, `{"namespace":"/counters","id":"al\u0000ice","deadline":1}`} {
+			if res := h.post("/registry/wind-down", operatorToken, bad); res.status != 400 || res.body != `{"error":"expected { namespace, id, deadline }"}` {
+				t.Fatalf("unexpected wind-down reply to %s; got %d %s; want the 400", bad, res.status, res.body)
+			}
+		}
+	})
 }
 
 func TestRoutingErrors(t *testing.T) {
@@ -309,41 +315,43 @@ func saturate(t *testing.T, r *Registry) (release func()) {
 // the items before it stay placed, not freed before the 403 (R-REG-3: bad
 // input gets its error and loses nothing).
 func TestReleaseBatchForbiddenFreesNothing_RREG3(t *testing.T) {
-	h := newHarness(t)
-	mine := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x"}}})
-	c, v := h.fw.pair("other")
-	res := h.post("/registry/register", otherToken, mustJSON(t, map[string]any{
-		"clientId": "other-client", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL + "/other", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-		"instances": map[string][]string{"/counters": {"y"}},
-	}))
-	if res.status != 200 {
-		t.Fatalf("unexpected register reply; got %d %s; want 200", res.status, res.body)
-	}
-	var ack struct{ SessionID string }
-	_ = json.Unmarshal([]byte(res.body), &ack)
-	body := `[{"sessionId":"` + mine + `","namespace":"/counters","id":"x"},{"sessionId":"` + ack.SessionID + `","namespace":"/counters","id":"y"}]`
-	if res := h.post("/registry/release", workerToken, body); res.status != 403 || res.body != `{"error":"forbidden"}` {
-		t.Fatalf("unexpected reply; got %d %s; want 403 %s", res.status, res.body, `{"error":"forbidden"}`)
-	}
-	for id, owner := range map[string]string{"x": mine, "y": ack.SessionID} {
-		p, err := h.store.Placement(t.Context(), "/counters", id, h.clock())
-		if err != nil || p.SessionID != owner {
-			t.Fatalf("unexpected placement of %s after a refused release; got %+v, %v; want owner %s", id, p, err, owner)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		mine := h.register(map[string]any{"instances": map[string][]string{"/counters": {"x"}}})
+		c, v := h.fw.pair("other")
+		res := h.post("/registry/register", otherToken, mustJSON(t, map[string]any{
+			"clientId": "other-client", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL + "/other", "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+			"instances": map[string][]string{"/counters": {"y"}},
+		}))
+		if res.status != 200 {
+			t.Fatalf("unexpected register reply; got %d %s; want 200", res.status, res.body)
 		}
-	}
+		var ack struct{ SessionID string }
+		_ = json.Unmarshal([]byte(res.body), &ack)
+		body := `[{"sessionId":"` + mine + `","namespace":"/counters","id":"x"},{"sessionId":"` + ack.SessionID + `","namespace":"/counters","id":"y"}]`
+		if res := h.post("/registry/release", workerToken, body); res.status != 403 || res.body != `{"error":"forbidden"}` {
+			t.Fatalf("unexpected reply; got %d %s; want 403 %s", res.status, res.body, `{"error":"forbidden"}`)
+		}
+		for id, owner := range map[string]string{"x": mine, "y": ack.SessionID} {
+			p, err := h.ds.Placement(t.Context(), "/counters", id, h.clock())
+			if err != nil || p.SessionID != owner {
+				t.Fatalf("unexpected placement of %s after a refused release; got %+v, %v; want owner %s", id, p, err, owner)
+			}
+		}
+	})
 }
 
 // A release body of null is neither the array workers send nor one item:
 // a schema failure, like every other endpoint's null body (R-REG-7).
 func TestReleaseNullBody_RREG7(t *testing.T) {
-	h := newHarness(t)
-	want := `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`
-	for _, body := range []string{`null`, ` null `} {
-		if res := h.post("/registry/release", workerToken, body); res.status != 400 || res.body != want {
-			t.Fatalf("unexpected reply for %q; got %d %s; want 400 %s", body, res.status, res.body, want)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		want := `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`
+		for _, body := range []string{`null`, ` null `} {
+			if res := h.post("/registry/release", workerToken, body); res.status != 400 || res.body != want {
+				t.Fatalf("unexpected reply for %q; got %d %s; want 400 %s", body, res.status, res.body, want)
+			}
 		}
-	}
+	})
 }
 
 // outcomes records the heartbeat outcomes a Registry reports.
@@ -489,39 +497,40 @@ func TestScopes_RTR2(t *testing.T) {
 // draining (own or operator), the operator drain's deadline, degraded with
 // degradedSince, and the lease expiry.
 func TestWorkersListingNamespacesAndState_RREG4_RTR3(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(map[string]any{"clientId": "c-ns", "namespaces": []string{"/counters", "/other"}})
-	nsOf := func(w map[string]any) string { b, _ := json.Marshal(w["namespaces"]); return string(b) }
-	if got := nsOf(onlyListed(t, h, operatorToken)); got != `["/counters","/other"]` {
-		t.Fatalf("unexpected namespaces for a credential covering all; got %s", got)
-	}
-	if got := nsOf(onlyListed(t, h, narrowToken)); got != `["/other"]` {
-		t.Fatalf("unexpected namespaces for a credential covering /other only; got %s; want [\"/other\"]", got)
-	}
-
-	// Degraded: the heartbeat's probe failed.
-	h.advance(3 * time.Second)
-	h.fw.mode.Store("500")
-	if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, map[string]any{"headroom": 4})); res.status != 200 || !strings.Contains(res.body, `"degraded":true`) {
-		t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)
-	}
-	h.fw.mode.Store("ok")
-	// A timed operator drain.
-	if res := h.post("/registry/drain", operatorToken, `{"clientId":"c-ns","deadline":60}`); res.status != 200 {
-		t.Fatalf("cannot drain; got %d %s", res.status, res.body)
-	}
-	h.advance(2 * time.Second)
-	w := onlyListed(t, h, operatorToken)
-	now := h.clock()
-	for k, want := range map[string]any{
-		"clientId": "c-ns", "sessionId": s, "headroom": 4.0, "draining": true, "operatorDrain": true,
-		"drainDeadline": 58.0, "degraded": true, "degradedSince": float64(now.Add(-2 * time.Second).UnixMilli()),
-		"expiresInMs": 13000.0, "leaseExpiresAt": float64(now.Add(13 * time.Second).UnixMilli()),
-	} {
-		if w[k] != want {
-			t.Fatalf("unexpected %s; got %v; want %v (worker %v)", k, w[k], want, w)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"clientId": "c-ns", "namespaces": []string{"/counters", "/other"}})
+		nsOf := func(w map[string]any) string { b, _ := json.Marshal(w["namespaces"]); return string(b) }
+		if got := nsOf(onlyListed(t, h, operatorToken)); got != `["/counters","/other"]` {
+			t.Fatalf("unexpected namespaces for a credential covering all; got %s", got)
 		}
-	}
+		if got := nsOf(onlyListed(t, h, narrowToken)); got != `["/other"]` {
+			t.Fatalf("unexpected namespaces for a credential covering /other only; got %s; want [\"/other\"]", got)
+		}
+
+		// Degraded: the heartbeat's probe failed.
+		h.advance(3 * time.Second)
+		h.fw.mode.Store("500")
+		if res := h.post("/registry/heartbeat", workerToken, h.beatBody(s, map[string]any{"headroom": 4})); res.status != 200 || !strings.Contains(res.body, `"degraded":true`) {
+			t.Fatalf("cannot degrade the session; got %d %s", res.status, res.body)
+		}
+		h.fw.mode.Store("ok")
+		// A timed operator drain.
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"c-ns","deadline":60}`); res.status != 200 {
+			t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+		}
+		h.advance(2 * time.Second)
+		w := onlyListed(t, h, operatorToken)
+		now := h.clock()
+		for k, want := range map[string]any{
+			"clientId": "c-ns", "sessionId": s, "headroom": 4.0, "draining": true, "operatorDrain": true,
+			"drainDeadline": 58.0, "degraded": true, "degradedSince": float64(now.Add(-2 * time.Second).UnixMilli()),
+			"expiresInMs": 13000.0, "leaseExpiresAt": float64(now.Add(13 * time.Second).UnixMilli()),
+		} {
+			if w[k] != want {
+				t.Fatalf("unexpected %s; got %v; want %v (worker %v)", k, w[k], want, w)
+			}
+		}
+	})
 }
 
 // The listing writes a worker's epoch as the reference does: a
@@ -553,26 +562,27 @@ func TestWorkersListingEpochAsJavaScriptNumber_RREG4_RLS4(t *testing.T) {
 // sees the entry without the count, which would tell it how busy other
 // tenants keep the worker (R-TR-3, R-REG-4).
 func TestWorkersListingPlacementsOnlyWhenAllCovered_RREG4_RTR3(t *testing.T) {
-	h := newHarness(t)
-	s := h.register(map[string]any{"clientId": "c-count", "namespaces": []string{"/counters", "/other"}})
-	// The first placement attempt starts the cold-start quarantine (R-CS-1).
-	if _, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()}); err == nil {
-		t.Fatal("unexpected placement during the cold-start quarantine")
-	}
-	h.advance(10 * time.Second)
-	h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil))
-	h.advance(6 * time.Second)
-	for _, id := range []string{"x", "y"} {
-		if r, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: id, Now: h.clock()}); err != nil || r.Owner.SessionID != s {
-			t.Fatalf("cannot place %s: %+v %v", id, r, err)
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"clientId": "c-count", "namespaces": []string{"/counters", "/other"}})
+		// The first placement attempt starts the cold-start quarantine (R-CS-1).
+		if _, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "x", Now: h.clock()}); err == nil {
+			t.Fatal("unexpected placement during the cold-start quarantine")
 		}
-	}
-	if got := onlyListed(t, h, operatorToken)["placements"]; got != 2.0 {
-		t.Fatalf("unexpected placements for a credential covering every namespace; got %v; want 2", got)
-	}
-	if w := onlyListed(t, h, narrowToken); w["placements"] != nil {
-		t.Fatalf("unexpected placements for a credential covering /other only; got %v; want none (worker %v)", w["placements"], w)
-	}
+		h.advance(10 * time.Second)
+		h.post("/registry/heartbeat", workerToken, h.beatBody(s, nil))
+		h.advance(6 * time.Second)
+		for _, id := range []string{"x", "y"} {
+			if r, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: id, Now: h.clock()}); err != nil || r.Owner.SessionID != s {
+				t.Fatalf("cannot place %s: %+v %v", id, r, err)
+			}
+		}
+		if got := onlyListed(t, h, operatorToken)["placements"]; got != 2.0 {
+			t.Fatalf("unexpected placements for a credential covering every namespace; got %v; want 2", got)
+		}
+		if w := onlyListed(t, h, narrowToken); w["placements"] != nil {
+			t.Fatalf("unexpected placements for a credential covering /other only; got %v; want none (worker %v)", w["placements"], w)
+		}
+	})
 }
 
 // onlyListed is the one worker GET /registry/workers lists for token.

@@ -15,22 +15,23 @@ import (
 )
 
 func TestRegisterAck_RREG1(t *testing.T) {
-	h := newHarness(t)
-	c, v := h.fw.pair("one")
-	res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
-		"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1024, "draining": false,
-		"challenge": c, "challengeValue": v,
-	}))
-	if res.status != 200 {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
-	if !regexp.MustCompile(`^\{"sessionId":"[0-9a-f]{32}","expiresInMs":15000,"draining":false\}$`).MatchString(res.body) {
-		t.Fatalf("unexpected ack; got %s", res.body)
-	}
-	if h.fw.probes.Load() != 1 {
-		t.Fatalf("unexpected probe count; got %d; want 1", h.fw.probes.Load())
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		c, v := h.fw.pair("one")
+		res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+			"advertiseUrl": h.fw.srv.URL, "headroom": 1024, "draining": false,
+			"challenge": c, "challengeValue": v,
+		}))
+		if res.status != 200 {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+		}
+		if !regexp.MustCompile(`^\{"sessionId":"[0-9a-f]{32}","expiresInMs":15000,"draining":false\}$`).MatchString(res.body) {
+			t.Fatalf("unexpected ack; got %s", res.body)
+		}
+		if h.fw.probes.Load() != 1 {
+			t.Fatalf("unexpected probe count; got %d; want 1", h.fw.probes.Load())
+		}
+	})
 }
 
 func TestRegisterSchema_RREG7(t *testing.T) {
@@ -212,79 +213,81 @@ func TestRegisterEnvlessBindingUnderEnvClaims_RTR3_RLS4(t *testing.T) {
 // The register probe: unreachable defers with 503 + Retry-After (the
 // worker backs off and retries), a 4xx or another value refuses (R-REG-1).
 func TestRegisterProbeOutcomes_RREG1(t *testing.T) {
-	h := newHarness(t)
-	reg := func() response {
-		c, v := h.fw.pair("p")
-		return h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
-			"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/c"},
-			"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-		}))
-	}
-	h.fw.mode.Store("mismatch")
-	if res := reg(); res.status != 409 || res.body != `{"error":"challenge value mismatch on the advertise URL"}` {
-		t.Fatalf("unexpected reply for a mismatch; got %d %s", res.status, res.body)
-	}
-	h.fw.mode.Store("404")
-	if res := reg(); res.status != 409 || !strings.Contains(res.body, "challenge probe failed") {
-		t.Fatalf("unexpected reply for a 404 probe; got %d %s", res.status, res.body)
-	}
-	h.fw.mode.Store("500")
-	if res := reg(); res.status != 503 || string(res.header.Peek("Retry-After")) != "1" {
-		t.Fatalf("unexpected reply for a 500 probe; got %d %s", res.status, res.body)
-	}
-	h.fw.srv.Close()
-	res := reg()
-	if res.status != 503 || res.body != `{"error":"challenge probe failed: advertise URL unreachable"}` || string(res.header.Peek("Retry-After")) != "1" {
-		t.Fatalf("unexpected reply for an unreachable URL; got %d %s", res.status, res.body)
-	}
-	ws, err := h.store.Workers(t.Context(), h.clock())
-	if err != nil || len(ws) != 0 {
-		t.Fatalf("unexpected sessions after refused registrations; got %d, %v; want none", len(ws), err)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		reg := func() response {
+			c, v := h.fw.pair("p")
+			return h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+				"clientId": "c1", "secret": h.fw.secret, "namespaces": []string{"/c"},
+				"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+			}))
+		}
+		h.fw.mode.Store("mismatch")
+		if res := reg(); res.status != 409 || res.body != `{"error":"challenge value mismatch on the advertise URL"}` {
+			t.Fatalf("unexpected reply for a mismatch; got %d %s", res.status, res.body)
+		}
+		h.fw.mode.Store("404")
+		if res := reg(); res.status != 409 || !strings.Contains(res.body, "challenge probe failed") {
+			t.Fatalf("unexpected reply for a 404 probe; got %d %s", res.status, res.body)
+		}
+		h.fw.mode.Store("500")
+		if res := reg(); res.status != 503 || string(res.header.Peek("Retry-After")) != "1" {
+			t.Fatalf("unexpected reply for a 500 probe; got %d %s", res.status, res.body)
+		}
+		h.fw.srv.Close()
+		res := reg()
+		if res.status != 503 || res.body != `{"error":"challenge probe failed: advertise URL unreachable"}` || string(res.header.Peek("Retry-After")) != "1" {
+			t.Fatalf("unexpected reply for an unreachable URL; got %d %s", res.status, res.body)
+		}
+		ws, err := h.ds.Workers(t.Context(), h.clock())
+		if err != nil || len(ws) != 0 {
+			t.Fatalf("unexpected sessions after refused registrations; got %d, %v; want none", len(ws), err)
+		}
+	})
 }
 
 // Re-registration with prevSessionId and instances: ids another live
 // session took come back as duplicates (R-REG-1).
 func TestReregisterDuplicates_RREG1(t *testing.T) {
-	h := newHarness(t)
-	a := h.register(map[string]any{"clientId": "a", "instances": map[string][]string{"/counters": {"x", "y"}}})
-	b := h.register(map[string]any{"clientId": "b"})
-	// a's lease lapses while b keeps beating; then b takes y.
-	h.advance(testTTL - time.Second)
-	h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
-	h.advance(time.Second)
-	if res := h.post("/registry/release", workerToken, `[{"sessionId":"`+a+`","namespace":"/counters","id":"y"}]`); res.body != `{"released":0}` {
-		t.Fatalf("unexpected release by a lapsed session; got %s", res.body)
-	}
-	if _, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()}); err == nil {
-		t.Fatalf("unexpected placement during the cold-start quarantine")
-	}
-	h.advance(10 * time.Second)
-	h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
-	h.advance(5 * time.Second)
-	r, err := h.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()})
-	if err != nil || r.Owner.SessionID != b {
-		t.Fatalf("cannot place y on b: %+v %v", r, err)
-	}
-	c, v := h.fw.pair("re")
-	res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
-		"clientId": "a", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
-		"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-		"prevSessionId": a, "instances": map[string][]string{"/counters": {"x", "y"}},
-	}))
-	var ack struct {
-		SessionID  string           `json:"sessionId"`
-		Duplicates []directory.NSID `json:"duplicates"`
-	}
-	if err := json.Unmarshal([]byte(res.body), &ack); err != nil || res.status != 200 {
-		t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
-	}
-	if len(ack.Duplicates) != 1 || ack.Duplicates[0] != (directory.NSID{NS: "/counters", ID: "y"}) {
-		t.Fatalf("unexpected duplicates; got %v; want [/counters y]", ack.Duplicates)
-	}
-	if !strings.Contains(res.body, `"duplicates":[{"ns":"/counters","id":"y"}]`) {
-		t.Fatalf("unexpected duplicates wire shape: %s", res.body)
-	}
+	forEachStore(t, func(t *testing.T, h *harness) {
+		a := h.register(map[string]any{"clientId": "a", "instances": map[string][]string{"/counters": {"x", "y"}}})
+		b := h.register(map[string]any{"clientId": "b"})
+		// a's lease lapses while b keeps beating; then b takes y.
+		h.advance(testTTL - time.Second)
+		h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
+		h.advance(time.Second)
+		if res := h.post("/registry/release", workerToken, `[{"sessionId":"`+a+`","namespace":"/counters","id":"y"}]`); res.body != `{"released":0}` {
+			t.Fatalf("unexpected release by a lapsed session; got %s", res.body)
+		}
+		if _, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()}); err == nil {
+			t.Fatalf("unexpected placement during the cold-start quarantine")
+		}
+		h.advance(10 * time.Second)
+		h.post("/registry/heartbeat", workerToken, h.beatBody(b, nil))
+		h.advance(5 * time.Second)
+		r, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "y", Now: h.clock()})
+		if err != nil || r.Owner.SessionID != b {
+			t.Fatalf("cannot place y on b: %+v %v", r, err)
+		}
+		c, v := h.fw.pair("re")
+		res := h.post("/registry/register", workerToken, mustJSON(t, map[string]any{
+			"clientId": "a", "secret": h.fw.secret, "namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+			"headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+			"prevSessionId": a, "instances": map[string][]string{"/counters": {"x", "y"}},
+		}))
+		var ack struct {
+			SessionID  string           `json:"sessionId"`
+			Duplicates []directory.NSID `json:"duplicates"`
+		}
+		if err := json.Unmarshal([]byte(res.body), &ack); err != nil || res.status != 200 {
+			t.Fatalf("unexpected reply; got %d %s", res.status, res.body)
+		}
+		if len(ack.Duplicates) != 1 || ack.Duplicates[0] != (directory.NSID{NS: "/counters", ID: "y"}) {
+			t.Fatalf("unexpected duplicates; got %v; want [/counters y]", ack.Duplicates)
+		}
+		if !strings.Contains(res.body, `"duplicates":[{"ns":"/counters","id":"y"}]`) {
+			t.Fatalf("unexpected duplicates wire shape: %s", res.body)
+		}
+	})
 }
 
 // A register body with a NUL byte in its clientId, a namespace, hostname
