@@ -35,6 +35,7 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 		return pre.b, pre.err // read before the pool task (Registry.preread)
 	}
 	if cl := ctx.Request.Header.ContentLength(); cl > MaxBody {
+		ctx.SetConnectionClose() // the body is left unread
 		return nil, errTooLarge
 	}
 	if !ctx.Request.IsBodyStream() {
@@ -53,6 +54,14 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 		return nil, err
 	}
 	if len(b) > MaxBody {
+		// The rest of the body is left unread: the connection closes
+		// after the 413, and the answer says so (RFC 9112 section 9.6).
+		// fasthttp decides that alone, before writing the answer, for a
+		// body of known length only; a chunked one's 413 went out without
+		// Connection: close, and with more left than fasthttp discards
+		// (256 KiB) it closed the connection all the same, under a
+		// client's next request (TestRegistryBodyTooLargeClosesConnection_RREG7).
+		ctx.SetConnectionClose()
 		return nil, errTooLarge
 	}
 	return b, nil

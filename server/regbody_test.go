@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/proxy"
 )
 
@@ -93,5 +94,71 @@ func TestSlowAnswerOutlivesStallTimeout_RDP2_RDP4(t *testing.T) {
 		if res.StatusCode != tc.status || string(b) != tc.want {
 			t.Fatalf("unexpected answer from a worker answering after 2s (stall timeout 1s, header timeout %v); got %d, %d bytes; want %d, %d bytes", tc.header, res.StatusCode, len(b), tc.status, len(tc.want))
 		}
+	}
+}
+
+// A registry body past 1 MiB is answered 413 {"error":"body too large"}
+// (the heartbeat reference's 413 row, R-REG-7) with Connection: close,
+// framed by Content-Length or chunked: the rest of the body is left
+// unread, and the connection is closed after the answer. A chunked
+// body's 413 went out without Connection: close, and when more of it was
+// left than fasthttp discards (256 KiB) the server closed the connection
+// all the same: a client's next request on it met the close (RFC 9112
+// section 9.6).
+func TestRegistryBodyTooLargeClosesConnection_RREG7(t *testing.T) {
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"w","token":{"env":"T"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
+		func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, public := workerNode(t, Options{Passport: pp}, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	chunk := strings.Repeat(" ", 64<<10)
+	for _, tc := range []struct {
+		name string
+		send func(w io.Writer)
+	}{
+		{"content-length", func(w io.Writer) {
+			fmt.Fprintf(w, "Content-Length: %d\r\n\r\n", 2<<20)
+			for range 32 {
+				io.WriteString(w, chunk)
+			}
+		}},
+		{"chunked, a little past the limit", func(w io.Writer) {
+			io.WriteString(w, "Transfer-Encoding: chunked\r\n\r\n")
+			for range 16 {
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(chunk), chunk)
+			}
+			io.WriteString(w, "1\r\n \r\n0\r\n\r\n")
+		}},
+		{"chunked, far past the limit", func(w io.Writer) {
+			io.WriteString(w, "Transfer-Encoding: chunked\r\n\r\n")
+			for range 48 {
+				fmt.Fprintf(w, "%x\r\n%s\r\n", len(chunk), chunk)
+			}
+			io.WriteString(w, "0\r\n\r\n")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			go func() {
+				w := bufio.NewWriter(c)
+				io.WriteString(w, "POST /registry/heartbeat HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer tok\r\nContent-Type: application/json\r\n")
+				tc.send(w)
+				_ = w.Flush()
+			}()
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("unexpected error reading the answer to a body past 1 MiB; got %v; want 413", err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			if res.StatusCode != http.StatusRequestEntityTooLarge || string(b) != `{"error":"body too large"}` || !res.Close {
+				t.Fatalf("unexpected answer to a body past 1 MiB; got %d %s (Connection: close %v); want 413 {\"error\":\"body too large\"} with Connection: close", res.StatusCode, b, res.Close)
+			}
+		})
 	}
 }
