@@ -50,6 +50,9 @@ type upstreamBody struct {
 	keep      bool  // the worker allows reuse (no Connection: close)
 	sse       bool  // text/event-stream: shutdown may end it cleanly
 	relayed   bool  // relayed off the server (events.go), not read by it
+	// untilClose: relayed to an HTTP/1.0 client, ended by the close
+	// (relayUntilClose), which must then say whether the body is whole.
+	untilClose bool
 	// err is the error that broke the body, which every later Read
 	// reports: fasthttp's chunked writer writes the bytes a Read returned
 	// with an error and reads on (writeBodyChunked), and a read past a
@@ -71,7 +74,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
-	b.remaining, b.done, b.broken, b.relayed, b.guard, b.err = 0, false, false, false, nil, nil
+	b.remaining, b.done, b.broken, b.relayed, b.untilClose, b.guard, b.err = 0, false, false, false, false, nil, nil
 	b.stopped.Store(false)
 	if mode == bodyFixed {
 		b.remaining = size
@@ -455,6 +458,10 @@ func (s *streams) cutRelays() {
 	s.mu.Lock()
 	for b := range s.m {
 		if b.relayed {
+			if b.untilClose {
+				// Cut: a clean close would end the body as if whole.
+				rawio.Abort(b.client)
+			}
 			_ = b.client.Close()
 			pending = append(pending, b.guard)
 		}

@@ -98,6 +98,7 @@ func (p *Proxy) hijackEvents(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 // inside it.
 func (p *Proxy) relayUntilClose(ctx *fasthttp.RequestCtx, b *upstreamBody) {
 	ctx.Response.Header.SetConnectionClose()
+	b.untilClose = true // before startRelay: cutRelays reads it under its lock
 	p.startRelay(b).hijack(ctx, func(net.Conn) {
 		if err := b.writeClient(ctx.Response.Header.Header()); err != nil {
 			p.endRelay(b, err, false)
@@ -191,7 +192,7 @@ func appendChunk(buf []byte, n int) []byte {
 // endRelay lets go of the stream and of the client connection: back to
 // the server for its next request when resume, closed otherwise.
 func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
-	client, sse := b.client, b.sse
+	client, sse, untilClose := b.client, b.sse, b.untilClose
 	_ = b.CloseWithError(err)
 	if resume {
 		// A cleanly ended stream: the connection serves the client's
@@ -210,8 +211,19 @@ func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
 	// connection: it lingers like any other (rawio.Relinger), so that
 	// bytes the client sent past its request, which nobody read, do not
 	// turn the close that ends the body into a reset.
-	if err == nil {
+	//
+	// A close-delimited body that did not end whole — the worker cut it
+	// (its chunked framing without the last chunk, its connection reset),
+	// shutdown cut it — ends in a reset: the close is all an HTTP/1.0
+	// client has to tell a whole body from a cut one (RFC 9112 §8), and a
+	// clean one passed a partial download off as complete
+	// (TestHTTP10CutBodyEndsInReset_RDP2). An event stream shutdown ends
+	// between events ends whole (err nil).
+	switch {
+	case err == nil:
 		rawio.Relinger(client)
+	case untilClose:
+		rawio.Abort(client)
 	}
 	_ = client.Close()
 	p.streams.relayEnd(sse)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -465,6 +467,9 @@ func waitDownloads(t *testing.T, p *Proxy, n int64) {
 // event stream, and tracked like one: shutdown sees it (the server no
 // longer counts its connection), ends it, and when CloseStreamsContext
 // returns neither its relay nor its worker connection is left (R-DP-2).
+// Its client connection ends in a reset: the download was cut, and a
+// clean close would end a close-delimited body as if whole
+// (TestHTTP10CutBodyEndsInReset_RDP2).
 func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
 	rg, w := newRigWorker(t, nil)
 	ss := newSlowStream(t, w, "/stream", "", "first")
@@ -490,8 +495,9 @@ func TestUntilCloseRelayTrackedAtShutdown_RDP2(t *testing.T) {
 	}
 	waitRelayGoroutinesGone(t)
 	ss.waitClosed(t, rg.p)
-	if !s.eof() {
-		t.Fatal("unexpected open client connection after shutdown cut the download")
+	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := s.br.ReadByte(); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("unexpected end of the client connection after shutdown cut the download; got %v; want a reset", err)
 	}
 }
 
@@ -778,5 +784,56 @@ func TestEmptySizedEventStreamEnds_RDP2_RDP3(t *testing.T) {
 		// and a next request sent at once finds none idle and dials a
 		// second one (the wait for exactly one then never ended).
 		waitUntil(t, "the worker connection back in the pool", func() bool { return idleConns(u.pool) == 1 })
+	}
+}
+
+// An unsized body relayed to an HTTP/1.0 client is delimited by the
+// connection's close (relayUntilClose), so the close is all the client
+// has to tell a whole body from a cut one (RFC 9112 §8: a close-delimited
+// response is complete "unless an error was indicated by the underlying
+// connection"). A body the worker cut short — its chunked framing ended
+// without the last chunk, or its connection reset — ends in a reset, not in the clean close of a complete body: before, the client
+// got the first bytes and a clean end, and took a partial download for a
+// whole one; an HTTP/1.1 client of the same answer sees it cut, by the
+// missing last chunk (R-DP-2). A body the worker ends ends with a clean
+// close as before.
+func TestHTTP10CutBodyEndsInReset_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/chunked-cut"):
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+		case strings.HasSuffix(r.URL.Path, "/until-close-reset"):
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\nhello")
+			time.Sleep(50 * time.Millisecond)
+			_ = c.(*net.TCPConn).SetLinger(0) // the worker's own close says it failed
+			return false
+		case strings.HasSuffix(r.URL.Path, "/chunked-whole"):
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+			return true
+		}
+		time.Sleep(50 * time.Millisecond) // the bytes reach the client first
+		return false
+	})
+	rg.serveIDs(t, w, "alice")
+	for _, tc := range []struct {
+		path string
+		cut  bool
+	}{{"/counters/alice/chunked-cut", true}, {"/counters/alice/until-close-reset", true}, {"/counters/alice/chunked-whole", false}} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: pb\r\n\r\n", tc.path)
+		got, err := io.ReadAll(c)
+		c.Close()
+		if !strings.HasPrefix(string(got), "HTTP/1.1 200 OK\r\n") || !strings.Contains(string(got), "\r\n\r\nhello") {
+			t.Fatalf("unexpected answer to GET %s; got %q; want 200 and the body's first bytes", tc.path, got)
+		}
+		if reset := errors.Is(err, syscall.ECONNRESET); reset != tc.cut {
+			t.Errorf("unexpected end of the close-delimited body of GET %s; got %q, %v; want a reset %v", tc.path, got, err, tc.cut)
+		}
 	}
 }

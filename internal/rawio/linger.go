@@ -82,6 +82,21 @@ func Relinger(c net.Conn) {
 	}
 }
 
+// Abort makes c's next Close a reset (SO_LINGER 0) instead of a clean
+// close, and drops a lingering close: for a connection whose close is
+// what ends a message (a close-delimited body, RFC 9112 §6.3) when the
+// message was cut short. A clean close would tell the peer it got all of
+// it; a reset is the one error the connection can indicate (RFC 9112
+// §8). Connections without a TCP socket are left as they are.
+func Abort(c net.Conn) {
+	tc := TCP(c)
+	if tc == nil {
+		return
+	}
+	NoLinger(c)
+	_ = tc.SetLinger(0)
+}
+
 // MoreInput tells c's Close that the client may still be sending (the
 // server stopped reading a request body it answered without): c lingers
 // even if no byte happens to wait unread at the moment it closes.
