@@ -1100,3 +1100,33 @@ func TestFrozenSmallBodyIs504_RDP4(t *testing.T) {
 		t.Fatalf("unexpected answer from a worker frozen mid-body; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
 	}
 }
+
+// A worker's refusal of an upgrade whose body does not come in time — its
+// header sent, then the worker froze — is answered as any answer whose
+// rest does not come in time: 504 "owner timed out", the kind "timeout"
+// (TestFrozenSmallBodyIs504_RDP4 for requests); before, 502 "owner
+// unreachable", counted as a read failure, from a worker that was
+// reachable and had answered (R-DP-4).
+func TestFrozenUpgradeRefusalIs504_RDP4(t *testing.T) {
+	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
+	rg.serveIDs(t, w, "alice")
+	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 10\r\n\r\nden")
+		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+		_, _ = io.Copy(io.Discard, conn) // the rest never comes
+	})
+	_, br := rg.dialUpgrade("/counters/alice/ws", "")
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("unexpected read error; got %v; want a 504 within 10s", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusGatewayTimeout || string(body) != `{"error":"owner timed out"}` {
+		t.Fatalf("unexpected answer to a refusal whose body froze; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
+	}
+}

@@ -216,9 +216,12 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 		return
 	}
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
+		// By what failed, as for any answer (R-DP-4): a body that did not
+		// come within the handshake's deadline is 504, one past the cap
+		// an invalid answer; before, every failure was 502 "owner
+		// unreachable" (TestFrozenUpgradeRefusalIs504_RDP4).
 		ctx.Response.Reset()
-		p.metrics.UpstreamError("read")
-		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		p.answerUpstreamError(ctx, err, true)
 	}
 }
 
