@@ -48,6 +48,10 @@ type pconn struct {
 	// worker closed it while idle (retryable when the request can be
 	// replayed).
 	reused bool
+	// answered: a byte of the current request's answer was read (an
+	// interim response counts). A connection that failed after one is no
+	// idle connection the worker closed: the worker had the request.
+	answered bool
 	// waitStart is when awaitHeader began a wait for the worker's answer
 	// that checks on the client (zero: none); waitFor is its length, the
 	// header timeout (see keepWaiting).
@@ -262,11 +266,18 @@ func (p *connPool) dialNew() (*pconn, error) {
 // (fasthttp reports any error on a header's first byte as io.EOF).
 func (pc *pconn) Read(p []byte) (int, error) {
 	if pc.out == nil {
-		return pc.c.Read(p)
+		n, err := pc.c.Read(p)
+		if n > 0 {
+			pc.answered = true
+		}
+		return n, err
 	}
 	out, quiet := pc.out, pc.checkQuiet
 	pc.out, pc.checkQuiet = nil, false
 	n, sent, err := rawio.SendRead(pc.c, out, p, quiet)
+	if n > 0 {
+		pc.answered = true
+	}
 	pc.pool.putWriter(pc.outW)
 	pc.outW = nil
 	if !sent {

@@ -62,6 +62,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			now = p.now()
 		}
 		reused := pc.reused
+		pc.answered = false
 		pc.waitStart = time.Time{} // set again by awaitHeader when it checks on the client
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
@@ -111,8 +112,11 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			// idempotent one goes again on a fresh connection if its body
 			// is still in hand. "Most likely": the worker may also have run
 			// it and then dropped the connection, which is why a POST is
-			// never replayed (Go's transport has the same rule).
-			if reused && replayable && idempotent && !retry && staleConn(err) {
+			// never replayed (Go's transport has the same rule). Once a
+			// byte of the answer came (part of its header, an interim
+			// 100 or 103), the worker had the request: no replay, as in
+			// Go's transport (TestGetNotReplayedAfterAnswerBegan_RDP1).
+			if reused && replayable && idempotent && !retry && !pc.answered && staleConn(err) {
 				retry = true
 				continue
 			}

@@ -1130,3 +1130,31 @@ func TestFrozenUpgradeRefusalIs504_RDP4(t *testing.T) {
 		t.Fatalf("unexpected answer to a refusal whose body froze; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
 	}
 }
+
+// A GET on a reused connection whose answer the worker began — part of
+// its header, or an interim 103 — and then dropped is not sent a second
+// time: the worker had it (R-DP-1). A connection the worker closed while
+// idle, before any byte, is retried (TestIdleClosedPooledConnection_RDP1).
+func TestGetNotReplayedAfterAnswerBegan_RDP1(t *testing.T) {
+	for name, begun := range map[string]string{
+		"partial header": "HTTP/1.1 200 OK\r\nContent-Ty",
+		"interim 103":    "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg, w := newRigWorker(t, nil)
+			var ran atomic.Int64
+			w.route("/peek", func(rw http.ResponseWriter, r *http.Request) {
+				ran.Add(1)
+				conn, bw, _ := rw.(http.Hijacker).Hijack()
+				bw.WriteString(begun)
+				bw.Flush()
+				conn.Close()
+			})
+			rg.get("/counters/alice/value", nil) // warm a pooled connection
+			res, _ := rg.get("/counters/alice/peek", nil)
+			if n := ran.Load(); n != 1 || res.StatusCode != 502 {
+				t.Fatalf("unexpected GET replay; ran %d times at the worker, client got %d; want once and 502", n, res.StatusCode)
+			}
+		})
+	}
+}
