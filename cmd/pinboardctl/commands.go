@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,13 @@ func (wk *worker) state() string {
 
 func wantArgs(args []string, n int, names string) error {
 	if len(args) != n {
+		// "where counters/alice", the path as clients call it: two
+		// arguments were wanted.
+		if n == 2 && len(args) == 1 {
+			if ns, id, ok := strings.Cut(strings.TrimPrefix(args[0], "/"), "/"); ok && ns != "" && id != "" && !strings.Contains(id, "/") {
+				return badUsage("expected %s, got 1 argument: give the namespace and the id apart (%s %s)", names, ns, id)
+			}
+		}
 		return badUsage("expected %s, got %d argument(s)", names, len(args))
 	}
 	return nil
@@ -244,7 +252,7 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 	}
 	var raw json.RawMessage
 	if err := c.do(ctx, http.MethodPost, "/registry/wind-down", nil, body, &raw); err != nil {
-		return withPlacementHint(err, args[0], args[1])
+		return withPlacementHint(ctx, c, err, args[0], args[1])
 	}
 	var out struct {
 		MsgID     string `json:"msgId"`
@@ -261,12 +269,58 @@ func cmdWindDown(ctx context.Context, c *client, o *options, args []string, w io
 	return err
 }
 
-// withPlacementHint explains pinboard's 404 on where and wind-down.
-func withPlacementHint(err error, ns, id string) error {
-	if ae, ok := err.(*apiError); ok && ae.Status == http.StatusNotFound && ae.Message == msgNoPlacement {
-		return fmt.Errorf("%w: nothing owns %s/%s", err, namespace(ns), id)
+// The operator API's 400s for a namespace or id it refuses
+// (registry/errors.go): they name the request's shape, which the operator
+// never wrote.
+const (
+	msgPlacementShape = "expected ?namespace=&id="
+	msgWindDownShape  = "expected { namespace, id, deadline }"
+)
+
+// withPlacementHint explains pinboard's 404 and 400 on where and
+// wind-down. A 404 "no placement" for a namespace no worker serves is most
+// often a typo ("counter" for "counters"): the workers' namespaces are
+// listed then, rather than sending the operator after an id that could
+// never have been placed.
+func withPlacementHint(ctx context.Context, c *client, err error, ns, id string) error {
+	ae, ok := err.(*apiError)
+	if !ok {
+		return err
+	}
+	switch {
+	case ae.Status == http.StatusBadRequest && (ae.Message == msgPlacementShape || ae.Message == msgWindDownShape):
+		return fmt.Errorf("%w (pinboard refused the namespace %q or the id %q: an id is 1 to 256 characters of A-Z a-z 0-9 . _ ~ -, not . or ..; a namespace is one a worker registers, like counters or /counters)", err, ns, id)
+	case ae.Status == http.StatusNotFound && ae.Message == msgNoPlacement:
+		if served, ok := servedNamespaces(ctx, c); ok && !slices.Contains(served, namespace(ns)) {
+			if len(served) == 0 {
+				return fmt.Errorf("%w: nothing owns %s/%s, and no live worker visible to this token serves %s (there are none: 'pinboardctl workers')", err, cell(namespace(ns)), cell(id), cell(namespace(ns)))
+			}
+			return fmt.Errorf("%w: nothing owns %s/%s, and no live worker visible to this token serves %s (served: %s)", err, cell(namespace(ns)), cell(id), cell(namespace(ns)), cell(strings.Join(served, ", ")))
+		}
+		return fmt.Errorf("%w: nothing owns %s/%s (its next request through pinboard places it)", err, cell(namespace(ns)), cell(id))
 	}
 	return err
+}
+
+// servedNamespaces lists, sorted, the namespaces of the live workers the
+// token sees; ok is false when pinboard did not answer with its list.
+func servedNamespaces(ctx context.Context, c *client) ([]string, bool) {
+	var body struct {
+		Workers *[]worker `json:"workers"`
+	}
+	if c.do(ctx, http.MethodGet, "/registry/workers", nil, nil, &body) != nil || body.Workers == nil {
+		return nil, false
+	}
+	var served []string
+	for _, wk := range *body.Workers {
+		for _, n := range wk.Namespaces {
+			if !slices.Contains(served, n) {
+				served = append(served, n)
+			}
+		}
+	}
+	slices.Sort(served)
+	return served, true
 }
 
 func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Writer) error {
@@ -276,7 +330,7 @@ func cmdWhere(ctx context.Context, c *client, o *options, args []string, w io.Wr
 	q := url.Values{"namespace": {namespace(args[0])}, "id": {args[1]}}
 	var raw json.RawMessage
 	if err := c.do(ctx, http.MethodGet, "/registry/placement", q, nil, &raw); err != nil {
-		return withPlacementHint(err, args[0], args[1])
+		return withPlacementHint(ctx, c, err, args[0], args[1])
 	}
 	var p struct {
 		Namespace    string `json:"namespace"`

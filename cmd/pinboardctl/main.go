@@ -98,6 +98,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	cmd, rest := pos[0], pos[1:]
 	cmdFn, ok := commands[cmd]
 	if !ok {
+		if near := nearCommand(cmd); near != "" {
+			return usageError(stderr, "unknown command %q (did you mean %s?)", cmd, near)
+		}
 		return usageError(stderr, "unknown command %q", cmd)
 	}
 	// An empty --deadline (a script's "--deadline $D" with D unset) read
@@ -161,6 +164,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return usageError(stderr, "PINBOARD_TOKEN is not set (or pass --token): the operator API needs the pinboard:operator scope")
 	}
 	if ascii.IndexSpaceOrCtl(o.token) >= 0 {
+		// "Bearer <token>" copied from a curl line: pinboardctl writes
+		// the Authorization header itself.
+		if len(o.token) > 7 && strings.EqualFold(o.token[:7], "bearer ") {
+			return usageError(stderr, "%s starts with \"Bearer \": give the token alone (pinboardctl sends it as Authorization: Bearer …)", tokenName)
+		}
 		return usageError(stderr, "%s contains white space or a control character", tokenName)
 	}
 	c := &client{base: strings.TrimRight(o.url, "/"), token: o.token, http: newHTTPClient(o.timeout), urlName: urlName, tokenName: tokenName}
@@ -203,6 +211,23 @@ func redactUserinfo(s string) string {
 type usageErr struct{ msg string }
 
 func (e *usageErr) Error() string { return e.msg }
+
+// nearCommand names the command cmd was most likely meant as: one it is a
+// prefix of or that is a prefix of it ("worker", "wher", "drainn"), in
+// any case; "" when none or more than one is.
+func nearCommand(cmd string) string {
+	c := strings.ToLower(cmd)
+	found := ""
+	for name := range commands {
+		if c != "" && (strings.HasPrefix(name, c) || strings.HasPrefix(c, name)) {
+			if found != "" {
+				return ""
+			}
+			found = name
+		}
+	}
+	return found
+}
 
 func badUsage(format string, args ...any) error { return &usageErr{fmt.Sprintf(format, args...)} }
 

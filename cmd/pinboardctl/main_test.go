@@ -734,3 +734,109 @@ func TestMethodNotAllowedNamesTheURL_RREG6(t *testing.T) {
 		}
 	}
 }
+
+// opsAPI is an operator API stand-in for where and wind-down: no id is
+// placed, ids with characters pinboard refuses get its 400, and the
+// workers listing serves the namespaces given.
+func opsAPI(t *testing.T, workers string) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/registry/workers":
+			io.WriteString(w, workers)
+		case "/registry/placement":
+			if strings.Contains(r.URL.Query().Get("id"), " ") {
+				w.WriteHeader(400)
+				io.WriteString(w, `{"error":"expected ?namespace=&id="}`)
+				return
+			}
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":"no placement"}`)
+		case "/registry/wind-down":
+			b, _ := io.ReadAll(r.Body)
+			if bytes.Contains(b, []byte(" ")) {
+				w.WriteHeader(400)
+				io.WriteString(w, `{"error":"expected { namespace, id, deadline }"}`)
+				return
+			}
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":"no placement"}`)
+		default:
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":"unknown namespace"}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// "no placement" for a namespace no live worker serves is most often a
+// typo: where and wind-down name the namespaces served; for a served
+// namespace they say the id's next request places it (R-PL-5, R-CM-1).
+func TestNoPlacementNamesUnservedNamespace_RPL5_RCM1(t *testing.T) {
+	fleet := `{"workers":[{"clientId":"c1","sessionId":"s1","advertiseUrl":"http://10.0.0.1:8000","namespaces":["/tickers","/counters"],"headroom":1,"expiresInMs":15000},` +
+		`{"clientId":"c2","sessionId":"s2","advertiseUrl":"http://10.0.0.2:8000","namespaces":["/counters"],"headroom":1,"expiresInMs":15000}]}`
+	env := map[string]string{"PINBOARD_URL": opsAPI(t, fleet), "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{{"where", "counter", "alice"}, {"wind-down", "counter", "alice", "--deadline", "30s"}} {
+		code, _, errs := runCtl(t, env, args...)
+		if want := "nothing owns /counter/alice, and no live worker visible to this token serves /counter (served: /counters, /tickers)"; code != exitAPI || !strings.Contains(errs, want) {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d with %q", args, code, errs, exitAPI, want)
+		}
+		args[1] = "counters"
+		code, _, errs = runCtl(t, env, args...)
+		if want := "nothing owns /counters/alice (its next request through pinboard places it)"; code != exitAPI || !strings.Contains(errs, want) || strings.Contains(errs, "served") {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d with %q only", args, code, errs, exitAPI, want)
+		}
+	}
+	env["PINBOARD_URL"] = opsAPI(t, `{"workers":[]}`)
+	if code, _, errs := runCtl(t, env, "where", "counters", "alice"); code != exitAPI || !strings.Contains(errs, "there are none: 'pinboardctl workers'") {
+		t.Errorf("unexpected result with no worker; got exit %d, stderr %q; want exit %d saying there are none", code, errs, exitAPI)
+	}
+}
+
+// pinboard's 400 for an id or namespace it refuses names the request's
+// shape ("expected ?namespace=&id="), which the operator never typed:
+// pinboardctl adds the rule for ids (R-REG-7).
+func TestRefusedNamespaceOrIDExplained_RREG7(t *testing.T) {
+	env := map[string]string{"PINBOARD_URL": opsAPI(t, `{"workers":[]}`), "PINBOARD_TOKEN": "good"}
+	for _, args := range [][]string{{"where", "counters", "a b"}, {"wind-down", "counters", "a b", "--deadline", "30s"}} {
+		code, _, errs := runCtl(t, env, args...)
+		if want := "an id is 1 to 256 characters of A-Z a-z 0-9 . _ ~ -"; code != exitAPI || !strings.Contains(errs, want) || !strings.Contains(errs, `"a b"`) {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d naming the id and %q", args, code, errs, exitAPI, want)
+		}
+	}
+}
+
+// A token copied with its "Bearer " prefix is refused before any request,
+// saying to give the token alone (R-TR-1).
+func TestTokenWithBearerPrefixExplained_RTR1(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "Bearer good"}
+	code, _, errs := runCtl(t, env, "workers")
+	if code != exitUsage || !strings.Contains(errs, `PINBOARD_TOKEN starts with "Bearer ": give the token alone`) || f.path != "" {
+		t.Fatalf("unexpected result; got exit %d, stderr %q, request to %q; want exit %d, the Bearer hint, no request", code, errs, f.path, exitUsage)
+	}
+}
+
+// A near-miss command names the one meant, and "where counters/alice"
+// (the path as clients call it) says to give the namespace and id apart
+// (R-REG-6).
+func TestUnknownCommandAndJoinedPathExplained_RREG6(t *testing.T) {
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"worker"}, `unknown command "worker" (did you mean workers?)`},
+		{[]string{"WHERE"}, `unknown command "WHERE" (did you mean where?)`},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"where", "counters/alice"}, "give the namespace and the id apart (counters alice)"},
+		{[]string{"wind-down", "/counters/alice", "--deadline", "30s"}, "give the namespace and the id apart (counters alice)"},
+	} {
+		code, _, errs := runCtl(t, env, tc.args...)
+		if code != exitUsage || !strings.Contains(errs, tc.want) || (tc.args[0] == "frobnicate" && strings.Contains(errs, "did you mean")) {
+			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d with %q", tc.args, code, errs, exitUsage, tc.want)
+		}
+	}
+}
