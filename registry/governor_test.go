@@ -235,6 +235,28 @@ func TestRegistryGovernorBounds(t *testing.T) {
 	}
 }
 
+// Workers past an int32 is clamped to the largest pool ants can hold: it
+// keeps the capacity in an int32, and Workers 1<<32+1 (a caller's "no
+// limit") made a pool of one, 1<<32 one that never ran a task — every
+// register and heartbeat queued, then 503 (R-SRV-3, R-SRV-4).
+func TestRegistryWorkersPastInt32Clamped_RSRV4(t *testing.T) {
+	for _, workers := range []int{1<<32 + 1, 1 << 32, math.MaxInt} {
+		r, err := New(Options{Passport: testPassport(t), Workers: workers, MinWorkers: 1, LeaseTTL: testTTL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Capacity(); got != math.MaxInt32 {
+			t.Errorf("Workers=%d: unexpected capacity; got %d; want %d", workers, got, math.MaxInt32)
+		}
+		if r.gov == nil || r.gov.max != math.MaxInt32 {
+			t.Errorf("Workers=%d: unexpected governor ceiling; got %+v; want %d", workers, r.gov, math.MaxInt32)
+		}
+		if err := r.Close(time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitQueued waits up to 10 s for a task to queue in r's pool.
 func waitQueued(t *testing.T, r *Registry) {
 	t.Helper()

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -168,6 +169,9 @@ func New(o Options) (*Registry, error) {
 	if queue <= 0 {
 		queue = 4096
 	}
+	// ants holds a pool's capacity in an int32: past it, Workers wrapped
+	// (1<<32+1 was a pool of one, 1<<32 one that never ran a task).
+	workers = min(workers, math.MaxInt32)
 	minWorkers := o.MinWorkers
 	if minWorkers <= 0 {
 		minWorkers = 4 * runtime.GOMAXPROCS(0)

@@ -347,14 +347,20 @@ func durationMs(get func(string) string, name string, def, min int64) (time.Dura
 	return time.Duration(n) * time.Millisecond, nil
 }
 
+// maxIntVar bounds every integer variable: the registry's pool (ants)
+// holds its capacity in an int32, so PINBOARD_REGISTRY_WORKERS=4294967297
+// ("no limit") became a pool of one and 4294967296 one of none, every
+// register and heartbeat queued until it was answered 503, silently.
+const maxIntVar = math.MaxInt32
+
 func intVar(get func(string) string, name string, def, min int) (int, error) {
 	v := get(name)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < min {
-		return 0, bad(name, "must be an integer >= %d, got %q", min, v)
+	if err != nil || n < min || n > maxIntVar {
+		return 0, bad(name, "must be an integer from %d to %d, got %q", min, maxIntVar, v)
 	}
 	return n, nil
 }

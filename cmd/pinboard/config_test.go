@@ -60,7 +60,7 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
 		{"registry floor above ceiling", map[string]string{"PINBOARD_REGISTRY_WORKERS": "8", "PINBOARD_REGISTRY_MIN_WORKERS": "9"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be at most PINBOARD_REGISTRY_WORKERS (8), got 9"},
 		{"bad stall timeout", map[string]string{"PINBOARD_STALL_TIMEOUT_MS": "1m"}, nil, "PINBOARD_STALL_TIMEOUT_MS: must be an integer"},
-		{"registry floor zero", map[string]string{"PINBOARD_REGISTRY_MIN_WORKERS": "0"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be an integer >= 1"},
+		{"registry floor zero", map[string]string{"PINBOARD_REGISTRY_MIN_WORKERS": "0"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be an integer from 1 to 2147483647"},
 		// Values that net.Listen refused only after the store was opened
 		// (exit 1 and a log line), and one that was silently ignored.
 		{"bracketed HOST", map[string]string{"HOST": "[::1]"}, nil, "HOST:"},
@@ -131,6 +131,33 @@ func TestConfigDefaults_RSRV3(t *testing.T) {
 	}
 	if c.Addr != "127.0.0.1:9000" || c.LeaseTTL != 3*time.Second || c.BalanceFactor != 1.5 || c.Trusted.Empty() {
 		t.Fatalf("unexpected config: %+v", c)
+	}
+}
+
+// The integer variables are bounded by what the registry's pool holds: it
+// keeps its capacity in an int32, and PINBOARD_REGISTRY_WORKERS=4294967297,
+// an operator's "no limit", was accepted and became a pool of one
+// (4294967296 one of none: every register and heartbeat waited, then 503),
+// silently. Past the bound is a configuration error; the bound itself
+// still starts (R-SRV-3).
+func TestConfigIntegersWithinPoolBound_RSRV3(t *testing.T) {
+	for _, name := range []string{"PINBOARD_REGISTRY_WORKERS", "PINBOARD_REGISTRY_MIN_WORKERS", "PINBOARD_REGISTRY_QUEUE", "PINBOARD_UPSTREAM_MAX_CONNS"} {
+		for _, v := range []string{"2147483648", "4294967296", "4294967297", "9223372036854775807"} {
+			kv := base()
+			kv[name] = v
+			want := name + ": must be an integer from 1 to 2147483647, got \"" + v + "\""
+			if _, err := loadConfig(env(kv)); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("unexpected result for %s=%s; got %v; want an error containing %q", name, v, err, want)
+			}
+		}
+		kv := base()
+		kv[name] = "2147483647"
+		if name == "PINBOARD_REGISTRY_MIN_WORKERS" {
+			kv["PINBOARD_REGISTRY_WORKERS"] = "2147483647"
+		}
+		if _, err := loadConfig(env(kv)); err != nil {
+			t.Errorf("unexpected error for %s=2147483647; got %v; want nil", name, err)
+		}
 	}
 }
 
