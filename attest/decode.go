@@ -139,3 +139,65 @@ func warnUnknown(obj jsonObject, path string, warn func(string), known ...string
 		warn(joinPath(path, k) + ": unknown field, ignored")
 	}
 }
+
+// warnDuplicateMembers reports each member name that appears more than
+// once in one object of raw, a valid JSON document, by the path of that
+// object. The passport is read as JavaScript's JSON.parse reads it (the
+// Node pinboard's), so the last copy wins and a passport that parses
+// there parses here; but a security setting written twice — a "*" policy
+// of "deny" followed by one of "anonymous", a key's "scopes" or "token" —
+// is more likely a merge accident than a choice, and only the last copy
+// taking effect, silently, must not be how an operator finds out.
+func warnDuplicateMembers(raw []byte, warn func(string)) {
+	type frame struct {
+		path    string
+		object  bool
+		n       int    // array: elements read
+		key     string // object: the member whose value is next
+		wantKey bool
+		seen    map[string]int
+	}
+	var stack []*frame
+	// next names the value about to be read in the innermost container.
+	next := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := stack[len(stack)-1]
+		if f.object {
+			f.wantKey = true
+			return joinPath(f.path, f.key)
+		}
+		f.n++
+		return f.path + "[" + strconv.Itoa(f.n-1) + "]"
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return // io.EOF: checkSyntax already refused anything else
+		}
+		if n := len(stack); n > 0 && stack[n-1].object && stack[n-1].wantKey {
+			if k, ok := tok.(string); ok {
+				f := stack[n-1]
+				if f.seen[k]++; f.seen[k] == 2 {
+					where := f.path
+					if where == "" {
+						where = "passport"
+					}
+					warn(fmt.Sprintf("%s: member %q appears more than once; only the last one is used", where, k))
+				}
+				f.key, f.wantKey = k, false
+				continue
+			}
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			stack = append(stack, &frame{path: next(), object: tok == json.Delim('{'), wantKey: true, seen: map[string]int{}})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		default:
+			next()
+		}
+	}
+}

@@ -46,7 +46,8 @@ type credential struct {
 //	cannot parse providers[0].keys[0] "deployment": token.env names PINBOARD_TOKEN, which is not set
 //
 // Unknown fields are tolerated for compatibility with passports written for
-// the Node pinboard and listed by Warnings.
+// the Node pinboard and listed by Warnings; so are members written twice in
+// one object, of which the last is used, as JSON.parse does.
 func ParsePassport(raw []byte, lookupEnv func(string) (string, bool)) (*Passport, error) {
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
@@ -67,6 +68,7 @@ func ParsePassport(raw []byte, lookupEnv func(string) (string, bool)) (*Passport
 		keyPaths:  make(map[[sha256.Size]byte]string),
 		subPaths:  make(map[string]string),
 	}
+	warnDuplicateMembers(raw, pp.warn)
 	warnUnknown(top, "", pp.warn, "providers", "namespaces")
 	providers, ok := top["providers"]
 	if !ok {

@@ -188,6 +188,48 @@ func TestParsePassport_UnknownFieldsWarn(t *testing.T) {
 	}
 }
 
+// A member written twice in one object is read as JSON.parse reads it (the
+// Node pinboard's passport parser): the last copy wins, and the passport
+// still parses. It was taken silently — a "*" policy of "deny" followed by
+// one of "anonymous" opened every namespace, a key's second "scopes"
+// replaced its first — and is now named among the warnings the binary
+// logs at start-up (R-TR-1, R-TR-4).
+func TestParsePassport_DuplicateMembersWarn_RTR1_RTR4(t *testing.T) {
+	raw := `{"providers":[{"type":"staticToken","id":"p","keys":[
+		{"name":"k","token":{"env":"CLIENT_TOKEN","env":"PINBOARD_TOKEN"},
+		 "scopes":["pinboard:operator"],"scopes":["pinboard:worker"],
+		 "claims":{"pinboard":{"namespaces":["/a"],"namespaces":["/b"],"allowedBackendHosts":["*"]}}}]}],
+		"namespaces":{"*":{"allow":"deny"},"/counters":{"allow":"authenticated"},"*":{"allow":"anonymous"},"*":{"allow":"anonymous"}}}`
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	want := []string{
+		`providers[0].keys[0].token: member "env" appears more than once; only the last one is used`,
+		`providers[0].keys[0]: member "scopes" appears more than once; only the last one is used`,
+		`providers[0].keys[0].claims.pinboard: member "namespaces" appears more than once; only the last one is used`,
+		`namespaces: member "*" appears more than once; only the last one is used`,
+	}
+	if got := p.Warnings(); !slices.Equal(got, want) {
+		t.Fatalf("unexpected warnings;\ngot  %q\nwant %q", got, want)
+	}
+	// The last copy is the one in force, as JSON.parse takes it.
+	pr, err := p.Authenticate([]byte("Bearer tok-deployment"))
+	if err != nil || pr == nil || !slices.Equal(pr.Scopes, []string{ScopeWorker}) || !pr.Claims.CoversNamespace("/b") || pr.Claims.CoversNamespace("/a") {
+		t.Fatalf("unexpected principal for the last copies; got %+v, %v", pr, err)
+	}
+	if got := p.Admit([]byte("/other"), nil); got != Allow {
+		t.Fatalf("unexpected Admit for the last \"*\" policy; got %v; want allow", got)
+	}
+	// Nothing to warn about in the guide's passport, nor for equal member
+	// names in different objects.
+	for _, ok := range []string{withKeys(deploymentKey), withPolicies(`{"*":{"allow":"anonymous"},"/a":{"allow":"anonymous"}}`)} {
+		if p, err := ParsePassport([]byte(ok), testEnv(defaultTestEnv)); err != nil || len(p.Warnings()) != 0 {
+			t.Fatalf("unexpected result for %s; got %v, %v; want no warning", ok, p.Warnings(), err)
+		}
+	}
+}
+
 func TestParsePassport_ScopesAndSubjects_RTR2(t *testing.T) {
 	raw := `{"providers":[
 		{"type":"staticToken","id":"ops","keys":[{"name":"a","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:operator","custom:x","pinboard:operator"]}]},
