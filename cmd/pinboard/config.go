@@ -5,6 +5,8 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -398,4 +400,77 @@ func lowerScheme(u string) string {
 		return u // no scheme: checkStoreURL says so
 	}
 	return strings.ToLower(u[:i]) + u[i:]
+}
+
+// environ lists the process's environment as KEY=value; a variable for
+// tests.
+var environ = os.Environ
+
+// notPinboards are PINBOARD_* variables that belong to the programs
+// beside pinboard — workers and pinboardctl read PINBOARD_URL and
+// PINBOARD_TOKEN — and commonly share its environment.
+var notPinboards = map[string]bool{"PINBOARD_URL": true, "PINBOARD_TOKEN": true}
+
+// unreadVars returns a warning for each PINBOARD_* variable of environ
+// (any case) that pinboard did not read (read: the names loadConfig
+// looked up, the passport's token.env names included), naming the
+// variable it most likely meant. PINBOARD_LEASE_TTL=5000 for
+// PINBOARD_LEASE_TTL_MS ran with the default 15 s lease without a word.
+// A warning, not a configuration error: an environment the Node pinboard
+// starts with must start this one too (R-SRV-3, drop-in).
+func unreadVars(environ []string, read map[string]bool) []string {
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		const prefix = "PINBOARD_"
+		if len(name) <= len(prefix) || !strings.EqualFold(name[:len(prefix)], prefix) || read[name] || notPinboards[name] {
+			continue
+		}
+		w := name + " is set but pinboard does not read it"
+		if near := nearestVar(name, read); near != "" {
+			w += " (did you mean " + near + "?)"
+		}
+		out = append(out, w)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// nearestVar returns the name in read closest to name — the same in
+// another case, or with _MS added or dropped, or at most three edits
+// away — or "" when none is.
+func nearestVar(name string, read map[string]bool) string {
+	up := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	best, bestD := "", 4
+	for k := range read {
+		d := editDistance(up, k)
+		if strings.TrimSuffix(up, "_MS") == strings.TrimSuffix(k, "_MS") {
+			d = 0
+		}
+		if d < bestD || d == bestD && k < best {
+			best, bestD = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

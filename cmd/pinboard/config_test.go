@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"cmp"
+	"net"
 	"net/netip"
 	"os"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -422,5 +424,62 @@ func TestOperationsTableDefaults_RSRV3(t *testing.T) {
 	}
 	if n < 15 {
 		t.Fatalf("found only %d documented defaults: has the tables' format changed?", n)
+	}
+}
+
+// A PINBOARD_* variable pinboard does not read is named in a start-up
+// warning, with the variable it most likely meant: PINBOARD_LEASE_TTL=5000
+// (for PINBOARD_LEASE_TTL_MS) ran with the default 15 s lease, and
+// pinboard_log_level=debug at info, without a word. A warning, not exit 2:
+// an environment the Node pinboard starts with must start this one
+// (R-SRV-3). The workers' and pinboardctl's PINBOARD_URL and
+// PINBOARD_TOKEN, and the passport's token variables, are not warned
+// about.
+func TestUnreadVariablesWarned_RSRV3(t *testing.T) {
+	kv := base()
+	kv["PINBOARD_LEASE_TTL"] = "5000"
+	kv["pinboard_log_level"] = "debug"
+	kv["PINBOARD_TRUSTED_PROXY"] = "10.0.0.1"
+	kv["PINBOARD_SOMETHING_ELSE"] = "1"
+	kv["PINBOARD_URL"] = "http://pinboard:8080"
+	kv["PINBOARDS"] = "x"
+	// The passport's token variable, not named PINBOARD_TOKEN.
+	kv["PINBOARD_PASSPORT"] = strings.Replace(goodPassport, `"env":"PINBOARD_TOKEN"`, `"env":"PINBOARD_DEPLOY_TOKEN"`, 1)
+	kv["PINBOARD_DEPLOY_TOKEN"] = "t0ken"
+	delete(kv, "PINBOARD_TOKEN")
+	var list []string
+	for k, v := range kv {
+		list = append(list, k+"="+v)
+	}
+	was := environ
+	environ = func() []string { return list }
+	t.Cleanup(func() { environ = was })
+	// A public port already taken: run stops after logging its warnings.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	kv["HOST"] = "127.0.0.1"
+	kv["PORT"] = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	var stderr bytes.Buffer
+	if code := run(nil, env(kv), &stderr); code != 1 {
+		t.Fatalf("unexpected exit code; got %d; want 1 (the port is taken); stderr %q", code, stderr.String())
+	}
+	out := stderr.String()
+	for _, want := range []string{
+		`"PINBOARD_LEASE_TTL is set but pinboard does not read it (did you mean PINBOARD_LEASE_TTL_MS?)"`,
+		`"pinboard_log_level is set but pinboard does not read it (did you mean PINBOARD_LOG_LEVEL?)"`,
+		`"PINBOARD_TRUSTED_PROXY is set but pinboard does not read it (did you mean PINBOARD_TRUSTED_PROXIES?)"`,
+		`"PINBOARD_SOMETHING_ELSE is set but pinboard does not read it"`,
+	} {
+		if !strings.Contains(out, "msg=environment warning="+want) {
+			t.Errorf("missing warning %s; got\n%s", want, out)
+		}
+	}
+	for _, not := range []string{"PINBOARD_URL", "PINBOARD_DEPLOY_TOKEN", "PINBOARDS", "PINBOARD_SOMETHING_ELSE is set but pinboard does not read it (did"} {
+		if strings.Contains(out, not) {
+			t.Errorf("unexpected warning naming %s; got\n%s", not, out)
+		}
 	}
 }

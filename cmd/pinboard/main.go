@@ -99,7 +99,11 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (pinboard --help lists them)\n")
 		return 2
 	}
-	cfg, err := loadConfig(lookup)
+	read := map[string]bool{}
+	cfg, err := loadConfig(func(name string) (string, bool) {
+		read[name] = true
+		return lookup(name)
+	})
 	if err != nil {
 		fmt.Fprintf(stderr, "pinboard: %v\n", err)
 		return 2
@@ -107,6 +111,9 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	log := newLogger(cfg, stderr)
 	for _, w := range cfg.Passport.Warnings() {
 		log.Warn("passport", "warning", w)
+	}
+	for _, w := range unreadVars(environ(), read) {
+		log.Warn("environment", "warning", w)
 	}
 
 	var m *metrics.Metrics
