@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
 )
@@ -57,4 +59,24 @@ func (c *attestationCache) token(now time.Time, owner *directory.Owner, rq *requ
 	t := &cachedToken{iat: sec, b: attest.AppendAttestation(nil, &in)}
 	slot.Store(t)
 	return t.b
+}
+
+// attest sets the request's attestation for its owner (rq.st, rq.owner),
+// issued at now (R-TR-5).
+func (p *Proxy) attest(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	rq.attSec = now.Unix()
+	ctx.Request.Header.SetCanonical(hdrAttestation, rq.st.att.token(now, rq.owner, rq))
+}
+
+// reattest mints the attestation again, at now, when the second changed
+// since prepare minted it: a request that waited for a worker connection
+// (up to ConnWait, then a dial of up to DialTimeout) goes out with an
+// attestation from when it goes out. The worker accepts one up to 30 s
+// past its exp (iat + 30 s) and no later, so a streamed upload that had
+// waited longer was answered 403 "invalid attestation", and a body read
+// as it streams cannot be sent again.
+func (p *Proxy) reattest(ctx *fasthttp.RequestCtx, rq *request, now time.Time) {
+	if now.Unix() != rq.attSec {
+		p.attest(ctx, rq, now)
+	}
 }

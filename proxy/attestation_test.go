@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -84,5 +85,61 @@ func TestClientAttestationStrippedOnEveryPath_RTR5(t *testing.T) {
 		if _, err := attest.VerifyAttestation(vals[0][0], []byte(w.secret), []string{w.session.Load().(string)}, time.Now()); err != nil {
 			t.Errorf("%s: unexpected attestation at the worker; got %v; want pinboard's, valid for the session", name, err)
 		}
+	}
+}
+
+// A request that waited for a worker connection (the pool full, up to
+// PINBOARD_UPSTREAM_CONN_WAIT_MS) goes out with an attestation minted when
+// it went out, not when it started waiting: the worker accepts one for
+// 30 s past its exp (iat + 30 s, R-TR-5), and a streamed upload that had
+// waited longer was answered the worker's 403 "invalid attestation" — a
+// body read as it streams cannot be sent again, so the session-gap retry
+// did not save it.
+func TestAttestationMintedWhenRequestGoesOut_RTR5(t *testing.T) {
+	rg := newRig(t, func(o *Options) {
+		o.Upstream.MaxConns = 1
+		o.Upstream.ConnWait = time.Minute
+	})
+	rg.warm()
+	w := newStandin(t, "w")
+	hold, held := make(chan struct{}), make(chan struct{})
+	// The worker verifies with the rig's clock, which the test moves.
+	w.srv.Config.Handler = http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/hold") {
+			close(held)
+			<-hold
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		if _, err := attest.VerifyAttestation(r.Header.Get("pinboard-attestation"), []byte(w.secret), []string{w.session.Load().(string)}, rg.now()); err != nil {
+			rw.WriteHeader(http.StatusForbidden)
+			_, _ = rw.Write([]byte(`{"detail":"invalid attestation"}`))
+			return
+		}
+		_, _ = rw.Write([]byte("ok"))
+	})
+	rg.add(w, 1, "/counters")
+	first := make(chan string, 1)
+	go func() { first <- rg.raw("GET /counters/a/hold HTTP/1.1\r\nHost: x\r\n\r\n", 30*time.Second) }()
+	<-held // the one connection is busy
+	second := make(chan string, 1)
+	go func() {
+		second <- rg.raw("POST /counters/b/up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 30*time.Second)
+	}()
+	waitUntil(t, "the upload to wait for the connection", func() bool {
+		u, err := rg.p.ups.get(w.srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := u.pool
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.waiters == 1
+	})
+	rg.advance(2 * time.Minute) // past the window of an attestation minted before
+	close(hold)
+	<-first
+	if res := <-second; !strings.HasPrefix(res, "HTTP/1.1 200") || !strings.HasSuffix(res, "ok") {
+		t.Fatalf("unexpected answer to the upload that waited for the connection; got %q; want 200 ok: its attestation must be minted when it goes out", res)
 	}
 }

@@ -66,6 +66,12 @@ type request struct {
 	rawCookies []byte
 	cookieEnds []int
 
+	// The try's owner and its state, set by prepare; attSec is the second
+	// of the attestation the header carries (Proxy.attest).
+	st     *ownerState
+	owner  *directory.Owner
+	attSec int64
+
 	// Attested cluster call (R-TR-6).
 	call          bool
 	caller        []byte
@@ -102,6 +108,7 @@ type request struct {
 func (rq *request) reset() {
 	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
 	rq.principal, rq.passport = nil, false
+	rq.st, rq.owner = nil, nil
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
@@ -395,7 +402,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			break
 		}
 		p.prepare(ctx, rq, st, route, now)
-		out := p.roundTrip(ctx, st, now, replayable, replayable && waits < len(unattestedWaits))
+		out := p.roundTrip(ctx, rq, now, replayable, replayable && waits < len(unattestedWaits))
 		if out == unattested {
 			var ok bool
 			if route, now, ok = p.afterGap(ctx, rq, waits); !ok {

@@ -29,14 +29,17 @@ func (p *Proxy) prepare(ctx *fasthttp.RequestCtx, rq *request, st *ownerState, r
 		// named here, which got that worker's host:port before.
 		h.SetHost(st.up.host)
 	}
-	h.SetCanonical(hdrAttestation, st.att.token(now, route.Owner, rq))
+	rq.st, rq.owner = st, route.Owner
+	p.attest(ctx, rq, now)
 	rq.num = strconv.AppendUint(rq.num[:0], route.Epoch, 10)
 	h.SetCanonical(hdrEpoch, rq.num)
 }
 
-// roundTrip writes the request to a pooled connection and reads the
-// response header; the body is relayed by the server afterwards.
-func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Time, replayable, retryUnattested bool) outcome {
+// roundTrip writes the request prepare readied for rq's owner to a pooled
+// connection and reads the response header; the body is relayed by the
+// server afterwards.
+func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, replayable, retryUnattested bool) outcome {
+	st := rq.st
 	pool := st.up.pool
 	st.up.touch(now)
 	idempotent := idempotentRequest(&ctx.Request.Header)
@@ -60,6 +63,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, st *ownerState, now time.Tim
 			// for a connection found its read deadline passed before it
 			// went out, and was answered 504 without reaching the worker.
 			now = p.now()
+			p.reattest(ctx, rq, now)
 		}
 		reused := pc.reused
 		pc.answered = false

@@ -77,7 +77,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 		p.prepare(ctx, rq, st, route, now)
-		conn, br, raw, ok := p.handshake(ctx, st)
+		conn, br, raw, ok := p.handshake(ctx, rq)
 		if !ok {
 			return
 		}
@@ -167,7 +167,8 @@ func (p *Proxy) maybeGap(rq *request, route directory.Route, st *ownerState, now
 // handshake dials the owner, sends the upgrade request and reads the
 // answer's header into ctx.Response, keeping its raw bytes for a 101. On
 // failure it answers the client itself and reports false.
-func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState) (net.Conn, *bufio.Reader, []byte, bool) {
+func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *bufio.Reader, []byte, bool) {
+	st := rq.st
 	conn, err := st.up.dial(st.up.addr)
 	if err != nil {
 		p.metrics.UpstreamError("dial")
@@ -180,7 +181,10 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, st *ownerState) (net.Conn, *
 	// Counted from now that the connection is up: a dial slowed by SYN
 	// retransmits (up to DialTimeout) is not the worker's answer being
 	// late, as for pooled requests (roundTrip).
-	_ = conn.SetDeadline(p.wallClock(p.now()).Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
+	now := p.now()
+	_ = conn.SetDeadline(p.wallClock(now).Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
+	p.reattest(ctx, rq, now) // the dial may have taken up to DialTimeout
+
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.answerUpstreamError(ctx, err, false)
