@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/pinboard-go/pinboard/internal/ascii"
@@ -188,6 +189,7 @@ func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, i
 		if scopes, err = parseScopes(raw); err != nil {
 			return fmt.Errorf("cannot parse %s: %w", named, err)
 		}
+		warnScopes(scopes, path+".scopes", pp.warn)
 	}
 	pr := &Principal{Sub: provider + ":" + name, Provider: provider, Name: name, Scopes: scopes}
 	// The registry tells accounts apart by sub alone (whose session a
@@ -294,6 +296,22 @@ func parseScopes(raw json.RawMessage) ([]string, error) {
 		}
 	}
 	return scopes, nil
+}
+
+// warnScopes reports a key's scopes that look meant for pinboard but are
+// not one it checks (R-TR-2): "pinboard:workers", "Pinboard:Worker", or a
+// scope padded with white space (" pinboard:worker"). They are kept, as
+// every scope is (a namespace policy may require any string), and grant
+// nothing here: such a key's worker was refused registration with 403
+// and nothing at start-up said why.
+func warnScopes(scopes []string, path string, warn func(string)) {
+	for _, s := range scopes {
+		t := strings.TrimSpace(s)
+		if s == ScopeWorker || s == ScopeOperator || !(t != s || len(t) >= len("pinboard:") && strings.EqualFold(t[:len("pinboard:")], "pinboard:")) {
+			continue
+		}
+		warn(fmt.Sprintf("%s: %q is not a scope pinboard checks (%s, %s); kept for namespace policies, it grants nothing else", path, s, ScopeWorker, ScopeOperator))
+	}
 }
 
 // requiredString decodes obj[name], which must be a non-empty string.

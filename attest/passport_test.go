@@ -230,6 +230,29 @@ func TestParsePassport_DuplicateMembersWarn_RTR1_RTR4(t *testing.T) {
 	}
 }
 
+// A scope that looks meant for pinboard but is not one it checks grants
+// nothing: a key with "pinboard:workers" or " pinboard:worker" had its
+// worker refused registration with 403, and nothing at start-up said
+// why. It is kept (a namespace policy may require any string) and named
+// in a warning (R-TR-2).
+func TestParsePassport_MisspelledPinboardScopeWarns_RTR2(t *testing.T) {
+	raw := withKeys(keyWith(`"scopes":["pinboard:workers","Pinboard:Operator"," pinboard:worker","pinboard:worker","pinboard:operator","app:read"]`))
+	p, err := ParsePassport([]byte(raw), testEnv(defaultTestEnv))
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+	var want []string
+	for _, s := range []string{`"pinboard:workers"`, `"Pinboard:Operator"`, `" pinboard:worker"`} {
+		want = append(want, "providers[0].keys[0].scopes: "+s+" is not a scope pinboard checks (pinboard:worker, pinboard:operator); kept for namespace policies, it grants nothing else")
+	}
+	if got := p.Warnings(); !slices.Equal(got, want) {
+		t.Fatalf("unexpected warnings;\ngot  %q\nwant %q", got, want)
+	}
+	if pr := p.Principals()[0]; len(pr.Scopes) != 6 || !pr.HasScope("pinboard:workers") {
+		t.Fatalf("unexpected scopes; got %q; want every one kept", pr.Scopes)
+	}
+}
+
 func TestParsePassport_ScopesAndSubjects_RTR2(t *testing.T) {
 	raw := `{"providers":[
 		{"type":"staticToken","id":"ops","keys":[{"name":"a","token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:operator","custom:x","pinboard:operator"]}]},
