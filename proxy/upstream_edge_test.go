@@ -1158,3 +1158,89 @@ func TestGetNotReplayedAfterAnswerBegan_RDP1(t *testing.T) {
 		})
 	}
 }
+
+// A client that leaves while the worker has not answered its WebSocket
+// handshake frees the worker connection within clientCheckEvery, as a
+// request waiting for its response header does
+// (TestClientGoneBeforeAnswerFreesWorker_RDP3): counted as 499, not as a
+// worker timeout. Before, the handshake waited for its whole deadline
+// (30 s, or the header timeout when shorter) and then counted a 504 and
+// an upstream "timeout" that no client saw. A client that stays gets the
+// worker's 101 however many checks pass before it, also when it comes in
+// pieces (R-DP-2, R-DP-3).
+func TestClientGoneDuringHandshakeFreesWorker_RDP2_RDP3(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 100 * time.Millisecond
+	var m recorder
+	rg, w := newRigWorker(t, func(o *Options) { o.Metrics = &m })
+	rg.serveIDs(t, w, "alice")
+	gone := make(chan time.Duration, 1)
+	w.route("/silent", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		start := time.Now()
+		_ = conn.SetDeadline(time.Now().Add(40 * time.Second))
+		_, _ = io.Copy(io.Discard, brw) // answers nothing; reads until pinboard lets go
+		gone <- time.Since(start)
+	})
+	w.route("/refused", func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		start := time.Now()
+		// A refusal whose body stops half-way.
+		_, _ = io.WriteString(conn, "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nnot")
+		_ = conn.SetDeadline(time.Now().Add(40 * time.Second))
+		_, _ = io.Copy(io.Discard, brw)
+		gone <- time.Since(start)
+	})
+	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
+		conn, _, err := rw.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		time.Sleep(350 * time.Millisecond)
+		_, _ = io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n")
+		time.Sleep(350 * time.Millisecond)
+		_, _ = io.WriteString(conn, "Connection: Upgrade\r\n\r\n")
+		time.Sleep(200 * time.Millisecond)
+	})
+
+	for i, path := range []string{"/counters/alice/silent", "/counters/alice/refused"} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, upgradeRequest(path))
+		time.Sleep(150 * time.Millisecond)
+		_ = c.Close()
+		select {
+		case d := <-gone:
+			if d > 8*time.Second {
+				t.Fatalf("unexpected worker connection held %v after the client left %s; want it closed within a few client checks", d, path)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("unexpected worker connection still open 20s after the client left %s", path)
+		}
+		waitUntil(t, "the request counted", func() bool { return len(m.requestsSeen()) == i+1 })
+		if got := m.requestsSeen()[i]; got.status != statusClientClosed || !got.routed {
+			t.Fatalf("unexpected request recorded for %s; got %+v; want status 499 under its namespace", path, got)
+		}
+	}
+	m.mu.Lock()
+	kinds := append([]string(nil), m.upstream...)
+	m.mu.Unlock()
+	if len(kinds) != 0 {
+		t.Fatalf("unexpected upstream errors for a handshake whose client left; got %q; want none", kinds)
+	}
+
+	if line := rg.upgrade("/counters/alice/late"); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer to a client that stayed through the checks; got %q; want the worker's 101", line)
+	}
+}

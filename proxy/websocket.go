@@ -182,23 +182,80 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *buf
 	// retransmits (up to DialTimeout) is not the worker's answer being
 	// late, as for pooled requests (roundTrip).
 	now := p.now()
-	_ = conn.SetDeadline(p.wallClock(now).Add(min(handshakeTimeout, st.up.pool.headerTimeout)))
+	end := p.wallClock(now).Add(min(handshakeTimeout, st.up.pool.headerTimeout))
+	_ = conn.SetDeadline(end)
 	p.reattest(ctx, rq, now) // the dial may have taken up to DialTimeout
-
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.answerUpstreamError(ctx, err, false)
 		return nil, nil, nil, false
 	}
-	br := bufio.NewReaderSize(conn, 4096)
+	br := bufio.NewReaderSize(newAnswerReader(conn, ctx.Conn(), end), 4096)
 	raw, err := readHandshakeAnswer(br, &ctx.Response.Header)
 	if err != nil {
 		_ = conn.Close()
+		if errors.Is(err, errClientGone) {
+			clientClosed(ctx)
+			return nil, nil, nil, false
+		}
 		ctx.Response.Reset()
 		p.answerUpstreamError(ctx, err, true)
 		return nil, nil, nil, false
 	}
 	return conn, br, raw, true
+}
+
+// answerReader reads a worker's answer to an upgrade until end, checking
+// every clientCheckEvery that the client is still there (rawio.PeerGone),
+// as awaitHeader does for other requests: errClientGone once it left, and
+// the handshake lets go of the worker's connection (which tells the
+// worker, as uvicorn's http.disconnect). Before, a client that sent a
+// handshake and left held the worker connection, and a goroutine here,
+// for the handshake's whole deadline (30 s), and was counted as the
+// worker's timeout (504) though no client saw it. A deadline is no
+// failure of the read: bufio keeps what came before it.
+type answerReader struct {
+	c, client net.Conn
+	end       time.Time
+}
+
+// newAnswerReader returns c's reader until end, c's read deadline set for
+// the first check.
+func newAnswerReader(c, client net.Conn, end time.Time) *answerReader {
+	r := &answerReader{c: c, client: client, end: end}
+	r.arm(time.Now())
+	return r
+}
+
+// arm sets c's read deadline to the next check, or to end when that comes
+// first.
+func (r *answerReader) arm(now time.Time) {
+	at := now.Add(clientCheckEvery)
+	if at.After(r.end) {
+		at = r.end
+	}
+	_ = r.c.SetReadDeadline(at)
+}
+
+func (r *answerReader) Read(p []byte) (int, error) {
+	for {
+		n, err := r.c.Read(p)
+		if err == nil || !isTimeout(err) {
+			return n, err
+		}
+		now := time.Now()
+		if !now.Before(r.end) {
+			return n, err
+		}
+		if n > 0 {
+			r.arm(now)
+			return n, nil
+		}
+		if rawio.PeerGone(r.client) {
+			return 0, errClientGone
+		}
+		r.arm(now)
+	}
 }
 
 // relayRefusedUpgrade forwards a worker's non-101 answer to an upgrade.
@@ -220,6 +277,10 @@ func (p *Proxy) relayRefusedUpgrade(ctx *fasthttp.RequestCtx, conn net.Conn, br 
 		return
 	}
 	if err := ctx.Response.ReadBody(br, 1<<20); err != nil {
+		if errors.Is(err, errClientGone) {
+			clientClosed(ctx)
+			return
+		}
 		// By what failed, as for any answer (R-DP-4): a body that did not
 		// come within the handshake's deadline is 504, one past the cap
 		// an invalid answer; before, every failure was 502 "owner
