@@ -129,6 +129,7 @@ func (b *upstreamBody) read(p []byte) (int, error) {
 		}
 		if err != io.EOF {
 			b.err = err
+			b.tracker.brokeOff(err)
 		}
 	}
 	return n, err
@@ -376,9 +377,34 @@ type streams struct {
 	// worker slow to answer) is stopped as it starts, instead of running
 	// on untracked once the server has gone (WebSockets: hijacks.closing).
 	closing bool
+	// metrics counts the streams that broke off on the worker's side
+	// (brokeOff); set once by New.
+	metrics Metrics
 }
 
-func newStreams() *streams { return &streams{m: make(map[*upstreamBody]struct{})} }
+func newStreams() *streams {
+	return &streams{m: make(map[*upstreamBody]struct{}), metrics: nopMetrics{}}
+}
+
+// brokeOff counts a streamed body that broke off on the worker's side
+// with err (pinboard_proxy_upstream_errors_total): "invalid" when its
+// framing was refused (a malformed chunk, trailers past the cap), "read"
+// when its connection failed under it — the kinds the same failures get
+// under a small body read whole (answerUpstreamError), which is answered
+// 502 where a stream already under way can only be cut. Before, a worker
+// that crashed mid-download or mid-event-stream showed in no metric. A
+// client that left (errClientGone), a shutdown (errStreamEnded) and a
+// connection this side closed (net.ErrClosed: the upload beside the
+// answer ended by its client) are no failure of the worker's.
+func (s *streams) brokeOff(err error) {
+	switch {
+	case err == errStreamEnded, errors.Is(err, errClientGone), errors.Is(err, net.ErrClosed):
+	case invalidAnswer(err):
+		s.metrics.UpstreamError("invalid")
+	default:
+		s.metrics.UpstreamError("read")
+	}
+}
 
 func (s *streams) add(b *upstreamBody) {
 	s.mu.Lock()

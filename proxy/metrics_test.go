@@ -146,3 +146,105 @@ func TestCutUpgradeRefusalCountedAsRead_RDP4(t *testing.T) {
 		t.Fatalf("unexpected upstream error kinds; got %q; want [read]", m.upstream)
 	}
 }
+
+// A worker whose streamed answer breaks off — its connection closed or
+// reset under a body larger than SmallBody or unsized, an event stream
+// included, or its chunked framing malformed — counts one upstream error,
+// "read" or "invalid", as the same failure under a small body read whole
+// does (it is answered 502 there, TestInvalidAnswerToldApart_RDP4); the
+// client sees the body cut. Before, nothing counted it: a worker crashing
+// mid-download or mid-stream showed in no metric, its requests as 2xx. A
+// stream that its client left or that shutdown ended is no worker's
+// failure and counts none (pinboard_proxy_upstream_errors_total, R-DP-2,
+// R-DP-4).
+func TestBrokenStreamCountedAsUpstreamError_RDP2_RDP4(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 50 * time.Millisecond
+	const sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: 1\n\n\r\n"
+	reset := func(c net.Conn) { _ = c.(*net.TCPConn).SetLinger(0) }
+	for _, tc := range []struct {
+		name   string
+		answer func(c net.Conn)
+		req    string
+		client func(rg *rig, c net.Conn)
+		want   []string
+	}{
+		{"download cut", func(c net.Conn) {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc")
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", nil, []string{"read"}},
+		{"unsized download reset", func(c net.Conn) {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+			time.Sleep(50 * time.Millisecond)
+			reset(c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", nil, []string{"read"}},
+		{"event stream reset", func(c net.Conn) {
+			_, _ = io.WriteString(c, sse)
+			time.Sleep(50 * time.Millisecond)
+			reset(c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", nil, []string{"read"}},
+		{"event stream to HTTP/1.0 cut", func(c net.Conn) {
+			_, _ = io.WriteString(c, sse)
+		}, "GET /counters/alice/x HTTP/1.0\r\nHost: x\r\n\r\n", nil, []string{"read"}},
+		{"event stream malformed chunk", func(c net.Conn) {
+			_, _ = io.WriteString(c, sse+"zz\r\n")
+			time.Sleep(time.Second)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", nil, []string{"invalid"}},
+		{"client leaves idle stream", func(c net.Conn) {
+			_, _ = io.WriteString(c, sse)
+			_, _ = io.Copy(io.Discard, c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", func(rg *rig, c net.Conn) {
+			time.Sleep(100 * time.Millisecond)
+			_ = c.Close()
+		}, nil},
+		{"client leaves idle download", func(c net.Conn) {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc")
+			_, _ = io.Copy(io.Discard, c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", func(rg *rig, c net.Conn) {
+			time.Sleep(100 * time.Millisecond)
+			_ = c.Close()
+		}, nil},
+		{"shutdown ends streams", func(c net.Conn) {
+			_, _ = io.WriteString(c, sse)
+			_, _ = io.Copy(io.Discard, c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", func(rg *rig, c net.Conn) {
+			waitUntil(t, "the stream", func() bool { return rg.p.OpenStreams() == 1 })
+			rg.p.CloseStreams()
+		}, nil},
+		{"shutdown cuts a download", func(c net.Conn) {
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc")
+			_, _ = io.Copy(io.Discard, c)
+		}, "GET /counters/alice/x HTTP/1.1\r\nHost: x\r\n\r\n", func(rg *rig, c net.Conn) {
+			waitUntil(t, "the stream", func() bool { return rg.p.OpenStreams() == 1 })
+			rg.p.CloseStreams()
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m recorder
+			rg := newRig(t, func(o *Options) { o.Metrics = &m })
+			rg.warm()
+			w, _ := rawRequestWorkerNoDrain(t, func(c net.Conn, r *http.Request) bool {
+				tc.answer(c)
+				return false
+			})
+			rg.serveIDs(t, w, "alice")
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.WriteString(c, tc.req)
+			if tc.client != nil {
+				tc.client(rg, c)
+			} else {
+				_, _ = io.Copy(io.Discard, c)
+			}
+			waitUntil(t, "the stream's end", func() bool { return rg.p.OpenStreams() == 0 && len(m.requestsSeen()) == 1 })
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if len(m.upstream) != len(tc.want) || len(tc.want) > 0 && m.upstream[0] != tc.want[0] {
+				t.Fatalf("unexpected upstream error kinds; got %q; want %q", m.upstream, tc.want)
+			}
+		})
+	}
+}

@@ -68,7 +68,8 @@ type Metrics interface {
 	// placement refused); it is only valid during the call.
 	Request(ns []byte, status int, d time.Duration)
 	// UpstreamError counts a failure reaching a worker by kind ("dial",
-	// "write", "read", "timeout", "pool").
+	// "write", "read", "invalid", "timeout", "pool", "unattested"), a
+	// streamed body that broke off on the worker's side included.
 	UpstreamError(kind string)
 	// Resolve counts a directory resolution: hit (cached live placement) or
 	// a placement attempt.
@@ -152,6 +153,7 @@ func New(o Options) *Proxy {
 	if p.metrics == nil {
 		p.metrics = nopMetrics{}
 	}
+	p.streams.metrics = p.metrics
 	if p.trusted == nil {
 		p.trusted = &TrustedProxies{}
 	}
