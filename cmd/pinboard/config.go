@@ -255,16 +255,24 @@ func checkListenHost(h string) error {
 	if _, err := netip.ParseAddr(h); err == nil {
 		return nil
 	}
+	numeric := true
 	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
 		if label == "" {
 			return fmt.Errorf("must be an IP address (no brackets) or a host name")
 		}
+		numeric = numeric && strings.Trim(label, "0123456789") == ""
 		for i := 0; i < len(label); i++ {
 			c := label[i]
 			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
 				return fmt.Errorf("must be an IP address (no brackets) or a host name")
 			}
 		}
+	}
+	if numeric {
+		// "1.2.3", "1.2.3.4.": no address, and no name a resolver
+		// answers (a top-level label is never all digits); refused here
+		// rather than by the listen, after the store was opened.
+		return fmt.Errorf("is not an IP address (a host name's last label is not all digits)")
 	}
 	return nil
 }

@@ -68,6 +68,8 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"bracketed HOST", map[string]string{"HOST": "[::1]"}, nil, "HOST:"},
 		{"HOST with port", map[string]string{"HOST": "127.0.0.1:8080"}, nil, "HOST:"},
 		{"HOST with space", map[string]string{"HOST": "local host"}, nil, "HOST:"},
+		{"HOST a short dotted number", map[string]string{"HOST": "1.2.3"}, nil, `HOST: is not an IP address (a host name's last label is not all digits), got "1.2.3"`},
+		{"HOST an address with a trailing dot", map[string]string{"HOST": "1.2.3.4."}, nil, "HOST: is not an IP address"},
 		{"metrics port not a number", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:metrics"}, nil, "PINBOARD_METRICS_ADDR:"},
 		{"metrics port out of range", map[string]string{"PINBOARD_METRICS_ADDR": ":99999"}, nil, "PINBOARD_METRICS_ADDR:"},
 		{"pprof without admin listener", map[string]string{"PINBOARD_PPROF": "1"}, nil, "PINBOARD_PPROF: needs PINBOARD_METRICS_ADDR"},
@@ -202,7 +204,7 @@ func TestConfigPprof_RSRV3(t *testing.T) {
 // PINBOARD_METRICS_ADDR at configuration time (TestConfigErrors_RSRV2) let
 // every valid address through (R-SRV-3).
 func TestConfigListenAddresses_RSRV3(t *testing.T) {
-	for _, host := range []string{"127.0.0.1", "::1", "localhost", "pinboard-0.pinboard.default.svc"} {
+	for _, host := range []string{"127.0.0.1", "::1", "localhost", "pinboard-0.pinboard.default.svc", "node-1.example.", "10.in-addr.example"} {
 		kv := base()
 		kv["HOST"] = host
 		if _, err := loadConfig(env(kv)); err != nil {
