@@ -175,6 +175,10 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 		}
 		return nil, fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), err)
 	}
+	if err := r.probeScripts(ctx, url); err != nil {
+		c.Close()
+		return nil, err
+	}
 	r.checkEviction(ctx)
 	bg, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -184,11 +188,34 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 	return r, nil
 }
 
+// probeScripts runs one of the directory's read-only scripts (EVALSHA_RO,
+// then EVAL_RO on NOSCRIPT) on the node serving its slot. Every heartbeat
+// of a session the node does not know yet, the workers listing and the
+// placement lookup run one: a server without them (before Redis 7.0, or a
+// compatible server that lacks them) or an ACL denying them opened fine and
+// then failed each of those with 503 — every worker's first heartbeat
+// through each node, so the fleet's leases lapsed while health said ready.
+// Such a server is refused here, a configuration error.
+func (r *Redis) probeScripts(ctx context.Context, url string) error {
+	// "P p:" is no row (a row name holds a NUL): the script reads a
+	// missing row and answers nil.
+	err := r.run(ctx, "open.probe", scriptPlacement, r.prefix+"p:", []string{r.prefix}).Error()
+	if err == nil || rueidis.IsRedisNil(err) {
+		return nil
+	}
+	if refusedByRedis(err) {
+		return fmt.Errorf("cannot run the directory's read-only scripts (EVALSHA_RO, EVAL_RO: Redis 7.0 or later, and an ACL allowing them) on redis at %s: %w: %v",
+			redactURL(url), ErrRefused, err)
+	}
+	return fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), unavailable("run", "a read-only script", err))
+}
+
 // refusedByRedis reports whether err, from opening the directory, is an
 // answer of Redis's that no retry mends (ErrRefused): authentication
 // (WRONGPASS, NOAUTH, a password the server has none for), an ACL denying
 // a command the directory needs (NOPERM), a database index out of range,
-// or a server without RESP3 and client tracking (rueidis.ErrNoCache; an
+// a command the server does not have (an older Redis), or a server without
+// RESP3 and client tracking (rueidis.ErrNoCache; an
 // ACL denying CLIENT TRACKING comes as that too). Everything else — a
 // connection refused or timed out, LOADING, MASTERDOWN, CLUSTERDOWN, the
 // server's client limit — may pass, and stays ErrUnavailable.
@@ -211,7 +238,10 @@ func refusedByRedis(err error) bool {
 			return true
 		}
 	}
-	return false
+	// A command the server does not have (CLIENT INFO before Redis 6.2,
+	// EVALSHA_RO before 7.0, or renamed away): no retry mends it.
+	lower := strings.ToLower(msg)
+	return strings.Contains(lower, "unknown command") || strings.Contains(lower, "unknown subcommand")
 }
 
 // redisClientOptions parses url (ParseRedisURL) and applies opts.TLSConfig

@@ -60,3 +60,37 @@ func TestOpenRedisRefused_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected error for a Redis that is down; got %v; want ErrUnavailable", err)
 	}
 }
+
+// Every heartbeat of a session the node does not know yet, the workers
+// listing and the placement lookup run a read-only script (EVALSHA_RO,
+// EVAL_RO: Redis 7.0). A server without them (Redis 6.2, a compatible
+// server that lacks them, an ACL denying them) opened fine and then failed
+// each of those with 503: every worker's first heartbeat through each node,
+// so the whole fleet's leases lapsed while health said ready. The open
+// now runs one and refuses such a server as a configuration error (exit
+// 2), saying what the directory needs (R-SRV-3, R-REG-2).
+func TestOpenRedisRefusesServerWithoutReadOnlyScripts_RSRV3(t *testing.T) {
+	old := redistest.StartServerArgs(t, "--rename-command", "EVALSHA_RO", "", "--rename-command", "EVAL_RO", "")
+	srv := redistest.StartServer(t)
+	if _, err := srv.Do("ACL", "SETUSER", "nosro", "on", ">p", "~*", "&*", "+@all", "-evalsha_ro", "-eval_ro"); err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(srv.URL(), "redis://")
+	opts := directory.RedisOptions{LeaseTTL: time.Second}
+	for _, tc := range []struct{ name, url, want string }{
+		{"server without EVALSHA_RO", old.URL(), "Redis 7.0"},
+		{"ACL denying EVALSHA_RO", "redis://nosro:p@" + host, "NOPERM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := directory.OpenRedis(t.Context(), tc.url, opts)
+			if err == nil {
+				s.Close()
+				t.Fatalf("unexpected open of %s; want ErrRefused (its read-only scripts fail)", tc.url)
+			}
+			if !errors.Is(err, directory.ErrRefused) || errors.Is(err, directory.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("unexpected error; got %v; want ErrRefused (not ErrUnavailable) naming %s", err, tc.want)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+}

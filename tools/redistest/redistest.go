@@ -88,6 +88,14 @@ func StartServer(t testing.TB) *Server {
 	return s
 }
 
+// StartServerArgs is StartServer with more redis-server arguments after the
+// standard ones: a renamed command (`--rename-command EVAL_RO ""` stands
+// in for a server that lacks it), a configuration knob.
+func StartServerArgs(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return startVariant(t, "redis-server", func(int, string) (*Server, error) { return &Server{extra: args}, nil })
+}
+
 // Start starts a server whose files live in dir (for programs that are not
 // tests, such as bench/redisfig). The caller must Kill it.
 func Start(dir string, cluster bool) (*Server, error) {
