@@ -42,8 +42,10 @@ type RedisOptions struct {
 	// 1<<20 (about 150 MiB at worst). Beyond it arbitrary entries are
 	// dropped: a dropped id costs one cached read on its next request.
 	MaxCachedPlacements int
-	// Now is the clock for background lease refreshes; nil uses time.Now.
-	// Store methods use the times their callers pass.
+	// Now is the clock for background lease refreshes, and the one
+	// compared with Redis's (a warning when they differ by more than half
+	// the staleness budget); nil uses time.Now. Store methods use the times
+	// their callers pass.
 	Now func() time.Time
 	// Logger; nil discards.
 	Logger *slog.Logger
@@ -104,6 +106,10 @@ type Redis struct {
 	// current era: a reconnect to a directory whose epoch counter is
 	// below it finds lost placements (redis_regress.lua).
 	seenEpoch atomic.Uint64
+	// skew is the node's clock less Redis's (nanoseconds) at the last
+	// check; skewed: past half the budget then (noteClock).
+	skew   atomic.Int64
+	skewed atomic.Bool
 
 	reval   chan struct{} // wakes the revalidator after a flush or disconnect
 	refresh chan struct{} // wakes the lease refresher early
@@ -423,6 +429,9 @@ type RedisStats struct {
 	Claims uint64
 	// CachedPlacements and Sessions are the current local cache sizes.
 	CachedPlacements, Sessions int
+	// ClockSkew is how far the node's clock (RedisOptions.Now) was ahead
+	// of Redis's at the last connection check (negative: behind).
+	ClockSkew time.Duration
 }
 
 // Stats returns the store's counters.
@@ -435,6 +444,7 @@ func (r *Redis) Stats() RedisStats {
 		Reconnects:    r.stats.reconnects.Load(),
 		Refreshes:     r.stats.refreshes.Load(),
 		Claims:        r.stats.claims.Load(),
+		ClockSkew:     time.Duration(r.skew.Load()),
 	}
 	for i := range r.shards {
 		sh := &r.shards[i]
@@ -472,5 +482,40 @@ func (r *Redis) checkEviction(ctx context.Context) {
 		r.log.Warn("redis may evict directory keys (maxmemory-policy "+policy+"): placements, leases or control messages "+
 			"can vanish under memory pressure, and an evicted placement is placed twice; set maxmemory-policy noeviction",
 			"maxmemory_policy", policy)
+	}
+}
+
+// noteClock records how far the node's clock is from Redis's, read with
+// TIME (res) in a round trip the node's clock put between before and
+// after. Lease expiries are written with the clock of the node that took a
+// registration or heartbeat and compared with the clock of every node that
+// reads them (claims, lookups, sweeps): a node whose clock is off takes
+// live workers for dead — its claims move their ids, its sweep drops their
+// sessions — or dead ones for live, and nothing else would say so. Past
+// half the staleness budget it warns, once until the clocks agree again.
+// A round trip longer than that measures nothing.
+func (r *Redis) noteClock(before, after time.Time, res rueidis.RedisResult) {
+	limit := r.budget / 2
+	t, err := res.AsStrSlice()
+	if err != nil || len(t) != 2 || after.Sub(before) > limit {
+		return
+	}
+	sec, err1 := strconv.ParseInt(t[0], 10, 64)
+	usec, err2 := strconv.ParseInt(t[1], 10, 64)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	skew := before.Add(after.Sub(before) / 2).Sub(time.Unix(sec, usec*1000))
+	r.skew.Store(int64(skew))
+	off := skew.Abs() > limit
+	if r.skewed.Swap(off) == off {
+		return
+	}
+	if off {
+		r.log.Warn("this node's clock differs from redis's: lease expiries are written and compared with each node's own clock, "+
+			"so a node whose clock is off takes live workers for dead (moving their ids, dropping their sessions) or dead ones for live; "+
+			"keep every node's clock in sync (NTP)", "skew", skew, "limit", limit)
+	} else {
+		r.log.Info("this node's clock agrees with redis's again", "skew", skew)
 	}
 }

@@ -291,10 +291,13 @@ func (r *Redis) openEra(ctx context.Context) error {
 // identity of the connection serving the directory's slot.
 func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 	k := r.prefix + "era"
+	before := r.now()
 	res := r.c.DoMulti(ctx,
-		r.c.B().Set().Key(k).Value(newEra(r.now())).Nx().Build(),
+		r.c.B().Set().Key(k).Value(newEra(before)).Nx().Build(),
 		r.c.B().Get().Key(k).Build(),
-		r.c.B().ClientInfo().Build())
+		r.c.B().ClientInfo().Build(),
+		r.c.B().Time().Build())
+	r.noteClock(before, r.now(), res[3])
 	if err := res[0].Error(); err != nil && !rueidis.IsRedisNil(err) {
 		return "", "", unavailable("read", k, err)
 	}
@@ -450,7 +453,8 @@ func (r *Redis) untrack() {
 	r.smu.RUnlock()
 }
 
-// revalidateEvery is the period of the connection check (2 commands).
+// revalidateEvery is the period of the connection check (3 commands: the
+// era, the connection's identity, Redis's clock).
 const revalidateEvery = 10 * time.Second
 
 // revalidateRetryMax caps the pause between revalidation attempts while
@@ -459,9 +463,10 @@ const revalidateRetryMax = 50 * time.Millisecond
 
 func (r *Redis) revalidate(ctx context.Context) error {
 	k := r.prefix + "era"
-	start := time.Now()
-	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build())
+	start, before := time.Now(), r.now()
+	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build(), r.c.B().Time().Build())
 	r.observeMulti("revalidate", start, res)
+	r.noteClock(before, r.now(), res[2])
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return err
