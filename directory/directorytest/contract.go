@@ -64,6 +64,7 @@ func Run(t *testing.T, f Factory) {
 		{"HostnameASCIIFold_RLS4", testHostnameASCIIFold},
 		{"RegistrationNotAliased_RREG1_RLS4", testRegistrationNotAliased},
 		{"PlacementReportsLiveness_RLS2", testPlacementLiveness},
+		{"LeaseEndsEverywhereAtOnce_RLS1_RLS2", testLeaseEndsEverywhere},
 		{"WindDownNeedsLiveOwner_RCM1", testWindDownDeadOwner},
 		{"WindDownChecksNamedOwner_RCM1", testWindDownNamedOwner},
 		{"DegradedSinceKeepsFirstFailure_RLS3", testDegradedSince},

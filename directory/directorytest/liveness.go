@@ -118,3 +118,71 @@ func testReclaimDuringQuarantine(t *testing.T, f Factory) {
 		t.Fatalf("unexpected new placement on a cold store; got %v; want a quarantine", err)
 	}
 }
+
+// testLeaseEndsEverywhere: a lease ends at the same instant for every
+// operation (R-LS-1, R-LS-2). One microsecond before it the session is live
+// to all of them — the cached lookup, a placement, the session read, the
+// placement report, the workers listing, a wind-down, the expired count —
+// and at it dead to all: the lookup misses, the placement report says not
+// live, a wind-down finds no placement, the session read and its heartbeat
+// say unknown, the listing leaves it out, it counts as expired, and the id
+// re-places. The Redis store decides some of these in Go from the lease it
+// knows and others in its scripts from the lease it holds, in microseconds:
+// a comparison off by one there (< for <=) would route to a worker another
+// operation holds dead, or place an id twice at the boundary.
+func testLeaseEndsEverywhere(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 10)
+	x := fx.place("/c", "x")
+	end := fx.now.Add(TTL)
+	fx.now = end.Add(-time.Microsecond)
+	if r, ok := fx.lookup("/c", "x"); !ok || r.Owner.SessionID != a {
+		t.Fatalf("unexpected lookup a microsecond before the lease ends; got %+v, %v; want %s", r, ok, a)
+	}
+	if r := fx.place("/c", "x"); r.Owner.SessionID != a || r.Placed || r.Epoch != x.Epoch {
+		t.Fatalf("unexpected placement a microsecond before the lease ends; got %+v; want the existing one", r)
+	}
+	if _, err := fx.s.Session(fx.ctx, a, fx.now); err != nil {
+		t.Fatalf("unexpected session read a microsecond before the lease ends; got %v", err)
+	}
+	if p, err := fx.s.Placement(fx.ctx, "/c", "x", fx.now); err != nil || !p.Live {
+		t.Fatalf("unexpected placement report a microsecond before the lease ends; got %+v, %v; want live", p, err)
+	}
+	if ws, err := fx.s.Workers(fx.ctx, fx.now); err != nil || len(ws) != 1 {
+		t.Fatalf("unexpected workers a microsecond before the lease ends; got %d, %v; want 1", len(ws), err)
+	}
+	if n, err := fx.s.(directory.ExpiredCounter).Expired(fx.ctx, fx.now); err != nil || n != 0 {
+		t.Fatalf("unexpected expired count a microsecond before the lease ends; got %d, %v; want 0", n, err)
+	}
+	if _, owner, err := fx.s.WindDown(fx.ctx, "/c", "x", "", nil, fx.now); err != nil || owner != a {
+		t.Fatalf("unexpected wind-down a microsecond before the lease ends; got %s, %v; want queued for %s", owner, err, a)
+	}
+
+	fx.now = end
+	if r, ok := fx.lookup("/c", "x"); ok {
+		t.Fatalf("unexpected lookup hit when the lease ends; got %+v", r)
+	}
+	if p, err := fx.s.Placement(fx.ctx, "/c", "x", fx.now); err != nil || p.Live || p.SessionID != a {
+		t.Fatalf("unexpected placement report when the lease ends; got %+v, %v; want %s, not live", p, err, a)
+	}
+	if _, _, err := fx.s.WindDown(fx.ctx, "/c", "x", "", nil, fx.now); !errors.Is(err, directory.ErrNoPlacement) {
+		t.Fatalf("unexpected wind-down when the lease ends; got %v; want ErrNoPlacement", err)
+	}
+	if ws, err := fx.s.Workers(fx.ctx, fx.now); err != nil || len(ws) != 0 {
+		t.Fatalf("unexpected workers when the lease ends; got %d, %v; want none", len(ws), err)
+	}
+	if n, err := fx.s.(directory.ExpiredCounter).Expired(fx.ctx, fx.now); err != nil || n != 1 {
+		t.Fatalf("unexpected expired count when the lease ends; got %d, %v; want 1", n, err)
+	}
+	if _, err := fx.s.Session(fx.ctx, a, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected session read when the lease ends; got %v; want ErrUnknownSession", err)
+	}
+	if _, err := fx.s.Heartbeat(fx.ctx, &directory.Beat{SessionID: a, Sub: "test:worker", Headroom: 10}, fx.now); !errors.Is(err, directory.ErrUnknownSession) {
+		t.Fatalf("unexpected heartbeat when the lease ends; got %v; want ErrUnknownSession (409, reregister)", err)
+	}
+	b := fx.register("b", []string{"/c"}, 10)
+	if r := fx.place("/c", "x"); r.Owner.SessionID != b || !r.Placed || !r.Replaced || r.Epoch <= x.Epoch {
+		t.Fatalf("unexpected placement when the lease ends; got %+v; want a new one on %s replacing the dead owner's", r, b)
+	}
+}
