@@ -201,12 +201,15 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 // compatible server that lacks them) or an ACL denying them opened fine and
 // then failed each of those with 503 — every worker's first heartbeat
 // through each node, so the fleet's leases lapsed while health said ready.
-// Such a server is refused here, a configuration error.
+// Such a server is refused here, a configuration error; so is one that
+// refuses a script's undeclared keys (scripts declare one key and reach the
+// others, all in its slot, by name: docs/DIRECTORY.md "One hash tag").
 func (r *Redis) probeScripts(ctx context.Context, url string) error {
-	// "P p:" is no row (a row name holds a NUL): the script reads a
-	// missing row and answers nil.
-	err := r.run(ctx, "open.probe", scriptPlacement, r.prefix+"p:", []string{r.prefix}).Error()
-	if err == nil || rueidis.IsRedisNil(err) {
+	// The session script for session "" (no session id is empty): it
+	// reads the undeclared lease and tomb keys by name, as every script
+	// reaches all but its declared key, and answers "unknown".
+	err := r.run(ctx, "open.probe", scriptSession, r.key("s", ""), []string{r.prefix, micros(r.now()), ""}).Error()
+	if err == nil {
 		return nil
 	}
 	if refusedByRedis(err) {
@@ -220,8 +223,8 @@ func (r *Redis) probeScripts(ctx context.Context, url string) error {
 // answer of Redis's that no retry mends (ErrRefused): authentication
 // (WRONGPASS, NOAUTH, a password the server has none for), an ACL denying
 // a command the directory needs (NOPERM), a database index out of range,
-// a command the server does not have (an older Redis), or a server without
-// RESP3 and client tracking (rueidis.ErrNoCache; an
+// a command the server does not have (an older Redis), a server refusing
+// a script's undeclared keys, or a server without RESP3 and client tracking (rueidis.ErrNoCache; an
 // ACL denying CLIENT TRACKING comes as that too). Everything else — a
 // connection refused or timed out, LOADING, MASTERDOWN, CLUSTERDOWN, the
 // server's client limit — may pass, and stays ErrUnavailable.
@@ -246,8 +249,10 @@ func refusedByRedis(err error) bool {
 	}
 	// A command the server does not have (CLIENT INFO before Redis 6.2,
 	// EVALSHA_RO before 7.0, or renamed away): no retry mends it.
+	// A server refusing a script's undeclared keys neither.
 	lower := strings.ToLower(msg)
-	return strings.Contains(lower, "unknown command") || strings.Contains(lower, "unknown subcommand")
+	return strings.Contains(lower, "unknown command") || strings.Contains(lower, "unknown subcommand") ||
+		strings.Contains(lower, "undeclared key")
 }
 
 // redisClientOptions parses url (ParseRedisURL) and applies opts.TLSConfig
