@@ -224,8 +224,9 @@ func (r *Redis) probeScripts(ctx context.Context, url string) error {
 // (WRONGPASS, NOAUTH, a password the server has none for), an ACL denying
 // a command the directory needs (NOPERM), a database index out of range,
 // a command the server does not have (an older Redis), a server refusing
-// a script's undeclared keys, or a server without RESP3 and client tracking (rueidis.ErrNoCache; an
-// ACL denying CLIENT TRACKING comes as that too). Everything else — a
+// a script's undeclared keys, or a server without RESP3 and client
+// tracking (rueidis.ErrNoCache; an ACL denying CLIENT TRACKING comes as
+// that too). Everything else — a
 // connection refused or timed out, LOADING, MASTERDOWN, CLUSTERDOWN, the
 // server's client limit — may pass, and stays ErrUnavailable.
 func refusedByRedis(err error) bool {
