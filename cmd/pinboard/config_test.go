@@ -8,7 +8,6 @@ import (
 	"os"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -456,17 +455,18 @@ func TestUnreadVariablesWarned_RSRV3(t *testing.T) {
 	was := environ
 	environ = func() []string { return list }
 	t.Cleanup(func() { environ = was })
-	// A public port already taken: run stops after logging its warnings.
+	// The admin port already taken: run stops after the public listener
+	// opened and the warnings were logged.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	kv["HOST"] = "127.0.0.1"
-	kv["PORT"] = strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	kv["HOST"], kv["PORT"] = "127.0.0.1", "0"
+	kv["PINBOARD_METRICS_ADDR"] = ln.Addr().String()
 	var stderr bytes.Buffer
 	if code := run(nil, env(kv), &stderr); code != 1 {
-		t.Fatalf("unexpected exit code; got %d; want 1 (the port is taken); stderr %q", code, stderr.String())
+		t.Fatalf("unexpected exit code; got %d; want 1 (the admin port is taken); stderr %q", code, stderr.String())
 	}
 	out := stderr.String()
 	for _, want := range []string{

@@ -112,9 +112,6 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	for _, w := range cfg.Passport.Warnings() {
 		log.Warn("passport", "warning", w)
 	}
-	for _, w := range unreadVars(environ(), read) {
-		log.Warn("environment", "warning", w)
-	}
 
 	var m *metrics.Metrics
 	if cfg.MetricsAddr != "" {
@@ -170,6 +167,13 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	if err != nil {
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
 		return 1
+	}
+	// Once the configuration, the store and the public port are good: a
+	// start refused for its configuration or its store (exit 2) says so
+	// in one line, not after warnings about variables that did not make
+	// it fail.
+	for _, w := range unreadVars(environ(), read) {
+		log.Warn("environment", "warning", w)
 	}
 	if cfg.MetricsAddr != "" {
 		aln, err := net.Listen("tcp", cfg.MetricsAddr)
