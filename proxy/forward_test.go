@@ -1004,6 +1004,30 @@ func TestAffinityKeyOption_RPL4(t *testing.T) {
 	}
 }
 
+// An affinity callback answering an empty key is null, not a key: the
+// guide gives rendezvous to a non-empty string only. Before, a callback
+// deriving its key from a header (ok=true) sent every request without
+// that header to the one worker the empty key hashed to (R-PL-4).
+func TestAffinityKeyEmptyIsNull_RPL4(t *testing.T) {
+	rg := newRig(t, func(o *Options) {
+		o.AffinityKey = func(ctx *fasthttp.RequestCtx) (string, bool) {
+			return string(ctx.Request.Header.Peek("X-Thread")), true
+		}
+	})
+	rg.warm()
+	for _, n := range []string{"a", "b", "c", "d"} {
+		rg.add(newStandin(t, n), 1000, "/t")
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 40; i++ {
+		_, body := rg.get(fmt.Sprintf("/t/e%d/x", i), nil)
+		seen[decodeSeen(t, body).Worker] = true
+	}
+	if len(seen) < 3 {
+		t.Fatalf("unexpected spread for empty keys; got %v; want power of two choices over 4 workers", seen)
+	}
+}
+
 // The client IP comes through PINBOARD_TRUSTED_PROXIES only: an untrusted
 // X-Forwarded-For cannot pick a worker (R-PL-4).
 func TestClientIPThroughTrustedProxiesOnly_RPL4(t *testing.T) {

@@ -19,7 +19,10 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 		rq.pickSet = true
 		rq.pick.CallerSession = rq.callerSession
 		if p.affinity != nil {
+			// Only a non-empty key is a rendezvous preference (the
+			// guide's affinity.key); "" is null, as ok=false is.
 			rq.pick.Key, rq.pick.HasKey = p.affinity(ctx)
+			rq.pick.HasKey = rq.pick.HasKey && rq.pick.Key != ""
 		} else {
 			// Every X-Forwarded-For line: a trusted proxy that appends its
 			// own line after a client's would otherwise leave the choice to

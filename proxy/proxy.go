@@ -36,7 +36,8 @@ type Options struct {
 	Policy directory.Policy
 	// AffinityKey is the programmatic affinity.key (R-PL-4): it returns the
 	// rendezvous key for a new placement, or ok=false for "null" (power of
-	// two choices). It must not consume the body. Nil uses the client IP.
+	// two choices); an empty key is null too. It must not consume the
+	// body. Nil uses the client IP.
 	AffinityKey func(ctx *fasthttp.RequestCtx) (key string, ok bool)
 	// TrustedProxies are the peers whose X-Forwarded-For is believed.
 	TrustedProxies *TrustedProxies

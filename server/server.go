@@ -42,7 +42,8 @@ type Options struct {
 	// directory.DefaultBalanceFactor.
 	BalanceFactor float64
 	// AffinityKey is the programmatic affinity.key: nil uses the client IP;
-	// a function returning ok=false means null (power of two choices).
+	// a function returning ok=false or an empty key means null (power of
+	// two choices).
 	AffinityKey func(ctx *fasthttp.RequestCtx) (key string, ok bool)
 	// TrustedProxies decide whose X-Forwarded-For is believed.
 	TrustedProxies *proxy.TrustedProxies
