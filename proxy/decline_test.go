@@ -303,3 +303,37 @@ func TestDeclineRankedLastInItsNamespaceOnly_RPL6_RPL4(t *testing.T) {
 		})
 	}
 }
+
+// A decline is placed again at the time it came back, not at the time the
+// request was first resolved: a worker whose lease lapsed while the
+// declining worker answered is dead (R-LS-2) and takes no new id. Before,
+// the re-placement checked leases at the earlier time and put the id on
+// the dead worker (R-PL-1, R-PL-6).
+func TestDeclineReplacedAtAnswerTime_RPL1_RPL6(t *testing.T) {
+	rg := newRig(t, nil) // 10 s leases
+	rg.warm()
+	a, b, c := newStandin(t, "a"), newStandin(t, "b"), newStandin(t, "c")
+	a.route("/value", func(w http.ResponseWriter, r *http.Request) {
+		rg.advance(6 * time.Second) // b's lease lapses meanwhile
+		retry503(bodyAtCapacity)(w, r)
+	})
+	rg.add(a, 1000, "/counters")
+	// alice is on a, which has not activated it yet.
+	if r, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "alice", Now: rg.now()}); err != nil || !r.Placed {
+		t.Fatalf("cannot place alice on a: %+v, %v", r, err)
+	}
+	rg.add(b, 500, "/counters")
+	rg.add(c, 1, "/counters")
+	rg.advance(5 * time.Second)
+	if _, err := rg.store.Heartbeat(t.Context(), &directory.Beat{SessionID: c.session.Load().(string), Sub: "p:worker", Headroom: 1}, rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	res, body := rg.get("/counters/alice/value", nil)
+	if res.StatusCode != 200 || decodeSeen(t, body).Worker != "c" {
+		t.Fatalf("unexpected reply after the decline; got %d %s; want c's answer (b's lease lapsed)", res.StatusCode, body)
+	}
+	p, err := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+	if err != nil || !p.Live || p.SessionID != c.session.Load().(string) {
+		t.Fatalf("unexpected placement after the decline; got %+v, %v; want c's, live", p, err)
+	}
+}
