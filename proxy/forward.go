@@ -415,7 +415,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			break
 		}
 		var ok bool
-		if route, now, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0 || !replayable); !ok {
+		if route, now, ok = p.moveOff(ctx, rq, route, out, refusals > 0 || !replayable); !ok {
 			break
 		}
 		refusals++

@@ -188,10 +188,10 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 // not reach the client, and for a placement that failed after it; the
 // worker's own answer otherwise, whose Retry-After finds the id free.
 // Going on, it returns the time to go on from, as resolve does.
-func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, now time.Time, out outcome, last bool) (directory.Route, time.Time, bool) {
+func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, out outcome, last bool) (directory.Route, time.Time, bool) {
 	// From the answer on, not from when the id was resolved: a lease that
 	// lapsed during the round trip must not win the id (R-LS-2).
-	now = p.now()
+	now := p.now()
 	p.release(rq, route, now)
 	switch out {
 	case refused:

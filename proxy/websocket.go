@@ -115,7 +115,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// so it is placed once more elsewhere, as forward does.
 			_ = conn.Close()
 			resetForRetry(&ctx.Response)
-			if route, now, ok = p.moveOff(ctx, rq, route, now, refused, refusals > 0); !ok {
+			if route, now, ok = p.moveOff(ctx, rq, route, refused, refusals > 0); !ok {
 				return
 			}
 			refusals++
@@ -126,7 +126,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			// the placement as for any request; other 503s are relayed.
 			p.relayRefusedUpgrade(ctx, conn, br)
 			if out := movesPlacement(ctx.Response.Body()); out != served {
-				if route, now, ok = p.moveOff(ctx, rq, route, now, out, refusals > 0); ok {
+				if route, now, ok = p.moveOff(ctx, rq, route, out, refusals > 0); ok {
 					refusals++
 					continue
 				}
