@@ -124,21 +124,28 @@ func Goals(res *Results) []Goal {
 	} else {
 		add(Goal{Name: "SSE: added delay per event, p99", Target: "< 1 ms"})
 	}
+	// The goal is 10,000 idle streams within 200 MiB of RSS: judged on
+	// the RSS holding the streams (extrapolated to 10,000 by the growth
+	// per stream), not on the growth alone. The growth is over an RSS the
+	// earlier phases left, and memory they freed is reused without
+	// growing it: from a fresh process the same streams grew the RSS more
+	// than twice as much (BENCHMARKS.md).
 	if n := res.factF("sse.idle.streams"); n > 0 {
 		growth := res.factF("sse.idle.pinboard.rssGrowthMiB")
 		per := res.factF("sse.idle.pinboard.kibPerStream")
-		at10k := per * 10000 / 1024
-		m := fmt.Sprintf("+%.0f MiB for %s streams", growth, bench.FmtRate(n))
+		after := res.factF("sse.idle.pinboard.rssAfterMiB")
+		at10k := idleRSSAt10k(res, pinboard)
+		m := fmt.Sprintf("%.0f MiB with %s streams (+%.0f MiB over the %.0f MiB before)", after, bench.FmtRate(n), growth, res.factF("sse.idle.pinboard.rssBeforeMiB"))
 		if n < 10000 {
-			m += fmt.Sprintf(" (open-files limit); %.1f KiB per stream → %.0f MiB at 10,000", per, at10k)
+			m += fmt.Sprintf("; open-files limit: %.1f KiB per stream → %.0f MiB at 10,000", per, at10k)
 		}
-		if per <= 0 {
+		if per <= 0 || after <= 0 {
 			m += "; pinboard's RSS not read" // 10,000 streams take memory
 		}
-		measured(Goal{"SSE: 10,000 idle streams, pinboard RSS growth", "≤ 200 MiB", m, per > 0 && at10k <= 200 && growth <= 200, true},
+		measured(Goal{"SSE: 10,000 idle streams, pinboard RSS", "≤ 200 MiB", m, per > 0 && after > 0 && at10k <= 200, true},
 			uint64(res.factF("sse.idle.pinboard.failed")))
 	} else {
-		add(Goal{Name: "SSE: 10,000 idle streams, pinboard RSS growth", Target: "≤ 200 MiB"})
+		add(Goal{Name: "SSE: 10,000 idle streams, pinboard RSS", Target: "≤ 200 MiB"})
 	}
 
 	worst, size, failed, unread := -1.0, int64(0), uint64(0), 0
@@ -378,4 +385,13 @@ func fmtCommands(v float64) string {
 		return "< 0.0001"
 	}
 	return fmt.Sprintf("%.4f", v)
+}
+
+// idleRSSAt10k is target's RSS (MiB) holding 10,000 idle streams: its RSS
+// with the streams opened, plus the growth per stream for those the
+// open-files limit left unopened.
+func idleRSSAt10k(res *Results, target string) float64 {
+	k := "sse.idle." + target
+	n := res.factF("sse.idle.streams")
+	return res.factF(k+".rssAfterMiB") + res.factF(k+".kibPerStream")*max(0, 10000-n)/1024
 }

@@ -61,7 +61,9 @@ func goal(t *testing.T, res *Results, prefix string) Goal {
 func TestIdleStreamsGoalNotMetWithFailedStreams(t *testing.T) {
 	res := &Results{Rounds: 1}
 	res.fact("sse.idle.streams", 10000)
+	res.fact("sse.idle.pinboard.rssBeforeMiB", 30.0)
 	res.fact("sse.idle.pinboard.rssGrowthMiB", 50.0)
+	res.fact("sse.idle.pinboard.rssAfterMiB", 80.0)
 	res.fact("sse.idle.pinboard.kibPerStream", 10.0)
 	res.fact("sse.idle.pinboard.failed", 5000)
 	g := goal(t, res, "SSE: 10,000 idle streams")

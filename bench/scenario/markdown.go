@@ -416,12 +416,12 @@ func sseSection(b *strings.Builder, res *Results, links []string) {
 				"the 10,000 figure is extrapolated per stream)", res.Machine.FDLimit)
 		}
 		b.WriteString(".\n\n")
-		it := bench.Table{Header: []string{"target", "RSS before", "RSS with streams", "growth", "per stream", "at 10,000 streams", "failed"}}
+		it := bench.Table{Header: []string{"target", "RSS before", "RSS with streams", "growth", "per stream", "RSS at 10,000 streams", "failed"}}
 		for _, name := range []string{pinboard, nginx} {
 			k := "sse.idle." + name
 			per := res.factF(k + ".kibPerStream")
 			it.Add(name, fmt.Sprintf("%.0f MiB", res.factF(k+".rssBeforeMiB")), fmt.Sprintf("%.0f MiB", res.factF(k+".rssAfterMiB")),
-				fmt.Sprintf("%.0f MiB", res.factF(k+".rssGrowthMiB")), fmt.Sprintf("%.1f KiB", per), fmt.Sprintf("%.0f MiB", per*10000/1024),
+				fmt.Sprintf("%.0f MiB", res.factF(k+".rssGrowthMiB")), fmt.Sprintf("%.1f KiB", per), fmt.Sprintf("%.0f MiB", idleRSSAt10k(res, name)),
 				fmt.Sprintf("%.0f", res.factF(k+".failed")))
 		}
 		b.WriteString(it.Markdown())
