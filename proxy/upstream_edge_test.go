@@ -156,6 +156,13 @@ func TestWebSocketHandshakeTimeoutIs504_RDP4(t *testing.T) {
 		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
 		_, _ = io.Copy(io.Discard, conn)
 	})
+	expectUpgrade504(t, rg, "a handshake never answered")
+}
+
+// expectUpgrade504 sends an upgrade for alice and expects pinboard's 504
+// "owner timed out" within the read deadline (R-DP-4).
+func expectUpgrade504(t *testing.T, rg *rig, what string) {
+	t.Helper()
 	_, br := rg.dialUpgrade("/counters/alice/ws", "")
 	res, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -163,7 +170,7 @@ func TestWebSocketHandshakeTimeoutIs504_RDP4(t *testing.T) {
 	}
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusGatewayTimeout || string(body) != `{"error":"owner timed out"}` {
-		t.Fatalf("unexpected answer to a handshake never answered; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
+		t.Fatalf("unexpected answer to %s; got %d %s; want 504 {\"error\":\"owner timed out\"}", what, res.StatusCode, body)
 	}
 }
 
@@ -1120,15 +1127,7 @@ func TestFrozenUpgradeRefusalIs504_RDP4(t *testing.T) {
 		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
 		_, _ = io.Copy(io.Discard, conn) // the rest never comes
 	})
-	_, br := rg.dialUpgrade("/counters/alice/ws", "")
-	res, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("unexpected read error; got %v; want a 504 within 10s", err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	if res.StatusCode != http.StatusGatewayTimeout || string(body) != `{"error":"owner timed out"}` {
-		t.Fatalf("unexpected answer to a refusal whose body froze; got %d %s; want 504 {\"error\":\"owner timed out\"}", res.StatusCode, body)
-	}
+	expectUpgrade504(t, rg, "a refusal whose body froze")
 }
 
 // A GET on a reused connection whose answer the worker began — part of
