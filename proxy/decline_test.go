@@ -337,3 +337,53 @@ func TestDeclineReplacedAtAnswerTime_RPL1_RPL6(t *testing.T) {
 		t.Fatalf("unexpected placement after the decline; got %+v, %v; want c's, live", p, err)
 	}
 }
+
+// A new placement on a worker whose advertise URL refuses connections — it
+// died, and its lease still runs — is released and made on another worker
+// at once: nothing reached the dead one (no activation, a streamed body
+// unread), and before, every new id it won answered 502 "owner
+// unreachable" until its lease lapsed. The dead worker is then ranked last
+// for new ids (the decline memory). An id placed on it before keeps its
+// owner until the lease decides (R-LS-2, R-PL-1, R-DP-4).
+func TestNewPlacementOnDeadWorkerMoves_RLS2_RPL1(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	a, b := newStandin(t, "a"), newStandin(t, "b")
+	rg.add(a, 1000, "/counters")
+	rg.add(b, 1, "/counters")
+	b.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+		if conn, _, ok := accept101(rw); ok {
+			conn.Close()
+		}
+	})
+	if res, body := rg.get("/counters/bob/value", nil); res.StatusCode != 200 || decodeSeen(t, body).Worker != "a" {
+		t.Fatalf("unexpected reply while a lives; got %d %s; want a's answer", res.StatusCode, body)
+	}
+	a.srv.Close()
+	owner := func(id string) string {
+		p, err := rg.store.Placement(t.Context(), "/counters", id, rg.now())
+		if err != nil {
+			return err.Error()
+		}
+		return p.SessionID
+	}
+	for _, id := range []string{"alice", "carol"} {
+		res, body := rg.get("/counters/"+id+"/value", nil)
+		if res.StatusCode != 200 || decodeSeen(t, body).Worker != "b" || owner(id) != b.session.Load().(string) {
+			t.Fatalf("unexpected reply for new id %s with a dead; got %d %s, owner %s; want b's answer and row", id, res.StatusCode, body, owner(id))
+		}
+	}
+	// A streamed (chunked) body: nothing of it was read for a.
+	req, _ := http.NewRequest("POST", rg.url+"/counters/dave/value", io.MultiReader(strings.NewReader(strings.Repeat("x", 100<<10))))
+	if res, body := rg.do(req); res.StatusCode != 200 || decodeSeen(t, body).BodyLen != 100<<10 || owner("dave") != b.session.Load().(string) {
+		t.Fatalf("unexpected reply to a streamed upload for a new id with a dead; got %d %s; want b's answer with the whole body", res.StatusCode, body)
+	}
+	// A WebSocket handshake for a new id.
+	if line := rg.upgrade("/counters/erin/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || owner("erin") != b.session.Load().(string) {
+		t.Fatalf("unexpected handshake answer for a new id with a dead; got %q, owner %s; want b's 101", line, owner("erin"))
+	}
+	// bob was a's before: its lease, not this request, moves it.
+	if res, body := rg.get("/counters/bob/value", nil); res.StatusCode != 502 || body != `{"error":"owner unreachable"}` || owner("bob") != a.session.Load().(string) {
+		t.Fatalf("unexpected reply for an id the dead worker held; got %d %s, owner %s; want 502 and a's row", res.StatusCode, body, owner("bob"))
+	}
+}

@@ -71,6 +71,9 @@ type request struct {
 	st     *ownerState
 	owner  *directory.Owner
 	attSec int64
+	// unreachable: this try's owner could not be dialed (nothing was
+	// sent); set by roundTrip and handshake, read by the retry loops.
+	unreachable bool
 
 	// Attested cluster call (R-TR-6).
 	call          bool
@@ -108,7 +111,7 @@ type request struct {
 func (rq *request) reset() {
 	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
 	rq.principal, rq.passport = nil, false
-	rq.st, rq.owner = nil, nil
+	rq.st, rq.owner, rq.unreachable = nil, nil, false
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
@@ -402,7 +405,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			break
 		}
 		p.prepare(ctx, rq, st, route, now)
+		rq.unreachable = false
 		out := p.roundTrip(ctx, rq, now, replayable, replayable && waits < len(unattestedWaits))
+		if p.deadOnArrival(rq, route, refusals) {
+			out = unreachable // nothing was sent, a streamed body included
+		}
 		if out == unattested {
 			var ok bool
 			if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
@@ -411,11 +418,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			waits++
 			continue
 		}
-		if out != refused && out != declined && out != released {
+		if out != refused && out != declined && out != released && out != unreachable {
 			break
 		}
 		var ok bool
-		if route, now, ok = p.moveOff(ctx, rq, route, out, refusals > 0 || !replayable); !ok {
+		if route, now, ok = p.moveOff(ctx, rq, route, out, out != unreachable && (refusals > 0 || !replayable)); !ok {
 			break
 		}
 		refusals++

@@ -107,6 +107,7 @@ const (
 	unattested                // the worker did not accept the attestation yet
 	declined                  // the worker cannot take a new activation (draining, full); its answer is on ctx
 	released                  // the worker let the placement go (its fence); its answer is on ctx
+	unreachable               // the owner of a new placement could not be dialed; 502 is on ctx
 )
 
 // The reference worker's 503s (detail with Retry-After: 1, pinned
@@ -200,6 +201,10 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	case declined:
 		// One host full or winding down: its namespace only.
 		p.declines.note(route.Owner.SessionID, string(rq.ns), now)
+	case unreachable:
+		// Its advertise URL refuses connections: every namespace, for
+		// the decline memory's while, until its lease lapses (R-LS-2).
+		p.declines.note(route.Owner.SessionID, "", now)
 	}
 	if last {
 		if out == refused {
@@ -230,4 +235,17 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 	if err != nil {
 		p.log.Warn("cannot release a refused placement", "ns", string(rq.ns), "id", string(rq.id), "sessionId", route.Owner.SessionID, "err", err)
 	}
+}
+
+// deadOnArrival reports whether this try placed the id on a worker that
+// could not be dialed (rq.unreachable), on the first try of the request:
+// the id is moved off it (moveOff, unreachable) rather than answered 502
+// until the dead worker's lease lapses (R-LS-2, up to a lease). Nothing
+// reached the worker — no activation, a streamed body unread — so the
+// placement is released and made afresh elsewhere without a second
+// owner ever running the id (R-PL-1). An id placed before keeps its
+// owner: a worker restarting at its address serves it again, and the
+// lease decides (TestKilledWorkerReplacedAfterLease_RLS2_RDP4).
+func (p *Proxy) deadOnArrival(rq *request, route directory.Route, refusals int) bool {
+	return rq.unreachable && route.Placed && refusals == 0
 }

@@ -77,8 +77,15 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 		p.prepare(ctx, rq, st, route, now)
+		rq.unreachable = false
 		conn, br, raw, ok := p.handshake(ctx, rq)
 		if !ok {
+			if p.deadOnArrival(rq, route, refusals) {
+				if route, now, ok = p.moveOff(ctx, rq, route, unreachable, false); ok {
+					refusals++
+					continue
+				}
+			}
 			return
 		}
 		status := ctx.Response.StatusCode()
@@ -173,6 +180,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *buf
 	if err != nil {
 		p.metrics.UpstreamError("dial")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
+		rq.unreachable = true
 		return nil, nil, nil, false
 	}
 	// Raw reads and writes toward the worker, as on pooled connections:
