@@ -101,13 +101,13 @@ func RetryAfterSeconds(d time.Duration) int {
 type outcome uint8
 
 const (
-	served     outcome = iota // the worker's response is set on ctx
-	refused                   // the worker refused a new activation in-band
-	failed                    // an error response is set on ctx
-	unattested                // the worker did not accept the attestation yet
-	declined                  // the worker cannot take a new activation (draining, full); its answer is on ctx
-	released                  // the worker let the placement go (its fence); its answer is on ctx
-	unreachable               // the owner of a new placement could not be dialed; 502 is on ctx
+	served      outcome = iota // the worker's response is set on ctx
+	refused                    // the worker refused a new activation in-band
+	failed                     // an error response is set on ctx
+	unattested                 // the worker did not accept the attestation yet
+	declined                   // the worker cannot take a new activation (draining, full); its answer is on ctx
+	released                   // the worker let the placement go (its fence); its answer is on ctx
+	unreachable                // the owner of a new placement could not be dialed; 502 is on ctx
 )
 
 // The reference worker's 503s (detail with Retry-After: 1, pinned
