@@ -111,7 +111,7 @@ type request struct {
 func (rq *request) reset() {
 	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
 	rq.principal, rq.passport = nil, false
-	rq.st, rq.owner, rq.unreachable = nil, nil, false
+	rq.st, rq.owner, rq.attSec, rq.unreachable = nil, nil, 0, false
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}

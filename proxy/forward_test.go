@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1260,5 +1261,40 @@ func TestFragmentInTargetRefused_RDP1(t *testing.T) {
 	}
 	if _, ok := rg.store.Lookup([]byte("/counters"), []byte("bob"), rg.now()); ok {
 		t.Fatalf("unexpected placement of /counters bob")
+	}
+}
+
+// A pooled request carries nothing of the last one past reset: every
+// per-request scalar and pointer (a bool, a count, a string, an owner, the
+// second of the attestation) is zero again; scratch buffers keep their
+// capacity. A field added without its reset fails here, whatever the
+// value the next request happens to write before reading it.
+func TestRequestResetClearsScalars(t *testing.T) {
+	rq := &request{}
+	v := reflect.ValueOf(rq).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Bool:
+			reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem().SetBool(true)
+		case reflect.Int, reflect.Int64, reflect.Int32:
+			reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem().SetInt(7)
+		case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem().SetUint(7)
+		case reflect.String:
+			reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem().SetString("x")
+		case reflect.Pointer:
+			reflect.NewAt(f.Type(), f.Addr().UnsafePointer()).Elem().Set(reflect.New(f.Type().Elem()))
+		}
+	}
+	rq.reset()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int64, reflect.Int32, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.String, reflect.Pointer:
+			if !f.IsZero() {
+				t.Errorf("unexpected request.%s after reset; got %v; want its zero value", v.Type().Field(i).Name, f)
+			}
+		}
 	}
 }
