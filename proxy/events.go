@@ -217,8 +217,8 @@ func (p *Proxy) endRelay(b *upstreamBody, err error, resume bool) {
 	// shutdown cut it — ends in a reset: the close is all an HTTP/1.0
 	// client has to tell a whole body from a cut one (RFC 9112 §8), and a
 	// clean one passed a partial download off as complete
-	// (TestHTTP10CutBodyEndsInReset_RDP2). An event stream shutdown ends
-	// between events ends whole (err nil).
+	// (TestHTTP10CutBodyEndsInReset_RDP2). An event stream that shutdown
+	// ends between events ends whole (err nil).
 	switch {
 	case err == nil:
 		rawio.Relinger(client)

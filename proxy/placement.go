@@ -179,15 +179,18 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 
 // moveOff handles a worker's answer that the placement is no good there:
 // an in-band refusal (R-PL-6), a decline or a released epoch (see
-// bodyHostDraining). It releases the placement at its epoch — a refusal
-// or a decline turned a new activation away, and the fence's epoch is
-// one the worker let go, so no instance lives on under it — and, unless
-// last is set (a second refusal, or a request that cannot be sent again),
-// places the id once more: off that session, or anywhere after a release
-// (a fresh epoch passes the fence). When it goes no further (false) the
-// answer is on ctx: pinboard's own 503 for a refusal, whose marker must
-// not reach the client, and for a placement that failed after it; the
-// worker's own answer otherwise, whose Retry-After finds the id free.
+// bodyHostDraining), or a new placement's worker that could not be
+// dialed (unreachable, deadOnArrival). It releases the placement at its
+// epoch — a refusal or a decline turned a new activation away, the fence's
+// epoch is one the worker let go, and a worker not dialed got nothing, so
+// no instance lives on under it — and, unless last is set (a second
+// refusal, or a request that cannot be sent again), places the id once
+// more: off that session, or anywhere after a release (a fresh epoch
+// passes the fence). When it goes no further (false) the answer is on
+// ctx: pinboard's own 503 for a refusal, whose marker must not reach the
+// client, and for a placement that failed after it; pinboard's 502 "owner
+// unreachable" for a worker not dialed; the worker's own answer
+// otherwise, whose Retry-After finds the id free.
 // Going on, it returns the time to go on from, as resolve does.
 func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, out outcome, last bool) (directory.Route, time.Time, bool) {
 	// From the answer on, not from when the id was resolved: a lease that
