@@ -226,9 +226,9 @@ func (r *Redis) probeScripts(ctx context.Context, url string) error {
 // a command the server does not have (an older Redis), a server refusing
 // a script's undeclared keys, or a server without RESP3 and client
 // tracking (rueidis.ErrNoCache; an ACL denying CLIENT TRACKING comes as
-// that too). Everything else — a
-// connection refused or timed out, LOADING, MASTERDOWN, CLUSTERDOWN, the
-// server's client limit — may pass, and stays ErrUnavailable.
+// that too). Everything else — a connection refused or timed out,
+// LOADING, MASTERDOWN, CLUSTERDOWN, the server's client limit — may pass,
+// and stays ErrUnavailable.
 func refusedByRedis(err error) bool {
 	if errors.Is(err, rueidis.ErrNoCache) {
 		return true
