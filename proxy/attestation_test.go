@@ -121,7 +121,11 @@ func TestAttestationMintedWhenRequestGoesOut_RTR5(t *testing.T) {
 	rg.add(w, 1, "/counters")
 	first := make(chan string, 1)
 	go func() { first <- rg.raw("GET /counters/a/hold HTTP/1.1\r\nHost: x\r\n\r\n", 30*time.Second) }()
-	<-held // the one connection is busy
+	select { // the one connection is busy
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected wait: the first request did not reach the worker within 10s")
+	}
 	second := make(chan string, 1)
 	go func() {
 		second <- rg.raw("POST /counters/b/up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 30*time.Second)
