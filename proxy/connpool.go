@@ -264,24 +264,22 @@ func (p *connPool) dialNew() (*pconn, error) {
 // one RawConn call instead of three. A send that failed is recorded in
 // sendErr: the read's error then says nothing about the worker's answer
 // (fasthttp reports any error on a header's first byte as io.EOF).
-func (pc *pconn) Read(p []byte) (int, error) {
+func (pc *pconn) Read(p []byte) (n int, err error) {
 	if pc.out == nil {
-		n, err := pc.c.Read(p)
-		if n > 0 {
-			pc.answered = true
+		n, err = pc.c.Read(p)
+	} else {
+		out, quiet := pc.out, pc.checkQuiet
+		pc.out, pc.checkQuiet = nil, false
+		var sent bool
+		n, sent, err = rawio.SendRead(pc.c, out, p, quiet)
+		pc.pool.putWriter(pc.outW)
+		pc.outW = nil
+		if !sent {
+			pc.sendErr = err
 		}
-		return n, err
 	}
-	out, quiet := pc.out, pc.checkQuiet
-	pc.out, pc.checkQuiet = nil, false
-	n, sent, err := rawio.SendRead(pc.c, out, p, quiet)
 	if n > 0 {
 		pc.answered = true
-	}
-	pc.pool.putWriter(pc.outW)
-	pc.outW = nil
-	if !sent {
-		pc.sendErr = err
 	}
 	return n, err
 }

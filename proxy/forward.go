@@ -71,9 +71,6 @@ type request struct {
 	st     *ownerState
 	owner  *directory.Owner
 	attSec int64
-	// unreachable: this try's owner could not be dialed (nothing was
-	// sent); set by roundTrip and handshake, read by the retry loops.
-	unreachable bool
 
 	// Attested cluster call (R-TR-6).
 	call          bool
@@ -111,7 +108,7 @@ type request struct {
 func (rq *request) reset() {
 	rq.ns, rq.id, rq.path = rq.ns[:0], rq.id[:0], rq.path[:0]
 	rq.principal, rq.passport = nil, false
-	rq.st, rq.owner, rq.attSec, rq.unreachable = nil, nil, 0, false
+	rq.st, rq.owner, rq.attSec = nil, nil, 0
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
@@ -405,11 +402,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			break
 		}
 		p.prepare(ctx, rq, st, route, now)
-		rq.unreachable = false
 		out := p.roundTrip(ctx, rq, now, replayable, replayable && waits < len(unattestedWaits))
-		if p.deadOnArrival(rq, route, refusals) {
-			out = unreachable // nothing was sent, a streamed body included
-		}
 		if out == unattested {
 			var ok bool
 			if route, now, ok = p.afterGap(ctx, rq, waits); !ok {
@@ -418,7 +411,7 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			waits++
 			continue
 		}
-		if out != refused && out != declined && out != released && out != unreachable {
+		if !moves(out, route, refusals) {
 			break
 		}
 		var ok bool

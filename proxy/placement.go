@@ -107,7 +107,7 @@ const (
 	unattested                 // the worker did not accept the attestation yet
 	declined                   // the worker cannot take a new activation (draining, full); its answer is on ctx
 	released                   // the worker let the placement go (its fence); its answer is on ctx
-	unreachable                // the owner of a new placement could not be dialed; 502 is on ctx
+	unreachable                // the owner could not be dialed; 502 is on ctx
 )
 
 // The reference worker's 503s (detail with Retry-After: 1, pinned
@@ -180,7 +180,7 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 // moveOff handles a worker's answer that the placement is no good there:
 // an in-band refusal (R-PL-6), a decline or a released epoch (see
 // bodyHostDraining), or a new placement's worker that could not be
-// dialed (unreachable, deadOnArrival). It releases the placement at its
+// dialed (unreachable, see moves). It releases the placement at its
 // epoch — a refusal or a decline turned a new activation away, the fence's
 // epoch is one the worker let go, and a worker not dialed got nothing, so
 // no instance lives on under it — and, unless last is set (a second
@@ -198,16 +198,14 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 	now := p.now()
 	p.release(rq, route, now)
 	switch out {
-	case refused:
-		// The lease: every host of the worker refuses (R-PL-6).
+	case refused, unreachable:
+		// The lease (R-PL-6), or an advertise URL that refuses
+		// connections until the lease lapses (R-LS-2): every host of the
+		// worker is no good.
 		p.declines.note(route.Owner.SessionID, "", now)
 	case declined:
 		// One host full or winding down: its namespace only.
 		p.declines.note(route.Owner.SessionID, string(rq.ns), now)
-	case unreachable:
-		// Its advertise URL refuses connections: every namespace, for
-		// the decline memory's while, until its lease lapses (R-LS-2).
-		p.declines.note(route.Owner.SessionID, "", now)
 	}
 	if last {
 		if out == refused {
@@ -240,15 +238,22 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 	}
 }
 
-// deadOnArrival reports whether this try placed the id on a worker that
-// could not be dialed (rq.unreachable), on the first try of the request:
-// the id is moved off it (moveOff, unreachable) rather than answered 502
-// until the dead worker's lease lapses (R-LS-2, up to a lease). Nothing
-// reached the worker — no activation, a streamed body unread — so the
-// placement is released and made afresh elsewhere without a second
-// owner ever running the id (R-PL-1). An id placed before keeps its
-// owner: a worker restarting at its address serves it again, and the
-// lease decides (TestKilledWorkerReplacedAfterLease_RLS2_RDP4).
-func (p *Proxy) deadOnArrival(rq *request, route directory.Route, refusals int) bool {
-	return rq.unreachable && route.Placed && refusals == 0
+// moves reports whether a try's outcome moves the placement (moveOff): a
+// refusal, a decline or a released epoch; and a worker that could not be
+// dialed (unreachable) when this request placed the id there on its first
+// try, rather than answering 502 until the dead worker's lease lapses
+// (R-LS-2, up to a lease). Nothing reached that worker — no activation, a
+// streamed body unread — so the placement is released and made afresh
+// elsewhere without a second owner ever running the id (R-PL-1). An id
+// placed before keeps its owner: a worker restarting at its address
+// serves it again, and the lease decides
+// (TestKilledWorkerReplacedAfterLease_RLS2_RDP4).
+func moves(out outcome, route directory.Route, refusals int) bool {
+	switch out {
+	case refused, declined, released:
+		return true
+	case unreachable:
+		return route.Placed && refusals == 0
+	}
+	return false
 }

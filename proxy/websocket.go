@@ -77,11 +77,11 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 			return
 		}
 		p.prepare(ctx, rq, st, route, now)
-		rq.unreachable = false
-		conn, br, raw, ok := p.handshake(ctx, rq)
-		if !ok {
-			if p.deadOnArrival(rq, route, refusals) {
-				if route, now, ok = p.moveOff(ctx, rq, route, unreachable, false); ok {
+		conn, br, raw, out := p.handshake(ctx, rq)
+		var ok bool
+		if out != served {
+			if moves(out, route, refusals) {
+				if route, now, ok = p.moveOff(ctx, rq, route, out, false); ok {
 					refusals++
 					continue
 				}
@@ -172,16 +172,16 @@ func (p *Proxy) maybeGap(rq *request, route directory.Route, st *ownerState, now
 }
 
 // handshake dials the owner, sends the upgrade request and reads the
-// answer's header into ctx.Response, keeping its raw bytes for a 101. On
-// failure it answers the client itself and reports false.
-func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *bufio.Reader, []byte, bool) {
+// answer's header into ctx.Response, keeping its raw bytes for a 101
+// (served). On failure it answers the client itself and reports failed,
+// or unreachable when the owner could not be dialed.
+func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *bufio.Reader, []byte, outcome) {
 	st := rq.st
 	conn, err := st.up.dial(st.up.addr)
 	if err != nil {
 		p.metrics.UpstreamError("dial")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		rq.unreachable = true
-		return nil, nil, nil, false
+		return nil, nil, nil, unreachable
 	}
 	// Raw reads and writes toward the worker, as on pooled connections:
 	// every relayed message is one of each.
@@ -196,7 +196,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *buf
 	if _, err := conn.Write(ctx.Request.Header.Header()); err != nil {
 		_ = conn.Close()
 		p.answerUpstreamError(ctx, err, false)
-		return nil, nil, nil, false
+		return nil, nil, nil, failed
 	}
 	br := bufio.NewReaderSize(newAnswerReader(conn, ctx.Conn(), end), 4096)
 	raw, err := readHandshakeAnswer(br, &ctx.Response.Header)
@@ -204,13 +204,13 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *buf
 		_ = conn.Close()
 		if errors.Is(err, errClientGone) {
 			clientClosed(ctx)
-			return nil, nil, nil, false
+			return nil, nil, nil, failed
 		}
 		ctx.Response.Reset()
 		p.answerUpstreamError(ctx, err, true)
-		return nil, nil, nil, false
+		return nil, nil, nil, failed
 	}
-	return conn, br, raw, true
+	return conn, br, raw, served
 }
 
 // answerReader reads a worker's answer to an upgrade until end, checking
