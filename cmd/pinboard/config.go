@@ -421,17 +421,25 @@ var notPinboards = map[string]bool{"PINBOARD_URL": true, "PINBOARD_TOKEN": true}
 
 // unreadVars returns a warning for each PINBOARD_* variable of environ
 // (any case) that pinboard did not read (read: the names loadConfig
-// looked up, the passport's token.env names included), naming the
-// variable it most likely meant. PINBOARD_LEASE_TTL=5000 for
-// PINBOARD_LEASE_TTL_MS ran with the default 15 s lease without a word.
-// A warning, not a configuration error: an environment the Node pinboard
-// starts with must start this one too (R-SRV-3, drop-in).
+// looked up, the passport's token.env names included) and no Kubernetes
+// Service set (serviceLink), naming the variable it most likely meant.
+// PINBOARD_LEASE_TTL=5000 for PINBOARD_LEASE_TTL_MS ran with the default
+// 15 s lease without a word. A warning, not a configuration error: an
+// environment the Node pinboard starts with must start this one too
+// (R-SRV-3, drop-in).
 func unreadVars(environ []string, read map[string]bool) []string {
+	services := map[string]bool{}
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if svc, ok := strings.CutSuffix(name, "_SERVICE_HOST"); ok {
+			services[svc] = true
+		}
+	}
 	var out []string
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
 		const prefix = "PINBOARD_"
-		if len(name) <= len(prefix) || !strings.EqualFold(name[:len(prefix)], prefix) || read[name] || notPinboards[name] {
+		if len(name) <= len(prefix) || !strings.EqualFold(name[:len(prefix)], prefix) || read[name] || notPinboards[name] || serviceLink(name, services) {
 			continue
 		}
 		w := name + " is set but pinboard does not read it"
@@ -442,6 +450,30 @@ func unreadVars(environ []string, read map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// serviceLink reports whether name is one of the variables Kubernetes
+// sets in every container for each Service of its namespace
+// (enableServiceLinks, on by default): for a Service named X,
+// X_SERVICE_HOST, X_SERVICE_PORT[_<port name>], X_PORT and
+// X_PORT_<port>_<PROTO>[_PROTO|_PORT|_ADDR], X in upper case with "_" for
+// "-". services holds the X of each X_SERVICE_HOST in the environment. A
+// Service named pinboard (deploy/kubernetes's, and pinboard-registry
+// beside it: docs/OPERATIONS.md) gave every pod eight PINBOARD_*
+// variables pinboard does not read, each warned about at every start,
+// PINBOARD_PORT with "did you mean PINBOARD_PPROF?".
+func serviceLink(name string, services map[string]bool) bool {
+	for svc := range services {
+		rest, ok := strings.CutPrefix(name, svc+"_")
+		if !ok {
+			continue
+		}
+		if rest == "SERVICE_HOST" || rest == "SERVICE_PORT" || strings.HasPrefix(rest, "SERVICE_PORT_") ||
+			rest == "PORT" || strings.HasPrefix(rest, "PORT_") {
+			return true
+		}
+	}
+	return false
 }
 
 // nearestVar returns the name in read closest to name — the same in

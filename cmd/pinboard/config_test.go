@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -483,5 +484,32 @@ func TestUnreadVariablesWarned_RSRV3(t *testing.T) {
 		if strings.Contains(out, not) {
 			t.Errorf("unexpected warning naming %s; got\n%s", not, out)
 		}
+	}
+}
+
+// The variables Kubernetes sets for each Service of the pod's namespace
+// (enableServiceLinks, on by default) are not warned about: the Service
+// of deploy/kubernetes is named pinboard, and each pod started with eight
+// warnings, one "PINBOARD_PORT is set but pinboard does not read it (did
+// you mean PINBOARD_PPROF?)". The same names without the Service's
+// PINBOARD_SERVICE_HOST are still someone's typo (R-SRV-3).
+func TestKubernetesServiceLinksNotWarned_RSRV3(t *testing.T) {
+	links := func(svc, ip string) []string {
+		return []string{
+			svc + "_SERVICE_HOST=" + ip, svc + "_SERVICE_PORT=80", svc + "_SERVICE_PORT_HTTP=80",
+			svc + "_PORT=tcp://" + ip + ":80", svc + "_PORT_80_TCP=tcp://" + ip + ":80",
+			svc + "_PORT_80_TCP_PROTO=tcp", svc + "_PORT_80_TCP_PORT=80", svc + "_PORT_80_TCP_ADDR=" + ip,
+		}
+	}
+	read := map[string]bool{"PORT": true, "PINBOARD_PPROF": true, "PINBOARD_REGISTRY_WORKERS": true}
+	environ := append(links("PINBOARD", "10.96.0.12"), links("PINBOARD_REGISTRY", "10.96.0.13")...)
+	environ = append(environ, "PINBOARD_REGISTRY_WORKERS=32", "REDIS_SERVICE_HOST=10.96.0.14")
+	if got := unreadVars(environ, read); len(got) != 0 {
+		t.Errorf("unexpected warnings for a Service's variables; got %q; want none", got)
+	}
+	// Without PINBOARD_SERVICE_HOST no Service set them.
+	got := unreadVars(append(links("PINBOARD", "10.96.0.12")[1:], "PINBOARD_SERVICE_PORTS=80"), read)
+	if want := 8; len(got) != want || !slices.Contains(got, "PINBOARD_PORT is set but pinboard does not read it (did you mean PINBOARD_PPROF?)") {
+		t.Errorf("unexpected warnings without the Service's host variable; got %q; want %d, PINBOARD_PORT's among them", got, want)
 	}
 }
