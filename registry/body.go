@@ -347,6 +347,21 @@ func stringEnd(b []byte, start int) (int, bool) {
 // readJSON reads and decodes the body, answering the request itself on
 // failure (413, 400 invalid json, 400 with shapeBody). It reports success.
 func (r *Registry) readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) bool {
+	b, ok := r.bodyOrReply(ctx)
+	if !ok {
+		return false
+	}
+	if err := decode(b, v); err != nil {
+		replyDecodeError(ctx, err, shapeBody)
+		return false
+	}
+	return true
+}
+
+// bodyOrReply is readBody answering the request itself on failure: 413 for
+// a body past MaxBody, 400 invalid json for one that could not be read. It
+// reports whether b is the body.
+func (r *Registry) bodyOrReply(ctx *fasthttp.RequestCtx) (b []byte, ok bool) {
 	b, err := r.readBody(ctx)
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
@@ -354,15 +369,17 @@ func (r *Registry) readJSON(ctx *fasthttp.RequestCtx, v any, shapeBody []byte) b
 		} else {
 			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
 		}
-		return false
+		return nil, false
 	}
-	if err := decode(b, v); err != nil {
-		if errors.Is(err, errInvalidJSON) {
-			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
-		} else {
-			reply(ctx, fasthttp.StatusBadRequest, shapeBody)
-		}
-		return false
+	return b, true
+}
+
+// replyDecodeError answers a body decode refused (err from decode): 400
+// invalid json for a syntax error, 400 with shapeBody for the wrong shape.
+func replyDecodeError(ctx *fasthttp.RequestCtx, err error, shapeBody []byte) {
+	if errors.Is(err, errInvalidJSON) {
+		reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
+	} else {
+		reply(ctx, fasthttp.StatusBadRequest, shapeBody)
 	}
-	return true
 }

@@ -29,16 +29,12 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 	if pr == nil {
 		return
 	}
-	b, err := r.readBody(ctx)
-	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			reply(ctx, fasthttp.StatusRequestEntityTooLarge, bodyTooLarge)
-		} else {
-			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
-		}
+	b, ok := r.bodyOrReply(ctx)
+	if !ok {
 		return
 	}
 	var items []releaseItem
+	var err error
 	trimmed := bytes.TrimSpace(b)
 	if len(trimmed) > 0 && trimmed[0] == '{' {
 		var one releaseItem
@@ -48,11 +44,7 @@ func (r *Registry) release(ctx *fasthttp.RequestCtx) {
 		err = decode(b, &items)
 	}
 	if err != nil {
-		if errors.Is(err, errInvalidJSON) {
-			reply(ctx, fasthttp.StatusBadRequest, bodyInvalidJSON)
-		} else {
-			reply(ctx, fasthttp.StatusBadRequest, bodyReleaseShape)
-		}
+		replyDecodeError(ctx, err, bodyReleaseShape)
 		return
 	}
 	// The body limit (1 MiB, R-REG-7) bounds the items, and nothing else
