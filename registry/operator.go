@@ -227,19 +227,12 @@ const maxDeadline = 7 * 24 * 3600
 // drain whose placements are force-released at the deadline, while the
 // lease stops advancing past deadline plus one lease (R-LS-5).
 func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
-	pr := r.principal(ctx, attest.ScopeOperator)
-	if pr == nil {
-		return
-	}
 	var body struct {
 		ClientID *string  `json:"clientId"`
 		Deadline *float64 `json:"deadline"`
 	}
-	if !r.readJSON(ctx, &body, bodyDrainShape) {
-		return
-	}
-	if body.ClientID == nil || *body.ClientID == "" {
-		reply(ctx, fasthttp.StatusBadRequest, bodyDrainShape)
+	pr := r.clientRequest(ctx, &body, &body.ClientID, bodyDrainShape)
+	if pr == nil {
 		return
 	}
 	now := r.now()
@@ -257,21 +250,34 @@ func (r *Registry) drain(ctx *fasthttp.RequestCtx) {
 
 // undrain handles POST /registry/undrain {clientId} (R-REG-6).
 func (r *Registry) undrain(ctx *fasthttp.RequestCtx) {
-	pr := r.principal(ctx, attest.ScopeOperator)
-	if pr == nil {
-		return
-	}
 	var body struct {
 		ClientID *string `json:"clientId"`
 	}
-	if !r.readJSON(ctx, &body, bodyUndrainShape) {
-		return
-	}
-	if body.ClientID == nil || *body.ClientID == "" {
-		reply(ctx, fasthttp.StatusBadRequest, bodyUndrainShape)
+	pr := r.clientRequest(ctx, &body, &body.ClientID, bodyUndrainShape)
+	if pr == nil {
 		return
 	}
 	r.setDrain(ctx, pr, *body.ClientID, directory.DrainState{}, r.now())
+}
+
+// clientRequest reads the body of an operator request about one client
+// (drain, undrain) into v, whose clientId field is *clientID. It answers
+// the request itself and returns nil unless an operator sent it (401,
+// 403), the body decodes (413, 400) and it names a client (400 with
+// shape); otherwise it returns the operator.
+func (r *Registry) clientRequest(ctx *fasthttp.RequestCtx, v any, clientID **string, shape []byte) *attest.Principal {
+	pr := r.principal(ctx, attest.ScopeOperator)
+	if pr == nil {
+		return nil
+	}
+	if !r.readJSON(ctx, v, shape) {
+		return nil
+	}
+	if *clientID == nil || **clientID == "" {
+		reply(ctx, fasthttp.StatusBadRequest, shape)
+		return nil
+	}
+	return pr
 }
 
 func (r *Registry) setDrain(ctx *fasthttp.RequestCtx, pr *attest.Principal, clientID string, state directory.DrainState, now time.Time) {
