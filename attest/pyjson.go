@@ -382,19 +382,12 @@ func (p *pyParser) object(depth int) (*pyValue, error) {
 			return nil, err
 		}
 		v.set(key, val, &index)
-		p.skipSpace()
-		if p.i >= len(p.s) {
-			return nil, errPyUnexpected
+		done, err := p.after('}')
+		if err != nil {
+			return nil, err
 		}
-		switch p.s[p.i] {
-		case '}':
-			p.i++
+		if done {
 			return v, nil
-		case ',':
-			p.i++
-			p.skipSpace()
-		default:
-			return nil, errPySyntax
 		}
 	}
 }
@@ -441,19 +434,32 @@ func (p *pyParser) array(depth int) (*pyValue, error) {
 			return nil, err
 		}
 		v.list = append(v.list, elem)
-		p.skipSpace()
-		if p.i >= len(p.s) {
-			return nil, errPyUnexpected
+		done, err := p.after(']')
+		if err != nil {
+			return nil, err
 		}
-		switch p.s[p.i] {
-		case ']':
-			p.i++
+		if done {
 			return v, nil
-		case ',':
-			p.i++
-			p.skipSpace()
-		default:
-			return nil, errPySyntax
 		}
 	}
+}
+
+// after reads what follows a member of an object or an element of an
+// array: the container's closing byte (done) or a comma and the space
+// after it (another member follows).
+func (p *pyParser) after(closing byte) (done bool, err error) {
+	p.skipSpace()
+	if p.i >= len(p.s) {
+		return false, errPyUnexpected
+	}
+	switch p.s[p.i] {
+	case closing:
+		p.i++
+		return true, nil
+	case ',':
+		p.i++
+		p.skipSpace()
+		return false, nil
+	}
+	return false, errPySyntax
 }
