@@ -125,17 +125,7 @@ per-round percentiles.
 
 `)
 	b.WriteString("## Goals\n\n")
-	gt := bench.Table{Header: []string{"goal", "target", "measured", "met"}}
-	for _, g := range Goals(res) {
-		met := "no"
-		switch {
-		case !g.Known:
-			met, g.Measured = "not run", "–"
-		case g.Met:
-			met = "**yes**"
-		}
-		gt.Add(g.Name, g.Target, g.Measured, met)
-	}
+	gt := goalsTable(res, "–", "**yes**")
 	b.WriteString(gt.Markdown())
 
 	hotSection(&b, res, links)
@@ -526,20 +516,28 @@ func redisSection(b *strings.Builder, res *Results) {
 	}
 }
 
-// Summary is the terminal summary printed at the end of a run.
-func Summary(res *Results) string {
-	var b strings.Builder
+// goalsTable is Goals(res) as a table of goal, target, measured and met,
+// for the report and the terminal summary alike: a goal whose scenario did
+// not run measures notRun, and one met reads yes.
+func goalsTable(res *Results, notRun, yes string) bench.Table {
 	gt := bench.Table{Header: []string{"goal", "target", "measured", "met"}}
 	for _, g := range Goals(res) {
 		met := "no"
 		switch {
 		case !g.Known:
-			met, g.Measured = "not run", "-"
+			met, g.Measured = "not run", notRun
 		case g.Met:
-			met = "yes"
+			met = yes
 		}
 		gt.Add(g.Name, g.Target, g.Measured, met)
 	}
+	return gt
+}
+
+// Summary is the terminal summary printed at the end of a run.
+func Summary(res *Results) string {
+	var b strings.Builder
+	gt := goalsTable(res, "-", "yes")
 	b.WriteString(gt.Text())
 	for _, scn := range []string{"hot", "ws", "cold"} {
 		if res.agg(scn, "peak", pinboard).N == 0 {
