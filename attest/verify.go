@@ -217,13 +217,10 @@ func checkClaims(cv *pyValue, audiences []string, now time.Time) (*AttestationCl
 	out := &AttestationClaims{}
 	out.IssuedAt, _ = iat.int64Value()
 	out.Expires, _ = exp.int64Value()
-	// Reference: reject when now < iat - skew or now > exp + skew, with a
-	// float now. Clamping keeps the comparisons right for any real clock.
-	sec, nsec := now.Unix(), now.Nanosecond()
-	if lo := satAdd(out.IssuedAt, -skewSeconds); sec < lo {
+	switch out.window(now) {
+	case -1:
 		return nil, errAttEarly
-	}
-	if hi := satAdd(out.Expires, skewSeconds); sec > hi || sec == hi && nsec > 0 {
+	case 1:
 		return nil, errAttExpired
 	}
 	aud := cv.get("aud")
@@ -282,6 +279,27 @@ func checkAcct(acct *pyValue) (*Account, error) {
 		a.Claims = bytes.Clone(claims.raw) // raw points into a pooled buffer
 	}
 	return a, nil
+}
+
+// Within reports whether now lies in the claims' window, the one part
+// of VerifyAttestation's verdict that moves with now (rule 5): iat -
+// ClockSkew <= now <= exp + ClockSkew, with now's fraction of a second.
+// For a verifier that caches a verdict and checks it again at each use.
+func (c *AttestationClaims) Within(now time.Time) bool { return c.window(now) == 0 }
+
+// window places now against the claims' window: -1 before it, 1 after
+// it, 0 within. Reference: reject when now < iat - skew or now > exp +
+// skew, with a float now. Clamping keeps the comparisons right for any
+// real clock.
+func (c *AttestationClaims) window(now time.Time) int {
+	sec, nsec := now.Unix(), now.Nanosecond()
+	if lo := satAdd(c.IssuedAt, -skewSeconds); sec < lo {
+		return -1
+	}
+	if hi := satAdd(c.Expires, skewSeconds); sec > hi || sec == hi && nsec > 0 {
+		return 1
+	}
+	return 0
 }
 
 // satAdd returns a+b clamped to the int64 range.

@@ -134,6 +134,29 @@ func TestSatAdd(t *testing.T) {
 	}
 }
 
+// Within holds a cached verdict to VerifyAttestation's window (rule 5):
+// ClockSkew either side, exp+skew its last whole second.
+func TestAttestationClaimsWithin(t *testing.T) {
+	c := AttestationClaims{IssuedAt: 1000, Expires: 1060}
+	for _, tc := range []struct {
+		now  time.Time
+		want bool
+	}{
+		{time.Unix(969, 999999999), false},
+		{time.Unix(970, 0), true},
+		{time.Unix(1090, 0), true},
+		{time.Unix(1090, 1), false},
+	} {
+		if got := c.Within(tc.now); got != tc.want {
+			t.Errorf("unexpected Within(%v); got %v; want %v", tc.now.UnixNano(), got, tc.want)
+		}
+	}
+	far := AttestationClaims{IssuedAt: math.MinInt64, Expires: math.MaxInt64}
+	if !far.Within(time.Now()) {
+		t.Errorf("unexpected Within for the widest claims; got false; want true")
+	}
+}
+
 // FuzzVerifyAttestation checks the verifier never panics on signed
 // payloads: the fuzzer's bytes become the payload of a correctly signed
 // token, so they reach the parser and the claim checks.

@@ -3,7 +3,6 @@ package fleet
 import (
 	"bytes"
 	"crypto/subtle"
-	"math"
 	"strconv"
 	"time"
 
@@ -149,9 +148,8 @@ func (w *Worker) serveChallenge(ctx *fasthttp.RequestCtx, token []byte, now time
 
 // verifiedToken is an attestation VerifyAttestation accepted.
 type verifiedToken struct {
-	token    string
-	aud      string
-	iat, exp int64
+	token  string
+	claims *attest.AttestationClaims
 }
 
 // verify reports whether token is a valid attestation for the worker's
@@ -166,36 +164,13 @@ func (w *Worker) verify(token []byte, now time.Time) bool {
 	if len(token) == 0 || session == "" {
 		return false
 	}
-	if v := w.verified.Load(); v != nil && v.aud == session && string(token) == v.token {
-		return inWindow(v.iat, v.exp, now)
+	if v := w.verified.Load(); v != nil && v.claims.Aud == session && string(token) == v.token {
+		return v.claims.Within(now)
 	}
 	claims, err := attest.VerifyAttestation(string(token), w.secret, []string{session}, now)
 	if err != nil {
 		return false
 	}
-	w.verified.Store(&verifiedToken{token: string(token), aud: claims.Aud, iat: claims.IssuedAt, exp: claims.Expires})
+	w.verified.Store(&verifiedToken{token: string(token), claims: claims})
 	return true
-}
-
-// inWindow is VerifyAttestation's rule 5: iat - 30 <= now <= exp + 30
-// with a fractional now.
-func inWindow(iat, exp int64, now time.Time) bool {
-	skew := int64(attest.ClockSkew / time.Second)
-	sec, nsec := now.Unix(), now.Nanosecond()
-	if lo := satAdd(iat, -skew); sec < lo {
-		return false
-	}
-	hi := satAdd(exp, skew)
-	return !(sec > hi || sec == hi && nsec > 0)
-}
-
-func satAdd(a, b int64) int64 {
-	s := a + b
-	switch {
-	case b > 0 && s < a:
-		return math.MaxInt64
-	case b < 0 && s > a:
-		return math.MinInt64
-	}
-	return s
 }
