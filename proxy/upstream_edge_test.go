@@ -146,17 +146,31 @@ func TestHeaderTimeoutIs504_RDP4(t *testing.T) {
 func TestWebSocketHandshakeTimeoutIs504_RDP4(t *testing.T) {
 	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
 	rg.serveIDs(t, w, "alice")
-	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		conn, _, err := rw.(http.Hijacker).Hijack()
+	w.route("/ws", stuckHandshake("", 15*time.Second, nil)) // answers nothing
+	expectUpgrade504(t, rg, "a handshake never answered")
+}
+
+// stuckHandshake is a worker's handler that takes over the connection of
+// a handshake, writes answer (it may be nothing, or a part of an answer)
+// and then reads until pinboard lets go of the connection or hold has
+// passed; with gone set, it sends how long it held the connection there.
+func stuckHandshake(answer string, hold time.Duration, gone chan<- time.Duration) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		conn, brw, err := rw.(http.Hijacker).Hijack()
 		if err != nil {
 			return
 		}
 		defer conn.Close()
-		// Read until pinboard gives up; answer nothing.
-		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
-		_, _ = io.Copy(io.Discard, conn)
-	})
-	expectUpgrade504(t, rg, "a handshake never answered")
+		start := time.Now()
+		if answer != "" {
+			_, _ = io.WriteString(conn, answer)
+		}
+		_ = conn.SetDeadline(time.Now().Add(hold))
+		_, _ = io.Copy(io.Discard, brw)
+		if gone != nil {
+			gone <- time.Since(start)
+		}
+	}
 }
 
 // expectUpgrade504 sends an upgrade for alice and expects pinboard's 504
@@ -1117,16 +1131,8 @@ func TestFrozenSmallBodyIs504_RDP4(t *testing.T) {
 func TestFrozenUpgradeRefusalIs504_RDP4(t *testing.T) {
 	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = 300 * time.Millisecond })
 	rg.serveIDs(t, w, "alice")
-	w.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
-		conn, _, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		_, _ = io.WriteString(conn, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 10\r\n\r\nden")
-		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
-		_, _ = io.Copy(io.Discard, conn) // the rest never comes
-	})
+	// The rest of the body never comes.
+	w.route("/ws", stuckHandshake("HTTP/1.1 401 Unauthorized\r\nContent-Length: 10\r\n\r\nden", 15*time.Second, nil))
 	expectUpgrade504(t, rg, "a refusal whose body froze")
 }
 
@@ -1174,30 +1180,9 @@ func TestClientGoneDuringHandshakeFreesWorker_RDP2_RDP3(t *testing.T) {
 	rg, w := newRigWorker(t, func(o *Options) { o.Metrics = &m })
 	rg.serveIDs(t, w, "alice")
 	gone := make(chan time.Duration, 1)
-	w.route("/silent", func(rw http.ResponseWriter, r *http.Request) {
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		start := time.Now()
-		_ = conn.SetDeadline(time.Now().Add(40 * time.Second))
-		_, _ = io.Copy(io.Discard, brw) // answers nothing; reads until pinboard lets go
-		gone <- time.Since(start)
-	})
-	w.route("/refused", func(rw http.ResponseWriter, r *http.Request) {
-		conn, brw, err := rw.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		start := time.Now()
-		// A refusal whose body stops half-way.
-		_, _ = io.WriteString(conn, "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nnot")
-		_ = conn.SetDeadline(time.Now().Add(40 * time.Second))
-		_, _ = io.Copy(io.Discard, brw)
-		gone <- time.Since(start)
-	})
+	w.route("/silent", stuckHandshake("", 40*time.Second, gone)) // answers nothing
+	// A refusal whose body stops half-way.
+	w.route("/refused", stuckHandshake("HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nnot", 40*time.Second, gone))
 	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
 		conn, _, err := rw.(http.Hijacker).Hijack()
 		if err != nil {
