@@ -796,29 +796,29 @@ func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
 		rg.advance(youngSession + time.Millisecond)
 		return w.session.Load().(string)
 	}
-
-	t.Run("routed to the new session before the worker has it", func(t *testing.T) {
-		prev := old()
-		w.session.Store("") // the worker dropped its session and re-registers
-		next := reregister(prev)
-		fn := func() { w.unattested.Store(nil); w.session.Store(next) } // the ack is read
+	// retried expects alice's handshake to get the worker's 101 on its
+	// second try, fn run as the worker refuses the first (unattested).
+	retried := func(t *testing.T, fn func()) {
+		t.Helper()
 		w.unattested.Store(&fn)
 		w.hits.Store(0)
 		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
 			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
 		}
+	}
+
+	t.Run("routed to the new session before the worker has it", func(t *testing.T) {
+		prev := old()
+		w.session.Store("") // the worker dropped its session and re-registers
+		next := reregister(prev)
+		retried(t, func() { w.unattested.Store(nil); w.session.Store(next) }) // the ack is read
 	})
 	t.Run("routed to the old session the worker dropped", func(t *testing.T) {
 		prev := old()
 		w.session.Store("")
 		// The re-registration lands while the refused handshake is on its
 		// way back; the worker then holds its new session.
-		fn := func() { w.unattested.Store(nil); w.session.Store(reregister(prev)) }
-		w.unattested.Store(&fn)
-		w.hits.Store(0)
-		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
-			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
-		}
+		retried(t, func() { w.unattested.Store(nil); w.session.Store(reregister(prev)) })
 	})
 	t.Run("old session lapsed", func(t *testing.T) {
 		prev := old()
@@ -826,7 +826,7 @@ func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
 		// The session's lease lapsed while the handshake was on its way
 		// (the worker heard of it and dropped its session); the retry
 		// places the id anew, on the worker's new session.
-		fn := func() {
+		retried(t, func() {
 			w.unattested.Store(nil)
 			rg.advance(10 * time.Second)
 			res, err := rg.store.Register(t.Context(), &directory.Registration{
@@ -838,12 +838,7 @@ func TestWebSocketReregistrationGapRetried_RTR5_RDP2(t *testing.T) {
 				return
 			}
 			w.session.Store(res.SessionID)
-		}
-		w.unattested.Store(&fn)
-		w.hits.Store(0)
-		if line := rg.upgrade("/counters/alice/ws"); !strings.HasPrefix(line, "HTTP/1.1 101") || w.hits.Load() != 2 {
-			t.Fatalf("got %q after %d handshakes; want 101 after 2", line, w.hits.Load())
-		}
+		})
 	})
 	t.Run("old session, the route refuses", func(t *testing.T) {
 		old()
