@@ -534,15 +534,19 @@ func acceptEach(ln net.Listener, each func(c net.Conn)) {
 	}
 }
 
-func (w *desyncWorker) serve(ln net.Listener) {
+// acceptRecorded is acceptEach keeping a record of each connection: a
+// new one, appended to *recs under mu, goes to handle with it.
+func acceptRecorded[R any](ln net.Listener, mu *sync.Mutex, recs *[]*R, handle func(net.Conn, *R)) {
 	acceptEach(ln, func(c net.Conn) {
-		rec := &wireRec{}
-		w.mu.Lock()
-		w.conns = append(w.conns, rec)
-		w.mu.Unlock()
-		w.conn(c, rec)
+		rec := new(R)
+		mu.Lock()
+		*recs = append(*recs, rec)
+		mu.Unlock()
+		handle(c, rec)
 	})
 }
+
+func (w *desyncWorker) serve(ln net.Listener) { acceptRecorded(ln, &w.mu, &w.conns, w.conn) }
 
 func (w *desyncWorker) conn(c net.Conn, rec *wireRec) {
 	defer c.Close()
@@ -618,15 +622,23 @@ func (w *desyncWorker) settle() []wireConn {
 // and the node's host:port.
 func desyncNode(t *testing.T) (*desyncWorker, string) {
 	t.Helper()
-	wln, err := net.Listen("tcp", "127.0.0.1:0")
+	w := &desyncWorker{}
+	return w, rawWorkerNode(t, w.serve, proxy.UpstreamOptions{IdleTimeout: time.Minute})
+}
+
+// rawWorkerNode starts a worker, serve, on a listener of its own on
+// 127.0.0.1, closed when the test ends, and a node in front of it
+// (nodeFor); it returns the node's public host:port.
+func rawWorkerNode(t *testing.T, serve func(net.Listener), up proxy.UpstreamOptions) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { wln.Close() })
-	w := &desyncWorker{}
-	go w.serve(wln)
-	_, addr := nodeFor(t, wln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute})
-	return w, addr
+	t.Cleanup(func() { ln.Close() })
+	go serve(ln)
+	_, addr := nodeFor(t, ln.Addr().String(), up)
+	return addr
 }
 
 // nodeFor is a node on the memory store, past its cold-start quarantine

@@ -428,26 +428,11 @@ type respConn struct {
 
 func respNode(t *testing.T, tc respCase) (*respWorker, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := &respWorker{tc: tc}
-	t.Cleanup(func() { ln.Close() })
-	go w.serve(ln)
-	_, addr := nodeFor(t, ln.Addr().String(), proxy.UpstreamOptions{IdleTimeout: time.Minute, ResponseHeaderTimeout: time.Second})
-	return w, addr
+	return w, rawWorkerNode(t, w.serve, proxy.UpstreamOptions{IdleTimeout: time.Minute, ResponseHeaderTimeout: time.Second})
 }
 
-func (w *respWorker) serve(ln net.Listener) {
-	acceptEach(ln, func(c net.Conn) {
-		rc := &respConn{}
-		w.mu.Lock()
-		w.conns = append(w.conns, rc)
-		w.mu.Unlock()
-		w.conn(c, rc)
-	})
-}
+func (w *respWorker) serve(ln net.Listener) { acceptRecorded(ln, &w.mu, &w.conns, w.conn) }
 
 func (w *respWorker) conn(c net.Conn, rc *respConn) {
 	defer c.Close()
