@@ -57,10 +57,7 @@ func TestAttestedClusterCallPrefersCaller_RTR6_RPL4(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: 2})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: 2})
 		pb := f.Pinboard
 		// One calling instance on each worker.
 		callers := map[string]string{}

@@ -128,10 +128,7 @@ func TestRollingDeploy_RREG6(t *testing.T) {
 		// Small headroom spreads one client IP's ids over both workers
 		// (the balance-factor guard, R-PL-4).
 		const headroom = 40
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: headroom})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: headroom})
 		pb := f.Pinboard
 		c := &deployClient{pb: pb, seen: map[string][]observation{}}
 		for i := range 200 {

@@ -56,10 +56,7 @@ func TestGracefulStopReleasesIDs_RREG3(t *testing.T) {
 func testGracefulStopReleasesIDs(t *testing.T, storeEnv []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
 	pb := f.Pinboard
 
 	ids, owners := placeIDs(ctx, t, pb, "graceful-", 12)
@@ -104,10 +101,7 @@ func testKilledWorkerReplacedAfterLease(t *testing.T, storeEnv []string) {
 	env := append(slices.Clip(storeEnv),
 		"PINBOARD_UPSTREAM_DIAL_TIMEOUT_MS="+strconv.Itoa(int(slowWait.Milliseconds())),
 		"PINBOARD_UPSTREAM_CONN_WAIT_MS="+strconv.Itoa(int(slowWait.Milliseconds())))
-	f := StartFleet(t, ctx, FleetOptions{PinboardEnv: env, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: env, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
 	pb := f.Pinboard
 
 	ids, owners := placeIDs(ctx, t, pb, "killed-", 12)
@@ -207,10 +201,7 @@ func TestWorkerRestartedInPlace_RLS3(t *testing.T) {
 		const ttl = 15 * time.Second
 		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{Workers: []string{"first"}, Headroom: sharedHeadroom, LeaseTTL: ttl, PinboardEnv: storeEnv})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"first"}, Headroom: sharedHeadroom, LeaseTTL: ttl, PinboardEnv: storeEnv})
 		pb, first := f.Pinboard, f.Worker("first")
 		ids, owners := placeIDs(ctx, t, pb, "restarted-", 4)
 		for _, id := range ids {

@@ -809,6 +809,17 @@ func StartFleet(t testing.TB, ctx context.Context, opts FleetOptions) *Fleet {
 	return f
 }
 
+// StartWarmFleet is StartFleet, then WarmUp: a fleet past its cold-start
+// quarantine, whose ids place at once.
+func StartWarmFleet(t testing.TB, ctx context.Context, opts FleetOptions) *Fleet {
+	t.Helper()
+	f := StartFleet(t, ctx, opts)
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // Worker returns the fleet's worker by name.
 func (f *Fleet) Worker(name string) *Worker {
 	for _, w := range f.Workers {

@@ -60,10 +60,7 @@ func TestRetainedIdlePlacements_RPL2(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom})
 		pb := f.Pinboard
 		first := increment(ctx, t, pb, "/retained", "keep")
 		if c := increment(ctx, t, pb, "/retained", "keep"); c.Count != 2 || c.Worker != first.Worker {
@@ -106,10 +103,7 @@ func TestWindDownOneID_RCM1(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
 		pb := f.Pinboard
 		increment(ctx, t, pb, "/counters", "wind")
 		if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 2 {
@@ -148,10 +142,7 @@ func TestTimedOperatorDrain_RLS5(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: sharedHeadroom})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"A", "B"}, Headroom: sharedHeadroom})
 		pb := f.Pinboard
 		var onA []string
 		for i := 0; i < 40 && len(onA) < 3; i++ {
@@ -314,10 +305,7 @@ func TestWindDownDeadlineAndRevoke_RCM1(t *testing.T) {
 	forEachStore(t, func(t *testing.T, storeEnv []string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		f := StartFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
-		if err := f.WarmUp(ctx); err != nil {
-			t.Fatal(err)
-		}
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1"}, Headroom: sharedHeadroom})
 		pb := f.Pinboard
 		increment(ctx, t, pb, "/counters", "aborted")
 		increment(ctx, t, pb, "/counters", "revoked")

@@ -86,10 +86,7 @@ func TestMetricsScrape(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	admin, env := adminEnv(t)
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
 	pb := f.Pinboard
 
 	// The public port does not serve metrics.
@@ -224,11 +221,8 @@ func TestGracefulShutdown(t *testing.T) {
 	const grace = 15 * time.Second
 	const slow = 2 * time.Second
 	admin, env := adminEnv(t)
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
 		PinboardEnv: []string{env, "PINBOARD_SHUTDOWN_GRACE_MS=" + strconv.FormatInt(grace.Milliseconds(), 10)}})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	pb := f.Pinboard
 	base := pb.URL
 	// Place the ids first, so the slow request goes straight to the worker.
@@ -369,11 +363,8 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	admin, env := adminEnv(t)
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8,
 		PinboardEnv: []string{env, "PINBOARD_SHUTDOWN_GRACE_MS=60000"}})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	pb := f.Pinboard
 	if r, err := getWithRetry(ctx, pb.URL+"/counters/slow2/value"); err != nil || r.Status != http.StatusOK {
 		t.Fatalf("cannot place: %s %v", r, err)
@@ -407,10 +398,7 @@ func TestMetricsOpenStreamsAndDialErrors_RDP2_RDP3(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	admin, env := adminEnv(t)
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
 	pb := f.Pinboard
 	before := scrapeMetrics(ctx, t, admin)
 

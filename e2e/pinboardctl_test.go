@@ -120,14 +120,11 @@ func TestPinboardctl(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	workerToken, tickersToken := randomHex(24), randomHex(24)
-	f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{
 		"PINBOARD_PASSPORT=" + ctlPassport(),
 		"CTL_WORKER_TOKEN=" + workerToken,
 		"CTL_TICKERS_TOKEN=" + tickersToken,
 	}})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	url, token := f.Pinboard.URL, f.Pinboard.Token
 	w1 := f.Records["w1"]
 

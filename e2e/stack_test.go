@@ -25,7 +25,7 @@ import (
 func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := StartFleet(t, ctx, FleetOptions{
+	f := StartWarmFleet(t, ctx, FleetOptions{
 		Workers:  []string{"s1", "s2"},
 		Headroom: sharedHeadroom,
 		Stack:    stackStandard,
@@ -33,9 +33,6 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 		// /guarded host whose authorize refuses every request.
 		WorkerEnv: []string{"STATE_STORE=memory"},
 	})
-	if err := f.WarmUp(ctx); err != nil {
-		t.Fatal(err)
-	}
 	pb := f.Pinboard
 
 	// The workers run what they were told to: httptools routes

@@ -38,11 +38,8 @@ func TestRedisURLForms_RSRV3(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			env, master := tc.start(t)
-			f := StartFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: sharedHeadroom,
+			f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: sharedHeadroom,
 				LeaseTTL: 3 * time.Second, PinboardEnv: env})
-			if err := f.WarmUp(ctx); err != nil {
-				t.Fatal(err)
-			}
 			r, err := do(ctx, http.MethodGet, f.Pinboard.URL+"/counters/alice/value", nil, nil)
 			if err != nil {
 				t.Fatal(err)
