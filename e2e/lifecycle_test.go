@@ -32,6 +32,20 @@ func getPlacement(ctx context.Context, pb *Pinboard, ns, id string) (placement, 
 	return p, r.Status, err
 }
 
+// awaitFreed waits until ns/id has no placement (404) or deadline has
+// passed; then it reports the placement it last read.
+func awaitFreed(ctx context.Context, pb *Pinboard, ns, id string, deadline time.Time) error {
+	for {
+		p, status, err := getPlacement(ctx, pb, ns, id)
+		if err == nil && status == http.StatusNotFound {
+			return nil
+		}
+		if time.Now().After(deadline) || !sleepCtx(ctx, 200*time.Millisecond) {
+			return fmt.Errorf("still placed; last %d %+v, %v", status, p, err)
+		}
+	}
+}
+
 type counterReply struct {
 	ID     string `json:"id"`
 	Count  int    `json:"count"`
@@ -109,23 +123,9 @@ func TestWindDownOneID_RCM1(t *testing.T) {
 		if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 2 {
 			t.Fatalf("unexpected count %d", c.Count)
 		}
-		r, err := do(ctx, http.MethodPost, pb.URL+"/registry/wind-down", pb.operator(), strings.NewReader(`{"namespace":"/counters","id":"wind","deadline":5}`))
-		if err != nil || r.Status != http.StatusOK {
-			t.Fatalf("cannot wind down: %v %s", err, r)
-		}
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			_, status, err := getPlacement(ctx, pb, "/counters", "wind")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if status == http.StatusNotFound {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("unexpected placement: the wound-down id was never released\n%s", f.Logs(nil))
-			}
-			sleepCtx(ctx, 200*time.Millisecond)
+		windDown(ctx, t, pb, "wind", "5")
+		if err := awaitFreed(ctx, pb, "/counters", "wind", time.Now().Add(15*time.Second)); err != nil {
+			t.Fatalf("unexpected placement: the wound-down id was never released: %v\n%s", err, f.Logs(nil))
 		}
 		if c := increment(ctx, t, pb, "/counters", "wind"); c.Count != 1 {
 			t.Fatalf("unexpected count after the wind-down; got %d; want a fresh activation", c.Count)
@@ -269,16 +269,8 @@ func TestReclaimedInstanceReleasedOnIdle_RREG1_RREG3(t *testing.T) {
 			t.Fatalf("unexpected epoch of the reclaimed row; got %s; want %s, the instance's", after.Epoch, before.Epoch)
 		}
 		// The instance idles out (9 s, swept every 5 s) and is released.
-		ictx, icancel := context.WithTimeout(ctx, 25*time.Second)
-		defer icancel()
-		for {
-			p, status, err := getPlacement(ctx, pb, "/counters", "kept")
-			if err == nil && status == http.StatusNotFound {
-				break
-			}
-			if !sleepCtx(ictx, 250*time.Millisecond) {
-				t.Fatalf("the idle instance's release never freed its row; last %d %+v, %v", status, p, err)
-			}
+		if err := awaitFreed(ctx, pb, "/counters", "kept", time.Now().Add(25*time.Second)); err != nil {
+			t.Fatalf("the idle instance's release never freed its row: %v", err)
 		}
 	})
 }
@@ -343,17 +335,8 @@ func TestWindDownDeadlineAndRevoke_RCM1(t *testing.T) {
 		if d := abortedAt.Sub(posted); d < 1900*time.Millisecond || d > slow-time.Second {
 			t.Fatalf("unexpected abort %v after the wind-down was posted; want from the 2s deadline on, well before the request's own %v", d.Round(time.Millisecond), slow)
 		}
-		for {
-			_, code, err := getPlacement(ctx, pb, "/counters", "aborted")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if code == http.StatusNotFound {
-				break
-			}
-			if time.Since(posted) > 10*time.Second || !sleepCtx(ctx, 100*time.Millisecond) {
-				t.Fatalf("the wound-down id's placement was never freed")
-			}
+		if err := awaitFreed(ctx, pb, "/counters", "aborted", posted.Add(10*time.Second)); err != nil {
+			t.Fatalf("the wound-down id's placement was never freed: %v", err)
 		}
 		k := <-results["revoked"]
 		if k.err != nil || k.r.Status != http.StatusOK || !strings.Contains(string(k.r.Body), `"slept"`) {
