@@ -63,28 +63,43 @@ func TestMalformedRedisURL_RSRV3(t *testing.T) {
 // latency, and no error for the NOSCRIPT that a script's first EVALSHA on a
 // server (or any after a Redis restart) answers.
 func TestRedisCommandsMetered_RSRV3(t *testing.T) {
-	srv := redistest.StartServer(t)
-	m := metrics.New(metrics.Options{})
-	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.(io.Closer).Close()
+	store, m := meteredStore(t)
 	// The first placement attempt stamps the cold start: one claim script.
-	_, err = store.Place(t.Context(), &directory.PlaceRequest{NS: "/c", ID: "x", Now: time.Now()})
+	_, err := store.Place(t.Context(), &directory.PlaceRequest{NS: "/c", ID: "x", Now: time.Now()})
 	var q *directory.QuarantineError
 	if !errors.As(err, &q) {
 		t.Fatalf("unexpected first placement; got %v; want the cold-start quarantine", err)
 	}
 	// The claim script had never run on this server: EVALSHA's NOSCRIPT
 	// and the EVAL after it are two round trips, and no failure.
+	wantExposed(t, m, "",
+		`pinboard_store_command_duration_seconds_count{op="place.claim"} 2`,
+		`pinboard_store_command_errors_total{op="place.claim"} 0`)
+}
+
+// meteredStore opens the Redis store on a server of its own as pinboard
+// does, its round trips observed by the returned metrics, and closes it
+// when the test ends.
+func meteredStore(t *testing.T) (directory.Store, *metrics.Metrics) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	m := metrics.New(metrics.Options{})
+	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.(io.Closer).Close() })
+	return store, m
+}
+
+// wantExposed requires each of lines, whole, in m's exposition; note says
+// why when they are missing.
+func wantExposed(t *testing.T, m *metrics.Metrics, note string, lines ...string) {
+	t.Helper()
 	exp := string(m.AppendPrometheus(t.Context(), nil))
-	for _, want := range []string{
-		`pinboard_store_command_duration_seconds_count{op="place.claim"} 2` + "\n",
-		`pinboard_store_command_errors_total{op="place.claim"} 0` + "\n",
-	} {
-		if !strings.Contains(exp, want) {
-			t.Errorf("unexpected exposition without %q:\n%s", strings.TrimSpace(want), exp)
+	for _, line := range lines {
+		if !strings.Contains(exp, line+"\n") {
+			t.Errorf("unexpected exposition without %q%s:\n%s", line, note, exp)
 		}
 	}
 }
@@ -96,13 +111,7 @@ func TestRedisCommandsMetered_RSRV3(t *testing.T) {
 // quarantine "round trip" of a microsecond, and the histogram of that
 // operation showed the cache's speed rather than Redis's (R-SRV-3).
 func TestRedisCacheHitsNotMeteredAsRoundTrips_RSRV3(t *testing.T) {
-	srv := redistest.StartServer(t)
-	m := metrics.New(metrics.Options{})
-	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.(io.Closer).Close()
+	store, m := meteredStore(t)
 	for range 5 {
 		if _, err := store.Quarantine(t.Context(), time.Now()); err != nil {
 			t.Fatal(err)
@@ -117,15 +126,9 @@ func TestRedisCacheHitsNotMeteredAsRoundTrips_RSRV3(t *testing.T) {
 			t.Fatalf("unexpected placement; got %v; want the cold-start quarantine", err)
 		}
 	}
-	exp := string(m.AppendPrometheus(t.Context(), nil))
-	for _, want := range []string{
-		`pinboard_store_command_duration_seconds_count{op="quarantine"} 1` + "\n",
-		`pinboard_store_command_duration_seconds_count{op="place.read"} 1` + "\n",
-	} {
-		if !strings.Contains(exp, want) {
-			t.Errorf("unexpected exposition without %q (one round trip, then cache hits):\n%s", strings.TrimSpace(want), exp)
-		}
-	}
+	wantExposed(t, m, " (one round trip, then cache hits)",
+		`pinboard_store_command_duration_seconds_count{op="quarantine"} 1`,
+		`pinboard_store_command_duration_seconds_count{op="place.read"} 1`)
 }
 
 // A Redis that refuses connections — down, restarting, not started yet at
