@@ -1209,14 +1209,7 @@ func TestClientGoneBeforeAnswerFreesWorker_RDP3(t *testing.T) {
 	clientCheckEvery = 100 * time.Millisecond
 	rg, w, _ := newCapRigWorker(t, nil)
 	gone := make(chan bool, 1)
-	w.route("/poll", func(rw http.ResponseWriter, r *http.Request) {
-		select {
-		case <-r.Context().Done():
-			gone <- true
-		case <-time.After(8 * time.Second):
-			gone <- false
-		}
-	})
+	w.route("/poll", cancelledRoute(gone))
 	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
 		// Several checks pass before the header, then the header comes in
 		// two pieces with more checks between them.
@@ -1242,16 +1235,7 @@ func TestClientGoneBeforeAnswerFreesWorker_RDP3(t *testing.T) {
 		_, _ = io.WriteString(rw, " body")
 	})
 
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.WriteString(c, "GET /counters/alice/poll HTTP/1.1\r\nHost: x\r\n\r\n")
-	time.Sleep(150 * time.Millisecond)
-	_ = c.Close()
-	if !<-gone {
-		t.Fatal("unexpected wait: the worker's route was not cancelled within 8 s of its client leaving")
-	}
+	sendAndLeave(t, rg, "GET /counters/alice/poll HTTP/1.1\r\nHost: x\r\n\r\n", 150*time.Millisecond, gone)
 	up, err := rg.p.ups.get(w.srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -1265,6 +1249,38 @@ func TestClientGoneBeforeAnswerFreesWorker_RDP3(t *testing.T) {
 		if res, body := rg.get("/counters/alice/slowbody", nil); res.StatusCode != 200 || body != "slow body" {
 			t.Fatalf("unexpected answer with a slow small body; got %d %q; want 200 \"slow body\"", res.StatusCode, body)
 		}
+	}
+}
+
+// cancelledRoute is a worker's route that reads its request's body, then
+// sends on gone whether the request was cancelled (the worker connection
+// closed, as its client left) within 8 s.
+func cancelledRoute(gone chan<- bool) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+			gone <- true
+		case <-time.After(8 * time.Second):
+			gone <- false
+		}
+	}
+}
+
+// sendAndLeave sends raw to rg on a connection of its own, closes it after
+// linger and fails the test unless the worker's route then reports its
+// request cancelled on gone (cancelledRoute).
+func sendAndLeave(t *testing.T, rg *rig, raw string, linger time.Duration, gone <-chan bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(c, raw)
+	time.Sleep(linger)
+	_ = c.Close()
+	if !<-gone {
+		t.Fatal("unexpected wait: the worker's route was not cancelled within 8 s of its client leaving")
 	}
 }
 
@@ -1307,31 +1323,14 @@ func TestClientGoneAfterUploadFreesWorker_RDP2_RDP3(t *testing.T) {
 	clientCheckEvery = 100 * time.Millisecond
 	rg, w, _ := newCapRigWorker(t, nil)
 	gone := make(chan bool, 1)
-	w.route("/poll", func(rw http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		select {
-		case <-r.Context().Done():
-			gone <- true
-		case <-time.After(8 * time.Second):
-			gone <- false
-		}
-	})
+	w.route("/poll", cancelledRoute(gone))
 	w.route("/late", func(rw http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		time.Sleep(450 * time.Millisecond)
 		_, _ = io.WriteString(rw, "late")
 	})
 	body := strings.Repeat("u", 100<<10) // past the 64 KiB read whole
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.WriteString(c, fmt.Sprintf("POST /counters/alice/poll HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
-	time.Sleep(300 * time.Millisecond)
-	_ = c.Close()
-	if !<-gone {
-		t.Fatal("unexpected wait: the worker's route was not cancelled within 8 s of its client leaving")
-	}
+	sendAndLeave(t, rg, fmt.Sprintf("POST /counters/alice/poll HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body), 300*time.Millisecond, gone)
 	res, err := http.Post(rg.url+"/counters/alice/late", "text/plain", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
