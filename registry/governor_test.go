@@ -271,11 +271,7 @@ func waitQueued(t *testing.T, r *Registry) {
 // that waited behind a busy pool worker shows up in the next step.
 func TestRegistryReportsQueueWait(t *testing.T) {
 	h := newHarness(t)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 2, MinWorkers: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 2, MinWorkers: 1})
 	// Stop the governor's own steps: the test reads the wait they reset.
 	r.stopGov()
 	<-r.govDone

@@ -620,12 +620,7 @@ func TestSupersededBodyEpochAsJavaScriptNumber_RREG2_RLS4(t *testing.T) {
 // heartbeat is still answered.
 func TestDegradedProbesWaitOffPool_RLS1_RLS3(t *testing.T) {
 	h := newHarness(t)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(time.Second) })
+	r := h.registryWith(Options{ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 64})
 	h.r = r
 	healthy := h.register(nil)
 
@@ -758,12 +753,7 @@ func TestStaleQueuedRequestsNotHandled_RLS1_RREG1(t *testing.T) {
 	h := newHarness(t)
 	obs := &outcomes{}
 	const maxWait = 100 * time.Millisecond
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait, Observer: obs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait, Observer: obs})
 	h.r = r
 	session := h.register(nil)
 	listed := func() int {
@@ -832,12 +822,7 @@ func TestProbeEndsBeforeTheWorkerStopsWaiting_RLS2_RREG1(t *testing.T) {
 	h := newHarness(t)
 	obs := &outcomes{}
 	const within = 150 * time.Millisecond
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: 2 * time.Second, Workers: 4, Queue: 16, AnswerWithin: within, Observer: obs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{ProbeTimeout: 2 * time.Second, Workers: 4, Queue: 16, AnswerWithin: within, Observer: obs})
 	h.r = r
 	session := h.register(nil)
 	degraded := func() bool {

@@ -179,16 +179,10 @@ func newTextLogHarness(t *testing.T) (*harness, *testlog.Buffer) {
 	t.Helper()
 	h := newHarness(t)
 	logs := &testlog.Buffer{}
-	r, err := New(Options{
-		Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
+	h.r = h.registryWith(Options{
 		ProbeTimeout: time.Second, Workers: 4, Queue: 16,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(time.Second) })
-	h.r = r
 	return h, logs
 }
 

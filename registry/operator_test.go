@@ -243,11 +243,7 @@ func TestRoutingErrors(t *testing.T) {
 // instead of queueing without bound.
 func TestRegistrySaturated(t *testing.T) {
 	h := newHarness(t)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 1, Queue: 1})
 	release := saturate(t, r)
 	res := h.do(r, "GET", "/registry/health", operatorToken, "")
 	release()
@@ -265,11 +261,7 @@ func TestRegistrySaturated(t *testing.T) {
 func TestCredentialsCheckedBeforePool_RTR2(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 1, Queue: 1})
 	release := saturate(t, r)
 	defer release()
 	for _, c := range []struct {
@@ -386,11 +378,7 @@ func TestRefusedHeartbeatsObserved_RREG2(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
 	obs := &outcomes{}
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, Workers: 1, Queue: 1, Observer: obs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 1, Queue: 1, Observer: obs})
 	release := saturate(t, r)
 	res := h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
 	release()
@@ -416,12 +404,7 @@ func TestRefusedHeartbeatsObserved_RREG2(t *testing.T) {
 func TestRefusedDegradedHeartbeatObserved_RREG2(t *testing.T) {
 	h := newHarness(t)
 	obs := &outcomes{}
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 1, Observer: obs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{ProbeTimeout: time.Minute, Workers: 1, MinWorkers: 1, Queue: 1, Observer: obs})
 	h.r = r
 	session := h.register(nil)
 	h.fw.mode.Store("404")
@@ -639,11 +622,7 @@ func (s *downStore) Workers(ctx context.Context, now time.Time) ([]directory.Ses
 func TestColdRegistry503RetryAfter_RREG7(t *testing.T) {
 	h := newHarness(t)
 	ds := &downStore{Memory: h.store}
-	r, err := New(Options{Store: ds, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock, ProbeTimeout: time.Second, Workers: 4, Queue: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(time.Second) })
+	r := h.registryWith(Options{Store: ds, ProbeTimeout: time.Second, Workers: 4, Queue: 16})
 	h.r = r
 	s := h.register(nil)
 	ds.down.Store(true)

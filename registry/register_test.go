@@ -354,12 +354,7 @@ func TestRegisterRefusesRegistryNamespace_RREG7(t *testing.T) {
 // heartbeat is still answered.
 func TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1(t *testing.T) {
 	h := newHarness(t)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: 200 * time.Millisecond, Workers: 1, MinWorkers: 1, Queue: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(time.Second) })
+	r := h.registryWith(Options{ProbeTimeout: 200 * time.Millisecond, Workers: 1, MinWorkers: 1, Queue: 64})
 	h.r = r
 	healthy := h.register(nil)
 
@@ -403,12 +398,7 @@ func TestUnreachableRegisterProbesWaitOffPool_RREG1_RLS1(t *testing.T) {
 func TestStaleAcrossOffPoolProbeNotHandled_RREG1_RLS1(t *testing.T) {
 	h := newHarness(t)
 	const maxWait, wait = time.Second, 600 * time.Millisecond // each wait under maxWait, both past it
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close(time.Second)
+	r := h.registryWith(Options{Workers: 1, MinWorkers: 1, Queue: 16, MaxQueueWait: maxWait})
 	h.r = r
 	r.unreachable.set(h.fw.srv.URL, true, h.clock()) // its last register's probe raced the bind
 	// hold blocks the pool's one worker until the returned func is called.

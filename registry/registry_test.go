@@ -167,15 +167,22 @@ func (h *harness) registry(pp *attest.Passport) *Registry {
 
 // registryOn is a registry on store, which wraps h.ds.
 func (h *harness) registryOn(store directory.Store, pp *attest.Passport) *Registry {
-	r, err := New(Options{
-		Store:        store,
-		Passport:     pp,
-		LeaseTTL:     testTTL,
-		Now:          h.clock,
-		ProbeTimeout: time.Second,
-		Workers:      4,
-		Queue:        16,
-	})
+	return h.registryWith(Options{Store: store, Passport: pp, ProbeTimeout: time.Second, Workers: 4, Queue: 16})
+}
+
+// registryWith is a registry with o's settings on h's lease and clock,
+// on h.store and with testPassport unless o names its own; it closes
+// when the test ends.
+func (h *harness) registryWith(o Options) *Registry {
+	h.t.Helper()
+	if o.Store == nil {
+		o.Store = h.store
+	}
+	if o.Passport == nil {
+		o.Passport = testPassport(h.t)
+	}
+	o.LeaseTTL, o.Now = testTTL, h.clock
+	r, err := New(o)
 	if err != nil {
 		h.t.Fatal(err)
 	}

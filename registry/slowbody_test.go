@@ -17,12 +17,7 @@ import (
 // worker's heartbeat queued until their leases lapsed (R-LS-1, R-REG-7).
 func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 	h := newHarness(t)
-	r, err := New(Options{Store: h.store, Passport: testPassport(t), LeaseTTL: testTTL, Now: h.clock,
-		ProbeTimeout: time.Second, Workers: 1, MinWorkers: 1, Queue: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(time.Second) })
+	r := h.registryWith(Options{ProbeTimeout: time.Second, Workers: 1, MinWorkers: 1, Queue: 64})
 	h.r = r
 	healthy := h.register(nil)
 
