@@ -771,11 +771,7 @@ func TestStaleQueuedRequestsNotHandled_RLS1_RREG1(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-started
-	c, v := h.fw.pair("late-register")
-	regBody := mustJSON(t, map[string]any{
-		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-	})
+	regBody := h.lateRegisterBody()
 	beatBody := h.beatBody(session, nil)
 	got := make(chan response, 2)
 	go func() { got <- h.post("/registry/heartbeat", workerToken, beatBody) }()
@@ -850,11 +846,7 @@ func TestProbeEndsBeforeTheWorkerStopsWaiting_RLS2_RREG1(t *testing.T) {
 	if degraded() {
 		t.Fatal("unexpected degraded session after a probe cut short on its worker's budget; want it as it was")
 	}
-	c, v := h.fw.pair("late-register")
-	regBody := mustJSON(t, map[string]any{
-		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-	})
+	regBody := h.lateRegisterBody()
 	if res := h.post("/registry/register", workerToken, regBody); res.status != 503 || res.body != `{"error":"registry busy"}` {
 		t.Fatalf("unexpected reply to a register whose probe outlived its worker's wait; got %d %s; want 503 registry busy", res.status, res.body)
 	}

@@ -417,11 +417,7 @@ func TestStaleAcrossOffPoolProbeNotHandled_RREG1_RLS1(t *testing.T) {
 			}
 		}
 	}
-	c, v := h.fw.pair("late-register")
-	body := mustJSON(t, map[string]any{
-		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
-		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
-	})
+	body := h.lateRegisterBody()
 	release := hold()
 	got := make(chan response, 1)
 	go func() { got <- h.post("/registry/register", workerToken, body) }()

@@ -266,6 +266,17 @@ func (h *harness) register(extra map[string]any) string {
 	return ack.SessionID
 }
 
+// lateRegisterBody is the body of a register of the fake worker as
+// client "late" for /counters, its challenge answered: the register a
+// test holds back (queued, or probed past its worker's wait).
+func (h *harness) lateRegisterBody() string {
+	c, v := h.fw.pair("late-register")
+	return mustJSON(h.t, map[string]any{
+		"clientId": "late", "secret": h.fw.secret, "namespaces": []string{"/counters"},
+		"advertiseUrl": h.fw.srv.URL, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v,
+	})
+}
+
 func (h *harness) beatBody(session string, extra map[string]any) string {
 	h.seq++
 	c, v := h.fw.pair("h" + itoa(h.seq))
