@@ -148,3 +148,49 @@ func TestReleaseBatchOverSlowLinkWithinWorkerTimeout_RREG3(t *testing.T) {
 		}
 	}
 }
+
+// Every malformed release is refused whole with its own error and frees
+// nothing: the body limit (413), JSON that does not parse (400 invalid
+// json) and each shape error (400 with the expected shape), byte for
+// byte on both stores (R-REG-3, R-REG-7).
+func TestReleaseBodyErrorsFreeNothing_RREG3_RREG7(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		sid := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p, err := h.ds.Placement(ctx, "/counters", "alice", h.clock())
+		if err != nil || p.SessionID != sid {
+			t.Fatalf("unexpected placement of alice; got %+v, %v; want %s", p, err, sid)
+		}
+		item := fmt.Sprintf(`{"sessionId":%q,"namespace":"/counters","id":"alice","epoch":"%d"}`, sid, p.Epoch)
+		big := "[" + item + strings.Repeat(" ", MaxBody) + "]"
+		const shape = `{"error":"expected [{ sessionId, namespace, id, epoch? }]"}`
+		cases := []struct {
+			name   string
+			body   string
+			status int
+			want   string
+		}{
+			{"body too large", big, 413, `{"error":"body too large"}`},
+			{"invalid json", "[" + item, 400, `{"error":"invalid json"}`},
+			{"null", `null`, 400, shape},
+			{"a string", `"alice"`, 400, shape},
+			{"missing id", fmt.Sprintf(`[{"sessionId":%q,"namespace":"/counters"}]`, sid), 400, shape},
+			{"epoch a number", fmt.Sprintf(`[{"sessionId":%q,"namespace":"/counters","id":"alice","epoch":%d}]`, sid, p.Epoch), 400, shape},
+			{"epoch zero", fmt.Sprintf(`[{"sessionId":%q,"namespace":"/counters","id":"alice","epoch":"0"}]`, sid), 400, shape},
+			{"good item then a bad one", "[" + item + `,{"sessionId":null,"namespace":"/counters","id":"x"}]`, 400, shape},
+		}
+		for _, c := range cases {
+			res := h.post("/registry/release", workerToken, c.body)
+			if res.status != c.status || res.body != c.want {
+				t.Errorf("%s: unexpected reply; got %d %s; want %d %s", c.name, res.status, res.body, c.status, c.want)
+			}
+		}
+		if q, err := h.ds.Placement(ctx, "/counters", "alice", h.clock()); err != nil || q == nil || *q != *p {
+			t.Fatalf("unexpected placement of alice after refused releases; got %+v, %v; want %+v", q, err, p)
+		}
+		if res := h.post("/registry/release", workerToken, "["+item+"]"); res.status != 200 || res.body != `{"released":1}` {
+			t.Fatalf("unexpected reply to the well-formed release; got %d %s", res.status, res.body)
+		}
+	})
+}
