@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/pinboard-go/pinboard/internal/rawio"
@@ -75,8 +76,21 @@ func NewProber(timeout time.Duration) *Prober {
 	// connections: a probe's loopback write keeps its P instead of handing
 	// it to another thread past sysmon's 20 µs, and 3,333 heartbeats a
 	// second (10,000 workers) each make one.
+	//
+	// The dial is net.Dialer's on "tcp", as the data plane dials workers
+	// (proxy/upstream.go), so the probe proves what requests will reach.
+	// fasthttp.DialTimeout dials IPv4 only: a worker advertising an IPv6
+	// address ("http://[fd00::7]:8000", an IPv6 pod's POD_IP) or a name
+	// with AAAA records only failed every probe, and its register was
+	// answered 503 "advertise URL unreachable" for as long as it ran —
+	// the worker defers and retries, never registered — while the data
+	// plane would have reached it (TestProbeDialsIPv6_RREG1). It also
+	// cached each name's addresses for a minute: a worker restarted
+	// under the same DNS name at a new address (a rescheduled
+	// StatefulSet pod) was probed at the old one meanwhile.
+	dialer := &net.Dialer{Timeout: timeout, Control: probeDialControl}
 	dial := func(addr string) (net.Conn, error) {
-		c, err := fasthttp.DialTimeout(addr, timeout)
+		c, err := dialer.Dial("tcp", addr)
 		if err != nil {
 			return nil, err
 		}
@@ -110,6 +124,11 @@ func NewProber(timeout time.Duration) *Prober {
 		},
 	}
 }
+
+// probeDialControl, when not nil (tests), is the probe dialer's
+// net.Dialer.Control: it sees each connection's network and address
+// before the connect.
+var probeDialControl func(network, address string, c syscall.RawConn) error
 
 // Probe runs one challenge probe.
 //

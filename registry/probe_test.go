@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -207,5 +209,33 @@ func TestProbeByAnswerDue_RREG1_RLS2(t *testing.T) {
 	fw.mode.Store("404")
 	if res, err := p.ProbeBy(time.Now().Add(time.Minute), fw.srv.URL, fw.secret, c, v); res != ProbeRejected || errors.Is(err, ErrAnswerDue) {
 		t.Fatalf("unexpected probe answered 404 in time; got %v %v; want rejected, not ErrAnswerDue", res, err)
+	}
+}
+
+// A worker advertising an IPv6 address (an IPv6 pod's POD_IP) is probed
+// over IPv6, as the data plane dials it: fasthttp's default dial resolved
+// IPv4 addresses only and failed every probe of such a worker without a
+// connection tried, so its register was deferred (503 "advertise URL
+// unreachable") for as long as it ran (R-REG-1). The dial is stopped in
+// net.Dialer.Control, after the socket is made and before it connects:
+// nothing touches the network.
+func TestProbeDialsIPv6_RREG1(t *testing.T) {
+	errStop := errors.New("stopped before connecting")
+	var network, address string
+	probeDialControl = func(n, a string, _ syscall.RawConn) error {
+		network, address = n, a
+		return errStop
+	}
+	defer func() { probeDialControl = nil }()
+	p := NewProber(time.Second)
+	res, err := p.Probe("http://[::1]:9/", "s", "c", "v")
+	if res != ProbeUnreachable {
+		t.Fatalf("unexpected result; got %v; want %v", res, ProbeUnreachable)
+	}
+	if network == "" && err != nil && (errors.Is(err, syscall.EAFNOSUPPORT) || strings.Contains(err.Error(), "address family not supported")) {
+		t.Skip("no IPv6 sockets on this host")
+	}
+	if network != "tcp6" || address != "[::1]:9" {
+		t.Fatalf("unexpected dial; got %q %q (err %v); want %q %q", network, address, err, "tcp6", "[::1]:9")
 	}
 }
