@@ -153,3 +153,39 @@ func TestColdStartQuarantine_RCS1_RREG5(t *testing.T) {
 		t.Errorf("unexpected quarantineMs after the quarantine; got %v; want 0: %s", h.QuarantineMs, r.Body)
 	}
 }
+
+// A worker app whose middleware puts a long header on every answer (a
+// security-headers middleware's Content-Security-Policy), the challenge
+// probe's answer included, registers, stays eligible through its
+// heartbeats' probes and serves through pinboard, which relays the header
+// (R-REG-1, R-LS-3). The probe read at most 4 KiB of header: such a
+// worker's every register was deferred, 503 "advertise URL unreachable",
+// for as long as it ran.
+func TestWorkerWithLargeResponseHeaderRegisters_RREG1_RLS3(t *testing.T) {
+	pb := StartPinboard(t, PinboardOptions{})
+	w := StartWorker(t, pb, WorkerOptions{Name: "w1", Env: []string{"RESPONSE_HEADER_BYTES=8000"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	if _, err := w.WaitRegistered(ctx); err != nil {
+		t.Fatalf("unexpected registration; got %v; want the worker listed (R-REG-1)\n--- pinboard ---\n%s", err, pb.Output())
+	}
+	// The first request starts the cold-start quarantine (one lease, three
+	// heartbeats here): the answer comes after heartbeats whose probes
+	// passed, or a degraded worker would take no new id (R-LS-3).
+	r, err := getWithRetry(ctx, pb.URL+"/counters/big-header/value")
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("unexpected answer; got %s (err %v); want 200 from the worker", r, err)
+	}
+	if csp := r.Header.Get("Content-Security-Policy"); len(csp) < 7000 {
+		t.Fatalf("unexpected Content-Security-Policy; got %d bytes; want the worker's ~8000", len(csp))
+	}
+	recs, lr, err := pb.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(recs, func(rec WorkerRecord) bool { return rec.AdvertiseURL == w.URL })
+	if i < 0 || recs[i].Degraded == nil || *recs[i].Degraded {
+		t.Fatalf("unexpected listing; got %s; want the worker, not degraded (R-LS-3)", lr)
+	}
+}

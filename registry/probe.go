@@ -52,6 +52,17 @@ const ProxySecretHeader = "Pinboard-Proxy-Secret"
 // maxProbeBody bounds what a probe reads back.
 const maxProbeBody = 64 << 10
 
+// maxProbeHeader bounds the header of a probe's answer: 16 KiB, as the
+// data plane reads a worker's answers (proxy.UpstreamOptions.BufferSize).
+// The challenge route answers through the worker app's middleware, and
+// a header one adds to every answer (a long Content-Security-Policy, a
+// cookie) is on it too. fasthttp's default, 4 KiB, failed every probe of
+// an app whose answers carry more: its register was deferred (503
+// "advertise URL unreachable") for as long as it ran and its heartbeats
+// marked it degraded, while requests to it were relayed
+// (TestProbeAnswerWithLargeHeader_RREG1_RLS3).
+const maxProbeHeader = 16 << 10
+
 // Prober calls GET <advertiseUrl>/_pinned/challenge?challenge=… and
 // compares the answer with challengeValue. It is safe for concurrent use.
 type Prober struct {
@@ -104,6 +115,7 @@ func NewProber(timeout time.Duration) *Prober {
 			WriteTimeout:             timeout,
 			MaxConnWaitTimeout:       timeout,
 			MaxResponseBodySize:      maxProbeBody,
+			ReadBufferSize:           maxProbeHeader,
 			Dial:                     dial,
 		},
 		client: &fasthttp.Client{
@@ -120,6 +132,7 @@ func NewProber(timeout time.Duration) *Prober {
 			MaxConnsPerHost:     64,
 			MaxConnWaitTimeout:  timeout,
 			MaxResponseBodySize: maxProbeBody,
+			ReadBufferSize:      maxProbeHeader,
 			Dial:                dial,
 		},
 	}

@@ -239,3 +239,25 @@ func TestProbeDialsIPv6_RREG1(t *testing.T) {
 		t.Fatalf("unexpected dial; got %q %q (err %v); want %q %q", network, address, err, "tcp6", "[::1]:9")
 	}
 }
+
+// The challenge route answers through the worker app's middleware, and a
+// header it adds to every answer is on the probe's answer too: up to
+// 16 KiB of header passes, as on the data plane. With fasthttp's default
+// 4 KiB read buffer such an app's every probe failed, so its register was
+// deferred for as long as it ran and its heartbeats marked it degraded
+// (R-REG-1, R-LS-3).
+func TestProbeAnswerWithLargeHeader_RREG1_RLS3(t *testing.T) {
+	csp := strings.Repeat("default-src 'self' https://cdn.example; ", 200) // 8 KB
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", csp)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"value":"v-` + r.URL.Query().Get("challenge") + `"}`))
+	}))
+	defer srv.Close()
+	p := NewProber(time.Second)
+	for i := range 2 { // a fresh connection, then a pooled one
+		if res, err := p.Probe(srv.URL, "s", "c", "v-c"); res != ProbeOK {
+			t.Fatalf("unexpected result of probe %d; got %v (%v); want %v", i, res, err, ProbeOK)
+		}
+	}
+}

@@ -28,6 +28,11 @@ Environment:
                         and a /guarded host is added (below)
     EXTRA_NAMESPACE     one more Counter host at this namespace (the worker's own
                         routes' "/_pinned" is one a worker can register)
+    RESPONSE_HEADER_BYTES
+                        an app-wide middleware adds a Content-Security-Policy
+                        of about this many bytes to every HTTP answer, the
+                        challenge probe's too (as a security-headers
+                        middleware would)
     COUNTERS_IDLE_TIMEOUT
                         seconds after which an idle /counters or /tickers
                         instance is evicted and its placement released
@@ -337,6 +342,34 @@ if guarded is not None:
 if extra is not None:
     app.include_router(extra)
 
+
+
+class _LargeHeader:
+    """Pure ASGI middleware adding one long header to every HTTP answer
+    (RESPONSE_HEADER_BYTES): the challenge route answers through it too."""
+
+    def __init__(self, app: Any, size: int) -> None:
+        self.app = app
+        directive = b"default-src 'self' https://cdn.example; "
+        self.value = (directive * max(1, size // len(directive))).rstrip(b"; ")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_header(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"content-security-policy", self.value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_header)
+
+
+if os.environ.get("RESPONSE_HEADER_BYTES"):
+    app.add_middleware(_LargeHeader, size=int(os.environ["RESPONSE_HEADER_BYTES"]))
 
 _drains: set["asyncio.Task[None]"] = set()
 
