@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/pinboard-go/pinboard/internal/rawio"
@@ -71,6 +70,9 @@ type Prober struct {
 	// the answer: a pooled connection can hold a stale answer (see Probe).
 	fresh   *fasthttp.Client
 	timeout time.Duration
+	// dialer dials both clients' connections; its Control (nil here)
+	// lets a test see a dial's network and address before the connect.
+	dialer *net.Dialer
 }
 
 // CloseIdle closes the probe connections idle in p's pools.
@@ -99,49 +101,42 @@ func NewProber(timeout time.Duration) *Prober {
 	// cached each name's addresses for a minute: a worker restarted
 	// under the same DNS name at a new address (a rescheduled
 	// StatefulSet pod) was probed at the old one meanwhile.
-	dialer := &net.Dialer{Timeout: timeout, Control: probeDialControl}
+	p := &Prober{timeout: timeout, dialer: &net.Dialer{Timeout: timeout}}
 	dial := func(addr string) (net.Conn, error) {
-		c, err := dialer.Dial("tcp", addr)
+		c, err := p.dialer.Dial("tcp", addr)
 		if err != nil {
 			return nil, err
 		}
 		return rawio.Wrap(c), nil
 	}
-	return &Prober{
-		timeout: timeout,
-		fresh: &fasthttp.Client{
-			NoDefaultUserAgentHeader: true,
-			ReadTimeout:              timeout,
-			WriteTimeout:             timeout,
-			MaxConnWaitTimeout:       timeout,
-			MaxResponseBodySize:      maxProbeBody,
-			ReadBufferSize:           maxProbeHeader,
-			Dial:                     dial,
-		},
-		client: &fasthttp.Client{
-			NoDefaultUserAgentHeader: true,
-			ReadTimeout:              timeout,
-			WriteTimeout:             timeout,
-			// Heartbeats come every 3 s: a connection idle up to 4 s is
-			// reused by the next probe (one dial saved per heartbeat), and
-			// still closes before uvicorn's 5 s keep-alive timeout.
-			MaxIdleConnDuration: 4 * time.Second,
-			// Workers may share one host:port behind path prefixes: a burst
-			// of probes queues for a connection instead of failing at once
-			// (which would mark healthy workers degraded).
-			MaxConnsPerHost:     64,
-			MaxConnWaitTimeout:  timeout,
-			MaxResponseBodySize: maxProbeBody,
-			ReadBufferSize:      maxProbeHeader,
-			Dial:                dial,
-		},
+	p.fresh = &fasthttp.Client{
+		NoDefaultUserAgentHeader: true,
+		ReadTimeout:              timeout,
+		WriteTimeout:             timeout,
+		MaxConnWaitTimeout:       timeout,
+		MaxResponseBodySize:      maxProbeBody,
+		ReadBufferSize:           maxProbeHeader,
+		Dial:                     dial,
 	}
+	p.client = &fasthttp.Client{
+		NoDefaultUserAgentHeader: true,
+		ReadTimeout:              timeout,
+		WriteTimeout:             timeout,
+		// Heartbeats come every 3 s: a connection idle up to 4 s is
+		// reused by the next probe (one dial saved per heartbeat), and
+		// still closes before uvicorn's 5 s keep-alive timeout.
+		MaxIdleConnDuration: 4 * time.Second,
+		// Workers may share one host:port behind path prefixes: a burst
+		// of probes queues for a connection instead of failing at once
+		// (which would mark healthy workers degraded).
+		MaxConnsPerHost:     64,
+		MaxConnWaitTimeout:  timeout,
+		MaxResponseBodySize: maxProbeBody,
+		ReadBufferSize:      maxProbeHeader,
+		Dial:                dial,
+	}
+	return p
 }
-
-// probeDialControl, when not nil (tests), is the probe dialer's
-// net.Dialer.Control: it sees each connection's network and address
-// before the connect.
-var probeDialControl func(network, address string, c syscall.RawConn) error
 
 // Probe runs one challenge probe.
 //

@@ -222,12 +222,11 @@ func TestProbeByAnswerDue_RREG1_RLS2(t *testing.T) {
 func TestProbeDialsIPv6_RREG1(t *testing.T) {
 	errStop := errors.New("stopped before connecting")
 	var network, address string
-	probeDialControl = func(n, a string, _ syscall.RawConn) error {
+	p := NewProber(time.Second)
+	p.dialer.Control = func(n, a string, _ syscall.RawConn) error {
 		network, address = n, a
 		return errStop
 	}
-	defer func() { probeDialControl = nil }()
-	p := NewProber(time.Second)
 	res, err := p.Probe("http://[::1]:9/", "s", "c", "v")
 	if res != ProbeUnreachable {
 		t.Fatalf("unexpected result; got %v; want %v", res, ProbeUnreachable)
