@@ -90,3 +90,7 @@ func DirtySessions(r *Redis) int {
 	}
 	return n
 }
+
+// ErrNotAnswering is the error calls get while the node holds Redis for
+// not answering.
+var ErrNotAnswering = errNotAnswering

@@ -99,9 +99,12 @@ type Redis struct {
 	// finds): untracked is not set there, or every such close would drop
 	// the cached rows.
 	cluster atomic.Bool
-	eraMu   sync.Mutex
-	era     string // wipe detector: the value of the era key we last saw
-	connID  string // identity of the connection tracking the directory
+	// down: Redis is not answering (gatedClient); calls that need it
+	// fail at once until a revalidation attempt hears it again.
+	down   atomic.Bool
+	eraMu  sync.Mutex
+	era    string // wipe detector: the value of the era key we last saw
+	connID string // identity of the connection tracking the directory
 	// seenEpoch is the highest placement epoch this node has read in the
 	// current era: a reconnect to a directory whose epoch counter is
 	// below it finds lost placements (redis_regress.lua).
@@ -171,7 +174,7 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 		}
 		return nil, fmt.Errorf("cannot connect to redis at %s: %w: %w", redactURL(url), ErrUnavailable, err)
 	}
-	r.c = c
+	r.c = gatedClient{Client: c, r: r}
 	r.cluster.Store(c.Mode() == rueidis.ClientModeCluster)
 	if err := r.openEra(ctx); err != nil {
 		c.Close()

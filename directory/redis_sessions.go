@@ -462,10 +462,21 @@ const revalidateEvery = 10 * time.Second
 const revalidateRetryMax = 50 * time.Millisecond
 
 func (r *Redis) revalidate(ctx context.Context) error {
+	// Past the gate: this is how the node learns Redis answers again.
+	ctx = context.WithValue(ctx, ungated{}, struct{}{})
 	k := r.prefix + "era"
 	start, before := time.Now(), r.now()
 	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build(), r.c.B().Time().Build())
 	r.observeMulti("revalidate", start, res)
+	switch err := res[0].NonRedisError(); {
+	case err == nil:
+		r.up()
+	case timedOut(err):
+		// No answer within the budget (a connection's deadline, or the
+		// revalidator's own): Redis is not answering, however the
+		// connection looks.
+		r.goDown(err)
+	}
 	r.noteClock(before, r.now(), res[2])
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {

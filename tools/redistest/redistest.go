@@ -233,6 +233,26 @@ func (s *Server) StopSaving() error {
 	}
 }
 
+// Pause stops the server's process (SIGSTOP) without closing anything:
+// its connections stay open and its port keeps accepting (the kernel
+// completes the handshakes), but no command is answered until Resume —
+// a Redis stalled by a long command, a fork or a VM pause, or a silent
+// partition, which no connection error reveals. Stop and Kill end a
+// paused server too.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues a server Pause stopped (SIGCONT).
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return fmt.Errorf("redis-server on %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Restart is Stop then Start: the server comes back empty on the same port.
 func (s *Server) Restart() error {
 	s.Stop()

@@ -1,0 +1,143 @@
+package directory_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// A Redis that stops answering without closing anything — paused with
+// SIGSTOP here, as a frozen VM, a stalled server or a silent partition
+// would be — held every call that needed it until its caller's deadline,
+// for as long as it stayed paused: a new placement the proxy's whole 5–6 s
+// placeTimeout, a heartbeat 3 s, a readiness check 3 s, where a stopped
+// Redis fails them in milliseconds (R-DP-4: 503 with Retry-After while
+// nothing can serve). Now, once the node finds Redis silent (its
+// keep-alive, then its revalidation, time out), such calls fail at once
+// with ErrUnavailable; cached ids keep routing under their owners' known
+// leases throughout; and when Redis answers again everything resumes on
+// the same store, the placement made before the pause unchanged.
+func TestRedisPausedFailsFastAndRecovers_RDP4(t *testing.T) {
+	srv := redistest.StartServer(t)
+	const budget = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	a, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: 40 * time.Second, Prefix: "pause", Staleness: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	t0 := warmRedis(t, a, time.Now())
+	begin := time.Now()
+	now := func() time.Time { return t0.Add(time.Since(begin)) }
+	wa := register(t, a, "a", 10, t0)
+	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: t0})
+	if err != nil || r1.Owner.SessionID != wa {
+		t.Fatalf("unexpected placement; got %+v, %v; want %s", r1, err, wa)
+	}
+	if _, err := a.Quarantine(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	paused := true
+	defer func() {
+		if paused {
+			_ = srv.Resume()
+		}
+	}()
+	// Each call gets far longer than the node takes to find Redis
+	// silent: one that waits for Redis shows as taking the budget or more.
+	call := func(f func(context.Context) error) (time.Duration, error) {
+		c, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := f(c)
+		return time.Since(start), err
+	}
+	place := func(id string) func(context.Context) error {
+		return func(c context.Context) error {
+			_, err := a.Place(c, &directory.PlaceRequest{NS: "/c", ID: id, Now: now()})
+			return err
+		}
+	}
+	pausedAt := time.Now()
+	for n := 0; ; n++ {
+		if r, ok := a.Lookup([]byte("/c"), []byte("x"), now()); !ok || r.Owner.SessionID != wa || r.Epoch != r1.Epoch {
+			t.Fatalf("unexpected lookup of a cached id %v into the pause; got %+v, %v; want %s at epoch %d",
+				time.Since(pausedAt), r, ok, wa, r1.Epoch)
+		}
+		d, err := call(place("y"))
+		if !errors.Is(err, directory.ErrUnavailable) {
+			t.Fatalf("unexpected new placement while redis is paused; got %v; want ErrUnavailable", err)
+		}
+		if d < budget/2 && errors.Is(err, directory.ErrNotAnswering) {
+			t.Logf("new placements fail at once %v into the pause (%d waited for redis before)", time.Since(pausedAt).Round(time.Millisecond), n)
+			break
+		}
+		if time.Since(pausedAt) > 20*time.Second {
+			t.Fatalf("unexpected wait: new placements still wait for a redis paused %v (the last %v: %v); want them failing at once",
+				time.Since(pausedAt).Round(time.Millisecond), d.Round(time.Millisecond), err)
+		}
+	}
+	for what, f := range map[string]func(context.Context) error{
+		"a new placement": place("z"),
+		"readiness": func(c context.Context) error {
+			_, err := a.Quarantine(c, now())
+			return err
+		},
+		"a heartbeat": func(c context.Context) error {
+			_, err := a.Heartbeat(c, &directory.Beat{SessionID: wa, Sub: "sub", Headroom: 10}, now())
+			return err
+		},
+		"a registration": func(c context.Context) error {
+			_, err := a.Register(c, &directory.Registration{ClientID: "b", Sub: "sub", Secret: "k-b", Namespaces: []string{"/c"},
+				AdvertiseURL: "http://127.0.0.1:9/b", Headroom: 1}, now())
+			return err
+		},
+		"the workers listing": func(c context.Context) error {
+			_, err := a.Workers(c, now())
+			return err
+		},
+		"a sweep": func(c context.Context) error { return a.Sweep(c, now()) },
+	} {
+		d, err := call(f)
+		if !errors.Is(err, directory.ErrUnavailable) || !errors.Is(err, directory.ErrNotAnswering) || d >= budget/2 {
+			t.Fatalf("unexpected answer to %s while redis is paused and known silent; got %v after %v; want ErrUnavailable at once", what, err, d)
+		}
+	}
+	if r, ok := a.Lookup([]byte("/c"), []byte("x"), now()); !ok || r.Owner.SessionID != wa {
+		t.Fatalf("unexpected lookup of a cached id %v into the pause; got %+v, %v; want %s", time.Since(pausedAt), r, ok, wa)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	paused = false
+	resumed := time.Now()
+	for {
+		d, err := call(place("y"))
+		if err == nil {
+			t.Logf("placements resumed %v after redis did", time.Since(resumed).Round(time.Millisecond))
+			break
+		}
+		if time.Since(resumed) > 20*time.Second {
+			t.Fatalf("unexpected placement %v after redis resumed; got %v after %v; want the node back without a restart", time.Since(resumed), err, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r2, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now()})
+	if err != nil || r2.Owner.SessionID != wa || r2.Epoch != r1.Epoch || r2.Placed {
+		t.Fatalf("unexpected resolution of the id placed before the pause; got %+v, %v; want %s at epoch %d, not placed again", r2, err, wa, r1.Epoch)
+	}
+	if _, err := a.Heartbeat(ctx, &directory.Beat{SessionID: wa, Sub: "sub", Headroom: 10}, now()); err != nil {
+		t.Fatalf("cannot heartbeat after the pause: %v", err)
+	}
+	if q, err := a.Quarantine(ctx, now()); err != nil || q != 0 {
+		t.Fatalf("unexpected readiness after the pause; got %v, %v; want 0, nil (no wipe)", q, err)
+	}
+}
