@@ -141,3 +141,67 @@ func TestRedisPausedFailsFastAndRecovers_RDP4(t *testing.T) {
 		t.Fatalf("unexpected readiness after the pause; got %v, %v; want 0, nil (no wipe)", q, err)
 	}
 }
+
+// A claim cut short — its caller's deadline passing while Redis holds it
+// (CLIENT PAUSE WRITE: reads go on, scripts wait) — still runs when Redis
+// goes on, after its caller was told the directory is unavailable. Two
+// such claims for one id, from two nodes preferring different workers,
+// leave one owner: the first to run places it, the second finds it live;
+// both nodes then resolve that owner at that epoch, and exactly one
+// worker's row set lists the id (R-PL-1). A caller's own deadline does not
+// make the node hold Redis silent (a slow Redis is not a silent one): the
+// next calls go to Redis as before.
+func TestRedisClaimsCutShortLeaveOneOwner_RPL1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "cut", 15*time.Second)
+	b := openNode(t, srv.URL(), "cut", 15*time.Second)
+	now := warmRedis(t, a, time.Now())
+	w1 := register(t, a, "w1", 10, now)
+	w2 := register(t, b, "w2", 10, now)
+	// Shorter than the staleness budget (3 s): the connections live on.
+	if _, err := srv.Do("CLIENT", "PAUSE", "1000", "WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, n := range []struct {
+		s      *directory.Redis
+		prefer string
+	}{{a, w1}, {b, w2}} {
+		go func() {
+			c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			defer cancel()
+			_, err := n.s.Place(c, &directory.PlaceRequest{NS: "/c", ID: "m", Now: now, Pick: directory.PickInput{CallerSession: n.prefer}})
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, directory.ErrUnavailable) {
+			t.Fatalf("unexpected claim while redis holds scripts; got %v; want ErrUnavailable at the caller's deadline", err)
+		}
+	}
+	var want directory.Route
+	for i, n := range []*directory.Redis{a, b, a, b} {
+		// The first call of each node may still queue behind its claim.
+		r, err := n.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "m", Now: now})
+		if err != nil {
+			t.Fatalf("unexpected placement after the claims cut short; got %v; want the owner one of them placed", err)
+		}
+		if i == 0 {
+			want = r
+		}
+		if r.Owner.SessionID != want.Owner.SessionID || r.Epoch != want.Epoch || r.Placed {
+			t.Fatalf("unexpected owner through node %d after the claims cut short; got %s at %d (placed %v); want %s at %d",
+				i%2, r.Owner.SessionID, r.Epoch, r.Placed, want.Owner.SessionID, want.Epoch)
+		}
+	}
+	raw := rawClient(t, srv.Addr)
+	if n1, n2 := scard(t, raw, "cut", w1), scard(t, raw, "cut", w2); n1+n2 != 1 {
+		t.Fatalf("unexpected row sets after two claims of one id; got %d on w1 and %d on w2; want the id on one worker", n1, n2)
+	}
+	for i, n := range []*directory.Redis{a, b} {
+		if r, ok := n.Lookup([]byte("/c"), []byte("m"), now); ok && (r.Owner.SessionID != want.Owner.SessionID || r.Epoch != want.Epoch) {
+			t.Fatalf("unexpected cached owner on node %d; got %s at %d; want %s at %d", i, r.Owner.SessionID, r.Epoch, want.Owner.SessionID, want.Epoch)
+		}
+	}
+}
