@@ -3,6 +3,7 @@ package directory_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -203,5 +204,72 @@ func TestRedisClaimsCutShortLeaveOneOwner_RPL1(t *testing.T) {
 		if r, ok := n.Lookup([]byte("/c"), []byte("m"), now); ok && (r.Owner.SessionID != want.Owner.SessionID || r.Epoch != want.Epoch) {
 			t.Fatalf("unexpected cached owner on node %d; got %s at %d; want %s at %d", i, r.Owner.SessionID, r.Epoch, want.Owner.SessionID, want.Epoch)
 		}
+	}
+}
+
+// Redis out of memory (noeviction at maxmemory, as docs/DIRECTORY.md asks):
+// it refuses every write, and every read that fills the client cache (rueidis
+// fills through MULTI, which Redis refuses while out of memory). New
+// placements, heartbeats, registrations and readiness fail with
+// ErrUnavailable naming Redis's OOM, cached ids keep routing, no script
+// leaves a key half-written, and everything resumes once memory is freed.
+func TestRedisOutOfMemoryFailsCleanly_RDP4(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "oom", 15*time.Second)
+	now := warmRedis(t, a, time.Now())
+	w := register(t, a, "w1", 10, now)
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := srv.Do("DBSIZE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", "1"); err != nil {
+		t.Fatal(err)
+	}
+	reg := &directory.Registration{ClientID: "w2", Sub: "sub", Secret: "k-w2", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/w2", Headroom: 1, Instances: map[string][]string{"/c": {"x", "z"}}}
+	for what, f := range map[string]func() error{
+		"a new placement": func() error {
+			_, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now})
+			return err
+		},
+		"a heartbeat": func() error {
+			_, err := a.Heartbeat(ctx, &directory.Beat{SessionID: w, Sub: "sub", Headroom: 3}, now)
+			return err
+		},
+		"a registration": func() error {
+			_, err := a.Register(ctx, reg, now)
+			return err
+		},
+		"readiness": func() error {
+			_, err := a.Quarantine(ctx, now)
+			return err
+		},
+	} {
+		if err := f(); !errors.Is(err, directory.ErrUnavailable) || !strings.Contains(err.Error(), "OOM") {
+			t.Fatalf("unexpected answer to %s while redis is out of memory; got %v; want ErrUnavailable naming OOM", what, err)
+		}
+	}
+	if r, ok := a.Lookup([]byte("/c"), []byte("x"), now); !ok || r.Owner.SessionID != w {
+		t.Fatalf("unexpected lookup of a cached id while redis is out of memory; got %+v, %v; want %s", r, ok, w)
+	}
+	if after, err := srv.Do("DBSIZE"); err != nil || after != keys {
+		t.Fatalf("unexpected keys after the refused calls; got %s, %v; want %s: nothing written", after, err, keys)
+	}
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", "0"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); err != nil || r.Owner.SessionID != w {
+		t.Fatalf("unexpected placement once memory is freed; got %+v, %v; want %s", r, err, w)
+	}
+	if _, err := a.Heartbeat(ctx, &directory.Beat{SessionID: w, Sub: "sub", Headroom: 3}, now); err != nil {
+		t.Fatalf("cannot heartbeat once memory is freed: %v", err)
+	}
+	res, err := a.Register(ctx, reg, now)
+	if err != nil || len(res.Duplicates) != 1 {
+		t.Fatalf("unexpected registration once memory is freed; got %+v, %v; want x a duplicate (w1 holds it)", res, err)
 	}
 }
