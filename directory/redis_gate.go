@@ -68,9 +68,7 @@ func (g gatedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []r
 		return notAnswering(len(cmds))
 	}
 	res := g.Client.DoMulti(ctx, cmds...)
-	if len(res) > 0 {
-		g.r.noteAnswer(ctx, res[len(res)-1].NonRedisError())
-	}
+	g.r.noteAnswers(ctx, res)
 	return res
 }
 
@@ -91,9 +89,7 @@ func (g gatedClient) DoMultiCache(ctx context.Context, multi ...rueidis.Cacheabl
 		return notAnswering(len(multi))
 	}
 	res := g.Client.DoMultiCache(ctx, multi...)
-	if len(res) > 0 {
-		g.r.noteAnswer(ctx, res[len(res)-1].NonRedisError())
-	}
+	g.r.noteAnswers(ctx, res)
 	return res
 }
 
@@ -115,6 +111,18 @@ func notAnswering(n int) []rueidis.RedisResult {
 func (r *Redis) noteAnswer(ctx context.Context, err error) {
 	if timedOut(err) && ctx.Err() == nil {
 		r.goDown(err)
+	}
+}
+
+// noteAnswers is noteAnswer for the first transport error of a
+// pipeline's results: in a DoMultiCache, answers from the client cache
+// may follow one that timed out.
+func (r *Redis) noteAnswers(ctx context.Context, res []rueidis.RedisResult) {
+	for i := range res {
+		if err := res[i].NonRedisError(); err != nil {
+			r.noteAnswer(ctx, err)
+			return
+		}
 	}
 }
 
