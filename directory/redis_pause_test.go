@@ -24,10 +24,27 @@ import (
 // the same store, the placement made before the pause unchanged.
 func TestRedisPausedFailsFastAndRecovers_RDP4(t *testing.T) {
 	srv := redistest.StartServer(t)
+	testPaused(t, srv.URL(), srv)
+}
+
+// The same on a 3-master Redis Cluster, the master serving the
+// directory's slot paused (the other two mark it failed and answer
+// CLUSTERDOWN meanwhile).
+func TestRedisClusterPausedFailsFastAndRecovers_RDP4(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	srv, err := c.NodeFor("{pause}:era")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testPaused(t, c.URL(), srv)
+}
+
+// testPaused pauses srv, the server holding the directory at url.
+func testPaused(t *testing.T, url string, srv *redistest.Server) {
 	const budget = time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	a, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: 40 * time.Second, Prefix: "pause", Staleness: budget})
+	a, err := directory.OpenRedis(ctx, url, directory.RedisOptions{LeaseTTL: 40 * time.Second, Prefix: "pause", Staleness: budget})
 	if err != nil {
 		t.Fatal(err)
 	}
