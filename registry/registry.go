@@ -119,6 +119,11 @@ type Registry struct {
 
 	// unreachable: advertise URLs a register's probe found unreachable.
 	unreachable unreachableURLs
+
+	// failLogged is the second (Unix, the registry's clock) of the last
+	// "registry operation failed" line, failQuiet the failures not logged
+	// since: storeFailed logs one a second.
+	failLogged, failQuiet atomic.Int64
 }
 
 // New returns a Registry; Close releases its pool.
@@ -529,8 +534,17 @@ func (r *Registry) opContext() (context.Context, context.CancelFunc) {
 }
 
 // storeFailed answers a store error that is not one of the domain errors.
+// It logs at most one line a second, counting the failures it did not
+// log: while the directory is down every heartbeat fails, and a fleet of
+// 10,000 workers on 3 s heartbeats logged 3,333 lines a second through
+// each node (pinboard_registry_heartbeats_total{outcome="unavailable"}
+// counts them all).
 func (r *Registry) storeFailed(ctx *fasthttp.RequestCtx, op string, err error) {
-	r.log.Warn("registry operation failed", "op", op, "err", err)
+	if sec := r.now().Unix(); r.failLogged.Swap(sec) != sec {
+		r.log.Warn("registry operation failed", "op", op, "err", err, "notLogged", r.failQuiet.Swap(0))
+	} else {
+		r.failQuiet.Add(1)
+	}
 	replyRetry(ctx, bodyUnavailable, 1)
 }
 
