@@ -46,6 +46,8 @@ func (pb *Pinboard) ServeAdmin(ln net.Listener) error {
 		WriteTimeout:          30 * time.Second,
 		IdleTimeout:           60 * time.Second,
 		ReadBufferSize:        8 << 10,
+		// As on the public listener: no request header quoted in a log.
+		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger{pb.log},
 	}
 	pb.admin, pb.adminLn = srv, ln

@@ -260,6 +260,13 @@ func New(o Options) (*Pinboard, error) {
 		KeepHijackedConns: true,
 		CloseOnShutdown:   true,
 		Logger:            fasthttpLogger{o.Logger},
+
+		// fasthttp's error for a request it cannot read quotes the
+		// header it read, Authorization and Cookie lines included, and
+		// Logger writes it at debug level: a client's bearer token in
+		// pinboard's log (R-TR-1,
+		// TestUnreadableRequestCredentialsNotLogged_RTR1).
+		SecureErrorLogMessage: true,
 	}
 	if o.Metrics != nil {
 		o.Metrics.Attach(metrics.Sources{

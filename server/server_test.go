@@ -252,6 +252,47 @@ func TestAccessLogAbsoluteFormPath(t *testing.T) {
 	}
 }
 
+// A request fasthttp cannot read is logged at debug level (fasthttp's
+// "error when serving connection"), and fasthttp's error quoted the header
+// it had read: a client's Authorization and Cookie lines went into
+// pinboard's log whenever PINBOARD_LOG_LEVEL=debug, on the public
+// listener and on the admin listener alike (R-TR-1).
+func TestUnreadableRequestCredentialsNotLogged_RTR1(t *testing.T) {
+	var logs testlog.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	_, public, admin, _ := node(t, Options{Logger: log})
+	const secret = "Bearer hunter2-token\r\nCookie: session=hunter2-cookie"
+	reqs := []string{
+		"GET /counters/a/value HTTP/1.1\r\nHost: a\r\nAuthorization: " + secret + "\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+		"GET /counters/a/value HTTP/1.1\r\nHost: a\r\nAuthorization: " + secret + "\r\nTransfer-Encoding: gzip\r\n\r\n",
+		"GET /livez HTTP/1.1\r\nHost: a\r\nAuthorization: " + secret + "\r\n\x00: y\r\n\r\n",
+	}
+	for _, base := range []string{public, admin} {
+		for _, req := range reqs {
+			c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(c, req)
+			_, _ = io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}
+	// fasthttp logs each error as the connection ends, after the answer.
+	want := 2 * len(reqs)
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(logs.String(), "error when serving connection") < want && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := logs.String()
+	if n := strings.Count(s, "error when serving connection"); n < want {
+		t.Fatalf("unexpected number of logged read errors; got %d; want %d:\n%s", n, want, s)
+	}
+	if strings.Contains(s, "hunter2") {
+		t.Errorf("unexpected credential in the log; got\n%s\nwant no Authorization or Cookie value", s)
+	}
+}
+
 // The node's metrics count a Server-Sent Event stream in
 // pinboard_proxy_open_event_streams (and pinboard_proxy_open_streams)
 // while it is relayed, and drop back once it ended (R-DP-2).
