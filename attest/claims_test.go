@@ -110,6 +110,22 @@ func TestClaims_CheckBackend_RTR3(t *testing.T) {
 		{"http://worker.internal/#frag", "must not carry a fragment"},
 		{"http://worker.internal/#", "must not carry a fragment"},
 		{"http://wor ker.internal", "cannot parse advertise URL"},
+		// Spellings that reach another address than they seem to, or
+		// that only some resolvers read as an address.
+		{"http://worker.internal:8000@127.0.0.1/", "must not carry user info"},
+		{"http://10.0.3.7%2f@127.0.0.1/", "must not carry user info"},
+		{"http://worker.internal:8000\\@127.0.0.1/", "cannot parse advertise URL"},
+		{"http://127.0.0.1#.pods.local/", "must not carry a fragment"},
+		{"http://127.0.0.1%23.pods.local/", "cannot parse advertise URL"},
+		{"http://%31%30.0.3.7/", "cannot parse advertise URL"},
+		{"http://3232235521/", "is not in allowedBackendHosts"},    // 192.168.0.1 to inet_aton
+		{"http://0xc0.0xa8.0.1/", "is not in allowedBackendHosts"}, // the same
+		{"http://0300.0250.0.1/", "is not in allowedBackendHosts"}, // the same, octal
+		{"http://192.168.1/", "is not in allowedBackendHosts"},
+		{"http://[::1%25lo]:8000/", "is not in allowedBackendHosts"},
+		{"http://[fd00::5%25eth0]:9000/", "is not in allowedBackendHosts"},
+		{"http://[10.0.3.7]/", "cannot parse advertise URL"},
+		{"http://worker.internal:80,127.0.0.1/", "cannot parse advertise URL"},
 	}
 	for _, tc := range cases {
 		err := c.CheckBackend(tc.url)

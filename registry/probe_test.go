@@ -260,3 +260,32 @@ func TestProbeAnswerWithLargeHeader_RREG1_RLS3(t *testing.T) {
 		}
 	}
 }
+
+// A probe does not follow redirects: R-TR-3 checks the advertise URL's
+// host at register, and a redirect would have the probe (carrying the
+// worker's secret) reach, and a register be proved by, a host the claims
+// never covered. A 3xx is an answer like a 403: rejected, whatever the
+// target would have said (R-REG-1).
+func TestProbeDoesNotFollowRedirects_RREG1_RTR3(t *testing.T) {
+	var reached atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		_, _ = w.Write([]byte(`{"value":"v"}`))
+	}))
+	defer target.Close()
+	for _, status := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, target.URL+r.URL.RequestURI(), status)
+		}))
+		p := NewProber(2 * time.Second)
+		res, err := p.Probe(redirector.URL, "s", "c", "v")
+		p.CloseIdle()
+		redirector.Close()
+		if res != ProbeRejected {
+			t.Errorf("unexpected outcome of a probe answered %d; got %v (%v); want %v", status, res, err, ProbeRejected)
+		}
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("unexpected requests at the redirect target; got %d; want 0", n)
+	}
+}
