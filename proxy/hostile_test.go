@@ -1466,3 +1466,28 @@ func TestFieldNameWithSpaceRefused_RDP1(t *testing.T) {
 		t.Fatalf("unexpected request at the worker: %q", wire)
 	}
 }
+
+// Escaped line breaks never become line breaks on the way to the worker:
+// the rest of the path and the query are forwarded as sent, still
+// escaped, so no field can be injected into the worker's request; an id
+// holding one is no id (the worker's charset) and is refused before any
+// worker is asked (R-DP-1).
+func TestEscapedLineBreaksStayEscaped_RDP1(t *testing.T) {
+	for _, tc := range []struct {
+		target string
+		line   string // the worker's request line; "" = nothing forwarded
+	}{
+		{"/counters/alice/x%0d%0aInjected:%201", "GET /counters/alice/x%0d%0aInjected:%201 HTTP/1.1"},
+		{"/counters/alice/x%0AInjected:%201", "GET /counters/alice/x%0AInjected:%201 HTTP/1.1"},
+		{"/counters/alice/x?q=%0d%0aInjected:%201", "GET /counters/alice/x?q=%0d%0aInjected:%201 HTTP/1.1"},
+		{"/counters/alice%0d%0aInjected:%201/x", ""},
+	} {
+		rg, cl := newCapRig(t, nil)
+		rg.raw("GET "+tc.target+" HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second)
+		wire := cl.String()
+		line, _, _ := strings.Cut(wire, "\r\n")
+		if line != tc.line || strings.Contains(strings.ToLower(wire), "\ninjected") {
+			t.Errorf("unexpected request at the worker for %q; got\n%s\nwant request line %q and no Injected field", tc.target, wire, tc.line)
+		}
+	}
+}
