@@ -32,6 +32,11 @@ var (
 
 	hdrIdempotencyKey  = []byte("Idempotency-Key")
 	hdrXIdempotencyKey = []byte("X-Idempotency-Key")
+
+	// The challenge of a 401 (RFC 9110 §11.6.1): a passport credential
+	// is a bearer token (attest.Passport.Authenticate, RFC 6750).
+	hdrWWWAuthenticate = []byte("Www-Authenticate")
+	valBearer          = []byte("Bearer")
 )
 
 // maxSubrequestDepth is the reference worker's MAX_DEPTH for cluster calls.
@@ -360,7 +365,10 @@ func (p *Proxy) admit(ctx *fasthttp.RequestCtx, rq *request) bool {
 		rq.principal, rq.passport = pr, pr != nil
 		return true
 	case attest.Unauthorized:
+		// RFC 9110 §15.5.2: a 401 MUST carry a challenge, here for a
+		// credential the request lacked or that did not authenticate.
 		writeError(ctx, fasthttp.StatusUnauthorized, "unauthorized", 0)
+		ctx.Response.Header.SetCanonical(hdrWWWAuthenticate, valBearer)
 	default:
 		writeError(ctx, fasthttp.StatusForbidden, "forbidden", 0)
 	}

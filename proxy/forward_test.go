@@ -658,6 +658,30 @@ func TestNamespacePolicy_RTR4(t *testing.T) {
 	}
 }
 
+// A 401 names the scheme that would be accepted (RFC 9110 §15.5.2: the
+// server MUST send WWW-Authenticate with at least one challenge; RFC 6750
+// §3 for Bearer), with no credential and with a wrong one alike (R-TR-4).
+// Before, pinboard's 401 carried none, and a client or an edge that reads
+// the challenge to pick its credential had nothing to go on.
+func TestUnauthorizedCarriesChallenge_RTR4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	rg.add(w, 1, "/secure")
+	for _, hdr := range []map[string]string{nil, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dTpw"}} {
+		res, body := rg.get("/secure/x/value", hdr)
+		if res.StatusCode != 401 || body != `{"error":"unauthorized"}` {
+			t.Fatalf("unexpected reply with %v; got %d %s; want 401", hdr, res.StatusCode, body)
+		}
+		if got := res.Header.Values("WWW-Authenticate"); len(got) != 1 || got[0] != "Bearer" {
+			t.Fatalf("unexpected challenge with %v; got %q; want [Bearer]", hdr, got)
+		}
+	}
+	if res, _ := rg.get("/secure/x/value", map[string]string{"Authorization": "Bearer " + clientToken}); res.StatusCode != 200 || res.Header.Get("WWW-Authenticate") != "" {
+		t.Fatalf("unexpected admitted reply; got %d, challenge %q; want 200 without one", res.StatusCode, res.Header.Get("WWW-Authenticate"))
+	}
+}
+
 // Attested cluster calls (R-TR-6): the caller's session secret is checked,
 // the caller's namespace must be one the session serves, the attestation
 // names the caller and depth, and a new id prefers the

@@ -237,6 +237,11 @@ func TestAuthorizationMatrix_RTR1_RTR2_RTR3(t *testing.T) {
 				if res.status != w.status || !match {
 					t.Fatalf("unexpected reply to %s %s with %s; got %d %s; want %d %s", e.method, e.path, cell.name, res.status, res.body, w.status, w.body)
 				}
+				// RFC 9110 §15.5.2: a 401 MUST carry a challenge; nothing
+				// else does.
+				if got, want := string(res.header.Peek("WWW-Authenticate")), map[bool]string{true: "Bearer"}[w.status == 401]; got != want {
+					t.Fatalf("unexpected challenge of %d to %s %s with %s; got %q; want %q", res.status, e.method, e.path, cell.name, got, want)
+				}
 				if w.status != 200 {
 					// A refusal touches nothing: the victim keeps its
 					// session, its placement and no drain.

@@ -518,6 +518,9 @@ func (r *Registry) principal(ctx *fasthttp.RequestCtx, scope string) *attest.Pri
 		pr, err = r.passport.Authenticate(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization))
 		if err != nil || pr == nil {
 			reply(ctx, fasthttp.StatusUnauthorized, bodyUnauthorized)
+			// RFC 9110 §15.5.2: a 401 MUST carry a challenge; the
+			// credential is a bearer token (RFC 6750).
+			ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, "Bearer")
 			return nil
 		}
 		ctx.SetUserValue(principalKey{}, pr)

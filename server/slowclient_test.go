@@ -303,6 +303,9 @@ func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
 			if res.StatusCode != c.status || string(body) != c.body {
 				t.Fatalf("unexpected answer before the body; got %d %s; want %d %s", res.StatusCode, body, c.status, c.body)
 			}
+			if c.status == 401 && res.Header.Get("WWW-Authenticate") != "Bearer" {
+				t.Fatalf("unexpected challenge of a 401 before the body; got %q; want Bearer (RFC 9110 §15.5.2)", res.Header.Get("WWW-Authenticate"))
+			}
 			if !res.Close {
 				t.Fatalf("the connection stays open after a refusal whose body was never read")
 			}
