@@ -50,6 +50,7 @@ Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
                         attested calling instance), GET call?path=P (a
                         cluster call to P), POST sha256 (consumes
                         the body, returns its digest), GET blob?size=N,
+                        GET target/{rest} (the raw path and query it got),
                         GET slow?seconds=S (answers after S seconds)
     /tickers   Ticker   GET events?count=N&interval=S (SSE), WS ws (echo)
     /retained  Counter  with release_placement_on_idle=False: instances evict
@@ -195,6 +196,17 @@ class Counter(PinnedAPI):
             "worker": WORKER_NAME,
             "id": self.id,
             "headers": [[k, v] for k, v in request.headers.items()],
+        }
+
+    @route.get("/target/{rest:path}")
+    async def target(self, request: Request, rest: str) -> dict[str, Any]:
+        # The request target as uvicorn got it, undecoded: pinboard must
+        # forward path and query byte for byte (R-DP-1).
+        return {
+            "worker": WORKER_NAME,
+            "id": self.id,
+            "rawPath": request.scope.get("raw_path", b"").decode("latin-1"),
+            "query": request.scope["query_string"].decode("latin-1"),
         }
 
     @route.post("/echo")
