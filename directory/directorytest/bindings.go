@@ -153,6 +153,19 @@ func testHostRouting(t *testing.T, f Factory) {
 	if counts[plain] == 0 {
 		t.Fatalf("unexpected placements for an unbound host; got %v; want the plain worker used", counts)
 	}
+	// A bound worker whose lease lapsed, its session not swept yet, binds
+	// its host's ids no more: they place on the live workers, as for a
+	// host nobody is bound to, instead of finding no eligible worker until
+	// the sweep (R-LS-2). Its own ids re-place there too.
+	fx.advance(TTL - time.Millisecond)
+	fx.beat(plain, 1000, false, false)
+	fx.advance(time.Millisecond)
+	for _, id := range []string{"h0", "after"} {
+		r, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: id, Now: fx.now, Host: "app.example"})
+		if err != nil || r.Owner.SessionID != plain || !r.Placed {
+			t.Fatalf("unexpected placement of %s for Host app.example once its bound worker's lease lapsed; got %+v, %v; want a new one on the plain worker", id, r, err)
+		}
+	}
 }
 
 // testRegistrationNotAliased: the store keeps its own copy of what a
