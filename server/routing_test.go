@@ -293,3 +293,52 @@ func TestAffinityKeyOption_RSRV4(t *testing.T) {
 		t.Fatalf("unexpected affinity key calls; got %q; want one for the request with X-Thread-Id thread-7", keys)
 	}
 }
+
+// The balance factor option (PINBOARD_AFFINITY_BALANCE_FACTOR, R-PL-4)
+// reaches the data plane's placement policy. Two workers at headroom 100,
+// every request with one affinity key: at factor 1 the preferred worker,
+// at 99 after its first id, is below the other's 100 and the second id
+// goes there; at the default (2) it would keep ids down to 50.
+func TestBalanceFactorOption_RPL4(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(fasthttp.StatusOK) }}
+	go func() { _ = worker.Serve(ln) }()
+	t.Cleanup(func() { _ = worker.Shutdown() })
+	pb, _ := testPinboard(t, "")
+	now := time.Unix(1_800_000_000, 0)
+	store := directory.NewMemory(time.Second, now)
+	if _, err := store.Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: "warm", Now: now}); err == nil {
+		t.Fatal("unexpected placement on a cold store")
+	}
+	now = now.Add(time.Second)
+	for _, name := range []string{"a", "b"} {
+		if _, err := store.Register(context.Background(), &directory.Registration{ClientID: name, Sub: "s", Secret: "k", Namespaces: []string{"/c"},
+			AdvertiseURL: "http://" + ln.Addr().String() + "/" + name, Headroom: 100}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pb2, err := New(Options{Store: store, Passport: pb.opts.Passport, LeaseTTL: time.Second, BalanceFactor: 1,
+		Now:         func() time.Time { return now },
+		AffinityKey: func(*fasthttp.RequestCtx) (string, bool) { return "203.0.113.7", true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pb2.registry.Close(time.Second) })
+	owners := map[string]bool{}
+	for _, id := range []string{"x", "y"} {
+		if code, body := call(pb2, "GET", "/c/"+id+"/v", ""); code != fasthttp.StatusOK {
+			t.Fatalf("unexpected answer for /c/%s; got %d %s; want 200", id, code, body)
+		}
+		p, err := store.Placement(context.Background(), "/c", id, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners[p.ClientID] = true
+	}
+	if len(owners) != 2 {
+		t.Fatalf("unexpected owners of two ids with one affinity key at balance factor 1; got %v; want a and b", owners)
+	}
+}
