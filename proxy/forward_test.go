@@ -840,6 +840,44 @@ func TestClusterCallFromSupersededSession_RTR6_RLS4(t *testing.T) {
 	}
 }
 
+// The request's host picks the workers bound to it for a new placement
+// (hostname-aware bindings, R-LS-4): a Host with a port and in another
+// case still names the binding, and any other host places by headroom.
+// The directory's contract tests the rule given the host; this is the
+// data plane handing it over.
+func TestHostnameRoutesNewPlacements_RLS4(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	bound, plain := newStandin(t, "bound"), newStandin(t, "plain")
+	res, err := rg.store.Register(t.Context(), &directory.Registration{
+		ClientID: "client-bound", Sub: "p:worker", Secret: bound.secret, Namespaces: []string{"/counters"},
+		AdvertiseURL: bound.srv.URL, Headroom: 1, Hostname: "app.example", Env: "blue", Epoch: 1,
+	}, rg.now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound.session.Store(res.SessionID)
+	rg.add(plain, 1000, "/counters")
+	for _, c := range []struct{ host, id, want string }{
+		{"App.Example:8443", "h1", "bound"},
+		{"app.example", "h2", "bound"},
+		{"", "p1", "plain"},
+		{"other.example", "p2", "plain"},
+	} {
+		req, _ := http.NewRequest("GET", rg.url+"/counters/"+c.id+"/value", nil)
+		if c.host != "" {
+			req.Host = c.host
+		}
+		res, body := rg.do(req)
+		if res.StatusCode != 200 {
+			t.Fatalf("unexpected reply for Host %q; got %d %s; want 200", c.host, res.StatusCode, body)
+		}
+		if got := decodeSeen(t, body).Worker; got != c.want {
+			t.Fatalf("unexpected worker for a new id with Host %q; got %s; want %s", c.host, got, c.want)
+		}
+	}
+}
+
 // Server-Sent Events leave as they are produced (R-DP-2).
 func TestSSEFlushedPerEvent_RDP2(t *testing.T) {
 	rg := newRig(t, nil)
