@@ -153,6 +153,12 @@ func testHostRouting(t *testing.T, f Factory) {
 	if counts[plain] == 0 {
 		t.Fatalf("unexpected placements for an unbound host; got %v; want the plain worker used", counts)
 	}
+	// A bound worker that drains still binds its host: no other worker
+	// takes the host's new ids (docs/PROTOCOL.md).
+	fx.beat(bound, 1, true, false)
+	if _, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "drained", Now: fx.now, Host: "app.example"}); !errors.Is(err, directory.ErrNoEligible) {
+		t.Fatalf("unexpected placement for Host app.example while its bound worker drains; got %v; want ErrNoEligible", err)
+	}
 	// A bound worker whose lease lapsed, its session not swept yet, binds
 	// its host's ids no more: they place on the live workers, as for a
 	// host nobody is bound to, instead of finding no eligible worker until
