@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -546,4 +547,25 @@ func TestRegisterHostnameTrailingDot_RLS4_RTR3(t *testing.T) {
 	if !strings.Contains(res.body, `"hostname":"app.example"`) || strings.Contains(res.body, `app.example.`) {
 		t.Fatalf("unexpected hostname in the workers listing; got %s; want app.example without its trailing dot", res.body)
 	}
+}
+
+// A worker that registers draining (its own flag, as a draining process
+// re-registering after a lost session does) takes no new placement from
+// its registration on, not from its first heartbeat (R-REG-1, R-PL-1):
+// the register ack echoes the flag from the body, so only the store can
+// show it was kept.
+func TestRegisterDrainingNotEligible_RREG1_RPL1(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		if _, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: h.clock()}); err == nil {
+			t.Fatal("unexpected placement on a cold store")
+		}
+		h.advance(15 * time.Second)
+		s := h.register(map[string]any{"draining": true})
+		if info, err := h.ds.Session(t.Context(), s, h.clock()); err != nil || !info.Draining {
+			t.Fatalf("unexpected session after a draining registration; got %+v, %v; want draining", info, err)
+		}
+		if _, err := h.ds.Place(t.Context(), &directory.PlaceRequest{NS: "/counters", ID: "new", Now: h.clock()}); !errors.Is(err, directory.ErrNoEligible) {
+			t.Fatalf("unexpected placement on a worker that registered draining; got %v; want ErrNoEligible", err)
+		}
+	})
 }
