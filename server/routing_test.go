@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/proxy"
 )
 
 func testPinboard(t *testing.T, base string) (*Pinboard, *directory.Memory) {
@@ -294,12 +296,11 @@ func TestAffinityKeyOption_RSRV4(t *testing.T) {
 	}
 }
 
-// The balance factor option (PINBOARD_AFFINITY_BALANCE_FACTOR, R-PL-4)
-// reaches the data plane's placement policy. Two workers at headroom 100,
-// every request with one affinity key: at factor 1 the preferred worker,
-// at 99 after its first id, is below the other's 100 and the second id
-// goes there; at the default (2) it would keep ids down to 50.
-func TestBalanceFactorOption_RPL4(t *testing.T) {
+// placing builds a pinboard with o on a warm memory store where workers
+// a and b, each at headroom 100, serve /c from a stand-in that answers
+// 200 to everything, and returns it with the store and its clock.
+func placing(t *testing.T, o Options) (*Pinboard, *directory.Memory, time.Time) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -320,25 +321,76 @@ func TestBalanceFactorOption_RPL4(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pb2, err := New(Options{Store: store, Passport: pb.opts.Passport, LeaseTTL: time.Second, BalanceFactor: 1,
-		Now:         func() time.Time { return now },
-		AffinityKey: func(*fasthttp.RequestCtx) (string, bool) { return "203.0.113.7", true }})
+	o.Store, o.Passport, o.LeaseTTL, o.Now = store, pb.opts.Passport, time.Second, func() time.Time { return now }
+	pb2, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pb2.registry.Close(time.Second) })
-	owners := map[string]bool{}
-	for _, id := range []string{"x", "y"} {
-		if code, body := call(pb2, "GET", "/c/"+id+"/v", ""); code != fasthttp.StatusOK {
-			t.Fatalf("unexpected answer for /c/%s; got %d %s; want 200", id, code, body)
-		}
-		p, err := store.Placement(context.Background(), "/c", id, now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		owners[p.ClientID] = true
+	return pb2, store, now
+}
+
+// placedOn sends a request for /c/{id} from 127.0.0.1 with the header
+// hdr (name, value; none when empty) and returns the client id that owns
+// id after it.
+func placedOn(t *testing.T, pb *Pinboard, store *directory.Memory, now time.Time, id string, hdr ...string) string {
+	t.Helper()
+	var req fasthttp.Request
+	req.SetRequestURI("/c/" + id + "/v")
+	if len(hdr) == 2 {
+		req.Header.Set(hdr[0], hdr[1])
 	}
-	if len(owners) != 2 {
-		t.Fatalf("unexpected owners of two ids with one affinity key at balance factor 1; got %v; want a and b", owners)
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+	pb.Handle(&ctx)
+	if code := ctx.Response.StatusCode(); code != fasthttp.StatusOK {
+		t.Fatalf("unexpected answer for /c/%s; got %d %s; want 200", id, code, ctx.Response.Body())
+	}
+	p, err := store.Placement(context.Background(), "/c", id, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.ClientID
+}
+
+// The balance factor option (PINBOARD_AFFINITY_BALANCE_FACTOR, R-PL-4)
+// reaches the data plane's placement policy. Two workers at headroom 100,
+// every request with one affinity key: at factor 1 the preferred worker,
+// at 99 after its first id, is below the other's 100 and the second id
+// goes there; at the default (2) it would keep ids down to 50.
+func TestBalanceFactorOption_RPL4(t *testing.T) {
+	pb, store, now := placing(t, Options{BalanceFactor: 1,
+		AffinityKey: func(*fasthttp.RequestCtx) (string, bool) { return "203.0.113.7", true }})
+	if a, b := placedOn(t, pb, store, now, "x"), placedOn(t, pb, store, now, "y"); a == b {
+		t.Fatalf("unexpected owners of two ids with one affinity key at balance factor 1; got %s for both; want a and b", a)
+	}
+}
+
+// The trusted proxies option (PINBOARD_TRUSTED_PROXIES, R-PL-4) reaches
+// the data plane: behind a trusted peer, the X-Forwarded-For client picks
+// the worker, so two clients whose rendezvous prefers different workers
+// get their ids placed there, not both where the peer's address would.
+func TestTrustedProxiesOption_RPL4(t *testing.T) {
+	trusted, err := proxy.ParseTrustedProxies("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, store, now := placing(t, Options{TrustedProxies: trusted})
+	// Two client addresses the rendezvous sends to different workers.
+	ws, _ := store.Workers(context.Background(), now)
+	cands := []directory.Candidate{{SessionID: ws[0].SessionID, ClientID: ws[0].ClientID, Headroom: 100}, {SessionID: ws[1].SessionID, ClientID: ws[1].ClientID, Headroom: 100}}
+	slices.SortFunc(cands, func(x, y directory.Candidate) int { return strings.Compare(x.SessionID, y.SessionID) })
+	want := map[string]string{} // client id -> client address
+	for i := 1; len(want) < 2 && i < 256; i++ {
+		ip := "198.51.100." + itoa(i)
+		pick := (&directory.HeadroomPolicy{}).Rank(nil, cands, &directory.PickInput{Key: ip, HasKey: true})[0]
+		if _, ok := want[cands[pick].ClientID]; !ok {
+			want[cands[pick].ClientID] = ip
+		}
+	}
+	for client, ip := range want {
+		if got := placedOn(t, pb, store, now, "for-"+ip, "X-Forwarded-For", ip); got != client {
+			t.Fatalf("unexpected owner of an id requested for %s through a trusted proxy; got %s; want %s", ip, got, client)
+		}
 	}
 }
