@@ -513,3 +513,28 @@ func TestKubernetesServiceLinksNotWarned_RSRV3(t *testing.T) {
 		t.Errorf("unexpected warnings without the Service's host variable; got %q; want %d, PINBOARD_PORT's among them", got, want)
 	}
 }
+
+// Every variable read for the server reaches server.Options: the
+// affinity guard and the trusted proxies (R-PL-4), the lease (R-LS-1) and
+// the base path among them. Dropped on the way, a variable was read and
+// checked, and then did nothing.
+func TestServerOptions_RPL4_RLS1(t *testing.T) {
+	kv := base()
+	kv["PINBOARD_LEASE_TTL_MS"] = "3000"
+	kv["PINBOARD_TRUSTED_PROXIES"] = "10.0.0.0/8"
+	kv["PINBOARD_AFFINITY_BALANCE_FACTOR"] = "1.5"
+	kv["PINBOARD_BASE_PATH"] = "/pb"
+	c, err := loadConfig(env(kv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := directory.NewMemory(c.LeaseTTL, time.Now())
+	o := serverOptions(c, store, nil, nil)
+	if o.Store != store || o.Passport != c.Passport || o.BalanceFactor != 1.5 || o.TrustedProxies != c.Trusted ||
+		o.LeaseTTL != 3*time.Second || o.BasePath != "/pb" || o.Upstream != c.Upstream || o.ProbeTimeout != c.ProbeTimeout ||
+		o.ReadTimeout != c.ReadTimeout || o.IdleTimeout != c.IdleTimeout || o.HeaderTimeout != c.HeaderTimeout ||
+		o.RegistryWorkers != c.RegWorkers || o.RegistryMinWorkers != c.RegMinWorkers || o.RegistryQueue != c.RegQueue ||
+		o.AccessLogSample != c.AccessSample || o.Pprof != c.Pprof {
+		t.Fatalf("unexpected server options; got %+v; want those of %+v", o, c)
+	}
+}

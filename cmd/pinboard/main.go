@@ -94,6 +94,31 @@ func isHelp(args []string) bool {
 // run returns the exit code: 0 after a clean shutdown, 1 on a runtime
 // failure, 2 on bad configuration (one line naming the variable, nothing
 // started).
+// serverOptions is the library's configuration for cfg: every variable
+// that reaches the server goes through here (TestServerOptions).
+func serverOptions(cfg *config, store directory.Store, log *slog.Logger, m *metrics.Metrics) server.Options {
+	return server.Options{
+		Store:              store,
+		Passport:           cfg.Passport,
+		BasePath:           cfg.BasePath,
+		LeaseTTL:           cfg.LeaseTTL,
+		BalanceFactor:      cfg.BalanceFactor,
+		TrustedProxies:     cfg.Trusted,
+		Upstream:           cfg.Upstream,
+		ProbeTimeout:       cfg.ProbeTimeout,
+		RegistryWorkers:    cfg.RegWorkers,
+		RegistryMinWorkers: cfg.RegMinWorkers,
+		RegistryQueue:      cfg.RegQueue,
+		ReadTimeout:        cfg.ReadTimeout,
+		IdleTimeout:        cfg.IdleTimeout,
+		HeaderTimeout:      cfg.HeaderTimeout,
+		Logger:             log,
+		Metrics:            m,
+		AccessLogSample:    cfg.AccessSample,
+		Pprof:              cfg.Pprof,
+	}
+}
+
 func run(args []string, lookup func(string) (string, bool), stderr io.Writer) int {
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (pinboard --help lists them)\n")
@@ -130,26 +155,7 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	closeStore := sync.OnceFunc(func() { _ = store.Close() })
 	defer closeStore()
 
-	pb, err := server.New(server.Options{
-		Store:              store,
-		Passport:           cfg.Passport,
-		BasePath:           cfg.BasePath,
-		LeaseTTL:           cfg.LeaseTTL,
-		BalanceFactor:      cfg.BalanceFactor,
-		TrustedProxies:     cfg.Trusted,
-		Upstream:           cfg.Upstream,
-		ProbeTimeout:       cfg.ProbeTimeout,
-		RegistryWorkers:    cfg.RegWorkers,
-		RegistryMinWorkers: cfg.RegMinWorkers,
-		RegistryQueue:      cfg.RegQueue,
-		ReadTimeout:        cfg.ReadTimeout,
-		IdleTimeout:        cfg.IdleTimeout,
-		HeaderTimeout:      cfg.HeaderTimeout,
-		Logger:             log,
-		Metrics:            m,
-		AccessLogSample:    cfg.AccessSample,
-		Pprof:              cfg.Pprof,
-	})
+	pb, err := server.New(serverOptions(cfg, store, log, m))
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		return 1
