@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -189,4 +190,75 @@ func TestClientGoneWithBytesUnreadFreesWorker_RDP2_RDP3(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A worker that stops reading its WebSocket while the client sends small
+// messages is cut after the stall timeout (R-DP-2, R-DP-3), like one that
+// stops under a flood (TestWebSocketStalledWorkerCut_RDP2_RDP3). Small
+// messages fit in pinboard's socket send buffer long after the worker's
+// receive window shut, so no write of the relay's ever blocked for its
+// write deadline to see: the relay stayed open for as long as the kernel
+// kept probing the shut window (for ever) — or, toward a worker host gone
+// without a FIN, until it gave up retransmitting (some 15 minutes).
+// Worker connections now carry TCP_USER_TIMEOUT at the stall timeout.
+func TestWebSocketWorkerNotReadingSmallMessagesCut_RDP2_RDP3(t *testing.T) {
+	rg := newRig(t, func(o *Options) { o.Upstream.StallTimeout = 500 * time.Millisecond })
+	rg.warm()
+	// Accepted connections inherit the listener's small buffers: the
+	// worker's receive window shuts after a few KiB.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		// The upgrade request, then the 101, then nothing is read.
+		if _, err := http.ReadRequest(bufio.NewReaderSize(c, 16)); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		<-done
+	}()
+	rg.serveIDs(t, rawWorker("raw", ln), "alice")
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, upgradeRequest("/counters/alice/ws"))
+	if line, _ := bufio.NewReader(c).ReadString('\n'); !strings.HasPrefix(line, "HTTP/1.1 101") {
+		t.Fatalf("unexpected answer; got %q; want 101", line)
+	}
+	// Masked text frames of 20 bytes, 2 kB/s: the worker's window shuts
+	// within seconds, pinboard's send buffer stays far from full.
+	frame := append([]byte{0x81, 0x80 | 20, 1, 2, 3, 4}, make([]byte, 20)...)
+	start := time.Now()
+	for rg.p.OpenWebSockets() != 0 {
+		if d := time.Since(start); d > 10*time.Second {
+			t.Fatalf("unexpected WebSocket still relayed %v after its worker stopped reading (stall timeout 500ms); got %d open; want 0", d, rg.p.OpenWebSockets())
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write(frame); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitUntil(t, "the relay to end", func() bool { return rg.p.OpenWebSockets() == 0 })
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
 // UpstreamOptions tune the connection pools to workers (R-DP-3). Zero
@@ -143,8 +145,16 @@ func (us *upstreams) build(advertiseURL string) (*upstream, error) {
 	}
 	u.dial = func(addr string) (net.Conn, error) {
 		c, err := dialer.Dial("tcp", addr)
-		if err != nil || tlsConfig == nil {
+		if err != nil {
 			return c, err
+		}
+		// A worker that stops reading, or whose host vanishes, while
+		// pinboard sends it small writes (WebSocket messages, a slow
+		// upload) is cut by the kernel after the stall timeout: such
+		// writes fit in the send buffer, and no write deadline sees them.
+		rawio.SetUserTimeout(c, o.StallTimeout)
+		if tlsConfig == nil {
+			return c, nil
 		}
 		// The handshake is part of connecting and has the dial's bound:
 		// without a deadline, a worker whose kernel accepts (a stopped

@@ -28,8 +28,11 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
 	// switches per request (internal/rawio, BENCHMARKS.md). Closed with
-	// unread input, they linger (pb.linger).
-	cln := &onceCloseListener{Listener: patientListener{rawio.ListenerLinger(ln, pb.linger), pb.log}}
+	// unread input, they linger (pb.linger). A client that stops reading
+	// a stream, or vanishes without a FIN, is cut by the kernel after the
+	// stall timeout (rawio.SetUserTimeout): small events never fill the
+	// send buffer for a write deadline to see it.
+	cln := &onceCloseListener{Listener: patientListener{rawio.UserTimeoutListener(rawio.ListenerLinger(ln, pb.linger), pb.stall), pb.log}}
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {

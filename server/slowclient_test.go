@@ -339,3 +339,53 @@ func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
 		t.Fatalf("unexpected answer to an admitted request; got %d %s; want 200 2", res.StatusCode, body)
 	}
 }
+
+// A client that stops reading an event stream whose events are small is
+// cut after the stall timeout, and the worker's connection with it
+// (R-DP-2, R-DP-3). The events fit in pinboard's socket send buffer
+// (autotuned up to megabytes), so no write of pinboard's ever blocked
+// and the relay's write deadline never came: the stream and its worker
+// connection stayed open for as long as the kernel kept probing the
+// client's zero window (for ever) — or, for a client gone without a FIN,
+// until it gave up retransmitting (tcp_retries2, some 15 minutes). The
+// client's socket now carries TCP_USER_TIMEOUT at the stall timeout.
+func TestEventStreamClientNotReadingCut_RDP2_RDP3(t *testing.T) {
+	ended := make(chan time.Time, 1)
+	_, public := workerNode(t, Options{Upstream: proxy.UpstreamOptions{StallTimeout: 500 * time.Millisecond}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer func() { ended <- time.Now() }()
+			w.Header().Set("Content-Type", "text/event-stream")
+			// 2.5 kB/s: a few seconds fill the client's 8 KiB receive
+			// buffer, not pinboard's send buffer.
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+				if _, err := io.WriteString(w, "data: 0123456789abcdef\n\n"); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+			}
+		}))
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error { return smallBuffers(rc) }}
+	c, err := d.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	if _, err := io.WriteString(c, "GET /counters/alice/events HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads nothing from here on.
+	select {
+	case at := <-ended:
+		if d := at.Sub(start); d > 10*time.Second {
+			t.Fatalf("unexpected event stream time to a client not reading (stall timeout 500ms); got %v; want < 10s", d)
+		}
+	case <-time.After(12 * time.Second):
+		t.Fatal("unexpected event stream still open 12s after its client stopped reading (stall timeout 500ms); want it cut, its worker connection closed")
+	}
+}
