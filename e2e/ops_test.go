@@ -467,3 +467,69 @@ func TestMetricsOpenStreamsAndDialErrors_RDP2_RDP3(t *testing.T) {
 		t.Errorf("unexpected change of new placements; got %v; want 3 (ms1, mw1, md1)", d)
 	}
 }
+
+// TestWorkerKilledMidStream_RDP2_RDP3: a worker SIGKILLed while it holds
+// an event stream and a WebSocket ends both at once for their clients —
+// the event stream truncated (no last chunk: a client can tell it from a
+// clean end), the WebSocket's connection closed — and the gauges of open
+// streams and WebSockets come back to 0: nothing of either is held for a
+// worker that is gone.
+func TestWorkerKilledMidStream_RDP2_RDP3(t *testing.T) {
+	requireSuite(t)
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	admin, env := adminEnv(t)
+	f := StartWarmFleet(t, ctx, FleetOptions{Workers: []string{"w1"}, Headroom: 8, PinboardEnv: []string{env}})
+	pb := f.Pinboard
+	if r, err := getWithRetry(ctx, pb.URL+"/tickers/k1/events?count=1"); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot place /tickers/k1: %s %v", r, err)
+	}
+	res, br := openEvents(ctx, t, pb.URL+"/tickers/k1/events?count=100000&interval=0.2")
+	defer res.Body.Close()
+	ws, err := wsDial(ctx, "ws://"+strings.TrimPrefix(pb.URL, "http://")+"/tickers/k2/ws", nil)
+	if err != nil {
+		t.Fatalf("cannot open the WebSocket: %v", err)
+	}
+	if err := ws.WriteMessage(wsOpText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, msg, err := ws.ReadMessage(); err != nil || string(msg) != "hi" {
+		t.Fatalf("unexpected echo %q: %v", msg, err)
+	}
+
+	f.Worker("w1").Kill()
+	killed := time.Now()
+	sseEnd := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, br)
+		sseEnd <- err
+	}()
+	wsEnd := make(chan error, 1)
+	go func() {
+		_, _, err := ws.ReadMessage()
+		wsEnd <- err
+	}()
+	for name, end := range map[string]chan error{"event stream": sseEnd, "WebSocket": wsEnd} {
+		select {
+		case err := <-end:
+			if err == nil {
+				t.Errorf("unexpected clean end of the %s of a killed worker; want an error (truncated)", name)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("unexpected %s still open 5s after its worker was killed", name)
+		}
+	}
+	t.Logf("both ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		m := scrapeMetrics(ctx, t, admin)
+		if m[`pinboard_proxy_open_streams`] == 0 && m[`pinboard_proxy_open_event_streams`] == 0 && m[`pinboard_proxy_open_websockets`] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected gauges 5s after the worker was killed; got streams %v, event streams %v, websockets %v; want 0",
+				m[`pinboard_proxy_open_streams`], m[`pinboard_proxy_open_event_streams`], m[`pinboard_proxy_open_websockets`])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
