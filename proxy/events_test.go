@@ -837,3 +837,51 @@ func TestHTTP10CutBodyEndsInReset_RDP2(t *testing.T) {
 		}
 	}
 }
+
+// An event stream answering a request whose body went up whole (a POST,
+// the shape of a chat completion), its body arriving apart from its
+// header, is relayed off the server like one answering a GET, and the
+// connection serves the next request after it (R-DP-2).
+func TestEventStreamAfterUploadRelayed_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	w := newStandin(t, "w")
+	next := make(chan string)
+	w.route("/ask", func(rw http.ResponseWriter, r *http.Request) {
+		if b, err := io.ReadAll(r.Body); err != nil || string(b) != `{"q":"x"}` {
+			rw.WriteHeader(400)
+			return
+		}
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.WriteHeader(200)
+		rw.(http.Flusher).Flush()
+		for ev := range next {
+			fmt.Fprintf(rw, "data: %s\n\n", ev)
+			rw.(http.Flusher).Flush()
+		}
+	})
+	rg.add(w, 1, "/t")
+	s := dialStream(t, rg)
+	fmt.Fprint(s.c, "POST /t/x/ask HTTP/1.1\r\nHost: pb\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n")
+	time.Sleep(50 * time.Millisecond) // the body apart from the header: the server streams it
+	fmt.Fprint(s.c, `{"q":"x"}`)
+	if status, h := s.header(); status != "HTTP/1.1 200 OK" || h["transfer-encoding"] != "chunked" {
+		t.Fatalf("unexpected response header; got %q %v; want 200, chunked", status, h)
+	}
+	waitEventRelays(t, rg.p, 1)
+	next <- "one"
+	if got := s.chunk(); got != "data: one\n\n" {
+		t.Fatalf("unexpected chunk; got %q; want the event", got)
+	}
+	close(next)
+	if got := s.chunk(); got != "" {
+		t.Fatalf("unexpected chunk after the worker ended the stream; got %q; want the last chunk", got)
+	}
+	waitEventRelays(t, rg.p, 0)
+	fmt.Fprint(s.c, "GET /t/x/value HTTP/1.1\r\nHost: pb\r\n\r\n")
+	var res fasthttp.Response
+	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if err := res.Read(s.br); err != nil || res.StatusCode() != 200 {
+		t.Fatalf("unexpected answer to the next request on the connection; got %d, %v; want 200", res.StatusCode(), err)
+	}
+}
