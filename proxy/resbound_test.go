@@ -197,9 +197,10 @@ func TestClientGoneWithBytesUnreadFreesWorker_RDP2_RDP3(t *testing.T) {
 // stops under a flood (TestWebSocketStalledWorkerCut_RDP2_RDP3). Small
 // messages fit in pinboard's socket send buffer long after the worker's
 // receive window shut, so no write of the relay's ever blocked for its
-// write deadline to see: the relay stayed open for as long as the kernel
-// kept probing the shut window (for ever) — or, toward a worker host gone
-// without a FIN, until it gave up retransmitting (some 15 minutes).
+// write deadline to see: the relay stayed open until that buffer filled
+// (megabytes: hours of small messages) — or, toward a worker host gone
+// without a FIN, until the kernel gave up retransmitting (some 15
+// minutes).
 // Worker connections now carry TCP_USER_TIMEOUT at the stall timeout.
 func TestWebSocketWorkerNotReadingSmallMessagesCut_RDP2_RDP3(t *testing.T) {
 	rg := newRig(t, func(o *Options) { o.Upstream.StallTimeout = 500 * time.Millisecond })

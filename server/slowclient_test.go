@@ -343,11 +343,11 @@ func TestExpectContinueRefusedBeforeBody_RTR4_RDP1(t *testing.T) {
 // A client that stops reading an event stream whose events are small is
 // cut after the stall timeout, and the worker's connection with it
 // (R-DP-2, R-DP-3). The events fit in pinboard's socket send buffer
-// (autotuned up to megabytes), so no write of pinboard's ever blocked
-// and the relay's write deadline never came: the stream and its worker
-// connection stayed open for as long as the kernel kept probing the
-// client's zero window (for ever) — or, for a client gone without a FIN,
-// until it gave up retransmitting (tcp_retries2, some 15 minutes). The
+// (autotuned up to megabytes), so no write of pinboard's blocked
+// for the relay's write deadline to see: the stream and its worker
+// connection stayed open until that buffer filled (megabytes: hours at a
+// few events a second) — or, for a client gone without a FIN, until the
+// kernel gave up retransmitting (tcp_retries2, some 15 minutes). The
 // client's socket now carries TCP_USER_TIMEOUT at the stall timeout.
 func TestEventStreamClientNotReadingCut_RDP2_RDP3(t *testing.T) {
 	ended := make(chan time.Time, 1)
