@@ -94,3 +94,37 @@ func DirtySessions(r *Redis) int {
 // ErrNotAnswering is the error calls get while the node holds Redis for
 // not answering.
 var ErrNotAnswering = errNotAnswering
+
+// MemorySizes counts every long-lived structure of m by name: a churn of
+// sessions that all ended must leave each at its baseline.
+func MemorySizes(m *Memory) map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rows := 0
+	for i := range m.shards {
+		m.shards[i].mu.RLock()
+		rows += len(m.shards[i].rows)
+		m.shards[i].mu.RUnlock()
+	}
+	return map[string]int{
+		"sessions": len(m.sessions), "byNS": len(m.byNS), "byClient": len(m.byClient),
+		"byURL": len(m.byURL), "drains": len(m.drains), "queues": len(m.queues),
+		"bindings": len(m.bindings), "tombs": len(m.tombs), "windDowns": len(m.windDowns),
+		"dropped": len(m.dropped), "rows": rows,
+	}
+}
+
+// RedisSizes counts every node-local structure of r by name.
+func RedisSizes(r *Redis) map[string]int {
+	rows, watch := 0, 0
+	for i := range r.shards {
+		r.shards[i].mu.RLock()
+		rows += len(r.shards[i].rows)
+		watch += len(r.shards[i].watch)
+		r.shards[i].mu.RUnlock()
+	}
+	r.smu.RLock()
+	sessions := len(r.sessions)
+	r.smu.RUnlock()
+	return map[string]int{"sessions": sessions, "beats": r.KnownSessionCount(), "rows": rows, "watch": watch}
+}

@@ -213,6 +213,9 @@ func (m *Memory) putRow(sh *memShard, key, ns, id string, s *memSession, epoch u
 	if old.present() && old.sess != s {
 		delete(old.sess.rows, NSID{ns, id})
 	}
+	if w, ok := m.windDowns[key]; ok && old.present() && w.epoch == old.epoch && epoch != old.epoch {
+		delete(m.windDowns, key) // the placement wound down is replaced (freeRow)
+	}
 	// The set's strings are the key's own bytes (ns, NUL, id): a placement
 	// keeps one string alive, not the caller's two as well — fewer
 	// objects for the collector to mark in a table of millions.
@@ -220,12 +223,18 @@ func (m *Memory) putRow(sh *memShard, key, ns, id string, s *memSession, epoch u
 	return r
 }
 
-// freeRow deletes the row r of ns/id at key in sh; callers hold m.mu.
+// freeRow deletes the row r of ns/id at key in sh, and the timed
+// wind-down of that placement: it can no longer fire (a placement again
+// has a new epoch), and kept to its deadline — up to a week — the sweep
+// walked it every second; callers hold m.mu.
 func (m *Memory) freeRow(sh *memShard, key string, r memRow, ns, id string) {
 	sh.mu.Lock()
 	delete(sh.rows, key)
 	sh.mu.Unlock()
 	delete(r.sess.rows, NSID{ns, id})
+	if w, ok := m.windDowns[key]; ok && w.epoch == r.epoch {
+		delete(m.windDowns, key)
+	}
 }
 
 // dropSession removes a session's record: it is gone, its Owner revoked,

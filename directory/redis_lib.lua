@@ -100,15 +100,17 @@ local function eligible(P, sid, ns, now, exclude)
 end
 
 -- setrow points a row at sid with a fresh epoch and moves it between the
--- sessions' row sets.
+-- sessions' row sets. The placement it replaces can no longer be wound
+-- down: its timed wind-down, if any, leaves 'winddowns' (freerow).
 local function setrow(P, row, sid, now)
   local key = rowkey(P, row)
   local cur = redis.call('GET', key)
   if cur then
-    local old = owner(cur)
+    local old, oep = owner(cur)
     if old ~= sid then
       redis.call('SREM', P .. 'r:' .. old, row)
     end
+    redis.call('ZREM', P .. 'winddowns', oep .. ' ' .. row)
   end
   local ep = mint(P, now)
   redis.call('SET', key, sid .. ' ' .. ep)
@@ -118,7 +120,9 @@ end
 
 -- freerow frees the placement row (at key) if its owner is still sid (nil:
 -- any) at epoch ep (nil: any): the key is deleted and the row leaves its
--- owner's row set. Returns true when it was freed.
+-- owner's row set, and its timed wind-down, if any, leaves 'winddowns'
+-- (it can no longer fire: a placement again has a new epoch; kept, it
+-- stayed to its deadline, up to a week). Returns true when it was freed.
 local function freerow(P, key, row, sid, ep)
   local cur = redis.call('GET', key)
   if not cur then
@@ -130,6 +134,7 @@ local function freerow(P, key, row, sid, ep)
   end
   redis.call('DEL', key)
   redis.call('SREM', P .. 'r:' .. osid, row)
+  redis.call('ZREM', P .. 'winddowns', oep .. ' ' .. row)
   return true
 end
 
@@ -145,18 +150,26 @@ local DROPBATCH = 256
 -- (redis_sweep.lua): they leave r:<sid> and those still pointing at sid
 -- are deleted, their names appended to out. A session with rows left
 -- stays in the 'dropped' set, for its dropper's next call (redis_drop.lua)
--- or any node's sweep; one without leaves it. Idempotent. Returns the
--- budget left.
+-- or any node's sweep; one without leaves it. The timed wind-downs of the
+-- rows freed leave 'winddowns' (freerow). Idempotent. Returns the budget
+-- left.
 local function freerows(P, sid, budget, out)
   local rs = P .. 'r:' .. sid
   if budget > 0 then
     local rows = redis.call('SPOP', rs, budget)
+    local wd = #rows > 0 and redis.call('EXISTS', P .. 'winddowns') == 1
     for _, row in ipairs(rows) do
       local key = rowkey(P, row)
       local v = redis.call('GET', key)
-      if v and owner(v) == sid then
-        redis.call('DEL', key)
-        out[#out + 1] = row
+      if v then
+        local osid, oep = owner(v)
+        if osid == sid then
+          redis.call('DEL', key)
+          if wd then
+            redis.call('ZREM', P .. 'winddowns', oep .. ' ' .. row)
+          end
+          out[#out + 1] = row
+        end
       end
     end
     budget = budget - #rows
