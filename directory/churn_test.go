@@ -208,3 +208,49 @@ func TestRedisChurnLeavesNothing(t *testing.T) {
 		t.Fatalf("unexpected keys after %d sessions ended; got %q; want %q", churnSessions, keys, want)
 	}
 }
+
+// A wipe (FLUSHALL, a restart without persistence) ends every session at
+// once: each node's local sessions, rows and watches must go with it,
+// on the node they registered through and on the other.
+func TestRedisWipeLeavesNothingLocal(t *testing.T) {
+	srv := redistest.StartServer(t)
+	a := openNode(t, srv.URL(), "wipe", churnTTL)
+	b := openNode(t, srv.URL(), "wipe", churnTTL)
+	ctx := ctxT(t)
+	now := warmRedis(t, a, time.Now())
+	for i := range 50 {
+		cid := fmt.Sprintf("c%d", i)
+		res, err := a.Register(ctx, churnReg(cid, "http://127.0.0.1:9/"+cid, i, "", nil), now)
+		if err != nil {
+			t.Fatalf("cannot register %s: %v", cid, err)
+		}
+		for n := range 3 {
+			id := fmt.Sprintf("%s-%d", cid, n)
+			if _, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: id, Now: now, Policy: preferSession(res.SessionID)}); err != nil {
+				t.Fatalf("cannot place %s: %v", id, err)
+			}
+			a.Lookup([]byte("/c"), []byte(id), now)
+			b.Lookup([]byte("/c"), []byte(id), now)
+		}
+		if _, err := b.Heartbeat(ctx, &directory.Beat{SessionID: res.SessionID, Sub: "sub", Headroom: 100}, now); err != nil {
+			t.Fatalf("cannot heartbeat: %v", err)
+		}
+	}
+	if got := directory.RedisSizes(b); got["sessions"] == 0 || got["rows"] == 0 {
+		t.Fatalf("unexpected node b before the wipe; got %v; want sessions and rows", got)
+	}
+	if err := srv.FlushAll(); err != nil {
+		t.Fatalf("cannot flush: %v", err)
+	}
+	for name, r := range map[string]*directory.Redis{"a": a, "b": b} {
+		if err := r.Revalidate(ctx); err != nil {
+			t.Fatalf("cannot revalidate %s: %v", name, err)
+		}
+		if _, err := directory.RefreshDirty(ctx, r); err != nil {
+			t.Fatalf("cannot refresh %s: %v", name, err)
+		}
+		if got := nonZero(directory.RedisSizes(r)); len(got) > 0 {
+			t.Errorf("unexpected node %s after a wipe; got %v; want every structure empty", name, got)
+		}
+	}
+}
