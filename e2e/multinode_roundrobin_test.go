@@ -448,7 +448,6 @@ func TestMultiNodeRoundRobin_RCM1_RLS3_RLS5(t *testing.T) {
 			t.Fatalf("unexpected answer through node %d for %s after A deregistered; got %s (err %v); want a new activation on B", i, id, r, err)
 		}
 	}
-	_ = b
 }
 
 // Epoch displacement across nodes (R-LS-4): blue registers app.test at
@@ -519,6 +518,66 @@ func TestMultiNodeRoundRobinDisplacement_RLS4(t *testing.T) {
 		recs, r, err := n.Workers(ctx)
 		if err != nil || len(recs) != 1 || recs[0].AdvertiseURL != green.URL {
 			t.Fatalf("unexpected workers on node %d after the displacement; got %+v (%s, err %v); want green only", i, recs, r, err)
+		}
+	}
+}
+
+// A timed drain's deadline across nodes (R-LS-5): ids on A are cached on
+// every node; A is drained through node 1 with a 2 s deadline while its
+// heartbeats go round the nodes. Once the deadline has freed A's ids, the
+// first request through node 0 re-places each on B, and the next through
+// nodes 1 and 2, which had routed it to A from their caches, reach B's
+// instance too: no node keeps the force-released row.
+func TestMultiNodeRoundRobinDrainDeadline_RLS5(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	srv := redistest.StartServer(t)
+	token := randomHex(24)
+	nodes := make([]*Pinboard, 3)
+	for i := range nodes {
+		nodes[i] = StartPinboard(t, PinboardOptions{Token: token, Env: []string{"REDIS_URL=" + srv.URL()}})
+	}
+	rr := startRoundRobin(t, nodes)
+	lb := &Pinboard{URL: rr.URL, Token: token, LeaseTTL: nodes[0].LeaseTTL}
+	a := StartWorker(t, lb, WorkerOptions{Name: "A", Headroom: 1000})
+	b := StartWorker(t, lb, WorkerOptions{Name: "B", Headroom: 1})
+	for _, w := range []*Worker{a, b} {
+		if _, err := w.WaitRegistered(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := getWithRetry(ctx, nodes[0].URL+"/counters/warm/whoami"); err != nil {
+		t.Fatal(err)
+	}
+	recA, ok := record(ctx, t, nodes[0], a.URL)
+	if !ok {
+		t.Fatalf("A is not listed")
+	}
+	ids := []string{"dl-0", "dl-1", "dl-2"}
+	for _, id := range ids {
+		for i, n := range nodes {
+			if c := increment(ctx, t, n, "/counters", id); c.Worker != "A" || c.Count != i+1 {
+				t.Fatalf("unexpected answer for %s through node %d; got %+v; want A with count %d", id, i, c, i+1)
+			}
+		}
+	}
+	sent := time.Now()
+	r, err := do(ctx, http.MethodPost, nodes[1].URL+"/registry/drain", nodes[1].operator(),
+		strings.NewReader(`{"clientId":"`+recA.ClientID+`","deadline":2}`))
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("cannot drain A: %v %s", err, r)
+	}
+	if err := awaitFreed(ctx, nodes[2], "/counters", ids[0], sent.Add(2*time.Second+lb.LeaseTTL)); err != nil {
+		t.Fatalf("A's ids were not freed at the drain deadline: %v", err)
+	}
+	for _, id := range ids {
+		for i, n := range nodes {
+			r, err := do(ctx, http.MethodPost, n.URL+"/counters/"+id+"/increment", nil, nil)
+			var c counterReply
+			if err != nil || r.Status != http.StatusOK || r.JSON(&c) != nil || c.Worker != "B" || c.Count != i+1 {
+				t.Fatalf("unexpected answer for %s through node %d past A's drain deadline; got %s (err %v); want B with count %d", id, i, r, err, i+1)
+			}
 		}
 	}
 }
