@@ -172,8 +172,9 @@ func listingOf(ctx context.Context, t *testing.T, pb *Pinboard) []string {
 // Checks that nothing a node decides lives on that node only:
 //   - the workers listing is the same from every node;
 //   - wind_down queued through two nodes is delivered in order, in one
-//     heartbeat answer each, acked by the next heartbeat through another
-//     node, and never delivered again (R-CM-1); the worker's release of
+//     heartbeat answer each, acked by the next heartbeat (through
+//     whichever node the balancer picks; logged), and never delivered
+//     again (R-CM-1); the worker's release of
 //     the wound-down id frees it for a claim through any node at once;
 //   - a timed operator drain set through one node counts down the same
 //     in the answers of every node, and its undrain through another ends
