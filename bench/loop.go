@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"math"
 	"sync"
@@ -34,6 +35,30 @@ func (realClock) SleepUntil(t time.Time) {
 	if d := time.Until(t); d > 0 {
 		time.Sleep(d)
 	}
+}
+
+// SleepUntilContext is SleepUntil that returns early, false, when ctx
+// is done.
+func (realClock) SleepUntilContext(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// contextSleeper is a Clock whose sleep a cancelled context can cut
+// short; without it an interrupted open loop waits out the sleep of each
+// idle worker (up to Workers/Rate seconds).
+type contextSleeper interface {
+	SleepUntilContext(ctx context.Context, t time.Time) bool
 }
 
 // RealClock is the wall clock.
@@ -83,9 +108,13 @@ type LoopResult struct {
 	// Sent counts requests handed to a Doer; OK those that returned nil.
 	Sent uint64 `json:"sent"`
 	OK   uint64 `json:"ok"`
-	// Dropped counts open-loop slots never sent (past Grace).
-	Dropped uint64            `json:"dropped,omitempty"`
-	Errors  map[string]uint64 `json:"errors,omitempty"`
+	// Dropped counts open-loop slots never sent (past Grace, or due
+	// before an interruption).
+	Dropped uint64 `json:"dropped,omitempty"`
+	// Interrupted: the run's context ended it early; Duration is then
+	// the part that ran.
+	Interrupted bool              `json:"interrupted,omitempty"`
+	Errors      map[string]uint64 `json:"errors,omitempty"`
 	// Latency is the open loop's response time, from each slot's due
 	// time whether or not a worker was free for it. In closed loop it
 	// equals Service.
@@ -130,6 +159,15 @@ var errNoWorkers = errors.New("cannot run a load loop without workers")
 // Run runs the loop with one Doer per worker from newDoer, closing them at
 // the end. A newDoer error stops the run before it starts.
 func (l *Loop) Run(newDoer func(worker int) (Doer, error)) (*LoopResult, error) {
+	return l.RunContext(context.Background(), newDoer)
+}
+
+// RunContext is Run that stops early when ctx is done (Ctrl-C): workers
+// send nothing more, requests in flight finish (each Doer bounds its
+// own), and the result covers the part that ran, with Interrupted set,
+// Duration cut to the moment of the interruption and only slots due
+// before it counted as Dropped.
+func (l *Loop) RunContext(ctx context.Context, newDoer func(worker int) (Doer, error)) (*LoopResult, error) {
 	workers := l.Workers
 	if workers <= 0 {
 		workers = 64
@@ -175,15 +213,31 @@ func (l *Loop) Run(newDoer func(worker int) (Doer, error)) (*LoopResult, error) 
 	end := start.Add(l.Duration)
 	giveUp := end.Add(grace)
 	total := Slots(l.Duration, l.Rate)
+	// stoppedAt is when ctx ended the run, noted as it happens (workers
+	// may take a while to notice and finish what they had in flight).
+	var (
+		stoppedAt time.Time
+		noted     = make(chan struct{})
+		finished  = make(chan struct{})
+	)
+	defer close(finished)
+	go func() {
+		defer close(noted)
+		select {
+		case <-ctx.Done():
+			stoppedAt = clock.Now()
+		case <-finished:
+		}
+	}()
 	for _, d := range doers {
 		wg.Add(1)
 		go func(d Doer) {
 			defer wg.Done()
 			w := &loopWorker{lat: NewHist(), svc: NewHist(), slack: NewHist(), errs: map[string]uint64{}}
 			if open {
-				w.runOpen(d, clock, &next, total, start, giveUp, l.Rate, l.Live)
+				w.runOpen(ctx, d, clock, &next, total, start, giveUp, l.Rate, l.Live)
 			} else {
-				w.runClosed(d, clock, &next, end, l.Live)
+				w.runClosed(ctx, d, clock, &next, end, l.Live)
 			}
 			mu.Lock()
 			res.Latency.Merge(w.lat)
@@ -201,6 +255,16 @@ func (l *Loop) Run(newDoer func(worker int) (Doer, error)) (*LoopResult, error) 
 		}(d)
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		<-noted
+		if at := stoppedAt.Sub(start); at < l.Duration {
+			// Only what was due before the interruption counts: the
+			// slots after it were never meant to be sent.
+			res.Interrupted = true
+			res.Duration = max(at, 0)
+			total = Slots(res.Duration, l.Rate)
+		}
+	}
 	if open && res.Sent < total {
 		res.Dropped = total - res.Sent
 	}
@@ -208,8 +272,8 @@ func (l *Loop) Run(newDoer func(worker int) (Doer, error)) (*LoopResult, error) 
 		lastAt = clock.Now()
 	}
 	res.Elapsed = lastAt.Sub(start)
-	if open && res.Elapsed < l.Duration {
-		res.Elapsed = l.Duration
+	if open && res.Elapsed < res.Duration {
+		res.Elapsed = res.Duration
 	}
 	return res, nil
 }
@@ -221,8 +285,12 @@ type loopWorker struct {
 	last            time.Time
 }
 
-func (w *loopWorker) runOpen(d Doer, clock Clock, next *atomic.Uint64, total uint64, start, giveUp time.Time, rate float64, live *Live) {
+func (w *loopWorker) runOpen(ctx context.Context, d Doer, clock Clock, next *atomic.Uint64, total uint64, start, giveUp time.Time, rate float64, live *Live) {
+	cs, _ := clock.(contextSleeper)
 	for {
+		if ctx.Err() != nil {
+			return
+		}
 		i := next.Add(1) - 1
 		if i >= total {
 			return
@@ -234,7 +302,16 @@ func (w *loopWorker) runOpen(d Doer, clock Clock, next *atomic.Uint64, total uin
 		}
 		idle := picked.Before(due)
 		if idle {
-			clock.SleepUntil(due)
+			if cs != nil {
+				if !cs.SleepUntilContext(ctx, due) {
+					return
+				}
+			} else {
+				clock.SleepUntil(due)
+				if ctx.Err() != nil {
+					return
+				}
+			}
 		}
 		sent := clock.Now()
 		err := d.Do(i)
@@ -253,8 +330,11 @@ func (w *loopWorker) runOpen(d Doer, clock Clock, next *atomic.Uint64, total uin
 	}
 }
 
-func (w *loopWorker) runClosed(d Doer, clock Clock, next *atomic.Uint64, end time.Time, live *Live) {
+func (w *loopWorker) runClosed(ctx context.Context, d Doer, clock Clock, next *atomic.Uint64, end time.Time, live *Live) {
 	for {
+		if ctx.Err() != nil {
+			return
+		}
 		sent := clock.Now()
 		if !sent.Before(end) {
 			return

@@ -54,20 +54,23 @@ func HistOf(bs []Bucket) *Hist {
 
 // Summary is a LoopResult reduced to what tables and results.json keep.
 type Summary struct {
-	Mode     string            `json:"mode"`
-	Rate     float64           `json:"rate,omitempty"`
-	Workers  int               `json:"workers"`
-	Elapsed  float64           `json:"elapsedS"`
-	Sent     uint64            `json:"sent"`
-	OK       uint64            `json:"ok"`
-	Dropped  uint64            `json:"dropped,omitempty"`
-	Errors   map[string]uint64 `json:"errors,omitempty"`
-	RPS      float64           `json:"rps"`
-	Latency  Percentiles       `json:"latencyUs"`
-	Service  Percentiles       `json:"serviceUs"`
-	Slack    Percentiles       `json:"slackUs"`
-	LatHist  []Bucket          `json:"latencyHist,omitempty"`
-	Duration time.Duration     `json:"-"`
+	Mode    string            `json:"mode"`
+	Rate    float64           `json:"rate,omitempty"`
+	Workers int               `json:"workers"`
+	Elapsed float64           `json:"elapsedS"`
+	Sent    uint64            `json:"sent"`
+	OK      uint64            `json:"ok"`
+	Dropped uint64            `json:"dropped,omitempty"`
+	Errors  map[string]uint64 `json:"errors,omitempty"`
+	RPS     float64           `json:"rps"`
+	Latency Percentiles       `json:"latencyUs"`
+	Service Percentiles       `json:"serviceUs"`
+	Slack   Percentiles       `json:"slackUs"`
+	LatHist []Bucket          `json:"latencyHist,omitempty"`
+	// Interrupted: the run was stopped early (Ctrl-C); the figures
+	// cover the part that ran.
+	Interrupted bool          `json:"interrupted,omitempty"`
+	Duration    time.Duration `json:"-"`
 }
 
 // Summarize reduces r.
@@ -76,7 +79,7 @@ func Summarize(r *LoopResult) Summary {
 		Mode: r.Mode, Rate: r.Rate, Workers: r.Workers, Elapsed: r.Elapsed.Seconds(),
 		Sent: r.Sent, OK: r.OK, Dropped: r.Dropped, RPS: r.Throughput(),
 		Latency: PercentilesOf(r.Latency), Service: PercentilesOf(r.Service), Slack: PercentilesOf(r.Slack),
-		LatHist: BucketsOf(r.Latency), Duration: r.Duration,
+		LatHist: BucketsOf(r.Latency), Duration: r.Duration, Interrupted: r.Interrupted,
 	}
 	if len(r.Errors) > 0 {
 		s.Errors = r.Errors
