@@ -24,7 +24,6 @@ import (
 // ControlHandler) on addr, and deregisters everyone on SIGTERM.
 func runFleet(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench fleet", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	pinboard := fs.String("pinboard", "http://127.0.0.1:8080", "pinboard URL the workers register with")
 	workers := fs.Int("workers", 16, "virtual workers")
 	listeners := fs.Int("listeners", 4, "listening ports the workers share")
@@ -34,8 +33,8 @@ func runFleet(args []string, stdout, stderr io.Writer) int {
 	control := fs.String("control", "127.0.0.1:0", "control API address (loopback)")
 	regConc := fs.Int("register-concurrency", 32, "registrations in flight")
 	regTimeout := fs.Duration("register-timeout", 5*time.Minute, "give up registering after this long")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	token := os.Getenv("PINBOARD_TOKEN")
 	if token == "" {

@@ -19,12 +19,25 @@ func main() {
 	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+const usage = `usage: pinbench <command> [flags]
+
+  run      the scenarios against direct, nginx and pinboard; rewrites BENCHMARKS.md
+  fleet    a simulated worker fleet in its own process
+  load     one open- or closed-loop run against host:port (your own deployment)
+  report   BENCHMARKS.md and the plots again from a saved results.json
+
+pinbench <command> -h lists the command's flags.
+`
+
 func dispatch(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: pinbench run|fleet|load|report [flags]")
+		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
 	case "fleet":
 		return runFleet(args[1:], stdout, stderr)
 	case "load":
@@ -34,7 +47,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	case "report":
 		return runReport(args[1:], stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "pinbench: unknown command %q (want run, fleet, load or report)\n", args[0])
+		fmt.Fprintf(stderr, "pinbench: unknown command %q (want run, fleet, load or report; see pinbench -h)\n", args[0])
 		return 2
 	}
 }

@@ -16,12 +16,11 @@ import (
 // merging another engineer's block).
 func runReport(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	results := fs.String("results", "", "results.json of a run (required)")
 	markdown := fs.String("markdown", "BENCHMARKS.md", "BENCHMARKS.md to rewrite")
 	plots := fs.String("plots", "docs/bench", "directory for the plots BENCHMARKS.md links")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	if *results == "" {
 		fmt.Fprintln(stderr, "pinbench report: -results is required")

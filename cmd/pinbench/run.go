@@ -19,7 +19,6 @@ import (
 // pinboard, then results.json, plots and BENCHMARKS.md.
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "short phases, one round, smaller fleets (about 4 minutes)")
 	rounds := fs.Int("rounds", 0, "rounds per scenario (default 3, quick 1)")
 	only := fs.String("scenarios", "", "comma-separated subset of "+strings.Join(scenario.Scenarios, ","))
@@ -36,8 +35,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	nginxWorkers := fs.Int("nginx-workers", 0, "nginx worker_processes (default: one per CPU of -proxy-cpu, or per CPU)")
 	redis := fs.String("redis", "", "also run the Redis-store scenarios (hot ids on a Redis node, storm with a registry node apart): redis://… or auto")
 	timeout := fs.Duration("timeout", 30*time.Minute, "abort the run after this long")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
 	}
 	self, err := os.Executable()
 	if err != nil {

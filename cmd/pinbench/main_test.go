@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"strings"
+	"testing"
+)
+
+// Bad input is one line on stderr and exit code 2 (1 when the input is
+// well formed but the target cannot be reached), never a run.
+func TestBadInput(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"load", "-bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"load", "-d", "5x"}, 2, `invalid value "5x" for flag -d`},
+		{[]string{"load", "-rate", "-5"}, 2, "-rate -5: want > 0"},
+		{[]string{"load", "-c", "-3"}, 2, "-c -3: want at least 1"},
+		{[]string{"load", "-c", "0"}, 2, "-c 0: want at least 1"},
+		{[]string{"load", "-d", "0"}, 2, "want a positive duration"},
+		{[]string{"load", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"load", "-addr", closed, "-d", "1s"}, 1, "cannot reach -addr " + closed},
+		{[]string{"run", "-timeout", "5x"}, 2, `invalid value "5x" for flag -timeout`},
+		{[]string{"fleet", "-heartbeat", "5x"}, 2, `invalid value "5x" for flag -heartbeat`},
+		{[]string{"report"}, 2, "-results is required"},
+	}
+	for _, tc := range cases {
+		var stdout, stderr bytes.Buffer
+		code := dispatch(tc.args, &stdout, &stderr)
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if code != tc.code || len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
+			t.Errorf("%v: unexpected result; got %d, %q; want %d and one line with %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"help"}, {"load", "-h"}, {"run", "-h"}} {
+		var stdout, stderr bytes.Buffer
+		if code := dispatch(args, &stdout, &stderr); code != 0 || stdout.Len()+stderr.Len() == 0 {
+			t.Errorf("%v: unexpected result; got %d, %q; want 0 and the usage", args, code, stdout.String()+stderr.String())
+		}
+	}
+}
