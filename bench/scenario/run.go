@@ -162,6 +162,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 			*p = abs
 		}
 	}
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create %s: %w", cfg.OutDir, err)
 	}
@@ -213,6 +216,32 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	fmt.Fprint(r.log, "\n"+Summary(r.res))
 	return r.res, nil
+}
+
+// check finds what would otherwise fail only after pinboard, a fleet and
+// nginx started (or, for a misspelt scenario, run nothing and report
+// success): unknown scenarios and missing programs.
+func (c *Config) check() error {
+	for _, name := range c.Scenarios {
+		known := false
+		for _, s := range Scenarios {
+			known = known || s == name
+		}
+		if !known {
+			return fmt.Errorf("unknown scenario %q (want %s)", name, strings.Join(Scenarios, ","))
+		}
+	}
+	for _, bin := range []struct{ what, path, hint string }{
+		{"the pinboard binary", c.PinboardBin, " (make build, or -pinboard)"},
+		{"pinbench itself", c.PinbenchBin, ""},
+		{"nginx", c.NginxBin, " (make bench-deps installs nginx-light, or -nginx)"},
+		{"taskset", "taskset", " (util-linux)"},
+	} {
+		if _, err := exec.LookPath(bin.path); err != nil {
+			return fmt.Errorf("cannot find %s %q%s: %w", bin.what, bin.path, bin.hint, err)
+		}
+	}
+	return nil
 }
 
 func (r *runner) want(name string) bool {

@@ -36,6 +36,16 @@ func runFleet(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
+	// bench/fleet takes zero values as its defaults: without these checks
+	// -workers 0 printed its ports and served a fleet of nobody.
+	switch {
+	case *workers < 1 || *listeners < 1 || *regConc < 1:
+		fmt.Fprintf(stderr, "pinbench fleet: -workers %d, -listeners %d, -register-concurrency %d: want at least 1 each\n", *workers, *listeners, *regConc)
+		return 2
+	case *heartbeat <= 0 || *regTimeout <= 0:
+		fmt.Fprintf(stderr, "pinbench fleet: -heartbeat %v, -register-timeout %v: want positive durations\n", *heartbeat, *regTimeout)
+		return 2
+	}
 	token := os.Getenv("PINBOARD_TOKEN")
 	if token == "" {
 		fmt.Fprintln(stderr, "pinbench fleet: PINBOARD_TOKEN is required (the worker credential)")
@@ -52,6 +62,14 @@ func runFleet(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pinbench fleet: %v\n", err)
 		return 2
 	}
+	// The control address first: taken, it fails now, not after the
+	// whole fleet registered (and then deregisters it).
+	ln, err := net.Listen("tcp", *control)
+	if err != nil {
+		fmt.Fprintf(stderr, "pinbench fleet: cannot listen on -control %s: %v\n", *control, err)
+		return 1
+	}
+	defer ln.Close()
 	if err := f.Listen(); err != nil {
 		fmt.Fprintf(stderr, "pinbench fleet: %v\n", err)
 		return 1
@@ -69,11 +87,6 @@ func runFleet(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	f.Run(ctx)
-	ln, err := net.Listen("tcp", *control)
-	if err != nil {
-		fmt.Fprintf(stderr, "pinbench fleet: cannot listen on %s: %v\n", *control, err)
-		return 1
-	}
 	srv := &http.Server{Handler: f.ControlHandler(ctx), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()

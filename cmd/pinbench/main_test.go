@@ -16,6 +16,12 @@ func TestBadInput(t *testing.T) {
 	}
 	closed := ln.Addr().String()
 	ln.Close()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	t.Setenv("PINBOARD_TOKEN", "x")
 	cases := []struct {
 		args []string
 		code int

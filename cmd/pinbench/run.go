@@ -38,6 +38,14 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
+	switch {
+	case *rounds < 0:
+		fmt.Fprintf(stderr, "pinbench run: -rounds %d: want at least 1 (0: the default)\n", *rounds)
+		return 2
+	case *timeout <= 0:
+		fmt.Fprintf(stderr, "pinbench run: -timeout %v: want a positive duration\n", *timeout)
+		return 2
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintf(stderr, "pinbench: %v\n", err)
