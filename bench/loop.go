@@ -287,6 +287,11 @@ type loopWorker struct {
 
 func (w *loopWorker) runOpen(ctx context.Context, d Doer, clock Clock, next *atomic.Uint64, total uint64, start, giveUp time.Time, rate float64, live *Live) {
 	cs, _ := clock.(contextSleeper)
+	if ctx.Done() == nil {
+		// A run that cannot be cancelled (Run: every bench scenario)
+		// sleeps as it always did, with no timer and select per slot.
+		cs = nil
+	}
 	for {
 		if ctx.Err() != nil {
 			return
