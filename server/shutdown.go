@@ -54,7 +54,13 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 	}
 
 	var err error
-	finished := pb.drain(grace, done, &err)
+	finished, timedOut := pb.drain(grace, done, &err)
+	if timedOut {
+		// Said before anything is cut: without it, a deploy's log read
+		// as a clean stop however many requests it cut.
+		pb.log.Warn("shutdown: grace ran out; cutting requests still in flight",
+			"graceMs", grace.Milliseconds(), "inFlight", pb.inFlight())
+	}
 	// Past the grace, connections close at once: what still runs is cut.
 	// Not before: a request answered during the grace without its body
 	// read (a worker's early 403 or 413 to an upload) closes its
@@ -111,19 +117,19 @@ const registryCutWait = 100 * time.Millisecond
 // drain is step 2 of Shutdown: it returns when the server finished (true,
 // its result in *err) and no download relayed off it nor lingering close
 // is left, when grace ran out, or when only event streams are left on
-// open connections. It reports whether the server finished.
-func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bool {
+// open connections. It reports whether the server finished, and whether
+// the grace ran out with requests other than event streams in flight.
+func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) (finished, timedOut bool) {
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	finished := false
 	for {
 		select {
 		case *err = <-done:
 			finished, done = true, nil
 		case <-timer.C:
-			return finished
+			return finished, pb.inFlight() > 0
 		case <-tick.C:
 		}
 		// A body relayed off the server to an HTTP/1.0 client is a
@@ -137,7 +143,15 @@ func (pb *Pinboard) drain(grace time.Duration, done <-chan error, err *error) bo
 		// (relayed ones left it); a connection doing anything else is an
 		// in-flight request.
 		if finished || int64(pb.srv.GetOpenConnectionsCount()) <= pb.proxy.OpenEventStreams()-pb.proxy.RelayedEventStreams() {
-			return finished
+			return finished, false
 		}
 	}
+}
+
+// inFlight is how many requests a shutdown would cut now: connections the
+// server still serves other than its event streams, downloads relayed off
+// it, and answers closing lingering to a client still sending.
+func (pb *Pinboard) inFlight() int64 {
+	n := int64(pb.srv.GetOpenConnectionsCount()) - (pb.proxy.OpenEventStreams() - pb.proxy.RelayedEventStreams())
+	return max(n, 0) + pb.proxy.RelayedDownloads() + int64(pb.linger.Lingering())
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 )
 
 // A shutdown that starts before fasthttp registered the listener (a
@@ -121,7 +123,8 @@ func TestShutdownWaitsForHTTP10Download_RDP2(t *testing.T) {
 // CloseWait). The pool's close waited 5 s more for it, then failed the
 // shutdown: "cannot stop the registry pool: operation timed out", exit 1.
 func TestShutdownCutsRegistryRequestPastGrace(t *testing.T) {
-	_, public, _, stop := node(t, Options{}) // grace 1 s
+	var logs testlog.Buffer
+	_, public, _, stop := node(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}) // grace 1 s
 	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -159,6 +162,12 @@ func TestShutdownCutsRegistryRequestPastGrace(t *testing.T) {
 	}
 	if budget := time.Second + CloseWait + time.Second; took > budget {
 		t.Errorf("unexpected shutdown of %v with a registry request past the grace; want at most grace + CloseWait + 1 s slack = %v", took, budget)
+	}
+	// The log says the grace ran out with a request in flight (R-SRV-1:
+	// an operator reading a deploy's logs learns that requests were cut,
+	// not only that the node stopped).
+	if s := logs.String(); !strings.Contains(s, `msg="shutdown: grace ran out; cutting requests still in flight"`) || !strings.Contains(s, "inFlight=1") {
+		t.Errorf("unexpected shutdown log without the grace running out and one request in flight:\n%s", s)
 	}
 }
 
