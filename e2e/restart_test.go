@@ -197,8 +197,8 @@ func TestPinboardRestartedInPlace_RCS1_RPL1(t *testing.T) {
 }
 
 // TestNodeRestartedInPlaceOnRedis_RSRV1_RPL1: one of two nodes on one
-// Redis gets SIGTERM with a request in flight, restarts on the same port
-// at once, then is SIGKILLed and restarted at once again. The directory
+// Redis is SIGKILLed and restarted on the same port at once, then gets
+// SIGTERM with a request in flight and is restarted at once again. The directory
 // is in Redis, so the workers keep their sessions (no 409, no
 // re-registration, even for the worker heartbeating through that node),
 // the fleet stays warm (no cold-start quarantine: R-CS-1 is for a wiped
@@ -266,34 +266,37 @@ func TestNodeRestartedInPlaceOnRedis_RSRV1_RPL1(t *testing.T) {
 		}
 	}
 
-	// SIGTERM with a request in flight through node 1.
-	old := f.Nodes[1]
+	// SIGKILL node 1 and restart it at once on the same port, now with an
+	// admin listener to see the request below reach it.
+	admin, aenv := adminEnv(t)
+	env := append([]string{"REDIS_URL=" + srv.URL(), aenv}, nodeEnv...)
+	f.Nodes[1].proc.kill()
+	n1 := restartInPlace(t, f.Nodes[1], env)
+	check("after node 1's SIGKILL restart", f.Nodes[0], n1)
+
+	// SIGTERM with a request in flight through node 1, and a restart.
+	mark := resolved(ctx, t, admin)
 	slowDone := make(chan reply, 1)
 	go func() {
-		r, err := do(ctx, http.MethodGet, old.URL+"/counters/"+ids[1]+"/slow?seconds=1", nil, nil)
+		r, err := do(ctx, http.MethodGet, n1.URL+"/counters/"+ids[1]+"/slow?seconds=1", nil, nil)
 		if err != nil {
 			r.Body = []byte(err.Error())
 		}
 		slowDone <- r
 	}()
-	time.Sleep(300 * time.Millisecond) // no admin listener here: a request sent is on its way
-	old.proc.signal(syscall.SIGTERM)
+	waitInFlight(ctx, t, admin, mark)
+	n1.proc.signal(syscall.SIGTERM)
 	if r := <-slowDone; r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"slept"`) {
 		t.Errorf("unexpected request in flight at SIGTERM; got %s; want 200 from the worker", r)
 	}
-	if !old.proc.wait(15 * time.Second) {
+	if !n1.proc.wait(15 * time.Second) {
 		t.Fatalf("unexpected node still running after SIGTERM")
 	}
-	if code := old.proc.cmd.ProcessState.ExitCode(); code != 0 {
+	if code := n1.proc.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("unexpected exit code after SIGTERM; got %d; want 0", code)
 	}
-	env := append([]string{"REDIS_URL=" + srv.URL()}, nodeEnv...)
-	n1 := restartInPlace(t, old, env)
-	check("after node 1's SIGTERM restart", f.Nodes[0], n1)
-
-	n1.proc.kill()
 	n1 = restartInPlace(t, n1, env)
-	check("after node 1's SIGKILL restart", f.Nodes[0], n1)
+	check("after node 1's SIGTERM restart", f.Nodes[0], n1)
 	for _, w := range f.Workers {
 		if strings.Contains(w.Output(), "session unknown") {
 			t.Errorf("unexpected worker %s told its session is unknown across a node's restart:\n%s", w.Name, w.Output())
