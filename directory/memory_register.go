@@ -138,12 +138,7 @@ func (m *Memory) openRegistration(reg *Registration, now time.Time) (*memRegiste
 	}
 	m.byClient[reg.ClientID][id] = s
 	for _, ns := range s.info.Namespaces {
-		set := m.byNS[ns]
-		if set == nil {
-			set = make(map[string]*memSession)
-			m.byNS[ns] = set
-		}
-		set[id] = s
+		m.indexNS(ns, s)
 	}
 	g := &memRegistering{s: s, earlier: earlier, res: &RegisterResult{SessionID: id, LeaseUntil: lease}}
 	g.displaced = m.applyBindings(s, plans, earlier, now)
