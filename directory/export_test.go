@@ -32,7 +32,8 @@ func SetAfterRegisterBatch(s Store, fn func()) {
 
 // SetAfterDropBatch makes s call fn between two batches of the rows a
 // dropped session frees (a deregister, a void, a sweep, the end of a
-// registration), when the store is not held. Set it before s is used.
+// registration), or on the memory store the sweep of due timed
+// wind-downs, when the store is not held. Set it before s is used.
 func SetAfterDropBatch(s Store, fn func()) {
 	switch s := s.(type) {
 	case *Memory:

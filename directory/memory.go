@@ -47,6 +47,9 @@ type Memory struct {
 	// windDowns: the placements timed wind-downs free at their deadline,
 	// by row key (sweepWindDowns).
 	windDowns map[string]memWindDown
+	// windDue: the same by deadline, soonest first, so the sweep touches
+	// only the due ones (memory_drain.go); stale entries are skipped.
+	windDue windDueHeap
 	// dropped: sessions gone, or live ones a timed drain force-releases,
 	// with rows still to free (memory_drop.go).
 	dropped map[string]*memSession
@@ -61,7 +64,8 @@ type Memory struct {
 	// batches of a registration's instances, without the lock.
 	afterBatch func()
 	// afterDrop, when set (tests only, before use), runs between the
-	// batches of rows a dropped session frees, without the lock.
+	// batches of rows a dropped session or due wind-downs free, without
+	// the lock.
 	afterDrop func()
 }
 

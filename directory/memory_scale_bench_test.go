@@ -177,7 +177,7 @@ func BenchmarkMemoryScaleDrop(b *testing.B) {
 		reg.PrevSessionID = res.SessionID
 		return st.now
 	}, func() error {
-		done := slowestLookupWhile(st.m, st.now)
+		done := slowestLookupWhile(st.m, st.now, "i0-0", "i5000-50", "i9999-99")
 		err := st.m.Deregister(ctx, reg.PrevSessionID, st.now)
 		lookup = max(lookup, done())
 		return err
@@ -186,16 +186,104 @@ func BenchmarkMemoryScaleDrop(b *testing.B) {
 	b.ReportMetric(float64(lookup.Microseconds()), "max-lookup-us")
 }
 
-// slowestLookupWhile looks up hot ids of the scale store back to back
-// until the returned function is called, which reports the slowest.
-func slowestLookupWhile(m *directory.Memory, now time.Time) func() time.Duration {
+// slowestLookupWhile looks up hot ids of the scale store, one every
+// 100 µs (spinning, it would take a CPU from the call measured), until the
+// returned function is called, which reports the slowest.
+func slowestLookupWhile(m *directory.Memory, now time.Time, hot ...string) func() time.Duration {
 	ns := []byte("/c")
-	ids := [][]byte{[]byte("i0-0"), []byte("i5000-50"), []byte("i9999-99")}
+	var ids [][]byte
+	for _, id := range hot {
+		ids = append(ids, []byte(id))
+	}
 	i := 0
-	return longestWhile(func() {
-		if _, ok := m.Lookup(ns, ids[i%len(ids)], now); !ok {
-			panic("BUG: hot id not found")
+	stop, done := make(chan struct{}), make(chan time.Duration)
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+			start := time.Now()
+			if _, ok := m.Lookup(ns, ids[i%len(ids)], now); !ok {
+				panic("BUG: hot id not found")
+			}
+			worst = max(worst, time.Since(start))
+			i++
 		}
-		i++
+	}()
+	return func() time.Duration {
+		close(stop)
+		return <-done
+	}
+}
+
+// windDownScale winds 100,000 of the scale store's ids down with a
+// deadline a minute on (R-CM-1), and returns the deadline.
+func windDownScale(b *testing.B, st *scaleStore) time.Time {
+	ctx := context.Background()
+	deadline := st.now.Add(time.Minute)
+	for i := range 100_000 / scaleRows {
+		for k := range scaleRows {
+			id := "i" + strconv.Itoa(i) + "-" + strconv.Itoa(k)
+			if _, _, err := st.m.WindDown(ctx, "/c", id, "", &deadline, st.now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return deadline
+}
+
+// BenchmarkMemoryScaleSweepWindDowns: the periodic sweep of the scale
+// store while 100,000 timed wind-downs wait for their deadline; the
+// wind-downs are revoked after.
+func BenchmarkMemoryScaleSweepWindDowns(b *testing.B) {
+	st := scaleFixture(b)
+	ctx := context.Background()
+	windDownScale(b, st)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		_ = st.m.Sweep(ctx, st.now)
+	}
+	b.StopTimer()
+	for i := range 100_000 / scaleRows {
+		for k := range scaleRows {
+			_, _, _ = st.m.WindDown(ctx, "/c", "i"+strconv.Itoa(i)+"-"+strconv.Itoa(k), "", nil, st.now)
+		}
+	}
+}
+
+// BenchmarkMemoryScaleWindDownRelease100k: 100,000 timed wind-downs of
+// the scale store reach their deadline and the sweep frees them, then
+// they are placed again (untimed). Reported as BenchmarkMemoryScaleDrop.
+func BenchmarkMemoryScaleWindDownRelease100k(b *testing.B) {
+	st := scaleFixture(b)
+	ctx := context.Background()
+	var deadline time.Time
+	var lookup time.Duration
+	memoryHoldRounds(b, st.m, directory.SetAfterDropBatch, func() time.Time {
+		deadline = windDownScale(b, st)
+		return deadline
+	}, func() error {
+		done := slowestLookupWhile(st.m, st.now, "i5000-50")
+		err := st.m.Sweep(ctx, deadline)
+		lookup = max(lookup, done())
+		return err
+	}, func() {
+		if _, err := st.m.Placement(ctx, "/c", "i999-99", deadline); !errors.Is(err, directory.ErrNoPlacement) {
+			b.Fatalf("unexpected placement after the wind-down's deadline: %v", err)
+		}
+		for i, reg := range st.regs[:100_000/scaleRows] {
+			res, err := st.m.Register(ctx, reg, st.now)
+			if err != nil {
+				b.Fatalf("cannot place %d again: %v", i, err)
+			}
+			reg.PrevSessionID = res.SessionID
+		}
 	})
+	directory.SetAfterDropBatch(st.m, nil)
+	b.ReportMetric(float64(lookup.Microseconds()), "max-lookup-us")
 }

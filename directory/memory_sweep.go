@@ -9,15 +9,18 @@ import (
 // control queues expire two leases after their last use (R-CM-1); timed
 // drains past their deadline force-release the client's placements
 // (R-LS-5), its sessions staying until their capped lease passes. The
-// rows of both — with any other dropped session's left — are freed a
-// batch at a time after (freeDropped).
+// rows of both — with any other dropped session's left — and those of
+// timed wind-downs past their deadline (R-CM-1) are freed a batch at a
+// time after (sweepWindDowns, freeDropped).
 func (m *Memory) Sweep(_ context.Context, now time.Time) error {
 	m.sweepRecords(now)
+	m.sweepWindDowns(now)
 	m.freeDropped()
 	return nil
 }
 
-// sweepRecords is Sweep but for the freeing of dropped sessions' rows.
+// sweepRecords is Sweep but for the freeing of rows: dropped sessions'
+// and those of due wind-downs.
 func (m *Memory) sweepRecords(now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -38,7 +41,6 @@ func (m *Memory) sweepRecords(now time.Time) {
 		}
 	}
 	m.sweepBindings(now)
-	m.sweepWindDowns(now)
 	var live map[string]bool // clients with a live session, once a drain needs it
 	for clientID, d := range m.drains {
 		if d.state.Draining && !d.state.Deadline.IsZero() && !d.released && !now.Before(d.state.Deadline) {
