@@ -97,6 +97,8 @@ type memSession struct {
 	owner *Owner
 	info  SessionInfo
 	rows  map[NSID]struct{}
+	// gone is set when the session's record is dropped (dropRecord).
+	gone bool
 }
 
 type memDrain struct {
@@ -250,11 +252,18 @@ func (m *Memory) freeRow(sh *memShard, key string, r memRow, ns, id string) {
 // its rows dead-owner rows any claim re-places. The rows themselves are
 // freed a batch at a time (memory_drop.go). Callers hold m.mu.
 func (m *Memory) dropSession(s *memSession) {
-	s.owner.Revoke()
-	delete(m.sessions, s.info.SessionID)
+	m.dropRecord(s)
 	for _, ns := range s.info.Namespaces {
 		m.unindexNS(ns, s)
 	}
+}
+
+// dropRecord is dropSession but for byNS, which the caller compacts
+// (unindexNS, or compactNS after many). Callers hold m.mu.
+func (m *Memory) dropRecord(s *memSession) {
+	s.gone = true
+	s.owner.Revoke()
+	delete(m.sessions, s.info.SessionID)
 	delete(m.queues, s.info.SessionID)
 	if m.byURL[s.info.AdvertiseURL] == s {
 		delete(m.byURL, s.info.AdvertiseURL)
@@ -350,6 +359,17 @@ func (m *Memory) unindexNS(ns string, s *memSession) {
 		return
 	}
 	if set = slices.Delete(set, i, i+1); len(set) == 0 {
+		delete(m.byNS, ns)
+	} else {
+		m.byNS[ns] = set
+	}
+}
+
+// compactNS removes the dropped sessions (dropRecord) from the sessions
+// serving ns in one pass; callers hold m.mu.
+func (m *Memory) compactNS(ns string) {
+	set := m.byNS[ns]
+	if set = slices.DeleteFunc(set, func(s *memSession) bool { return s.gone }); len(set) == 0 {
 		delete(m.byNS, ns)
 	} else {
 		m.byNS[ns] = set

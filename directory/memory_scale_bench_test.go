@@ -287,3 +287,30 @@ func BenchmarkMemoryScaleWindDownRelease100k(b *testing.B) {
 	directory.SetAfterDropBatch(st.m, nil)
 	b.ReportMetric(float64(lookup.Microseconds()), "max-lookup-us")
 }
+
+// BenchmarkMemoryScaleSweepLapse: 10,000 sessions serving one namespace
+// all lapse (a fleet-wide outage) and one sweep drops them, under one
+// hold of the lock. Reported as BenchmarkMemoryDrop100k.
+func BenchmarkMemoryScaleSweepLapse(b *testing.B) {
+	ctx := context.Background()
+	m := directory.NewMemory(time.Minute, time.Now())
+	var now time.Time
+	memoryHoldRounds(b, m, directory.SetAfterDropBatch, func() time.Time {
+		now = time.Now()
+		for i := range scaleSessions {
+			w := strconv.Itoa(i)
+			if _, err := m.Register(ctx, &directory.Registration{ClientID: "w" + w, Sub: "s", Secret: "k", Namespaces: []string{"/c"},
+				AdvertiseURL: "http://127.0.0.1:1/" + w, Headroom: 1}, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+		now = now.Add(3 * time.Minute)
+		return now
+	}, func() error {
+		return m.Sweep(ctx, now)
+	}, func() {
+		if ws, _ := m.Workers(ctx, now.Add(-3*time.Minute)); len(ws) != 0 {
+			b.Fatalf("unexpected sessions after the sweep; got %d; want 0", len(ws))
+		}
+	})
+}
