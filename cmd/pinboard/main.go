@@ -91,9 +91,6 @@ func isHelp(args []string) bool {
 	return false
 }
 
-// run returns the exit code: 0 after a clean shutdown, 1 on a runtime
-// failure, 2 on bad configuration (one line naming the variable, nothing
-// started).
 // serverOptions is the library's configuration for cfg: every variable
 // that reaches the server goes through here (TestServerOptions).
 func serverOptions(cfg *config, store directory.Store, log *slog.Logger, m *metrics.Metrics) server.Options {
@@ -119,6 +116,9 @@ func serverOptions(cfg *config, store directory.Store, log *slog.Logger, m *metr
 	}
 }
 
+// run returns the exit code: 0 after a clean shutdown, 1 on a runtime
+// failure, 2 on bad configuration (one line naming the variable, nothing
+// started).
 func run(args []string, lookup func(string) (string, bool), stderr io.Writer) int {
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (pinboard --help lists them)\n")
