@@ -7,6 +7,10 @@ import "time"
 // small fixed vocabulary ("place", "heartbeat", "lookup", …) — never a key,
 // an id or anything else unbounded. err is the round trip's error, nil on
 // success; domain outcomes (unknown session, no placement) are not errors.
+// d is 0 for a call refused without a round trip (Redis held as not
+// answering, gatedClient): an error with no latency, which would
+// otherwise fill a latency histogram with near-zero figures during an
+// outage.
 //
 // Implementations must be safe for concurrent use and must not block or
 // allocate: stores call them on the hot path. *metrics.Metrics is one.

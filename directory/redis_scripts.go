@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -151,7 +152,17 @@ func (r *Redis) observe(op string, start time.Time, err error) {
 	if rueidis.IsRedisNil(err) {
 		err = nil
 	}
-	r.obs.StoreCommand(op, time.Since(start), err)
+	r.obs.StoreCommand(op, roundTrip(start, err), err)
+}
+
+// roundTrip is the duration to report for a call started at start that
+// ended with err: 0 when the gate refused it and nothing went to Redis
+// (CommandObserver).
+func roundTrip(start time.Time, err error) time.Duration {
+	if errors.Is(err, errNotAnswering) {
+		return 0
+	}
+	return time.Since(start)
 }
 
 // observeCached reports a DoCache read as observe does, unless the
@@ -183,7 +194,7 @@ func (r *Redis) observeMulti(op string, start time.Time, res []rueidis.RedisResu
 			break
 		}
 	}
-	r.obs.StoreCommand(op, time.Since(start), err)
+	r.obs.StoreCommand(op, roundTrip(start, err), err)
 }
 
 // evalsha builds the EVALSHA command; eval the EVAL fallback.

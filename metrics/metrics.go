@@ -232,7 +232,9 @@ func (m *Metrics) QueueDepth(int) {}
 // store (a Redis command or script), by operation name.
 func (m *Metrics) StoreCommand(op string, d time.Duration, err error) {
 	v := m.store.at(m.store.slot(unsafeBytes(op), 0))
-	v.latency.Observe(d)
+	if d > 0 { // 0: refused without a round trip (directory.CommandObserver)
+		v.latency.Observe(d)
+	}
 	if err != nil {
 		v.errors.Add(1)
 	}

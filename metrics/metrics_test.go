@@ -77,6 +77,7 @@ func TestCountersAndExposition(t *testing.T) {
 	m.Probe(time.Millisecond, registry.ProbeMismatch)
 	m.StoreCommand("place", 300*time.Microsecond, nil)
 	m.StoreCommand("place", 300*time.Microsecond, errors.New("down"))
+	m.StoreCommand("place", 0, errors.New("refused without a round trip"))
 
 	got := scrape(t, m)
 	want(t, got, `pinboard_proxy_requests_total{namespace="/counters",code="2xx"}`, "3")
@@ -108,7 +109,7 @@ func TestCountersAndExposition(t *testing.T) {
 	want(t, got, `pinboard_registry_probes_total{result="mismatch"}`, "1")
 	want(t, got, `pinboard_store_command_duration_seconds_count{op="place"}`, "2")
 	want(t, got, `pinboard_store_command_duration_seconds_bucket{op="place",le="0.0005"}`, "2")
-	want(t, got, `pinboard_store_command_errors_total{op="place"}`, "1")
+	want(t, got, `pinboard_store_command_errors_total{op="place"}`, "2")
 	if _, ok := got[`pinboard_store_command_duration_seconds_count{op="other"}`]; ok {
 		t.Errorf("unexpected op=\"other\" series without overflow")
 	}

@@ -101,7 +101,10 @@ type roundTrips struct {
 
 var trips = &roundTrips{ops: map[string]int64{}}
 
-func (t *roundTrips) StoreCommand(op string, _ time.Duration, _ error) {
+func (t *roundTrips) StoreCommand(op string, d time.Duration, _ error) {
+	if d == 0 {
+		return // refused without a round trip
+	}
 	t.mu.Lock()
 	t.ops[op]++
 	t.mu.Unlock()
