@@ -66,6 +66,21 @@ func (b rrBeat) decode(t *testing.T) (acks []string, a rrAck) {
 	return req.Acks, a
 }
 
+// startRoundRobinNodes starts three pinboard nodes on one redis-server
+// of the test's own and the round-robin balancer in front of them; lb is
+// the balancer as workers see it (the nodes' token and lease).
+func startRoundRobinNodes(t *testing.T) (nodes []*Pinboard, rr *roundRobin, lb *Pinboard) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	token := randomHex(24)
+	nodes = make([]*Pinboard, 3)
+	for i := range nodes {
+		nodes[i] = StartPinboard(t, PinboardOptions{Token: token, Env: []string{"REDIS_URL=" + srv.URL()}})
+	}
+	rr = startRoundRobin(t, nodes)
+	return nodes, rr, &Pinboard{URL: rr.URL, Token: token, LeaseTTL: nodes[0].LeaseTTL}
+}
+
 func startRoundRobin(t *testing.T, nodes []*Pinboard) *roundRobin {
 	t.Helper()
 	rr := &roundRobin{}
@@ -187,14 +202,7 @@ func TestMultiNodeRoundRobin_RCM1_RLS3_RLS5(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
-	srv := redistest.StartServer(t)
-	token := randomHex(24)
-	nodes := make([]*Pinboard, 3)
-	for i := range nodes {
-		nodes[i] = StartPinboard(t, PinboardOptions{Token: token, Env: []string{"REDIS_URL=" + srv.URL()}})
-	}
-	rr := startRoundRobin(t, nodes)
-	lb := &Pinboard{URL: rr.URL, Token: token, LeaseTTL: nodes[0].LeaseTTL}
+	nodes, rr, lb := startRoundRobinNodes(t)
 
 	// A stands behind a probe front (R-LS-3) and has far more headroom
 	// than B: new ids go to A while it is eligible.
@@ -461,14 +469,7 @@ func TestMultiNodeRoundRobinDisplacement_RLS4(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	srv := redistest.StartServer(t)
-	token := randomHex(24)
-	nodes := make([]*Pinboard, 3)
-	for i := range nodes {
-		nodes[i] = StartPinboard(t, PinboardOptions{Token: token, Env: []string{"REDIS_URL=" + srv.URL()}})
-	}
-	rr := startRoundRobin(t, nodes)
-	lb := &Pinboard{URL: rr.URL, Token: token, LeaseTTL: nodes[0].LeaseTTL}
+	nodes, _, lb := startRoundRobinNodes(t)
 	// hostGet retries 503 (the cold start, R-CS-1) only while warm.
 	warm := true
 	hostGet := func(pb *Pinboard, id string) reply {
@@ -533,14 +534,7 @@ func TestMultiNodeRoundRobinDrainDeadline_RLS5(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	srv := redistest.StartServer(t)
-	token := randomHex(24)
-	nodes := make([]*Pinboard, 3)
-	for i := range nodes {
-		nodes[i] = StartPinboard(t, PinboardOptions{Token: token, Env: []string{"REDIS_URL=" + srv.URL()}})
-	}
-	rr := startRoundRobin(t, nodes)
-	lb := &Pinboard{URL: rr.URL, Token: token, LeaseTTL: nodes[0].LeaseTTL}
+	nodes, _, lb := startRoundRobinNodes(t)
 	a := StartWorker(t, lb, WorkerOptions{Name: "A", Headroom: 1000})
 	b := StartWorker(t, lb, WorkerOptions{Name: "B", Headroom: 1})
 	for _, w := range []*Worker{a, b} {
