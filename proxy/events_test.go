@@ -156,17 +156,7 @@ func TestEventStreamRelayedKeepsConnection_RDP2(t *testing.T) {
 			t.Fatalf("unexpected chunk; got %q; want event %d", got, i)
 		}
 	}
-	close(next)
-	if got := s.chunk(); got != "" {
-		t.Fatalf("unexpected chunk after the worker ended the stream; got %q; want the last chunk", got)
-	}
-	waitEventRelays(t, rg.p, 0)
-	fmt.Fprint(s.c, "GET /t/x/value HTTP/1.1\r\nHost: pb\r\n\r\n")
-	var res fasthttp.Response
-	_ = s.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if err := res.Read(s.br); err != nil || res.StatusCode() != 200 {
-		t.Fatalf("unexpected answer to the next request on the connection; got %d, %v; want 200", res.StatusCode(), err)
-	}
+	endStreamThenReuse(t, rg, s, next)
 	if rg.p.OpenStreams() != 0 {
 		t.Fatalf("unexpected open streams after the stream ended; got %d; want 0", rg.p.OpenStreams())
 	}
@@ -873,6 +863,14 @@ func TestEventStreamAfterUploadRelayed_RDP2(t *testing.T) {
 	if got := s.chunk(); got != "data: one\n\n" {
 		t.Fatalf("unexpected chunk; got %q; want the event", got)
 	}
+	endStreamThenReuse(t, rg, s, next)
+}
+
+// endStreamThenReuse has the worker end the stream s relays (closing
+// next): the client gets the last chunk, the relay ends, and the next
+// request on the client's connection is answered.
+func endStreamThenReuse(t *testing.T, rg *rig, s *streamConn, next chan<- string) {
+	t.Helper()
 	close(next)
 	if got := s.chunk(); got != "" {
 		t.Fatalf("unexpected chunk after the worker ended the stream; got %q; want the last chunk", got)
