@@ -142,16 +142,31 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 	if cfg.MetricsAddr != "" {
 		m = metrics.New(metrics.Options{Version: version()})
 	}
-	store, err := openStore(cfg, log, m)
+	// SIGTERM is a graceful shutdown from before the store opens: an
+	// orchestrator that sees the port open (or /livez answer) may stop
+	// the process at once, and one that gives up on a start still
+	// waiting for Redis (up to storeOpenTimeout) stops it then. A signal
+	// before Notify would kill it with the default action instead (exit
+	// by signal, not 0).
+	ctx, stop := signalContext(log)
+	defer stop()
+	store, err := openStore(ctx, cfg, log, m)
 	if err != nil {
 		var ce *configError
 		if errors.As(err, &ce) {
 			fmt.Fprintf(stderr, "pinboard: %v\n", err)
 			return 2
 		}
+		if ctx.Err() != nil {
+			log.Info("pinboard stopped before the directory opened")
+			return 0
+		}
 		log.Error("cannot open the directory", "err", err)
 		return 1
 	}
+	// The store closes while signals are still watched (deferred after
+	// stop, so run first): a second signal then exits 1 as documented,
+	// not by the signal's default action.
 	closeStore := sync.OnceFunc(func() { _ = store.Close() })
 	defer closeStore()
 
@@ -160,15 +175,6 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		log.Error("cannot start", "err", err)
 		return 1
 	}
-	// SIGTERM is a graceful shutdown from the moment a listener accepts:
-	// an orchestrator that sees the port open (or /livez answer) may stop
-	// the process at once, and a signal before Notify would kill it with
-	// the default action instead (exit by signal, not 0).
-	ctx, stop := signalContext(log)
-	defer stop()
-	// The store closes while signals are still watched: a second signal
-	// then exits 1 as documented, not by the signal's default action.
-	defer closeStore()
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		log.Error("cannot listen", "addr", cfg.Addr, "err", err)
@@ -282,7 +288,7 @@ const storeOpenTimeout = 10 * time.Second
 // waiting for an unreachable host. Failing at once, five starts
 // RestartSec apart reached deploy/systemd's start limit within seconds,
 // and pinboard stayed down after Redis came back.
-func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Store, error) {
+func openStore(ctx context.Context, cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Store, error) {
 	if cfg.RedisURL == "memory:" || cfg.RedisURL == "memory://" {
 		return directory.NewMemory(cfg.LeaseTTL, time.Now()), nil
 	}
@@ -290,7 +296,7 @@ func openStore(cfg *config, log *slog.Logger, m *metrics.Metrics) (directory.Sto
 	if m != nil {
 		opts.Observer = m // a nil *Metrics must not become a non-nil interface
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeOpenTimeout)
+	ctx, cancel := context.WithTimeout(ctx, storeOpenTimeout)
 	defer cancel()
 	wait := 100 * time.Millisecond
 	for {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,7 +86,7 @@ func meteredStore(t *testing.T) (directory.Store, *metrics.Metrics) {
 	t.Helper()
 	srv := redistest.StartServer(t)
 	m := metrics.New(metrics.Options{})
-	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
+	store, err := openStore(t.Context(), &config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestRedisRefusingAtStartIsWaitedFor_RSRV3(t *testing.T) {
 		started <- srv.Start()
 	}()
 	begin := time.Now()
-	store, err := openStore(&config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), nil)
+	store, err := openStore(t.Context(), &config{RedisURL: srv.URL(), LeaseTTL: time.Second}, slog.New(slog.DiscardHandler), nil)
 	if serr := <-started; serr != nil {
 		t.Fatalf("cannot restart redis-server: %v", serr)
 	}
@@ -189,5 +191,53 @@ func TestRedisRefusingCredentialsExits2_RSRV3(t *testing.T) {
 	}
 	if took >= storeOpenTimeout/2 {
 		t.Fatalf("unexpected wait before exiting; got %v; want at once, not the wait for an unreachable Redis (%v)", took, storeOpenTimeout)
+	}
+}
+
+// A SIGTERM while the start still waits for a Redis that refuses
+// connections stops it there: exit 0 with a log line, soon, not after the
+// rest of storeOpenTimeout. Signals were watched only from the store's
+// opening on, and such a signal killed pinboard by its default action
+// (exit by signal) (R-SRV-2, R-SRV-3).
+func TestSignalWhileWaitingForRedisStopsCleanly_RSRV2_RSRV3(t *testing.T) {
+	srv := redistest.StartServer(t)
+	srv.Stop() // its port now refuses connections
+	env := map[string]string{
+		"PINBOARD_PASSPORT": `{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"TOK"},"scopes":["pinboard:worker"]}]}]}`,
+		"TOK":               "t",
+		"REDIS_URL":         srv.URL(),
+		"HOST":              "127.0.0.1",
+		"PORT":              "0",
+	}
+	stderr := &lockedBuffer{}
+	done := make(chan int, 1)
+	began := time.Now()
+	go func() { done <- run(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, stderr) }()
+	// The retry warning comes after signal.Notify: the signal below is
+	// caught, and cannot kill the test binary.
+	deadline := time.Now().Add(storeOpenTimeout / 2)
+	for !strings.Contains(stderr.String(), "retrying") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no retry warning within %v: %q", storeOpenTimeout/2, stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		out := stderr.String()
+		if code != 0 || !strings.Contains(out, "stopped before the directory opened") {
+			t.Fatalf("unexpected stop while waiting for Redis; got exit %d, %q; want exit 0 and the stop logged", code, out)
+		}
+		if strings.Contains(out, "cannot open the directory") {
+			t.Fatalf("unexpected failure logged for a stop: %q", out)
+		}
+	case <-time.After(storeOpenTimeout + 5*time.Second):
+		t.Fatalf("run still waiting %v after SIGTERM", time.Since(began))
+	}
+	if d := time.Since(began); d >= storeOpenTimeout {
+		t.Fatalf("unexpected wait before stopping; got %v; want the SIGTERM to end the wait for Redis (%v)", d, storeOpenTimeout)
 	}
 }
