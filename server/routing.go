@@ -151,7 +151,7 @@ func (pb *Pinboard) readyz(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	if pb.stopping.Load() {
+	if pb.unready.Load() || pb.stopping.Load() {
 		notReady(ctx, time.Second)
 		ctx.SetBodyString(`{"ok":false,"shuttingDown":true}`)
 		return

@@ -18,6 +18,13 @@ import (
 
 func testPinboard(t *testing.T, base string) (*Pinboard, *directory.Memory) {
 	t.Helper()
+	return testPinboardWith(t, base, nil)
+}
+
+// testPinboardWith is testPinboard with its Options changed by opts, if
+// not nil.
+func testPinboardWith(t *testing.T, base string, opts func(*Options)) (*Pinboard, *directory.Memory) {
+	t.Helper()
 	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"op","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}],"namespaces":{"*":{"allow":"anonymous"}}}`),
 		func(k string) (string, bool) { return "tok", k == "T" })
 	if err != nil {
@@ -25,7 +32,11 @@ func testPinboard(t *testing.T, base string) (*Pinboard, *directory.Memory) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	store := directory.NewMemory(time.Second, now)
-	pb, err := New(Options{Store: store, Passport: pp, BasePath: base, LeaseTTL: time.Second, Now: func() time.Time { return now }})
+	o := Options{Store: store, Passport: pp, BasePath: base, LeaseTTL: time.Second, Now: func() time.Time { return now }}
+	if opts != nil {
+		opts(&o)
+	}
+	pb, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

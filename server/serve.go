@@ -10,8 +10,8 @@ import (
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
-// Serve serves ln until ctx ends, then shuts down gracefully (see
-// Shutdown). Background loops (directory sweeps, pool sweeps) run while it
+// Serve serves ln until ctx ends, then, after Options.ShutdownDelay,
+// shuts down gracefully (see Shutdown). Background loops (directory sweeps, pool sweeps) run while it
 // serves, and have ended when it returns: a sweep still running on the
 // store then would meet a caller that closes the store once Serve
 // returned (cmd/pinboard does).
@@ -41,7 +41,33 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 		return fmt.Errorf("cannot serve: %w", err)
 	case <-ctx.Done():
 	}
+	if err := pb.delayShutdown(errc); err != nil {
+		pb.closeAdmin()
+		return fmt.Errorf("cannot serve: %w", err)
+	}
 	return pb.shutdown(grace, errc, cln)
+}
+
+// delayShutdown is Options.ShutdownDelay: readiness turns 503 at once,
+// and the node goes on serving — data plane, registry and new
+// connections alike — until the delay is over, for load balancers to
+// see it and route elsewhere. A listener that fails meanwhile ends the
+// wait with its error.
+func (pb *Pinboard) delayShutdown(errc <-chan error) error {
+	d := pb.opts.ShutdownDelay
+	if d <= 0 {
+		return nil
+	}
+	pb.unready.Store(true)
+	pb.log.Info("shutdown: readiness 503; serving on until the delay is over", "delayMs", d.Milliseconds())
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-errc:
+		return err
+	case <-t.C:
+		return nil
+	}
 }
 
 // The lingering close of client connections (rawio.Linger): nginx's

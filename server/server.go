@@ -80,6 +80,14 @@ type Options struct {
 	// Pprof serves Go's profiles under /debug/pprof/ on the admin listener
 	// (PINBOARD_PPROF=1). Off by default: profiles reveal internals.
 	Pprof bool
+	// ShutdownDelay is how long Serve keeps serving after its context
+	// ends, readiness already 503, before the shutdown stops taking work
+	// (PINBOARD_SHUTDOWN_DELAY_MS; 0, the default, none). A load balancer
+	// that routes by /readyz, with no preStop hook to wait for it, keeps
+	// sending new connections for an interval or two after the signal:
+	// closing the listener at once refused those and reset the ones
+	// already in its accept queue.
+	ShutdownDelay time.Duration
 }
 
 // Pinboard is one pinboard node.
@@ -95,6 +103,9 @@ type Pinboard struct {
 	metrics  *metrics.Metrics
 	access   accessLog
 	stopping atomic.Bool
+	// unready turns readiness 503 during Options.ShutdownDelay, while
+	// everything else still serves (stopping is set after it).
+	unready atomic.Bool
 	// linger closes client connections with unread input lingering
 	// (rawio.Linger): a client still sending a body pinboard or the
 	// worker answered without reading gets the answer, not a reset.

@@ -36,6 +36,7 @@ type config struct {
 	IdleTimeout   time.Duration
 	HeaderTimeout time.Duration
 	Grace         time.Duration
+	Delay         time.Duration // PINBOARD_SHUTDOWN_DELAY_MS
 	LogLevel      string
 	LogFormat     string
 	MetricsAddr   string
@@ -188,6 +189,9 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		return nil, err
 	}
 	if c.Grace, err = durationMs(get, "PINBOARD_SHUTDOWN_GRACE_MS", 25000, 0); err != nil {
+		return nil, err
+	}
+	if c.Delay, err = durationMs(get, "PINBOARD_SHUTDOWN_DELAY_MS", 0, 0); err != nil {
 		return nil, err
 	}
 	c.LogLevel = strings.ToLower(get("PINBOARD_LOG_LEVEL"))

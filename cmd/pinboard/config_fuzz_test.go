@@ -41,6 +41,7 @@ func FuzzLoadConfig_RSRV2_RSRV3(f *testing.F) {
 		"PINBOARD_METRICS_ADDR=127.0.0.1:9090\nPINBOARD_PPROF=1",
 		"PINBOARD_PPROF=1",
 		"PINBOARD_SHUTDOWN_GRACE_MS=-1",
+		"PINBOARD_SHUTDOWN_DELAY_MS=5000",
 		"PINBOARD_ACCESS_LOG_SAMPLE=1.5",
 		"PINBOARD_ACCESS_LOG_SAMPLE=0.25",
 		"PINBOARD_REGISTRY_WORKERS=8\nPINBOARD_REGISTRY_MIN_WORKERS=9",
@@ -80,7 +81,7 @@ func FuzzLoadConfig_RSRV2_RSRV3(f *testing.F) {
 		}
 		if c.LeaseTTL < 100*time.Millisecond || (c.BalanceFactor != 0 && !(c.BalanceFactor >= 1)) ||
 			c.RegWorkers < 1 || c.RegMinWorkers < 0 || c.RegMinWorkers > c.RegWorkers || c.RegQueue < 1 ||
-			!(c.AccessSample >= 0 && c.AccessSample <= 1) || c.Grace < 0 || c.ProbeTimeout < 10*time.Millisecond {
+			!(c.AccessSample >= 0 && c.AccessSample <= 1) || c.Grace < 0 || c.Delay < 0 || c.ProbeTimeout < 10*time.Millisecond {
 			t.Fatalf("unexpected configuration from %q: %+v", lines, c)
 		}
 		if c.BasePath != "" && (c.BasePath[0] != '/' || strings.ContainsAny(c.BasePath, "?# ")) {

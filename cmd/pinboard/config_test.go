@@ -58,6 +58,7 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"bad log format", map[string]string{"PINBOARD_LOG_FORMAT": "xml"}, nil, "PINBOARD_LOG_FORMAT: must be text or json"},
 		{"bad metrics addr", map[string]string{"PINBOARD_METRICS_ADDR": "9090"}, nil, "PINBOARD_METRICS_ADDR: must be host:port"},
 		{"bad grace", map[string]string{"PINBOARD_SHUTDOWN_GRACE_MS": "-1"}, nil, "PINBOARD_SHUTDOWN_GRACE_MS:"},
+		{"bad delay", map[string]string{"PINBOARD_SHUTDOWN_DELAY_MS": "5s"}, nil, "PINBOARD_SHUTDOWN_DELAY_MS:"},
 		{"access sample above 1", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "1.5"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE: must be a number from 0 to 1"},
 		{"access sample not a number", map[string]string{"PINBOARD_ACCESS_LOG_SAMPLE": "half"}, nil, "PINBOARD_ACCESS_LOG_SAMPLE:"},
 		{"registry floor above ceiling", map[string]string{"PINBOARD_REGISTRY_WORKERS": "8", "PINBOARD_REGISTRY_MIN_WORKERS": "9"}, nil, "PINBOARD_REGISTRY_MIN_WORKERS: must be at most PINBOARD_REGISTRY_WORKERS (8), got 9"},
@@ -113,7 +114,7 @@ func TestConfigDefaults_RSRV3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Addr != ":8080" || c.LeaseTTL != 15*time.Second || c.BalanceFactor != 0 || !c.Trusted.Empty() || c.Grace != 25*time.Second {
+	if c.Addr != ":8080" || c.LeaseTTL != 15*time.Second || c.BalanceFactor != 0 || !c.Trusted.Empty() || c.Grace != 25*time.Second || c.Delay != 0 {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
 	if c.MetricsAddr != "" || c.AccessSample != 0 || c.LogFormat != "text" || c.LogLevel != "info" {
@@ -524,6 +525,7 @@ func TestServerOptions_RPL4_RLS1(t *testing.T) {
 	kv["PINBOARD_TRUSTED_PROXIES"] = "10.0.0.0/8"
 	kv["PINBOARD_AFFINITY_BALANCE_FACTOR"] = "1.5"
 	kv["PINBOARD_BASE_PATH"] = "/pb"
+	kv["PINBOARD_SHUTDOWN_DELAY_MS"] = "5000"
 	c, err := loadConfig(env(kv))
 	if err != nil {
 		t.Fatal(err)
@@ -534,7 +536,7 @@ func TestServerOptions_RPL4_RLS1(t *testing.T) {
 		o.LeaseTTL != 3*time.Second || o.BasePath != "/pb" || o.Upstream != c.Upstream || o.ProbeTimeout != c.ProbeTimeout ||
 		o.ReadTimeout != c.ReadTimeout || o.IdleTimeout != c.IdleTimeout || o.HeaderTimeout != c.HeaderTimeout ||
 		o.RegistryWorkers != c.RegWorkers || o.RegistryMinWorkers != c.RegMinWorkers || o.RegistryQueue != c.RegQueue ||
-		o.AccessLogSample != c.AccessSample || o.Pprof != c.Pprof {
+		o.AccessLogSample != c.AccessSample || o.Pprof != c.Pprof || o.ShutdownDelay != 5*time.Second {
 		t.Fatalf("unexpected server options; got %+v; want those of %+v", o, c)
 	}
 }

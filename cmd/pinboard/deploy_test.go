@@ -351,13 +351,13 @@ func TestKubernetesManifests_RSRV3(t *testing.T) {
 		t.Errorf("runAsUser is %v, the image's nonroot user is 65532", got)
 	}
 
-	// Shutdown budget: the preStop sleep, the grace, and server.CloseWait for the
-	// streams' closing must fit before the kubelet's SIGKILL.
+	// Shutdown budget: the preStop sleep, the shutdown delay, the grace, and
+	// server.CloseWait for the streams' closing must fit before the kubelet's SIGKILL.
 	preStop, _ := dig(c, "lifecycle", "preStop", "sleep", "seconds").(int)
 	budget, _ := dig(pod, "spec", "terminationGracePeriodSeconds").(int)
-	need := time.Duration(preStop)*time.Second + cfg.Grace + server.CloseWait
+	need := time.Duration(preStop)*time.Second + cfg.Delay + cfg.Grace + server.CloseWait
 	if time.Duration(budget)*time.Second <= need {
-		t.Errorf("terminationGracePeriodSeconds %d is not more than preStop %ds + grace %v + %v", budget, preStop, cfg.Grace, server.CloseWait)
+		t.Errorf("terminationGracePeriodSeconds %d is not more than preStop %ds + delay %v + grace %v + %v", budget, preStop, cfg.Delay, cfg.Grace, server.CloseWait)
 	}
 
 	// The probes: on the admin port, at paths that answer 200 on a
@@ -474,8 +474,8 @@ func TestSystemdUnit_RSRV2(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TimeoutStopSec=%q: %v", unit["TimeoutStopSec"], err)
 	}
-	if time.Duration(stop)*time.Second <= cfg.Grace+server.CloseWait {
-		t.Errorf("TimeoutStopSec=%d is not more than grace %v + %v", stop, cfg.Grace, server.CloseWait)
+	if time.Duration(stop)*time.Second <= cfg.Delay+cfg.Grace+server.CloseWait {
+		t.Errorf("TimeoutStopSec=%d is not more than delay %v + grace %v + %v", stop, cfg.Delay, cfg.Grace, server.CloseWait)
 	}
 	if code := run(nil, env(map[string]string{}), io.Discard); code != 2 {
 		t.Errorf("a configuration error exits %d; docs/OPERATIONS.md says 2", code)

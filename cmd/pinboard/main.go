@@ -64,7 +64,8 @@ Optional (default):
   PINBOARD_READ_TIMEOUT_MS             reading one request body; 0 none (0)
   PINBOARD_HEADER_TIMEOUT_MS           reading a request header (30000)
   PINBOARD_IDLE_TIMEOUT_MS             idle client keep-alive connection (75000)
-  PINBOARD_SHUTDOWN_GRACE_MS           in-flight requests after SIGTERM (25000)
+  PINBOARD_SHUTDOWN_DELAY_MS           serving on, /readyz 503, after SIGTERM (0)
+  PINBOARD_SHUTDOWN_GRACE_MS           in-flight requests after that (25000)
   PINBOARD_METRICS_ADDR                admin listener host:port: /metrics, /livez,
                                        /readyz (off)
   PINBOARD_PPROF                       1: /debug/pprof/ on the admin listener (0)
@@ -113,6 +114,7 @@ func serverOptions(cfg *config, store directory.Store, log *slog.Logger, m *metr
 		Metrics:            m,
 		AccessLogSample:    cfg.AccessSample,
 		Pprof:              cfg.Pprof,
+		ShutdownDelay:      cfg.Delay,
 	}
 }
 
@@ -206,7 +208,7 @@ func run(args []string, lookup func(string) (string, bool), stderr io.Writer) in
 		}()
 	}
 	log.Info("pinboard listening", "addr", ln.Addr().String(), "store", store.Name(), "leaseTtlMs", cfg.LeaseTTL.Milliseconds(),
-		"basePath", cfg.BasePath, "shutdownGraceMs", cfg.Grace.Milliseconds(), "version", version())
+		"basePath", cfg.BasePath, "shutdownDelayMs", cfg.Delay.Milliseconds(), "shutdownGraceMs", cfg.Grace.Milliseconds(), "version", version())
 
 	if err := pb.Serve(ctx, ln, cfg.Grace); err != nil {
 		log.Error("stopped with an error", "err", err)
