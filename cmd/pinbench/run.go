@@ -19,7 +19,7 @@ import (
 // pinboard, then results.json, plots and BENCHMARKS.md.
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench run", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "short phases, one round, smaller fleets (about 4 minutes)")
+	quick := fs.Bool("quick", false, "short phases, one round, smaller fleets (5 to 7 minutes on 2 CPUs)")
 	rounds := fs.Int("rounds", 0, "rounds per scenario (default 3, quick 1)")
 	only := fs.String("scenarios", "", "comma-separated subset of "+strings.Join(scenario.Scenarios, ","))
 	pinboardBin := fs.String("pinboard", "bin/pinboard", "pinboard binary")
