@@ -87,6 +87,11 @@ func (o *Owner) SetLeaseUntil(t time.Time) {
 // superseded registration, a session gone from Redis).
 func (o *Owner) Revoke() { o.leaseUntil.Store(revokedLease) }
 
+// Revoked reports whether the store ended the session for good. Unlike a
+// lease that only ran out here (a Redis the node cannot reach to learn
+// of renewals), it is the store's word that the session is over.
+func (o *Owner) Revoked() bool { return o.leaseUntil.Load() == revokedLease }
+
 // Route is a resolved placement: the owning session and the placement epoch
 // the worker fences on (the `pinboard-epoch` header).
 type Route struct {

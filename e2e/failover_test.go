@@ -1,11 +1,16 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -231,4 +236,95 @@ func TestWorkerRestartedInPlace_RLS3(t *testing.T) {
 			t.Errorf("unexpected pinboard log without the voided line:\n%s", pb.Output())
 		}
 	})
+}
+
+// An event stream from a worker frozen (SIGSTOP) while its client waits
+// for the next event ends once the store ends the frozen worker's session
+// (a lease after its lease ran out): cleanly, as EventSource expects of a
+// stream to reconnect. Reconnecting reaches the id's new owner. Before,
+// the stream stayed open as long as the worker stayed frozen — its kernel
+// still holds the connection, and an event stream idles by design — while
+// the id served from the other worker (R-LS-2, R-DP-2). On both stores.
+func TestFrozenWorkerEventStreamEnds_RLS2_RDP2(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, storeEnv []string) {
+		const ttl = 3 * time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		f := StartWarmFleet(t, ctx, FleetOptions{PinboardEnv: storeEnv, Workers: []string{"w1", "w2"}, Headroom: sharedHeadroom, LeaseTTL: ttl})
+		pb := f.Pinboard
+		type event struct {
+			N      int    `json:"n"`
+			Worker string `json:"worker"`
+		}
+		url := pb.URL + "/tickers/frozen-stream/events?count=100000&interval=0.2"
+		res := openEventStream(ctx, t, url, 500*time.Millisecond)
+		defer res.Body.Close()
+		br := bufio.NewReader(res.Body)
+		first := readEvent[event](t, br)
+		victim := f.Worker(first.Worker)
+		survivor := f.Other(victim.Name)
+
+		victim.proc.signal(syscall.SIGSTOP)
+		defer victim.proc.signal(syscall.SIGCONT)
+		frozen := time.Now()
+		sleepCtx(ctx, 500*time.Millisecond) // a heartbeat sent just before has landed
+		floor, err := victim.LeaseFloor(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type end struct {
+			at  time.Time
+			err error
+		}
+		ended := make(chan end, 1)
+		go func() {
+			for {
+				if _, err := br.ReadString('\n'); err != nil {
+					if errors.Is(err, io.EOF) {
+						err = nil
+					}
+					ended <- end{time.Now(), err}
+					return
+				}
+			}
+		}()
+		var e end
+		select {
+		case e = <-ended:
+		case <-time.After(2*ttl + 20*time.Second):
+			t.Fatalf("the frozen worker's event stream still open %v after the freeze (lease %v)", time.Since(frozen).Round(time.Millisecond), ttl)
+		}
+		if e.err != nil {
+			t.Fatalf("unexpected end of the frozen worker's event stream; got %v; want a clean end", e.err)
+		}
+		if e.at.Before(floor) {
+			t.Fatalf("unexpected end of the event stream %v before the frozen worker's lease ended; want the session ended first", floor.Sub(e.at).Round(time.Millisecond))
+		}
+		t.Logf("event stream ended %v after the freeze (lease ran out %v after it)", e.at.Sub(frozen).Round(time.Millisecond), floor.Sub(frozen).Round(time.Millisecond))
+
+		again := openEventStream(ctx, t, url, 500*time.Millisecond)
+		defer again.Body.Close()
+		if ev := readEvent[event](t, bufio.NewReader(again.Body)); ev.Worker != survivor.Name {
+			t.Fatalf("unexpected worker after reconnecting; got %s; want %s", ev.Worker, survivor.Name)
+		}
+	})
+}
+
+// readEvent reads the next event's data from br and decodes it.
+func readEvent[E any](t *testing.T, br *bufio.Reader) E {
+	t.Helper()
+	for {
+		line, err := br.ReadString('\n')
+		if data, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), "data: "); ok {
+			var ev E
+			if err := json.Unmarshal([]byte(data), &ev); err != nil {
+				t.Fatalf("cannot decode event %q: %v", data, err)
+			}
+			return ev
+		}
+		if err != nil {
+			t.Fatalf("cannot read an event: %v", err)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -66,13 +67,16 @@ type upstreamBody struct {
 
 	// guard is a relay's hijack, which shutdown may abandon (cutRelays).
 	guard *hijackGuard
+	// owner is the session the body comes from: an event stream whose
+	// session ended is ended (streams.endRevoked).
+	owner *directory.Owner
 }
 
 var bodyPool = sync.Pool{New: func() any { return new(upstreamBody) }}
 
-func acquireBody(pool *connPool, pc *pconn, tr *streams, mode bodyMode, size int64, keep, sse bool, up *upload, client net.Conn) *upstreamBody {
+func acquireBody(pool *connPool, pc *pconn, tr *streams, owner *directory.Owner, mode bodyMode, size int64, keep, sse bool, up *upload, client net.Conn) *upstreamBody {
 	b := bodyPool.Get().(*upstreamBody)
-	b.pool, b.pc, b.tracker, b.mode, b.keep, b.sse, b.up = pool, pc, tr, mode, keep, sse, up
+	b.pool, b.pc, b.tracker, b.owner, b.mode, b.keep, b.sse, b.up = pool, pc, tr, owner, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
 	b.remaining, b.done, b.broken, b.relayed, b.untilClose, b.guard, b.err = 0, false, false, false, false, nil, nil
 	b.stopped.Store(false)
@@ -343,7 +347,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 			b.pool.discard(b.pc)
 		}
 	}
-	b.pool, b.pc, b.up, b.tracker, b.client, b.guard, b.err = nil, nil, nil, nil, nil, nil, nil
+	b.pool, b.pc, b.up, b.tracker, b.client, b.guard, b.err, b.owner = nil, nil, nil, nil, nil, nil, nil, nil
 	bodyPool.Put(b)
 	return nil
 }
@@ -506,6 +510,29 @@ func (s *streams) Open() int64 { return s.n.Load() }
 // OpenEvents returns the number of event streams (text/event-stream) among
 // them.
 func (s *streams) OpenEvents() int64 { return s.sse.Load() }
+
+// endRevoked ends the event streams whose session the store ended —
+// deregistered, superseded, or dropped a lease after its lease ran out
+// (a crashed, frozen or cut-off worker) — as shutdown ends them: cleanly
+// between two events. EventSource then reconnects and reaches the id's
+// owner now. An event stream idles by design, so nothing else would end
+// one from a frozen worker (its kernel still holds the connection), and
+// one from a worker the fleet has moved on from would go on beside the
+// id's new owner. Other streams run on: a download from a live worker
+// that re-registered is sound, and a stalled one ends by the stall
+// timeout. It returns how many it ended.
+func (s *streams) endRevoked(now time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for b := range s.m {
+		if b.sse && b.owner != nil && b.owner.Revoked() && !b.stopped.Load() {
+			b.stop(now)
+			n++
+		}
+	}
+	return n
+}
 
 func (s *streams) stopAll(now time.Time) {
 	s.mu.Lock()

@@ -11,7 +11,7 @@ import (
 // serveWebSocket does once its hijack ran, for tests that drive a relay
 // without a server around it.
 func (hj *hijacks) relay(client, upstream net.Conn, handshake, pending, early []byte) {
-	hj.run(hj.start(client, upstream, nil), handshake, pending, early)
+	hj.run(hj.start(client, upstream, nil, nil), handshake, pending, early)
 }
 
 // A hijack that shutdown abandoned before its orphan timer was stored

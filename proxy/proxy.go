@@ -170,7 +170,9 @@ func trimSlash(s string) string {
 	return s
 }
 
-// Run sweeps idle worker connections until ctx ends. Call it once.
+// Run sweeps idle worker connections, and ends the event streams and
+// WebSockets of sessions the store ended (streams.endRevoked,
+// hijacks.endRevoked), once a second until ctx ends. Call it once.
 func (p *Proxy) Run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -180,6 +182,9 @@ func (p *Proxy) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			p.ups.sweep(p.now(), 10*time.Minute)
+			if n, w := p.streams.endRevoked(time.Now()), p.hijacks.endRevoked(time.Now()); n+w > 0 {
+				p.log.Info("streams of ended sessions closed; their clients reconnect to the ids' owners now", "eventStreams", n, "webSockets", w)
+			}
 		}
 	}
 }

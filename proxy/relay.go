@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/directory"
 )
 
 // refusedInBand reports whether a worker's answer is its in-band refusal
@@ -19,7 +21,7 @@ func refusedInBand(rh *fasthttp.ResponseHeader) bool {
 // relay sets up the response body: read whole when small and sized (still
 // under the header deadline), streamed otherwise (no deadline: streams
 // may idle for hours). It owns pc from here.
-func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *upload, retryUnattested bool) outcome {
+func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, owner *directory.Owner, up *upload, retryUnattested bool) outcome {
 	rh := &ctx.Response.Header
 	status := rh.StatusCode()
 	cl := rh.ContentLength()
@@ -87,7 +89,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, up *u
 		}
 		pc.clearDeadline()
 		pool.streamReader(pc)
-		b := acquireBody(pool, pc, p.streams, mode, size, keep, sse, up, ctx.Conn())
+		b := acquireBody(pool, pc, p.streams, owner, mode, size, keep, sse, up, ctx.Conn())
 		if sse {
 			// Each event is flushed as it comes whatever the worker's
 			// framing (R-DP-2, as Go's ReverseProxy does): fasthttp

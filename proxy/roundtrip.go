@@ -90,7 +90,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, 
 			continue
 		}
 		if !wrote && up == nil && earlyAnswer(ctx, pool, pc, wall, err) {
-			return p.relay(ctx, pool, pc, nil, retryUnattested)
+			return p.relay(ctx, pool, pc, rq.owner, nil, retryUnattested)
 		}
 		if wrote && up != nil {
 			err = awaitUploadHeader(ctx, pc, up)
@@ -129,7 +129,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, 
 			p.answerUpstreamError(ctx, err, wrote)
 			return failed
 		}
-		return p.relay(ctx, pool, pc, up, retryUnattested)
+		return p.relay(ctx, pool, pc, rq.owner, up, retryUnattested)
 	}
 }
 

@@ -110,7 +110,7 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 				// see wsDir.copy). Bytes the server had read past the
 				// upgrade request (a client may not send any before the
 				// 101, RFC 6455 §4.1) go to the worker first.
-				r := p.hijacks.start(client, conn, g)
+				r := p.hijacks.start(client, conn, g, route.Owner)
 				go p.hijacks.run(r, raw, pending, bufferedBytes(hc))
 			})
 			return
@@ -435,9 +435,11 @@ func (hj *hijacks) pend(upstream net.Conn) *hijackGuard {
 func (hj *hijacks) count() int { return len(hj.m) + len(hj.pending) }
 
 // start tracks a relay between client and upstream, in place of g, its
-// pending hijack (nil: none), so that wait never sees neither.
-func (hj *hijacks) start(client, upstream net.Conn, g *hijackGuard) *wsRelay {
+// pending hijack (nil: none), so that wait never sees neither. owner is
+// the worker's session (nil: none known).
+func (hj *hijacks) start(client, upstream net.Conn, g *hijackGuard, owner *directory.Owner) *wsRelay {
 	r := newWSRelay(client, upstream, hj.stall)
+	r.owner = owner
 	hj.mu.Lock()
 	hj.m[r] = struct{}{}
 	delete(hj.pending, g)
@@ -558,6 +560,30 @@ func (hj *hijacks) shutdown(deadline time.Time) {
 			r.goAway(deadline)
 		}()
 	}
+}
+
+// endRevoked tells goodbye — Close 1001 "going away" toward the client and
+// the worker, the connections closed closeWait later at the latest, as at
+// shutdown — to every relay whose session the store ended (see
+// streams.endRevoked: a frozen worker's WebSocket idles for ever, and one
+// from a session the fleet moved on from runs beside the id's new
+// owner). It returns how many it told.
+func (hj *hijacks) endRevoked(now time.Time) int {
+	hj.mu.Lock()
+	var ended []*wsRelay
+	for r := range hj.m {
+		if r.owner != nil && r.owner.Revoked() && !r.going.Load() {
+			ended = append(ended, r)
+		}
+	}
+	hj.mu.Unlock()
+	deadline := now.Add(hj.closeWait)
+	for _, r := range ended {
+		// Each on its own: a direction inside a frame waits for its
+		// boundary (wsDir.tryClose) up to 0.1 s.
+		go r.goAway(deadline)
+	}
+	return len(ended)
 }
 
 // closeAll closes every relayed connection, and abandons every pending

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -245,6 +246,11 @@ type wsRelay struct {
 	hs      sync.Mutex
 	started bool      // the 101 went to the client
 	dl      time.Time // the goodbye's deadline, once going
+
+	// owner is the session the worker's side belongs to: a relay whose
+	// session ended is told goodbye (hijacks.endRevoked). Nil in tests
+	// that relay without a directory.
+	owner *directory.Owner
 }
 
 func newWSRelay(client, upstream net.Conn, stall time.Duration) *wsRelay {

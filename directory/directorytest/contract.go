@@ -57,6 +57,7 @@ func Run(t *testing.T, f Factory) {
 		{"ExcludeRefusingWorker_RPL6", testExclude},
 		{"CandidatesInSessionOrder_RPL1_RPL4", testCandidatesInSessionOrder},
 		{"SweepRemovesDeadSessions", testSweep},
+		{"EndedSessionRevoked_RLS2_RREG3", testEndedSessionRevoked},
 		{"ExpiredCountedUntilSwept_RLS2", testExpired},
 		{"HostnameBindingsSupersede_RLS4", testSupersede},
 		{"HeldBindingSurvivesSweep_RLS4", testHeldBindingSurvivesSweep},

@@ -269,3 +269,41 @@ func testExpired(t *testing.T, f Factory) {
 	}
 	expired(1) // a was one lease past its expiry: dropped
 }
+
+// testEndedSessionRevoked: a session the store ended — deregistered, or
+// dropped by the sweep a lease after its lease ran out — revokes the
+// Owner its routes carried, for good; one whose lease only ran out is not
+// revoked yet (the proxy ends event streams of revoked owners only:
+// Owner.Revoked is the store's word, a lapsed lease may be this node's
+// view of a Redis it cannot reach).
+func testEndedSessionRevoked(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	fx.register("a", []string{"/c"}, 10)
+	fx.register("b", []string{"/d"}, 10)
+	x, y := fx.place("/c", "x"), fx.place("/d", "y")
+	if x.Owner.Revoked() || y.Owner.Revoked() {
+		t.Fatalf("unexpected revoked owner of a live session")
+	}
+	if err := fx.s.Deregister(fx.ctx, x.Owner.SessionID, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	if !x.Owner.Revoked() {
+		t.Fatalf("unexpected owner not revoked after its session deregistered")
+	}
+	fx.advance(TTL + time.Millisecond)
+	if y.Owner.Live(fx.now) || y.Owner.Revoked() {
+		t.Fatalf("unexpected owner a millisecond past its lease; got live %v, revoked %v; want neither", y.Owner.Live(fx.now), y.Owner.Revoked())
+	}
+	fx.advance(TTL)
+	if err := fx.s.Sweep(fx.ctx, fx.now); err != nil {
+		t.Fatalf("cannot sweep: %v", err)
+	}
+	if !y.Owner.Revoked() {
+		t.Fatalf("unexpected owner not revoked after the sweep dropped its session")
+	}
+	y.Owner.SetLeaseUntil(fx.now.Add(time.Hour))
+	if !y.Owner.Revoked() || y.Owner.Live(fx.now) {
+		t.Fatalf("unexpected revoked owner brought back by a late lease")
+	}
+}
