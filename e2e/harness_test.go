@@ -369,11 +369,14 @@ type PinboardOptions struct {
 	// Token is PINBOARD_TOKEN; "" means a fresh random one. Nodes of one
 	// deployment share it (one passport, one secret).
 	Token string
+	// BasePath is PINBOARD_BASE_PATH ("/pb"); Pinboard.URL then ends with
+	// it, so every request the tests and workers send goes under it.
+	BasePath string
 }
 
 // Pinboard is a running pinboard process on 127.0.0.1.
 type Pinboard struct {
-	URL      string // http://127.0.0.1:PORT, no trailing slash
+	URL      string // http://127.0.0.1:PORT plus the base path, no trailing slash
 	Token    string // PINBOARD_TOKEN: pinboard:worker and pinboard:operator
 	LeaseTTL time.Duration
 	proc     *proc
@@ -432,12 +435,15 @@ func startPinboard(opts PinboardOptions) (*Pinboard, error) {
 			"REDIS_URL=memory:",
 			"PINBOARD_LEASE_TTL_MS="+strconv.FormatInt(ttl.Milliseconds(), 10),
 		)
+		if opts.BasePath != "" {
+			env = append(env, "PINBOARD_BASE_PATH="+opts.BasePath)
+		}
 		env = append(env, opts.Env...)
 		p, err := startProc(fmt.Sprintf("pinboard(:%d)", port), runDir, env, []string{bin})
 		if err != nil {
 			return nil, err
 		}
-		pb := &Pinboard{URL: "http://127.0.0.1:" + strconv.Itoa(port), Token: token, LeaseTTL: ttl, proc: p}
+		pb := &Pinboard{URL: "http://127.0.0.1:" + strconv.Itoa(port) + opts.BasePath, Token: token, LeaseTTL: ttl, proc: p}
 		err = waitUp(p, startTimeout, func(ctx context.Context) error {
 			r, err := do(ctx, http.MethodGet, pb.URL+"/registry/health", pb.operator(), nil)
 			if err != nil {
