@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -369,6 +370,9 @@ type PinboardOptions struct {
 	// Token is PINBOARD_TOKEN; "" means a fresh random one. Nodes of one
 	// deployment share it (one passport, one secret).
 	Token string
+	// Passport is PINBOARD_PASSPORT; "" means passportJSON(). Its tokens'
+	// variables other than PINBOARD_TOKEN go in Env.
+	Passport string
 	// BasePath is PINBOARD_BASE_PATH ("/pb"); Pinboard.URL then ends with
 	// it, so every request the tests and workers send goes under it.
 	BasePath string
@@ -431,7 +435,7 @@ func startPinboard(opts PinboardOptions) (*Pinboard, error) {
 			"PORT="+strconv.Itoa(port),
 			"HOST=127.0.0.1",
 			"PINBOARD_TOKEN="+token,
-			"PINBOARD_PASSPORT="+passportJSON(),
+			"PINBOARD_PASSPORT="+cmp.Or(opts.Passport, passportJSON()),
 			"REDIS_URL=memory:",
 			"PINBOARD_LEASE_TTL_MS="+strconv.FormatInt(ttl.Milliseconds(), 10),
 		)

@@ -47,7 +47,8 @@ without a deadline revokes it (not an instance route: no attestation).
 Hosts (one PinnedWorker, two PinnedHosts, mounted as the fleet guide says):
     /counters  Counter  GET value, POST increment, POST echo (streams the body
                         back), GET whoami, GET headers, GET caller (the
-                        attested calling instance), GET call?path=P (a
+                        attested calling instance, or an authenticated
+                        client's account), GET call?path=P (a
                         cluster call to P), POST sha256 (consumes
                         the body, returns its digest), GET blob?size=N,
                         GET target/{rest} (the raw path and query it got),
@@ -172,9 +173,14 @@ class Counter(PinnedAPI):
     async def caller(self, request: Request) -> dict[str, Any]:
         # The attested calling instance, if this request is a cluster call
         # (R-TR-6): pinned verified pinboard's attestation and its caller claim.
+        # An authenticated client's request carries the account instead
+        # (R-TR-4, R-TR-5): the passport key's sub, scopes and claims.
         who = attestation(request)
         if isinstance(who, Attestation.Instance):
             return {"worker": WORKER_NAME, "id": self.id, "caller": f"{who.ns}/{who.id}", "depth": who.depth}
+        if isinstance(who, Attestation.Account):
+            account = {"sub": who.sub, "scopes": sorted(who.scopes), "claims": dict(who.claims)}
+            return {"worker": WORKER_NAME, "id": self.id, "caller": None, "depth": None, "account": account}
         return {"worker": WORKER_NAME, "id": self.id, "caller": None, "depth": None}
 
     @route.get("/call")
