@@ -98,6 +98,10 @@ type request struct {
 	// gets its worker's (prepare), and placement sees none.
 	noHost bool
 
+	// bodyTaken: a streamed request body went to an upload, which reads
+	// it (ServeHTTP: unreadChunked).
+	bodyTaken bool
+
 	// order puts back the order of repeated fields after the header's
 	// edits (keepFieldOrder).
 	order fieldOrder
@@ -117,7 +121,7 @@ func (rq *request) reset() {
 	rq.call, rq.caller, rq.depth, rq.callerSession = false, rq.caller[:0], 0, ""
 	rq.pick, rq.pickSet = directory.PickInput{}, false
 	rq.placeReq = directory.PlaceRequest{}
-	rq.routed, rq.noHost, rq.hop = false, false, 0
+	rq.routed, rq.noHost, rq.hop, rq.bodyTaken = false, false, 0, false
 	rq.rawCookies, rq.cookieEnds = rq.rawCookies[:0], rq.cookieEnds[:0]
 	rq.order.reset()
 }
@@ -127,6 +131,9 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	start := p.now()
 	rq := p.reqPool.Get().(*request)
 	p.serve(ctx, rq, start)
+	if !rq.bodyTaken && unreadChunked(ctx) {
+		ctx.SetConnectionClose()
+	}
 	var ns []byte
 	if rq.routed {
 		ns = rq.ns
@@ -134,6 +141,18 @@ func (p *Proxy) ServeHTTP(ctx *fasthttp.RequestCtx) {
 	p.metrics.Request(ns, ctx.Response.StatusCode(), p.now().Sub(start))
 	rq.reset()
 	p.reqPool.Put(rq)
+}
+
+// unreadChunked reports whether the request has a chunked body that the
+// handler left unread (no upload took it): pinboard's own answer to it
+// must say Connection: close. fasthttp discards at most 256 KiB of an
+// unread body after the answer and then closes the connection; for a
+// Content-Length it decides that before the answer is written and says
+// so, for a chunked body it cannot, and the answer went out as keep-alive
+// with the connection then closed under the client's next request (RFC
+// 9112 section 9.6; TestAnswerLeavingChunkedBodyUnreadSaysClose_RDP4_RREG7).
+func unreadChunked(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.IsBodyStream() && ctx.Request.Header.ContentLength() == -1
 }
 
 // wallClock returns now, a reading of the proxy's clock, for a socket

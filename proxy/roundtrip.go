@@ -74,6 +74,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, 
 		}
 		wall := p.wallClock(now)
 		up, err := writeRequest(ctx, pool, pc, wall)
+		rq.bodyTaken = rq.bodyTaken || up != nil
 		wrote := err == nil
 		if wrote && up == nil {
 			// A request read whole goes out with the first read of its

@@ -242,6 +242,7 @@ func (r *Registry) Capacity() int { return r.pool.Cap() }
 // not be touched after ServeHTTP returns.
 func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 	start := time.Now()
+	defer closeIfBodyUnread(ctx)
 	h, p, scope := r.route(ctx, path)
 	if h == nil && p == nil {
 		return
@@ -362,6 +363,19 @@ type prereadBody struct {
 func (r *Registry) preread(ctx *fasthttp.RequestCtx) {
 	b, err := r.readBody(ctx)
 	ctx.SetUserValue(prereadKey{}, &prereadBody{b: b, err: err})
+}
+
+// closeIfBodyUnread makes an answer to a request whose chunked body was
+// never read (turned away before preread, or not a POST) say Connection:
+// close. fasthttp discards at most 256 KiB of an unread body after the
+// answer and then closes the connection; for a chunked body it cannot
+// tell before the answer is written, which went out as keep-alive with
+// the connection then closed under the client's next request (RFC 9112
+// section 9.6; readBody does the same for a 413).
+func closeIfBodyUnread(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.IsBodyStream() && ctx.Request.Header.ContentLength() == -1 && ctx.UserValue(prereadKey{}) == nil {
+		ctx.SetConnectionClose()
+	}
 }
 
 // probe makes call's challenge probe, to end by answerBy, and records it;

@@ -94,12 +94,26 @@ func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.livez(ctx)
 		}
+		closeIfChunkedBody(ctx)
 	case toReadyz:
 		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
 			pb.readyz(ctx)
 		}
+		closeIfChunkedBody(ctx)
 	default:
 		pb.proxy.ServeHTTP(ctx)
+	}
+}
+
+// closeIfChunkedBody makes the answer to a request with a chunked body,
+// which the health probes never read, say Connection: close: fasthttp
+// discards at most 256 KiB of an unread body after the answer and then
+// closes the connection, and for a chunked body cannot tell so before the
+// answer is written (RFC 9112 section 9.6;
+// TestAnswerLeavingChunkedBodyUnreadSaysClose_RDP4_RREG7).
+func closeIfChunkedBody(ctx *fasthttp.RequestCtx) {
+	if ctx.Request.IsBodyStream() && ctx.Request.Header.ContentLength() == -1 {
+		ctx.SetConnectionClose()
 	}
 }
 
