@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 )
 
 // A worker behind TLS (an https advertise URL) that sends bytes after the
@@ -19,6 +20,7 @@ func TestTLSWorkerExtraRecordNeverAnswersNextRequest_RDP1_RDP3(t *testing.T) {
 	rg := newRig(t, nil)
 	rg.warm()
 	s, _ := tlsStandin(t, rg)
+	written := make(chan struct{})
 	forB := func(rw http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(rw, "for B") }
 	s.route("/b", forB)
 	s.route("/a", func(rw http.ResponseWriter, r *http.Request) {
@@ -32,6 +34,7 @@ func TestTLSWorkerExtraRecordNeverAnswersNextRequest_RDP1_RDP3(t *testing.T) {
 		_ = brw.Flush()
 		_, _ = brw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nSMUGGLED")
 		_ = brw.Flush()
+		close(written)
 		// Whatever comes next on this connection is answered as B's.
 		for {
 			req, err := http.ReadRequest(brw.Reader)
@@ -48,6 +51,13 @@ func TestTLSWorkerExtraRecordNeverAnswersNextRequest_RDP1_RDP3(t *testing.T) {
 	rg.serveIDs(t, s, "alice")
 	if res, body := rg.get("/counters/alice/a", nil); res.StatusCode != 200 || body != "hello" {
 		t.Fatalf("unexpected answer to A; got %d %q; want 200 \"hello\"", res.StatusCode, body)
+	}
+	// The extra record has been sent (on loopback: it is in pinboard's
+	// socket) before B's request: no race with its arrival.
+	select {
+	case <-written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker never sent its record after A's answer")
 	}
 	for range 3 {
 		if res, body := rg.get("/counters/alice/b", nil); res.StatusCode != 200 || body != "for B" {
