@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -174,28 +175,94 @@ func (p *connPool) get(now time.Time) (pc *pconn, late bool, err error) {
 // request asked for (the late tail of an answer) would hand them to the
 // next request as its answer. The caller discards one that is not
 // (rawio.ErrNotQuiet) and takes the next.
+//
+// Behind TLS nothing can be peeked at: the worker's extra bytes may sit in
+// the TLS layer already, a record of their own that the last answer's
+// reads never reached (a read returns one record). unaskedTLS reads for
+// them here, once, without waiting.
 func (p *connPool) popIdle(now time.Time) *pconn {
-	var stale []*pconn
-	p.mu.Lock()
-	var pc *pconn
-	for n := len(p.idle); n > 0; n = len(p.idle) {
-		c := p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		if now.Sub(c.lastUsed) < p.idleTimeout {
-			pc = c
-			break
+	for {
+		var stale []*pconn
+		p.mu.Lock()
+		var pc *pconn
+		for n := len(p.idle); n > 0; n = len(p.idle) {
+			c := p.idle[n-1]
+			p.idle[n-1] = nil
+			p.idle = p.idle[:n-1]
+			if now.Sub(c.lastUsed) < p.idleTimeout {
+				pc = c
+				break
+			}
+			stale = append(stale, c)
 		}
-		stale = append(stale, c)
+		p.mu.Unlock()
+		for _, c := range stale {
+			p.discard(c)
+		}
+		if pc != nil && pc.unaskedTLS() {
+			p.discard(pc)
+			continue
+		}
+		if pc != nil {
+			pc.checkQuiet, pc.sendErr = true, nil
+		}
+		return pc
 	}
-	p.mu.Unlock()
-	for _, c := range stale {
-		p.discard(c)
+}
+
+// aLongTimeAgo is a read deadline that has passed: a read under it takes
+// what is already there and never waits.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// tlsProbeWait bounds unaskedTLS's read of bytes the socket holds: one
+// record or more, already there, so it returns at once unless they are
+// only post-handshake messages (session tickets), which a TLS read
+// consumes and then waits for data (rare on an idle connection: the
+// tickets come right after the handshake, before the first answer).
+const tlsProbeWait = 10 * time.Millisecond
+
+// unaskedTLS reports whether pc, an idle connection behind TLS, cannot
+// carry another request: its worker sent application data nobody asked
+// for — bytes after the answer it framed, in a TLS record of their own,
+// which the answer's reads never reached (a TLS read returns one record)
+// and which no peek at the socket can tell from a session ticket — or
+// closed or reset it. A read tells: first one that cannot wait, for what
+// the TLS layer holds already (a read whose deadline passed makes no
+// system call), then, when the socket holds bytes, one that may wait
+// tlsProbeWait for them to be read and decrypted. Application data, or an
+// error other than the deadline, means the connection is done for;
+// post-handshake messages are consumed by the read and are no data. A
+// record still on its way is not seen (the socket's peek has the same
+// limit). Other connections report false: rawio.NotQuiet peeks at them.
+//
+// Before, such a record was read as the answer to the next request on
+// the connection, another client's (TestTLSWorkerExtraRecordNeverAnswersNextRequest_RDP1_RDP3).
+// The read deadline it leaves is unknown to pc's bookkeeping: the next
+// arm renews it, the next clear clears it.
+func (pc *pconn) unaskedTLS() bool {
+	tc, ok := pc.c.(*tls.Conn)
+	if !ok {
+		return false
 	}
-	if pc != nil {
-		pc.checkQuiet, pc.sendErr = true, nil
+	pc.deadline = deadlineUnknown
+	if tlsReadUnasked(tc, aLongTimeAgo) {
+		return true
 	}
-	return pc
+	if tcp, ok := tc.NetConn().(*net.TCPConn); !ok || !rawio.Readable(tcp) {
+		return false
+	}
+	return tlsReadUnasked(tc, time.Now().Add(tlsProbeWait))
+}
+
+// tlsReadUnasked reads from tc under deadline and reports whether it
+// found application data, or an error other than the deadline's.
+func tlsReadUnasked(tc *tls.Conn, deadline time.Time) bool {
+	if tc.SetReadDeadline(deadline) != nil {
+		return true
+	}
+	var b [1]byte
+	n, err := tc.Read(b[:])
+	return n > 0 || !isTimeout(err)
 }
 
 func (p *connPool) wait(now time.Time) (*pconn, error) {
