@@ -365,3 +365,42 @@ func longestWhile(probe func()) func() time.Duration {
 		return <-done
 	}
 }
+
+// BenchmarkRedisPlaceAmongSessions is a new placement through one warm
+// node in a namespace that n workers serve: the node's view of the
+// namespace (its members, each one's headroom and drain flags, from the
+// client-side cache) is decoded and ranked per placement, so the cost
+// grows with n (docs/DIRECTORY.md, "Scale").
+func BenchmarkRedisPlaceAmongSessions(b *testing.B) {
+	for _, n := range []int{4, 1000, 10000} {
+		b.Run(fmt.Sprintf("sessions=%d", n), func(b *testing.B) {
+			srv := redistest.StartServer(b)
+			ctx := context.Background()
+			s, err := directory.OpenRedis(ctx, srv.URL(), directory.RedisOptions{LeaseTTL: time.Hour, Prefix: "among"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close() })
+			now := time.Now()
+			_, _ = s.Place(ctx, &directory.PlaceRequest{NS: "/warm", ID: "x", Now: now})
+			now = now.Add(time.Hour)
+			for i := range n {
+				if _, err := s.Register(ctx, &directory.Registration{ClientID: "m" + strconv.Itoa(i), Sub: "s", Secret: "k",
+					Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/m" + strconv.Itoa(i), Headroom: 1e9}, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// The first placement reads every session; the loop measures
+			// the steady state after it.
+			if _, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "first", Now: now}); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "p" + strconv.Itoa(i), Now: now}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
