@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -885,4 +886,72 @@ func TestExpiresInMsWholeLeaseOnNanosecondClock_RLS1(t *testing.T) {
 			t.Fatalf("unexpected heartbeat ack; got %d %s; want 200 {\"expiresInMs\":15000,\"draining\":false}", res.status, res.body)
 		}
 	})
+}
+
+// Each heartbeat is counted by what it was answered
+// (pinboard_registry_heartbeats_total): a good probe "ok", a failed one
+// "degraded" (200 all the same), a mismatch "voided" and the session then
+// "unknown_session" — an operator tells a fleet going degraded from a
+// healthy one by this label alone (R-REG-2, R-LS-3).
+func TestHeartbeatOutcomesObserved_RREG2_RLS3(t *testing.T) {
+	h := newHarness(t)
+	obs := &outcomes{}
+	h.r = h.registryWith(Options{ProbeTimeout: time.Second, Workers: 4, Queue: 16, Observer: obs})
+	session := h.register(nil)
+	for _, step := range []struct {
+		mode    string
+		status  int
+		outcome string
+	}{
+		{"ok", 200, "ok"},
+		{"404", 200, "degraded"},
+		{"ok", 200, "ok"},
+		{"mismatch", 409, "voided"},
+		{"ok", 409, "unknown_session"},
+	} {
+		h.fw.mode.Store(step.mode)
+		res := h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
+		if res.status != step.status || obs.last() != step.outcome {
+			t.Fatalf("unexpected heartbeat with the probe %s; got %d %s, outcome %q; want %d, %q", step.mode, res.status, res.body, obs.last(), step.status, step.outcome)
+		}
+	}
+}
+
+// forbiddenBeatStore is a memory directory whose heartbeats find the
+// session belongs to another account: the store's own check, which a
+// registry meets when the account changed between its read of the
+// session and the renewal.
+type forbiddenBeatStore struct{ *directory.Memory }
+
+func (forbiddenBeatStore) Heartbeat(context.Context, *directory.Beat, time.Time) (*directory.BeatResult, error) {
+	return nil, directory.ErrForbidden
+}
+
+// A renewal the store refuses as another account's session is the
+// forbidden row, 403 {"error":"forbidden"}, not a 409 that would send the
+// worker to re-register nor a 503 (R-REG-2).
+func TestHeartbeatStoreForbidden_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	r := h.registryOn(forbiddenBeatStore{h.store}, testPassport(t))
+	res := h.do(r, "POST", "/registry/heartbeat", workerToken, h.beatBody(session, nil))
+	if res.status != 403 || res.body != `{"error":"forbidden"}` {
+		t.Fatalf("unexpected reply to a renewal refused by the store; got %d %s; want 403 forbidden", res.status, res.body)
+	}
+}
+
+// challenge and challengeValue are tokens of 1 to 512 characters
+// (maxTokenLen): the schema rows refuse 513, and 512 is a heartbeat like
+// any other (R-REG-2).
+func TestHeartbeatChallengeAtTokenLimit_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	c, v := strings.Repeat("c", maxTokenLen), strings.Repeat("v", maxTokenLen)
+	h.fw.mu.Lock()
+	h.fw.value[c] = v
+	h.fw.mu.Unlock()
+	body := mustJSON(t, map[string]any{"sessionId": session, "headroom": 1, "draining": false, "challenge": c, "challengeValue": v})
+	if res := h.post("/registry/heartbeat", workerToken, body); res.status != 200 || res.body != `{"expiresInMs":15000,"draining":false}` {
+		t.Fatalf("unexpected reply to a heartbeat with %d-character challenge tokens; got %d %s; want 200", maxTokenLen, res.status, res.body)
+	}
 }
