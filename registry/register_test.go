@@ -569,3 +569,78 @@ func TestRegisterDrainingNotEligible_RREG1_RPL1(t *testing.T) {
 		}
 	})
 }
+
+// registerReply posts a register of the fake worker with extra fields and
+// returns the reply, whatever it is.
+func (h *harness) registerReply(extra map[string]any) response {
+	h.t.Helper()
+	h.seq++
+	c, v := h.fw.pair("r" + itoa(h.seq))
+	body := map[string]any{
+		"clientId": "client-" + itoa(h.seq), "secret": h.fw.secret,
+		"namespaces": []string{"/counters"}, "advertiseUrl": h.fw.srv.URL,
+		"headroom": 100, "draining": false, "challenge": c, "challengeValue": v,
+	}
+	for k, x := range extra {
+		body[k] = x
+	}
+	return h.post("/registry/register", workerToken, mustJSON(h.t, body))
+}
+
+// The register ack's draining is the worker's own flag or an operator
+// drain on its clientId, and a timed operator drain's drainDeadline
+// counts down in it as in the heartbeat ack (R-REG-1, R-REG-6, R-LS-5):
+// pinned reads both from the register ack.
+func TestRegisterAckDrainingAndDeadline_RREG1_RLS5(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		res := h.registerReply(map[string]any{"clientId": "own-drain", "draining": true})
+		if res.status != 200 || !strings.Contains(res.body, `"draining":true`) || strings.Contains(res.body, "drainDeadline") {
+			t.Fatalf("unexpected ack to a draining registration; got %d %s; want draining:true without drainDeadline", res.status, res.body)
+		}
+		h.register(map[string]any{"clientId": "timed"})
+		if res := h.post("/registry/drain", operatorToken, `{"clientId":"timed","deadline":60}`); res.status != 200 {
+			t.Fatalf("cannot drain; got %d %s", res.status, res.body)
+		}
+		h.advance(10 * time.Second)
+		res = h.registerReply(map[string]any{"clientId": "timed"})
+		if res.status != 200 || !strings.Contains(res.body, `"draining":true,"drainDeadline":50`) {
+			t.Fatalf("unexpected ack to a registration under a timed drain; got %d %s; want draining:true, drainDeadline:50", res.status, res.body)
+		}
+	})
+}
+
+// A registration lists at most maxInstanceIDs ids in all: that many is a
+// registration, one more the schema failure (R-REG-1, R-REG-7).
+func TestRegisterInstanceIDsLimit_RREG1_RREG7(t *testing.T) {
+	str := func(s string) *string { return &s }
+	num, no := 1.0, false
+	ns := []string{"/counters"}
+	ids := make([]string, maxInstanceIDs+1)
+	for i := range ids {
+		ids[i] = "i" + itoa(i)
+	}
+	body := func(n int) *registerBody {
+		return &registerBody{
+			ClientID: str("c"), Secret: str("s"), Namespaces: &ns, AdvertiseURL: str("http://127.0.0.1:1"),
+			Headroom: &num, Draining: &no, Challenge: str("c"), ChallengeValue: str("v"),
+			Instances: map[string][]string{"/counters": ids[:n/2], "/tickers": ids[n/2 : n]},
+		}
+	}
+	if body(maxInstanceIDs).validate() == nil {
+		t.Fatalf("unexpected schema failure for %d instance ids", maxInstanceIDs)
+	}
+	if body(maxInstanceIDs+1).validate() != nil {
+		t.Fatalf("unexpected registration with %d instance ids; want the schema failure", maxInstanceIDs+1)
+	}
+}
+
+// A lone "." keeps its dot: it has no name to shorten, and stripped it
+// would be no hostname at all — a registration that binds nothing in
+// place of the one it asked for (R-LS-4).
+func TestTrimFQDNDot_RLS4(t *testing.T) {
+	for in, want := range map[string]string{"app.example.": "app.example", "app.example": "app.example", ".": ".", "": "", "a.": "a"} {
+		if got := trimFQDNDot(in); got != want {
+			t.Errorf("unexpected trimFQDNDot(%q); got %q; want %q", in, got, want)
+		}
+	}
+}
