@@ -791,3 +791,44 @@ func TestWindDownOfMovedIDChecksNewOwner_RCM1_RTR3(t *testing.T) {
 		t.Fatalf("unexpected wind-down by an operator of every env; got %d %s; want 200 on %s", res.status, res.body, prod)
 	}
 }
+
+// A drain names a client: an empty clientId is the schema failure, not a
+// drain of nothing; and the deadline's range is inclusive, 604800 s (7
+// days) a timed drain like any other (R-REG-6, R-REG-7).
+func TestDrainClientIDAndDeadlineBounds_RREG6(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"clientId": "week"})
+		for _, tc := range []struct {
+			path, body string
+			status     int
+			want       string
+		}{
+			{"/registry/drain", `{"clientId":""}`, 400, `{"error":"expected { clientId, deadline? }"}`},
+			{"/registry/undrain", `{"clientId":""}`, 400, `{"error":"expected { clientId }"}`},
+			{"/registry/drain", `{"clientId":"week","deadline":604800}`, 200, `{"clientId":"week","draining":true,"drainDeadline":604800}`},
+			{"/registry/drain", `{"clientId":"week","deadline":0}`, 200, `{"clientId":"week","draining":true,"drainDeadline":0}`},
+		} {
+			if res := h.post(tc.path, operatorToken, tc.body); res.status != tc.status || res.body != tc.want {
+				t.Fatalf("unexpected reply to %s %s; got %d %s; want %d %s", tc.path, tc.body, res.status, res.body, tc.status, tc.want)
+			}
+		}
+	})
+}
+
+// An operator whose claims do not cover a namespace is refused there
+// before the store is asked: 403, whether or not the id is placed — a
+// 404 for unplaced ids would tell it which ids of another tenant are
+// live (R-TR-3).
+func TestPlacementOutsideClaimsForbiddenWhenUnplaced_RTR3(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		for _, id := range []string{"alice", "nobody"} {
+			if res := h.get("/registry/placement?namespace=/counters&id="+id, narrowToken); res.status != 403 || res.body != `{"error":"forbidden"}` {
+				t.Fatalf("unexpected placement of %s outside the claims; got %d %s; want 403", id, res.status, res.body)
+			}
+			if res := h.post("/registry/wind-down", narrowToken, `{"namespace":"/counters","id":"`+id+`","deadline":1}`); res.status != 403 || res.body != `{"error":"forbidden"}` {
+				t.Fatalf("unexpected wind-down of %s outside the claims; got %d %s; want 403", id, res.status, res.body)
+			}
+		}
+	})
+}

@@ -194,3 +194,21 @@ func TestReleaseBodyErrorsFreeNothing_RREG3_RREG7(t *testing.T) {
 		}
 	})
 }
+
+// A lapsed session's rows are left to re-place on the next request
+// (R-PL-2): a release naming it frees nothing, whoever sends it — its
+// account is unknown once the session is gone, so any worker key could
+// otherwise free another account's rows (R-REG-3, R-TR-2).
+func TestReleaseOfLapsedSessionFreesNothing_RREG3_RPL2(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		s := h.register(map[string]any{"instances": map[string][]string{"/counters": {"alice"}}})
+		h.advance(testTTL)
+		body := `[{"sessionId":"` + s + `","namespace":"/counters","id":"alice"}]`
+		if res := h.post("/registry/release", otherToken, body); res.status != 200 || res.body != `{"released":0}` {
+			t.Fatalf("unexpected release of a lapsed session's row; got %d %s; want 200 {\"released\":0}", res.status, res.body)
+		}
+		if p, err := h.ds.Placement(t.Context(), "/counters", "alice", h.clock()); err != nil || p.SessionID != s || p.Live {
+			t.Fatalf("unexpected placement after the release; got %+v, %v; want the lapsed session's row kept", p, err)
+		}
+	})
+}
