@@ -296,3 +296,35 @@ func TestRegistryReportsQueueWait(t *testing.T) {
 		t.Fatalf("unexpected recorded queue wait; got %v; want at least 20ms", got)
 	}
 }
+
+// The pool shrinks only when the scheduling latency is over target: at
+// the target it holds.
+func TestGovernorHoldsAtTarget(t *testing.T) {
+	p99 := governorTarget
+	g, _ := testGovernor(8, &p99)
+	if got := g.step(); got != 8 {
+		t.Fatalf("unexpected capacity with the p99 at the target; got %d; want 8", got)
+	}
+}
+
+// Growth is an eighth but at least one: a small pool whose tasks queue
+// grows too.
+func TestGovernorGrowsSmallPoolByOne(t *testing.T) {
+	p99 := 200 * time.Microsecond
+	g, _ := testGovernor(4, &p99)
+	g.waited(governorBusyWait)
+	if got := g.step(); got != 5 {
+		t.Fatalf("unexpected capacity of a pool of 4 with a queued task; got %d; want 5", got)
+	}
+}
+
+// minScheduled events are enough to tell; fewer are not.
+func TestHistogramP99AtMinScheduled(t *testing.T) {
+	buckets := []float64{0, 1e-6, 1e-5, math.Inf(1)}
+	if got, ok := histogramP99([]uint64{0, minScheduled, 0}, buckets, minScheduled); !ok || got != 10*time.Microsecond {
+		t.Fatalf("unexpected p99 of %d events; got %v %v; want 10µs true", minScheduled, got, ok)
+	}
+	if _, ok := histogramP99([]uint64{0, minScheduled - 1, 0}, buckets, minScheduled-1); ok {
+		t.Fatalf("unexpected p99 of %d events; want none", minScheduled-1)
+	}
+}

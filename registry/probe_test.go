@@ -289,3 +289,21 @@ func TestProbeDoesNotFollowRedirects_RREG1_RTR3(t *testing.T) {
 		t.Errorf("unexpected requests at the redirect target; got %d; want 0", n)
 	}
 }
+
+// Only a 2xx answer is read for its value: a 3xx (not followed) carrying
+// the right value is the non-2xx row, rejected — degraded at a heartbeat
+// (R-REG-2 probe table, R-LS-3).
+func TestProbeNon2xxWithValueRejected_RREG2(t *testing.T) {
+	for _, status := range []int{300, 304, 399} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write([]byte(`{"value":"v"}`))
+		}))
+		res, err := NewProber(time.Second).Probe(srv.URL, "s", "c", "v")
+		srv.Close()
+		if res != ProbeRejected && !(status == 304 && res == ProbeUnreachable) {
+			t.Errorf("unexpected probe result for a %d answer; got %v (%v); want rejected", status, res, err)
+		}
+	}
+}
