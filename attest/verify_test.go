@@ -1,6 +1,8 @@
 package attest
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"math"
@@ -198,5 +200,86 @@ func TestAttestationAudience_RTR5(t *testing.T) {
 		if aud, ok := AttestationAudience(bad); ok {
 			t.Fatalf("unexpected audience of %q; got %q; want none", bad, aud)
 		}
+	}
+}
+
+// signedToken signs header "." payload with secret as the minter does
+// (base64url, unpadded, of HMAC-SHA256), whatever the segments hold.
+func signedToken(secret, header, payload string) string {
+	in := header + "." + payload
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(in))
+	return in + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// A token must be ASCII: the reference raises on any byte from 0x80 up,
+// so one signed with such a byte in its payload — which Python's lenient
+// base64 would otherwise skip — is refused as not ASCII, 0x80 included
+// (R-TR-5).
+func TestVerifyAttestation_NonASCIISignedTokenRefused_RTR5(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	payload := base64.RawURLEncoding.EncodeToString([]byte(`{"aud":"sess","iat":1700000000,"exp":1700000030}`))
+	if _, err := VerifyAttestation(signedToken("k", headerSegment, payload), []byte("k"), []string{"sess"}, now); err != nil {
+		t.Fatalf("unexpected rejection of the ASCII token: %v", err)
+	}
+	for _, b := range []byte{0x80, 0xc3, 0xff} {
+		tok := signedToken("k", headerSegment, payload[:4]+string([]byte{b})+payload[4:])
+		if _, err := VerifyAttestation(tok, []byte("k"), []string{"sess"}, now); err != errAttNotASCII {
+			t.Errorf("unexpected verdict on a signed token holding byte %#x; got %v; want %v", b, err, errAttNotASCII)
+		}
+	}
+}
+
+// The signature is compared whole, as the reference's compare_digest
+// compares the strings: its last character carries only 4 bits of the
+// MAC, and every other character in that place is refused, the ones
+// that decode to the same bytes included (R-TR-5).
+func TestVerifyAttestation_SignatureLastCharacter_RTR5(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	in := AttestationInput{Secret: []byte("k"), Aud: "sess", IssuedAt: now.Unix()}
+	tok := string(AppendAttestation(nil, &in))
+	if _, err := VerifyAttestation(tok, []byte("k"), []string{"sess"}, now); err != nil {
+		t.Fatalf("unexpected rejection of a minted token: %v", err)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	for _, c := range []byte(alphabet) {
+		if c == tok[len(tok)-1] {
+			continue
+		}
+		forged := tok[:len(tok)-1] + string(c)
+		if _, err := VerifyAttestation(forged, []byte("k"), []string{"sess"}, now); err != errAttSignature {
+			t.Fatalf("unexpected verdict with the signature's last character %q for %q; got %v; want %v", c, tok[len(tok)-1], err, errAttSignature)
+		}
+	}
+}
+
+// A signed payload that is JSON but not an object is refused as such,
+// before its members are looked for (R-TR-5).
+func TestVerifyAttestation_PayloadNotAnObject_RTR5(t *testing.T) {
+	for _, p := range []string{`[]`, `"aud"`, `1700000000`, `null`} {
+		tok := signedToken("k", headerSegment, base64.RawURLEncoding.EncodeToString([]byte(p)))
+		if _, err := VerifyAttestation(tok, []byte("k"), []string{"sess"}, time.Unix(1700000000, 0)); err != errAttClaims {
+			t.Errorf("unexpected verdict on the payload %s; got %v; want %v", p, err, errAttClaims)
+		}
+	}
+}
+
+// Account.Claims is the verified token's own: verifying another token
+// (whose parse reuses the pooled buffer) leaves it as it was (R-TR-5).
+func TestVerifyAttestation_AcctClaimsOutliveNextVerify_RTR5(t *testing.T) {
+	now := time.Unix(1700000000, 0)
+	verify := func(claims string) *AttestationClaims {
+		t.Helper()
+		payload := `{"aud":"sess","iat":1700000000,"exp":1700000030,"acct":{"sub":"p:k","claims":` + claims + `}}`
+		c, err := VerifyAttestation(signedToken("k", headerSegment, base64.RawURLEncoding.EncodeToString([]byte(payload))), []byte("k"), []string{"sess"}, now)
+		if err != nil || c.Acct == nil {
+			t.Fatalf("unexpected verdict; got %+v, %v", c, err)
+		}
+		return c
+	}
+	first := verify(`{"pinboard":{"namespaces":["/a"]}}`)
+	verify(`{"pinboard":{"namespaces":["/zzzzzzzzzzzzzzzzzz"]}}`)
+	if want := `{"pinboard":{"namespaces":["/a"]}}`; string(first.Acct.Claims) != want {
+		t.Fatalf("unexpected acct claims after another verification; got %s; want %s", first.Acct.Claims, want)
 	}
 }
