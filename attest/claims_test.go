@@ -197,3 +197,29 @@ func TestClaims_CoversAll_RTR3(t *testing.T) {
 		}
 	}
 }
+
+// A hostname pattern written as a fully qualified name ("app.example.")
+// is the name without its dot, as registrations and requests carry it
+// (R-TR-3, R-LS-4).
+func TestClaims_HostnamePatternTrailingDot_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"hostnames":["app.example.","*.fleet.test."]}`)
+	for h, want := range map[string]bool{"app.example": true, "a.fleet.test": true, "app.example.evil": false} {
+		if got := c.CoversHostname(h); got != want {
+			t.Errorf("unexpected CoversHostname(%q); got %v; want %v", h, got, want)
+		}
+	}
+}
+
+// An empty hostname or env pattern is refused when the passport is
+// parsed: it would match only the empty name, never what was meant.
+func TestClaims_EmptyPatternsRefused_RTR3(t *testing.T) {
+	for _, raw := range []string{`{"envs":["prod",""]}`, `{"hostnames":[""]}`} {
+		obj, err := decodeObject([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := parseClaims(obj, "claims.pinboard", func(string) {}); err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("unexpected parse of %s; got %v; want an empty-pattern error", raw, err)
+		}
+	}
+}

@@ -111,3 +111,34 @@ func TestAdmit_ZeroAlloc_RTR4(t *testing.T) {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
 	}
 }
+
+// AdmitCall (R-TR-6): an attested cluster call is admitted to a namespace
+// that admits anonymous clients whoever made it, and to any other — deny
+// included — only when the account that registered the calling session,
+// still in the passport, covers the namespace (R-TR-3).
+func TestAdmitCall_RTR6_RTR3(t *testing.T) {
+	p := policyTestPassport(t)
+	for _, c := range []struct {
+		ns, sub string
+		want    bool
+	}{
+		{"/public", "p:none", true},
+		{"/public", "p:gone", true},
+		{"public-x", "p:gone", true},
+		{"/counters", "p:counters", true},
+		{"counters", "p:counters", true},
+		{"/counters", "p:none", false},
+		{"/counters", "p:gone", false},
+		{"/chat-eu", "p:counters", true},
+		{"/chat-eu", "p:none", false},
+		{"/locked", "p:all", true},
+		{"/locked", "p:counters", false},
+		{"/writes", "p:counters", false},
+		{"/other", "p:all", true},
+		{"/other", "p:counters", false},
+	} {
+		if got := p.AdmitCall([]byte(c.ns), c.sub); got != c.want {
+			t.Errorf("unexpected AdmitCall(%q, %q); got %v; want %v", c.ns, c.sub, got, c.want)
+		}
+	}
+}
