@@ -245,3 +245,92 @@ func TestPolicyRankAllocs(t *testing.T) {
 		t.Fatalf("unexpected allocations in Rank; got %v", n)
 	}
 }
+
+// rankPicks counts, over 256 affinity keys, how often Rank puts each
+// candidate first.
+func rankPicks(p *directory.HeadroomPolicy, cands []directory.Candidate) map[string]int {
+	picks := map[string]int{}
+	for i := range 256 {
+		in := &directory.PickInput{Key: fmt.Sprintf("203.0.113.%d", i), HasKey: true}
+		picks[cands[p.Rank(nil, cands, in)[0]].SessionID]++
+	}
+	return picks
+}
+
+// The balance factor bounds rendezvous inclusively: a worker at exactly
+// the best headroom over the factor stays eligible, one below it does
+// not; a factor of 1 (PINBOARD_AFFINITY_BALANCE_FACTOR=1) is a valid
+// factor, strict headroom, not the default (R-PL-4).
+func TestRendezvousBoundInclusive_RPL4(t *testing.T) {
+	at := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 100}, {SessionID: "b", ClientID: "b", Headroom: 50}}
+	if got := rankPicks(&directory.HeadroomPolicy{BalanceFactor: 2}, at); got["b"] == 0 {
+		t.Fatalf("unexpected picks with b at exactly 100/2; got %v; want b among them", got)
+	}
+	below := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 100}, {SessionID: "b", ClientID: "b", Headroom: 99}}
+	if got := rankPicks(&directory.HeadroomPolicy{BalanceFactor: 1}, below); got["b"] != 0 {
+		t.Fatalf("unexpected picks with a balance factor of 1; got %v; want a only", got)
+	}
+	if got := rankPicks(&directory.HeadroomPolicy{BalanceFactor: 2}, below); got["b"] == 0 {
+		t.Fatalf("unexpected picks with a balance factor of 2; got %v; want b among them", got)
+	}
+}
+
+// Below zero headroom the bound widens by the factor (best × factor), as
+// above zero it narrows by it: at -10 and -15, both stay eligible with
+// the default factor (R-PL-3: zero headroom stays eligible, and a
+// placement burst may take a worker below it; R-PL-4).
+func TestRendezvousBoundBelowZero_RPL3_RPL4(t *testing.T) {
+	cands := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: -10}, {SessionID: "b", ClientID: "b", Headroom: -15}}
+	if got := rankPicks(&directory.HeadroomPolicy{}, cands); got["a"] == 0 || got["b"] == 0 {
+		t.Fatalf("unexpected picks at headroom -10 and -15; got %v; want both", got)
+	}
+	cands[1].Headroom = -21 // below -10 × 2
+	if got := rankPicks(&directory.HeadroomPolicy{}, cands); got["b"] != 0 {
+		t.Fatalf("unexpected picks at headroom -10 and -21; got %v; want a only", got)
+	}
+}
+
+// A cluster call ranks the caller's worker first and, behind it, the
+// other worker with the most headroom: the one the Redis script claims on
+// when the caller can no longer take it (R-PL-4).
+func TestCallerPreferenceFallback_RPL4(t *testing.T) {
+	cands := []directory.Candidate{{SessionID: "low", ClientID: "low", Headroom: 5}, {SessionID: "caller", ClientID: "caller", Headroom: 1}, {SessionID: "high", ClientID: "high", Headroom: 50}, {SessionID: "mid", ClientID: "mid", Headroom: 20}}
+	got := (&directory.HeadroomPolicy{}).Rank(nil, cands, &directory.PickInput{CallerSession: "caller"})
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("unexpected ranking for a cluster call; got %v; want [1 2] (the caller, then the most headroom)", got)
+	}
+}
+
+// Power of two choices compares two distinct workers and ranks the one
+// with more headroom first, whatever the random draws (R-PL-4: null key).
+func TestTwoChoicesDistinct_RPL4(t *testing.T) {
+	cands := []directory.Candidate{{SessionID: "a", ClientID: "a", Headroom: 1}, {SessionID: "b", ClientID: "b", Headroom: 100}, {SessionID: "c", ClientID: "c", Headroom: 50}}
+	p := &directory.HeadroomPolicy{IntN: func(int) int { return 0 }}
+	got := p.Rank(nil, cands, &directory.PickInput{})
+	if len(got) != 2 || got[0] != 1 || got[1] != 0 {
+		t.Fatalf("unexpected ranking with both draws 0; got %v; want [1 0] (b, the second distinct draw, over a)", got)
+	}
+}
+
+// A placement the owner refused (PlaceRequest.Exclude, R-PL-6) moves to
+// another worker: the refusing session no longer counts it among its
+// placements (GET /registry/workers), the new owner does (R-PL-1).
+func TestExcludedPlacementMovesCount_RPL6_RREG4(t *testing.T) {
+	onBothStores(t, func(t *testing.T, store directorytest.Factory) {
+		f := newFleetOn(t, store, 10, "a", "b")
+		ctx := context.Background()
+		first, err := f.s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "alice", Now: f.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved, err := f.s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "alice", Now: f.now, Exclude: first.Owner.SessionID})
+		if err != nil || moved.Owner.SessionID == first.Owner.SessionID {
+			t.Fatalf("unexpected placement excluding its owner; got %+v, %v", moved, err)
+		}
+		for sid, want := range map[string]int{first.Owner.SessionID: 0, moved.Owner.SessionID: 1} {
+			if info, err := f.s.Session(ctx, sid, f.now); err != nil || info.Placements != want {
+				t.Fatalf("unexpected placements of %s; got %+v, %v; want %d", f.ids[sid], info, err, want)
+			}
+		}
+	})
+}
