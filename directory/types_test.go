@@ -55,3 +55,15 @@ func TestOwnerRevokeRacesRenewals_RLS2(t *testing.T) {
 		}
 	}
 }
+
+// A per-namespace env is the namespace's env even when empty: "" in envs
+// binds the namespace to no env, whatever the worker env says — as the
+// Redis scripts read it (redis_lib.lua envof) (R-LS-4).
+func TestEnvOfEmptyOverride_RLS4(t *testing.T) {
+	envs := map[string]string{"/a": "", "/b": "blue"}
+	for ns, want := range map[string]string{"/a": "", "/b": "blue", "/c": "prod"} {
+		if got := EnvOf("prod", envs, ns); got != want {
+			t.Errorf("unexpected EnvOf(prod, %v, %s); got %q; want %q", envs, ns, got, want)
+		}
+	}
+}
