@@ -2,6 +2,7 @@ package directory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -331,6 +332,36 @@ func TestExcludedPlacementMovesCount_RPL6_RREG4(t *testing.T) {
 			if info, err := f.s.Session(ctx, sid, f.now); err != nil || info.Placements != want {
 				t.Fatalf("unexpected placements of %s; got %+v, %v; want %d", f.ids[sid], info, err, want)
 			}
+		}
+	})
+}
+
+// A superseded session answers superseded for two leases from its
+// supersession, the last instant included, and unknown after: both
+// stores end the tomb at the same instant (R-LS-4, R-REG-2: the worker
+// stops registering on the first, registers again on the second).
+func TestSupersededTombLastsTwoLeases_RLS4(t *testing.T) {
+	onBothStores(t, func(t *testing.T, store directorytest.Factory) {
+		const ttl = 15 * time.Second
+		now := time.Unix(1_800_000_000, 0)
+		s := store(t, ttl, now)
+		ctx := context.Background()
+		reg := func(client string, epoch int64) string {
+			res, err := s.Register(ctx, &directory.Registration{ClientID: client, Sub: "s", Secret: "k", Namespaces: []string{"/c"},
+				AdvertiseURL: "http://127.0.0.1:1/" + client, Headroom: 1, Hostname: "app.example", Env: "green", Epoch: epoch}, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.SessionID
+		}
+		old := reg("a", 1)
+		reg("b", 2)
+		var se *directory.SupersededError
+		if _, err := s.Heartbeat(ctx, &directory.Beat{SessionID: old, Sub: "s"}, now.Add(2*ttl)); !errors.As(err, &se) {
+			t.Fatalf("unexpected heartbeat two leases after the supersession; got %v; want superseded", err)
+		}
+		if _, err := s.Heartbeat(ctx, &directory.Beat{SessionID: old, Sub: "s"}, now.Add(2*ttl+time.Microsecond)); !errors.Is(err, directory.ErrUnknownSession) {
+			t.Fatalf("unexpected heartbeat past two leases after the supersession; got %v; want unknown session", err)
 		}
 	})
 }
