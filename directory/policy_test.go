@@ -365,3 +365,38 @@ func TestSupersededTombLastsTwoLeases_RLS4(t *testing.T) {
 		}
 	})
 }
+
+// rankNothing is a policy that ranks no candidate: on Redis the claim
+// script then picks on its own, as it does when every ranked candidate
+// turned ineligible since the node's view was read.
+type rankNothing struct{}
+
+func (rankNothing) Rank(dst []int, _ []directory.Candidate, _ *directory.PickInput) []int { return dst }
+
+// The claim script's own pick, when no ranked candidate can take the id,
+// is still biased toward headroom: the eligible worker with the most
+// (R-PL-1, R-PL-3).
+func TestRedisClaimFallbackPicksMostHeadroom_RPL1_RPL3(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	s := redisFactory(redistest.StartServer(t).URL())(t, time.Hour, now)
+	ctx := context.Background()
+	_, _ = s.Place(ctx, &directory.PlaceRequest{NS: "/x", ID: "warm", Now: now})
+	now = now.Add(time.Hour)
+	names := map[string]string{}
+	for name, hr := range map[string]float64{"low": 5, "high": 50, "mid": 20} {
+		res, err := s.Register(ctx, &directory.Registration{ClientID: name, Sub: "s", Secret: "k", Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:1/" + name, Headroom: hr}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names[res.SessionID] = name
+	}
+	for i := range 3 {
+		r, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: fmt.Sprintf("id%d", i), Now: now, Policy: rankNothing{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := names[r.Owner.SessionID]; got != "high" {
+			t.Fatalf("unexpected owner of id%d by the claim script's own pick; got %s; want high (headroom %d)", i, got, 50-i)
+		}
+	}
+}
