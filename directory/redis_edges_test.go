@@ -394,3 +394,36 @@ func TestRedisHeartbeatAcksLinear_RCM1(t *testing.T) {
 		t.Fatalf("unexpected queue after acking every message; got exists=%d, %v; want none", ex, err)
 	}
 }
+
+// A re-registration hands the earlier session's pending control messages
+// to the new session; the new queue expires two leases after that write
+// like any other (R-CM-1), not never: a worker that re-registers and then
+// stops left a queue in Redis for good.
+func TestRedisHandedOverQueueExpires_RCM1(t *testing.T) {
+	const ttl = time.Second
+	srv, nodes, wa, now := startDirectory(t, "handq", ttl, 1)
+	ctx, s := ctxT(t), nodes[0]
+	if r, err := s.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now}); err != nil || r.Owner.SessionID != wa {
+		t.Fatalf("cannot place x; got %+v, %v", r, err)
+	}
+	if _, _, err := s.WindDown(ctx, "/c", "x", "", nil, now); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := s.Register(ctx, &directory.Registration{ClientID: "a", Sub: "sub", Secret: "k-a", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/a", Headroom: 1, PrevSessionID: wa, Instances: map[string][]string{"/c": {"x"}}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := srv.Do("PTTL", "{handq}:q:"+res.SessionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("unexpected PTTL reply %q", v)
+	}
+	if d := time.Duration(ms) * time.Millisecond; d <= 2*ttl-time.Since(start)-5*time.Millisecond || d > 2*ttl {
+		t.Fatalf("unexpected expiry of the handed-over queue; got PTTL %d ms; want two leases (%v) less the time since", ms, 2*ttl)
+	}
+}
