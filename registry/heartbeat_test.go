@@ -955,3 +955,21 @@ func TestHeartbeatChallengeAtTokenLimit_RREG2(t *testing.T) {
 		t.Fatalf("unexpected reply to a heartbeat with %d-character challenge tokens; got %d %s; want 200", maxTokenLen, res.status, res.body)
 	}
 }
+
+// Durations on the wire are never negative: expiresInMs is 0 for a lease
+// already over, and deadlines are "0 once passed" (R-LS-1, R-CM-1,
+// R-LS-5).
+func TestWireDurationsNeverNegative_RLS1_RCM1(t *testing.T) {
+	if got := ms(-time.Millisecond); got != 0 {
+		t.Errorf("unexpected ms of a past instant; got %d; want 0", got)
+	}
+	if got := ms(1500 * time.Microsecond); got != 1 {
+		t.Errorf("unexpected ms(1.5ms); got %d; want 1", got)
+	}
+	if got := seconds(-time.Second); got != 0 {
+		t.Errorf("unexpected seconds of a past deadline; got %v; want 0", got)
+	}
+	if got := seconds(29400 * time.Millisecond); got != 29.4 {
+		t.Errorf("unexpected seconds(29.4s); got %v; want 29.4", got)
+	}
+}
