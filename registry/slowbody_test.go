@@ -1,7 +1,9 @@
 package registry
 
 import (
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -49,4 +51,58 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // the slow requests reach the registry
 	h.wantBeatAnswered(r, healthy, 3*time.Second, "a body that trickles in")
+}
+
+// Through a server that streams request bodies, the 1 MiB limit
+// (R-REG-7) is exact whichever way the body is framed: a heartbeat padded
+// to exactly 1 MiB is read, one byte more is 413 — with Content-Length
+// and chunked alike (a chunked body cut at the limit was read as the
+// first MiB, padding and all) (R-REG-2 error rows).
+func TestBodyLimitExactOverTheWire_RREG7_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{
+		Handler:           func(ctx *fasthttp.RequestCtx) { h.r.ServeHTTP(ctx, ctx.Path()) },
+		StreamRequestBody: true,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	url := "http://" + ln.Addr().String() + "/registry/heartbeat"
+	for _, tc := range []struct {
+		size    int
+		chunked bool
+		status  int
+		want    string
+	}{
+		{MaxBody, false, 200, `{"expiresInMs":15000,"draining":false}`},
+		{MaxBody, true, 200, `{"expiresInMs":15000,"draining":false}`},
+		{MaxBody + 1, false, 413, `{"error":"body too large"}`},
+		{MaxBody + 1, true, 413, `{"error":"body too large"}`},
+	} {
+		body := h.beatBody(session, nil)
+		body += strings.Repeat(" ", tc.size-len(body))
+		var rd io.Reader = strings.NewReader(body)
+		if tc.chunked {
+			rd = io.MultiReader(rd) // no length known: sent chunked
+		}
+		req, err := http.NewRequest("POST", url, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+workerToken)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("cannot post a %d-byte body (chunked %v): %v", tc.size, tc.chunked, err)
+		}
+		got, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		if res.StatusCode != tc.status || string(got) != tc.want {
+			t.Fatalf("unexpected reply to a %d-byte body (chunked %v); got %d %s; want %d %s", tc.size, tc.chunked, res.StatusCode, got, tc.status, tc.want)
+		}
+	}
 }
