@@ -37,6 +37,9 @@ func TestAuthenticate_RTR1(t *testing.T) {
 		{"Bearer\ttok-client", "", true},
 		{"Basic dG9rLWNsaWVudA==", "", true},
 		{"Token tok-client", "", true},
+		// Another six-letter scheme is not "bearer" (R-TR-1).
+		{"Digest tok-client", "", true},
+		{"Bearex tok-client", "", true},
 		{"tok-client", "", true},
 		{"Bearer tok-client extra", "", true},
 		{" ", "", true},

@@ -223,3 +223,21 @@ func TestClaims_EmptyPatternsRefused_RTR3(t *testing.T) {
 		}
 	}
 }
+
+// A CIDR written in its IPv4-mapped IPv6 form covers the IPv4 addresses
+// it maps (hosts are compared unmapped); "*.internal" covers
+// subdomains, not a host that is only the dot and the parent (R-TR-3).
+func TestClaims_CheckBackendMappedCIDRAndBareSuffix_RTR3(t *testing.T) {
+	c := claimsOf(t, `{"allowedBackendHosts":["::ffff:10.0.0.0/104","*.internal"]}`)
+	for u, ok := range map[string]bool{
+		"http://10.1.2.3:8000":        true,
+		"http://[::ffff:10.9.9.9]:80": true,
+		"http://11.0.0.1:8000":        false,
+		"http://a.internal":           true,
+		"http://.internal":            false,
+	} {
+		if err := c.CheckBackend(u); (err == nil) != ok {
+			t.Errorf("unexpected CheckBackend(%q); got %v; want allowed %v", u, err, ok)
+		}
+	}
+}

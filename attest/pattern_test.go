@@ -72,6 +72,7 @@ func TestParseHostPattern_Errors_RTR3(t *testing.T) {
 		"user@host":         "contains",
 		"host:80:90x":       "", // three colons: not a valid IPv6 either
 		"*.internal:notnum": "port must be 1..65535",
+		"*.a*b.internal":    "contains",
 	}
 	for in, want := range cases {
 		_, err := parseHostPattern(in)
