@@ -69,3 +69,16 @@ func TestHistogramSumDoesNotWrap(t *testing.T) {
 		prev = sum
 	}
 }
+
+// Values that only alias a slot's label value (invalid bytes varied
+// without end) are remembered up to a bound: the fast path's map does not
+// grow with them.
+func TestLabelAliasesBounded(t *testing.T) {
+	m := New(Options{MaxNamespaces: 4})
+	for i := 0; i < 1000; i++ {
+		m.Request([]byte{'/', 'a', 0x80 + byte(i%64), byte(i / 64), 0xff}, 200, 0)
+	}
+	if n := len(*m.requests.idx.Load()); n > 3*len(m.requests.vals) {
+		t.Fatalf("unexpected namespace index size; got %d; want <= %d", n, 3*len(m.requests.vals))
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pinboard-go/pinboard/directory"
 )
@@ -316,7 +317,8 @@ func appendFloat(b []byte, f float64) []byte {
 }
 
 // appendEscaped escapes a label value: backslash, double quote and line
-// feed (exposition format 0.0.4).
+// feed (exposition format 0.0.4). A byte that is not part of valid UTF-8
+// is written as U+FFFD: Prometheus refuses the whole scrape otherwise.
 func appendEscaped(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; c {
@@ -327,7 +329,17 @@ func appendEscaped(b []byte, s string) []byte {
 		case '\n':
 			b = append(b, `\n`...)
 		default:
-			b = append(b, c)
+			if c < utf8.RuneSelf {
+				b = append(b, c)
+				continue
+			}
+			r, n := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && n == 1 {
+				b = utf8.AppendRune(b, utf8.RuneError)
+				continue
+			}
+			b = append(b, s[i:i+n]...)
+			i += n - 1
 		}
 	}
 	return b

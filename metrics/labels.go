@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -54,18 +56,27 @@ func (s *labelSet[T]) learn(b []byte, overflow int) int {
 	if i, ok := old[string(b)]; ok {
 		return i
 	}
-	if len(s.names) == len(s.vals) {
-		s.full.Store(true)
-		return overflow
+	// The label value as exposed: valid UTF-8 (Prometheus refuses a
+	// scrape with any other), so two values that differ only in invalid
+	// bytes are one label value and share its slot, as does a value
+	// spelled like a fixed slot ("none", "other"): one series each.
+	name := strings.ToValidUTF8(string(b), "\uFFFD")
+	i := slices.Index(s.names, name)
+	if i < 0 {
+		if len(s.names) == len(s.vals) {
+			s.full.Store(true)
+			return overflow
+		}
+		i = len(s.names)
+		s.names = append(s.names, name)
+	} else if len(old) >= 2*len(s.vals) {
+		return i // aliases are cached up to a bound: b may vary without end
 	}
-	name := string(b)
-	i := len(s.names)
-	s.names = append(s.names, name)
 	m := make(map[string]int, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
-	m[name] = i
+	m[string(b)] = i
 	s.idx.Store(&m)
 	return i
 }
