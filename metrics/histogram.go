@@ -16,7 +16,11 @@ type histogram struct {
 	limits []int64         // bucket upper bounds in nanoseconds
 	les    []string        // the same bounds rendered for the le label
 	counts []atomic.Uint64 // len(limits)+1; the last is +Inf
-	sumNs  atomic.Uint64   // sum of observations in nanoseconds
+	// sumUs is the sum of observations in microseconds, each rounded:
+	// in nanoseconds a uint64 wrapped after 2^64 ns (~584 years) observed
+	// in all, which a busy node sums in months, and _sum, a counter,
+	// went down; in microseconds it takes ~584,000 years.
+	sumUs atomic.Uint64
 }
 
 func newHistogram(bounds []time.Duration) *histogram {
@@ -46,7 +50,7 @@ func (h *histogram) Observe(d time.Duration) {
 		i++
 	}
 	h.counts[i].Add(1)
-	h.sumNs.Add(uint64(n))
+	h.sumUs.Add(uint64(n/1000) + uint64(n%1000+500)/1000)
 }
 
 // snapshot returns cumulative bucket counts (the last is the total) and
@@ -57,7 +61,7 @@ func (h *histogram) snapshot(dst []uint64) ([]uint64, float64) {
 		acc += h.counts[i].Load()
 		dst = append(dst, acc)
 	}
-	return dst, float64(h.sumNs.Load()) / 1e9
+	return dst, float64(h.sumUs.Load()) / 1e6
 }
 
 // Bucket sets, in seconds.
