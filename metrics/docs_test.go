@@ -25,6 +25,7 @@ func TestOperationsTableListsEveryMetric(t *testing.T) {
 	row := regexp.MustCompile("(?m)^\\| (`[a-z_]+`(?:, `[a-z_]+`)*) \\| *([a-z]*) *\\| *([^|]*)\\|")
 	tick := regexp.MustCompile("`([a-z_]+)`")
 	documented := map[string][]string{} // family -> label names, sorted
+	docTypes := map[string]string{}     // family -> type, where the row gives one
 	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
 		var labels []string
 		for _, l := range tick.FindAllStringSubmatch(m[3], -1) {
@@ -34,6 +35,9 @@ func TestOperationsTableListsEveryMetric(t *testing.T) {
 		for _, n := range tick.FindAllStringSubmatch(m[1], -1) {
 			if strings.HasPrefix(n[1], "pinboard_") || strings.HasPrefix(n[1], "go_") || strings.HasPrefix(n[1], "process_") {
 				documented[n[1]] = labels
+				if m[2] != "" {
+					docTypes[n[1]] = m[2]
+				}
 			}
 		}
 	}
@@ -86,6 +90,9 @@ func TestOperationsTableListsEveryMetric(t *testing.T) {
 		}
 		if !slices.Equal(doc, labels) {
 			t.Errorf("unexpected labels for %s in docs/OPERATIONS.md; got %v; want %v", name, doc, labels)
+		}
+		if typ, ok := docTypes[name]; ok && typ != types[name] {
+			t.Errorf("unexpected type for %s in docs/OPERATIONS.md; got %s; want %s", name, typ, types[name])
 		}
 	}
 	for name := range documented {
