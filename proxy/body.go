@@ -427,10 +427,12 @@ func (s *streams) remove(b *upstreamBody) {
 	s.mu.Lock()
 	delete(s.m, b)
 	s.mu.Unlock()
-	s.n.Add(-1)
+	// The event streams first, as add counts them last: a scrape in
+	// between never shows more event streams than streams.
 	if b.sse {
 		s.sse.Add(-1)
 	}
+	s.n.Add(-1)
 }
 
 // relayStart counts b (tracked already) as relayed off the server, g
