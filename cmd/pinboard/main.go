@@ -75,8 +75,9 @@ Optional (default):
 
 Every _MS variable is an integer number of milliseconds. A missing or bad value
 prints one line naming the variable and exits 2 before anything listens.
-SIGTERM or SIGINT starts a graceful shutdown (exit 0); a second one exits at
-once (1). All of it, with limits and examples: docs/OPERATIONS.md.
+SIGTERM or SIGINT starts a graceful shutdown (exit 0); a second one 200 ms or
+more later exits at once (1): one sooner is taken for an echo of the first. All
+of it, with limits and examples: docs/OPERATIONS.md.
 `
 
 // isHelp reports whether the arguments ask for usage: pinboard takes
