@@ -427,3 +427,38 @@ func TestRedisHandedOverQueueExpires_RCM1(t *testing.T) {
 		t.Fatalf("unexpected expiry of the handed-over queue; got PTTL %d ms; want two leases (%v) less the time since", ms, 2*ttl)
 	}
 }
+
+// The first placement attempt after a boot or a wipe starts one lease of
+// quarantine, not more: its 503 reads "resume in 15000ms" with Retry-After
+// 15, as README.md shows for memory:, and every node's readiness and
+// registry health say the same. The stamp is the request time in
+// microseconds rounded up, and the rest was measured from the request time
+// itself: a time with a fraction of a microsecond read 15001ms and
+// Retry-After 16 through Redis (R-CS-1).
+func TestRedisColdStartQuarantineIsOneLease_RCS1(t *testing.T) {
+	const ttl = 15 * time.Second
+	srv := redistest.StartServer(t)
+	a := openNode(t, srv.URL(), "cold", ttl)
+	b := openNode(t, srv.URL(), "cold", ttl)
+	ctx := ctxT(t)
+	now := time.Now().Truncate(time.Microsecond).Add(789 * time.Nanosecond)
+	_, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement; got %v; want the cold-start quarantine", err)
+	}
+	if q.Remaining != ttl || q.Error() != "cold start: placements resume in 15000ms" {
+		t.Fatalf("unexpected quarantine on the first attempt; got %v (%q); want %v", q.Remaining, q.Error(), ttl)
+	}
+	for name, n := range map[string]*directory.Redis{"A": a, "B": b} {
+		if rem, err := n.Quarantine(ctx, now); err != nil || rem != ttl {
+			t.Errorf("unexpected quarantine through %s; got %v, %v; want %v", name, rem, err, ttl)
+		}
+	}
+	// Waiting what it said is enough.
+	end := now.Add(q.Remaining)
+	register(t, a, "w", 1, end)
+	if _, err := b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: end}); err != nil {
+		t.Fatalf("cannot place once the quarantine said it ended: %v", err)
+	}
+}

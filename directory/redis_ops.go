@@ -274,7 +274,9 @@ func (r *Redis) Quarantine(ctx context.Context, now time.Time) (time.Duration, e
 	if err != nil {
 		return 0, unavailable("read", "cold-start stamp", err)
 	}
-	rem := fromMicros(v).Add(r.ttl).Sub(now)
+	// now as the claim script compares it (micros rounds up): never more
+	// than one lease after the first attempt (R-CS-1).
+	rem := fromMicros(v).Add(r.ttl).Sub(fromMicros(micros(now)))
 	return max(rem, 0), nil
 }
 

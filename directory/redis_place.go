@@ -104,7 +104,11 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 			r.log.Warn(msgWentBack)
 			r.flushed()
 		}
-		rem := stamp.Add(r.ttl).Sub(req.Now)
+		// Measured from the request time as the script compared it, in
+		// microseconds rounded up (micros): from req.Now itself, the first
+		// attempt's rest was the lease and a fraction of a microsecond,
+		// "resume in 15001ms" with Retry-After 16 (R-CS-1).
+		rem := stamp.Add(r.ttl).Sub(fromMicros(micros(req.Now)))
 		if rem <= 0 {
 			rem = time.Millisecond
 		}
