@@ -95,3 +95,63 @@ func TestMultiNodeEventStreamOfSessionEndedElsewhereEnds_RLS2_RDP2(t *testing.T)
 	}
 	t.Logf("event stream through node 1 ended %v after the deregistration through node 0", e.at.Sub(deregistered).Round(time.Millisecond))
 }
+
+// An event stream relayed by one node from a worker frozen (SIGSTOP)
+// ends once the store drops the frozen worker's session, whichever node's
+// sweep drops it: the node relaying the stream learns of it from Redis if
+// another node swept (R-LS-2, R-DP-2, R-SRV-1). Reconnecting through the
+// same node reaches the id's new owner.
+func TestMultiNodeFrozenWorkerEventStreamEnds_RLS2_RDP2(t *testing.T) {
+	requireSuite(t)
+	srv := redistest.StartServer(t)
+	const ttl = 3 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := StartMultiFleet(t, ctx, MultiFleetOptions{
+		RedisURL: srv.URL(), Nodes: 2, Workers: []string{"w1", "w2"},
+		Headroom: sharedHeadroom, LeaseTTL: ttl,
+	})
+	if err := f.WarmUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	type event struct {
+		N      int    `json:"n"`
+		Worker string `json:"worker"`
+	}
+	b := f.Nodes[1]
+	url := b.URL + "/tickers/frozen-elsewhere/events?count=100000&interval=0.2"
+	res := openEventStream(ctx, t, url, 500*time.Millisecond)
+	defer res.Body.Close()
+	br := bufio.NewReader(res.Body)
+	first := readEvent[event](t, br)
+	victim := f.Worker(first.Worker)
+	victim.proc.signal(syscall.SIGSTOP)
+	defer victim.proc.signal(syscall.SIGCONT)
+	frozen := time.Now()
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := br.ReadString('\n'); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				ended <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("unexpected end of the frozen worker's event stream; got %v; want a clean end", err)
+		}
+	case <-time.After(2*ttl + 20*time.Second):
+		t.Fatalf("the frozen worker's event stream through node 1 still open %v after the freeze (lease %v)", time.Since(frozen).Round(time.Millisecond), ttl)
+	}
+	t.Logf("event stream through node 1 ended %v after the freeze", time.Since(frozen).Round(time.Millisecond))
+	again := openEventStream(ctx, t, url, 500*time.Millisecond)
+	defer again.Body.Close()
+	if ev := readEvent[event](t, bufio.NewReader(again.Body)); ev.Worker == victim.Name {
+		t.Fatalf("unexpected worker after reconnecting; got the frozen %s", ev.Worker)
+	}
+}
