@@ -199,3 +199,81 @@ func TestEndRevokedWhileStreamsEnd_RLS2(t *testing.T) {
 		return true
 	})
 }
+
+// A sized event stream (the worker's Content-Length; relayed chunked to
+// an HTTP/1.1 client, TestSizedEventStreamFlushedPerEvent_RDP2) whose
+// session ended ends cleanly after its last whole event, as the chunked
+// one does (docs/PROTOCOL.md: "an event stream cleanly between two
+// events"): it was cut, the client reading a truncated body (R-LS-2,
+// R-DP-2).
+func TestSizedEventStreamOfEndedSessionEndsCleanly_RLS2_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go rg.p.Run(ctx)
+	w := newStandin(t, "w")
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.Header().Set("Content-Length", "1000")
+		rw.WriteHeader(200)
+		fmt.Fprint(rw, "data: hello\n\n")
+		rw.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	rg.add(w, 1, "/t")
+	res, err := http.Get(rg.url + "/t/x/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	br := bufio.NewReader(res.Body)
+	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: hello\n" {
+		t.Fatalf("unexpected first line; got %q, %v", line, err)
+	}
+	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "\n" {
+		t.Fatalf("unexpected end of the sized event stream of an ended session; got %q, %v; want %q and a clean end", rest, err, "\n")
+	}
+}
+
+// To an HTTP/1.0 client the sized event stream carries its Content-Length
+// and ends by the close: one ended short of it is cut (a reset), never a
+// clean close, as any truncated close-delimited body (R-DP-2).
+func TestHTTP10SizedEventStreamOfEndedSessionIsCut_RLS2_RDP2(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go rg.p.Run(ctx)
+	w := newStandin(t, "w")
+	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		rw.Header().Set("Content-Length", "1000")
+		rw.WriteHeader(200)
+		fmt.Fprint(rw, "data: hello\n\n")
+		rw.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	rg.add(w, 1, "/t")
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "GET /t/x/events HTTP/1.0\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(c)
+	readHead(t, br)
+	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: hello\n" {
+		t.Fatalf("unexpected first line; got %q, %v", line, err)
+	}
+	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	if rest, err := io.ReadAll(br); err == nil {
+		t.Fatalf("unexpected clean close of a sized HTTP/1.0 event stream short of its Content-Length; got %q", rest)
+	}
+}
