@@ -61,6 +61,9 @@ type upstreamBody struct {
 	// up to a clean end the worker never framed.
 	err     error
 	stopped atomic.Bool
+	// tail is the last three bytes of a sized event stream read so far
+	// (the low byte last), to tell whether they end an event (eventEnd).
+	tail uint32
 
 	client net.Conn      // the client's connection: stall deadline on writes to it
 	stall  time.Duration // see UpstreamOptions.StallTimeout; 0: none
@@ -80,6 +83,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, owner *directory.Owner,
 	b.client, b.stall = client, pool.stall
 	b.remaining, b.done, b.broken, b.relayed, b.untilClose, b.guard, b.err = 0, false, false, false, false, nil, nil
 	b.stopped.Store(false)
+	b.tail = blankLine
 	if mode == bodyFixed {
 		b.remaining = size
 		b.done = size == 0
@@ -114,6 +118,9 @@ func (b *upstreamBody) read(p []byte) (int, error) {
 	switch b.mode {
 	case bodyFixed:
 		n, err = b.readFixed(p)
+		if b.sse {
+			b.noteTail(p[:n])
+		}
 	case bodyChunked:
 		n, err = b.readChunked(p)
 	default:
@@ -170,8 +177,42 @@ func (b *upstreamBody) idle() bool {
 // the client sees whole events and a proper end (it reconnects through
 // another node). Any other body stopped early must look truncated — a
 // clean end would pass a partial download off as complete.
+//
+// A sized event stream (the worker's Content-Length) goes out chunked
+// to an HTTP/1.1 client, which never sees that length: it ends cleanly
+// once what went out ends an event (eventEnd). To an HTTP/1.0 client it
+// carries its Content-Length and ends by the close (untilClose): ended
+// short of it, it is cut.
 func (b *upstreamBody) cleanStop() bool {
-	return b.sse && (b.mode == bodyEOF || (b.mode == bodyChunked && b.remaining == 0))
+	if !b.sse {
+		return false
+	}
+	switch b.mode {
+	case bodyEOF:
+		return true
+	case bodyChunked:
+		return b.remaining == 0
+	default:
+		return !b.untilClose && b.eventEnd()
+	}
+}
+
+// blankLine stands for what came before a sized event stream's first
+// byte: its start is between events.
+const blankLine = 0x0a0a
+
+// noteTail keeps the last three bytes of p in b.tail.
+func (b *upstreamBody) noteTail(p []byte) {
+	for _, c := range p[max(0, len(p)-3):] {
+		b.tail = (b.tail<<8 | uint32(c)) & 0xffffff
+	}
+}
+
+// eventEnd reports whether the sized event stream read so far ends an
+// event: a blank line (LF LF, CR CR, or CRLF after a line end) last.
+func (b *upstreamBody) eventEnd() bool {
+	last2 := b.tail & 0xffff
+	return last2 == 0x0a0a || last2 == 0x0d0d || b.tail&0xffffff == 0x0a0d0a
 }
 
 func (b *upstreamBody) stopErr() error {
