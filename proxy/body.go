@@ -210,9 +210,11 @@ func (b *upstreamBody) noteTail(p []byte) {
 
 // eventEnd reports whether the sized event stream read so far ends an
 // event: a blank line (LF LF, CR CR, or CRLF after a line end) last.
+// Unsure cases (a lone CR that a LF may yet join) count as mid-event:
+// cut, the client retries; a clean end would be wrong the other way.
 func (b *upstreamBody) eventEnd() bool {
 	last2 := b.tail & 0xffff
-	return last2 == 0x0a0a || last2 == 0x0d0d || b.tail&0xffffff == 0x0a0d0a
+	return last2 == 0x0a0a || last2 == 0x0d0d || b.tail == 0x0a0d0a || b.tail == 0x0d0d0a
 }
 
 func (b *upstreamBody) stopErr() error {
