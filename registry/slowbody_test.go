@@ -1,9 +1,11 @@
 package registry
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +105,67 @@ func TestBodyLimitExactOverTheWire_RREG7_RREG2(t *testing.T) {
 		_ = res.Body.Close()
 		if res.StatusCode != tc.status || string(got) != tc.want {
 			t.Fatalf("unexpected reply to a %d-byte body (chunked %v); got %d %s; want %d %s", tc.size, tc.chunked, res.StatusCode, got, tc.status, tc.want)
+		}
+	}
+}
+
+// A body past the 1 MiB limit (R-REG-7) whose sender writes all of it
+// before reading the answer — as most HTTP clients do — gets its 413: the
+// node reads and discards what is left of a body up to another MiB past
+// the limit before it answers and closes, so the close is a FIN behind
+// the answer. Closed with the body unread, the socket sent a reset that
+// overtook the 413, and the client saw "connection reset by peer" on its
+// write instead of the answer (R-REG-2 error rows).
+func TestOversizeBodyAnsweredNotReset_RREG7_RREG2(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{
+		Handler:           func(ctx *fasthttp.RequestCtx) { h.r.ServeHTTP(ctx, ctx.Path()) },
+		StreamRequestBody: true,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	for _, chunked := range []bool{false, true} {
+		body := h.beatBody(session, nil)
+		body += strings.Repeat(" ", MaxBody+1-len(body))
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		head := "POST /registry/heartbeat HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
+			"\r\nContent-Type: application/json\r\n"
+		var rest string
+		if chunked {
+			head += "Transfer-Encoding: chunked\r\n\r\n"
+			rest = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		} else {
+			head += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
+			rest = body
+		}
+		// The head and a first piece past the limit's reach of fasthttp's
+		// own discard, then a pause in which a node that answers at once
+		// has answered and closed, then the rest.
+		cut := 300 << 10
+		if _, err := c.Write([]byte(head + rest[:cut])); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if _, err := c.Write([]byte(rest[cut:])); err != nil {
+			t.Fatalf("chunked %v: the node closed before the body was sent: %v", chunked, err)
+		}
+		got, err := io.ReadAll(c)
+		_ = c.Close()
+		if err != nil {
+			t.Fatalf("chunked %v: the answer was lost: %v (read %q)", chunked, err, got)
+		}
+		if !strings.HasPrefix(string(got), "HTTP/1.1 413 ") || !strings.HasSuffix(string(got), `{"error":"body too large"}`) ||
+			!strings.Contains(string(got), "Connection: close") {
+			t.Fatalf("chunked %v: unexpected answer %q", chunked, got)
 		}
 	}
 }
