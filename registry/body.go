@@ -77,7 +77,7 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 // closed with the body unread, sent a reset that overtook the 413, and
 // the client saw "connection reset by peer" on its write
 // (TestOversizeBodyAnsweredNotReset_RREG7_RREG2). A body longer than
-// this is still cut: it costs the node no more than one MiB to read, and
+// this is still cut: it costs the node at most another MiB to read, and
 // only a caller with a worker or operator key gets this far (preread).
 const overDrain = MaxBody
 
