@@ -48,11 +48,7 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 		}
 		return b, nil
 	}
-	src := ctx.RequestBodyStream()
-	if r.stall > 0 {
-		src = stallReader{r: src, c: ctx.Conn(), stall: r.stall}
-	}
-	b, err := io.ReadAll(io.LimitReader(src, MaxBody+1))
+	b, err := io.ReadAll(io.LimitReader(r.bodyStream(ctx), MaxBody+1))
 	if err != nil {
 		return nil, err
 	}
@@ -81,14 +77,19 @@ func (r *Registry) readBody(ctx *fasthttp.RequestCtx) ([]byte, error) {
 // only a caller with a worker or operator key gets this far (preread).
 const overDrain = MaxBody
 
-// discard reads and drops up to n more bytes of the request body, each
-// read under the stall deadline like the body's own.
+// discard reads and drops up to n more bytes of the request body.
 func (r *Registry) discard(ctx *fasthttp.RequestCtx, n int64) {
-	var src io.Reader = ctx.RequestBodyStream()
+	_, _ = io.CopyN(io.Discard, r.bodyStream(ctx), n)
+}
+
+// bodyStream is the streamed request body, each read under the stall
+// deadline (Options.BodyStall) when one is set.
+func (r *Registry) bodyStream(ctx *fasthttp.RequestCtx) io.Reader {
+	src := ctx.RequestBodyStream()
 	if r.stall > 0 {
-		src = stallReader{r: src, c: ctx.Conn(), stall: r.stall}
+		return stallReader{r: src, c: ctx.Conn(), stall: r.stall}
 	}
-	_, _ = io.CopyN(io.Discard, src, n)
+	return src
 }
 
 // stallReader pushes c's read deadline stall away before each read of r:

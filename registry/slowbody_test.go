@@ -25,21 +25,12 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 	h.r = r
 	healthy := h.register(nil)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{
-		Handler:           func(ctx *fasthttp.RequestCtx) { r.ServeHTTP(ctx, ctx.Path()) },
-		StreamRequestBody: true,
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := streamingServer(t, r)
 
 	// Each slow request sends its header and the start of its body, then
 	// nothing more until the test ends.
 	for _, path := range []string{"/registry/release", "/registry/heartbeat"} {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,17 +54,8 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 func TestBodyLimitExactOverTheWire_RREG7_RREG2(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{
-		Handler:           func(ctx *fasthttp.RequestCtx) { h.r.ServeHTTP(ctx, ctx.Path()) },
-		StreamRequestBody: true,
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	url := "http://" + ln.Addr().String() + "/registry/heartbeat"
+	addr := streamingServer(t, h.r)
+	url := "http://" + addr + "/registry/heartbeat"
 	for _, tc := range []struct {
 		size    int
 		chunked bool
@@ -119,20 +101,11 @@ func TestBodyLimitExactOverTheWire_RREG7_RREG2(t *testing.T) {
 func TestOversizeBodyAnsweredNotReset_RREG7_RREG2(t *testing.T) {
 	h := newHarness(t)
 	session := h.register(nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{
-		Handler:           func(ctx *fasthttp.RequestCtx) { h.r.ServeHTTP(ctx, ctx.Path()) },
-		StreamRequestBody: true,
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Shutdown() })
+	addr := streamingServer(t, h.r)
 	for _, chunked := range []bool{false, true} {
 		body := h.beatBody(session, nil)
 		body += strings.Repeat(" ", MaxBody+1-len(body))
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,4 +141,22 @@ func TestOversizeBodyAnsweredNotReset_RREG7_RREG2(t *testing.T) {
 			t.Fatalf("chunked %v: unexpected answer %q", chunked, got)
 		}
 	}
+}
+
+// streamingServer serves r on a loopback listener through a fasthttp
+// server that streams request bodies, as the node's does, and returns its
+// address.
+func streamingServer(t *testing.T, r *Registry) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{
+		Handler:           func(ctx *fasthttp.RequestCtx) { r.ServeHTTP(ctx, ctx.Path()) },
+		StreamRequestBody: true,
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return ln.Addr().String()
 }
