@@ -129,3 +129,29 @@ func RedisSizes(r *Redis) map[string]int {
 	r.smu.RUnlock()
 	return map[string]int{"sessions": sessions, "beats": r.KnownSessionCount(), "rows": rows, "watch": watch}
 }
+
+// SetAfterViewRead makes r call fn in Place between the reads of its
+// placement view and their store. Set it before r is used.
+func SetAfterViewRead(r *Redis, fn func()) { r.afterViewRead = fn }
+
+// ViewVersions reports how many pushes r's placement view counted for the
+// namespace ns and the session sid (0 when it holds no entry).
+func ViewVersions(r *Redis, ns, sid string) (nsVer, headVer uint64) {
+	s := r.session(sid)
+	r.views.mu.Lock()
+	defer r.views.mu.Unlock()
+	if e := r.views.ns[ns]; e != nil {
+		nsVer = e.ver
+	}
+	if s != nil {
+		headVer = s.view.ver
+	}
+	return nsVer, headVer
+}
+
+// ViewNamespaces reports how many namespaces r's placement view holds.
+func ViewNamespaces(r *Redis) int {
+	r.views.mu.Lock()
+	defer r.views.mu.Unlock()
+	return len(r.views.ns)
+}

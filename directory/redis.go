@@ -77,6 +77,9 @@ type Redis struct {
 
 	smu      sync.RWMutex
 	sessions map[string]*redisSession
+	// views: the decoded member sets and headroom new placements rank
+	// (redis_view.go).
+	views placeViews
 	// beats: the sessions heartbeating through this node (KnownSessions).
 	beats beatSessions
 	// leaseGen counts lease invalidations; a session read that saw it move
@@ -131,6 +134,9 @@ type Redis struct {
 	// afterSessionRead, when set (tests only, before use), runs in resolve
 	// between reading unknown sessions and adopting them.
 	afterSessionRead func()
+	// afterViewRead, when set (tests only, before use), runs in Place
+	// between the reads of its view (redis_view.go) and their store.
+	afterViewRead func()
 }
 
 var (
@@ -310,6 +316,7 @@ func newRedis(opts RedisOptions) *Redis {
 		limit = 1 << 20
 	}
 	r.maxRows = max(limit/redisShards, 16)
+	r.views.init()
 	for i := range r.shards {
 		r.shards[i].rows = make(map[string]redisRow)
 		r.shards[i].watch = make(map[string]*redisWatch)

@@ -173,6 +173,7 @@ func (r *Redis) invalidate(key string) {
 // connection and are refused by their generation.
 func (r *Redis) dropRows() {
 	r.connGen.Add(1)
+	r.views.reset()
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
@@ -198,20 +199,31 @@ func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 	}
 	for i := range msgs {
 		key, err := msgs[i].ToString()
-		if err != nil || len(key) < len(r.prefix)+2 || !strings.HasPrefix(key, r.prefix) {
+		// Keys the node reads with tracking are "<prefix><kind>:<name>"
+		// with a one-letter kind; longer names ("leases", "hb:<ns>",
+		// "dropped") are never read so.
+		if err != nil || len(key) < len(r.prefix)+2 || !strings.HasPrefix(key, r.prefix) || key[len(r.prefix)+1] != ':' {
 			continue
 		}
+		name := key[len(r.prefix)+2:]
 		switch key[len(r.prefix)] {
 		case 'p':
 			r.stats.invalidations.Add(1)
 			r.invalidate(key)
 		case 'l':
-			r.leaseChanged(key[len(r.prefix)+2:])
+			r.leaseChanged(name)
+		case 'n':
+			r.views.touchNS(name)
+		case 'h':
+			r.touchHead(name)
+		case 'd':
+			r.touchClient(name)
 		}
 	}
 }
 
 func (r *Redis) flushed() {
+	r.views.reset()
 	if !r.cluster.Load() {
 		r.untracked.Store(true)
 	}

@@ -2,7 +2,6 @@ package directory
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,11 +13,12 @@ import (
 
 // Place implements Store: the slow path behind a Lookup miss.
 //
-//  1. One cached read (DoMultiCache) of the row and of the node's view of
-//     the namespace's eligible sessions: members (normally a client-cache
-//     hit), headroom and drain flags; leases come from the local session
-//     cache. A live owner in the row is the answer, and the row enters the
-//     local cache, so this id's next request needs no Redis at all.
+//  1. One cached read (DoMultiCache) of the row and of whatever changed in
+//     the node's view of the namespace (redis_view.go): the member set, and
+//     the headroom and drain flags of the sessions a push marked; leases
+//     come from the local session cache. A live owner in the row is the
+//     answer, and the row enters the local cache, so this id's next
+//     request needs no Redis at all.
 //  2. Otherwise the policy ranks the view (R-PL-4) and the claim script
 //     resolves or claims atomically: it re-checks the existing owner and
 //     every ranked candidate, stamps the cold start, decrements headroom
@@ -34,23 +34,19 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	kw := r.watchKey(key)
 	defer r.unwatch(kw)
 
-	start := time.Now()
-	mres := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", req.NS)).Cache(), cacheTTL)
-	r.observeCached("place.members", start, mres)
-	members, err := mres.AsStrSlice()
-	if err != nil {
-		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
-	}
-	// Session-id order, not the set's: a policy's ties must not follow
-	// the encoding of a Redis set (Policy).
-	slices.Sort(members)
-	ss, err := r.resolve(ctx, members)
+	snap, err := r.members(ctx, req.NS)
 	if err != nil {
 		return Route{}, err
 	}
-	live, view := r.view(req, members, ss)
-	start = time.Now()
-	res := r.c.DoMultiCache(ctx, append([]rueidis.CacheableTTL{rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL)}, view...)...)
+	sc := getScratch()
+	defer putScratch(sc)
+	if err := r.liveMembers(ctx, req, snap, sc); err != nil {
+		return Route{}, err
+	}
+	sc.cmds = append(sc.cmds, rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL))
+	r.stale(sc)
+	start := time.Now()
+	res := r.c.DoMultiCache(ctx, sc.cmds...)
 	r.observeMulti("place.read", start, res)
 	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
@@ -66,10 +62,10 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 			return Route{Owner: s.owner, Epoch: ep}, nil
 		}
 	}
-	ranked, err := r.rank(req, live, res[1:])
-	if err != nil {
+	if err := r.candidates(sc, res[1:]); err != nil {
 		return Route{}, err
 	}
+	ranked := rank(req, sc)
 	args := make([]string, 0, 8+len(ranked))
 	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, ascii.Lower(req.Host),
 		strconv.FormatUint(r.seenEpoch.Load(), 10))
@@ -154,68 +150,6 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 		}
 	}
 	return Route{Owner: s.owner, Epoch: ep, Placed: placed, Replaced: placed && len(reply) > 4 && reply[4] == "1"}, nil
-}
-
-// view picks the members that may take the request's new id by the
-// node's own knowledge (live lease, not excluded, host binding, R-LS-4),
-// and the cached reads of their headroom and drain flags.
-func (r *Redis) view(req *PlaceRequest, members []string, ss map[string]*redisSession) ([]*redisSession, []rueidis.CacheableTTL) {
-	host := ascii.Lower(req.Host)
-	bound := false
-	for _, s := range ss {
-		bound = bound || (host != "" && s.host == host && s.owner.Live(req.Now))
-	}
-	live := make([]*redisSession, 0, len(members))
-	cmds := make([]rueidis.CacheableTTL, 0, 2*len(members))
-	for _, sid := range members {
-		s := ss[sid]
-		if s == nil || sid == req.Exclude || !s.owner.Live(req.Now) || (bound && s.host != host) {
-			continue
-		}
-		live = append(live, s)
-		cmds = append(cmds,
-			rueidis.CT(r.c.B().Hmget().Key(r.key("h", sid)).Field("hr", "dr", "dg").Cache(), cacheTTL),
-			rueidis.CT(r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Cache(), cacheTTL))
-	}
-	return live, cmds
-}
-
-// rank orders the eligible part of the view with the policy. The view may
-// be a few microseconds stale; the claim script re-checks every candidate
-// and falls back on its own pick, so a stale view costs balance, never
-// correctness.
-func (r *Redis) rank(req *PlaceRequest, live []*redisSession, res []rueidis.RedisResult) ([]string, error) {
-	cands := make([]Candidate, 0, len(live))
-	for i, s := range live {
-		h, err := res[2*i].AsStrSlice()
-		if err != nil {
-			return nil, unavailable("read headroom of", s.owner.SessionID, err)
-		}
-		if err := res[2*i+1].Error(); err == nil {
-			continue // operator drain
-		} else if !rueidis.IsRedisNil(err) {
-			return nil, unavailable("read drain of", s.owner.ClientID, err)
-		}
-		if len(h) < 3 || h[1] == "1" || (h[2] != "" && h[2] != "0") {
-			continue // own drain, degraded, or gone
-		}
-		hr, _ := strconv.ParseFloat(h[0], 64)
-		cands = append(cands, Candidate{SessionID: s.owner.SessionID, ClientID: s.owner.ClientID, Headroom: hr})
-	}
-	if len(cands) == 0 {
-		return nil, nil
-	}
-	policy := req.Policy
-	if policy == nil {
-		policy = DefaultPolicy
-	}
-	var ibuf [4]int
-	idx := policy.Rank(ibuf[:0], cands, &req.Pick)
-	ranked := make([]string, 0, len(idx))
-	for _, i := range idx {
-		ranked = append(ranked, cands[i].SessionID)
-	}
-	return ranked, nil
 }
 
 // execTracked runs a write script and reads keys back with tracking on, in

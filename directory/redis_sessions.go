@@ -24,6 +24,9 @@ type redisSession struct {
 	// read. The local lease is then older than Redis's, which is safe:
 	// renewals only extend, so an old expiry is conservative.
 	dirty atomic.Bool
+	// view: its headroom and drain flags as new placements rank them,
+	// guarded by Redis.views.mu (redis_view.go).
+	view headView
 }
 
 // session returns the node's session, or nil.

@@ -56,6 +56,7 @@ func Run(t *testing.T, f Factory) {
 		{"WindDownDeadlineFreesPlacement_RCM1", testWindDownFrees},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
 		{"CandidatesInSessionOrder_RPL1_RPL4", testCandidatesInSessionOrder},
+		{"PolicySeesCurrentState_RPL1_RPL3_RPL4_RLS3_RREG6", testPolicySeesCurrentState},
 		{"SweepRemovesDeadSessions", testSweep},
 		{"EndedSessionRevoked_RLS2_RREG3", testEndedSessionRevoked},
 		{"ExpiredCountedUntilSwept_RLS2", testExpired},

@@ -1,0 +1,240 @@
+package directory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/directory/directorytest"
+	"github.com/pinboard-go/pinboard/tools/redistest"
+)
+
+// viewNode is one node placing new ids with a viewPolicy.
+type viewNode struct {
+	t   *testing.T
+	s   *directory.Redis
+	now time.Time
+	n   int
+}
+
+// seen places a new id through the node and returns what the policy was
+// handed.
+func (v *viewNode) seen(pick string) map[string]float64 {
+	v.t.Helper()
+	v.n++
+	p := &directorytest.SinkPolicy{Sink: pick}
+	if _, err := v.s.Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: fmt.Sprintf("v%d", v.n), Now: v.now, Policy: p}); err != nil {
+		v.t.Fatalf("cannot place v%d: %v", v.n, err)
+	}
+	return p.Got
+}
+
+// waitSeen places new ids through the node until the policy is handed
+// what cond wants, for at most 5 s: another node's write reaches this one
+// as a push, a little after that write returns.
+func (v *viewNode) waitSeen(pick, what string, cond func(map[string]float64) bool) {
+	v.t.Helper()
+	var got map[string]float64
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if got = v.seen(pick); cond(got) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	v.t.Fatalf("unexpected candidates; got %v; want %s", got, what)
+}
+
+// viewFixture is two nodes on one directory: A places new ids, each on
+// the session keep; w is the worker under test. Both registered through A.
+type viewFixture struct {
+	srv     *redistest.Server
+	a, b    *directory.Redis
+	v       *viewNode
+	keep, w string
+	now     time.Time
+}
+
+// newViewFixture opens the nodes; hook, when set, is A's SetAfterViewRead.
+func newViewFixture(t *testing.T, prefix string, hook func()) *viewFixture {
+	t.Helper()
+	fx := &viewFixture{srv: redistest.StartServer(t)}
+	fx.a = openNode(t, fx.srv.URL(), prefix, 10*time.Second)
+	fx.b = openNode(t, fx.srv.URL(), prefix, 10*time.Second)
+	if hook != nil {
+		directory.SetAfterViewRead(fx.a, hook)
+	}
+	fx.now = warmRedis(t, fx.a, time.Now())
+	fx.keep = register(t, fx.a, "keep", 1e9, fx.now)
+	fx.w = register(t, fx.a, "w", 10, fx.now)
+	fx.v = &viewNode{t: t, s: fx.a, now: fx.now}
+	return fx
+}
+
+func beatRedis(t *testing.T, s directory.Store, sid string, headroom float64, now time.Time) {
+	t.Helper()
+	if _, err := s.Heartbeat(context.Background(), &directory.Beat{SessionID: sid, Sub: "sub", Headroom: headroom}, now); err != nil {
+		t.Fatalf("cannot heartbeat %s: %v", sid, err)
+	}
+}
+
+// Changes made through another node reach this node's placement view as
+// Redis pushes: a heartbeat's headroom, an operator drain and undrain, a
+// registration and a deregistration (R-PL-3, R-PL-4, R-REG-6). Every new id
+// goes to the session "keep", so the others' headroom moves only by the
+// changes under test.
+func TestRedisViewFollowsOtherNodes_RPL3_RPL4_RREG6(t *testing.T) {
+	ctx := ctxT(t)
+	fx := newViewFixture(t, "vfollow", nil)
+	b, v, keep, w, now := fx.b, fx.v, fx.keep, fx.w, fx.now
+	if got := v.seen(keep); !maps.Equal(got, map[string]float64{keep: 1e9, w: 10}) {
+		t.Fatalf("unexpected first candidates; got %v", got)
+	}
+
+	beatRedis(t, b, w, 77, now)
+	v.waitSeen(keep, "w at 77 after its heartbeat through B", func(got map[string]float64) bool { return got[w] == 77 })
+
+	if found, err := b.SetDrain(ctx, "w", directory.DrainState{Draining: true}, now); err != nil || !found {
+		t.Fatalf("cannot drain w through B: %v, %v", found, err)
+	}
+	v.waitSeen(keep, "no w once B drained it", func(got map[string]float64) bool { _, ok := got[w]; return !ok })
+	if found, err := b.SetDrain(ctx, "w", directory.DrainState{}, now); err != nil || !found {
+		t.Fatalf("cannot undrain w through B: %v, %v", found, err)
+	}
+	v.waitSeen(keep, "w back once B undrained it", func(got map[string]float64) bool { return got[w] == 77 })
+
+	x := register(t, b, "x", 5, now)
+	v.waitSeen(keep, "x once it registered through B", func(got map[string]float64) bool { return got[x] == 5 })
+	if err := b.Deregister(ctx, x, now); err != nil {
+		t.Fatal(err)
+	}
+	v.waitSeen(keep, "no x once it deregistered through B", func(got map[string]float64) bool { _, ok := got[x]; return !ok })
+}
+
+// A push handled between the read of a view entry and its store wins: the
+// value read before it is used for that placement but not kept, so the
+// next placement reads the entry again (redis_view.go). Kept, it would
+// hand every later placement the value from before the change.
+func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
+	var during func()
+	fx := newViewFixture(t, "vrace", func() {
+		if fn := during; fn != nil {
+			during = nil
+			fn()
+		}
+	})
+	a, b, v, keep, w, now := fx.a, fx.b, fx.v, fx.keep, fx.w, fx.now
+
+	// The member set: read by the first placement in /c, while a
+	// registration through B overtakes it.
+	var x string
+	during = func() {
+		nsVer, _ := directory.ViewVersions(a, "/c", "")
+		x = register(t, b, "x", 5, now)
+		waitFor(t, 5*time.Second, "A to count the push for the member set", func() bool {
+			n, _ := directory.ViewVersions(a, "/c", "")
+			return n > nsVer
+		})
+	}
+	if got := v.seen(keep); len(got) != 2 {
+		t.Fatalf("unexpected candidates of the placement the push overtook; got %v; want keep and w (the set as read)", got)
+	}
+	if during != nil {
+		t.Fatal("BUG: the hook did not run")
+	}
+	if got := v.seen(keep); got[x] != 5 {
+		t.Fatalf("unexpected candidates after the push; got %v; want x at 5", got)
+	}
+
+	// One session's headroom: w's entry is stale (a heartbeat through A,
+	// whose push follows its reply), read by the next placement, and a
+	// heartbeat through B overtakes it.
+	_, before := directory.ViewVersions(a, "/c", w)
+	beatRedis(t, a, w, 10, now)
+	waitFor(t, 5*time.Second, "A to count the push for its own heartbeat", func() bool {
+		_, h := directory.ViewVersions(a, "/c", w)
+		return h > before
+	})
+	during = func() {
+		_, hVer := directory.ViewVersions(a, "/c", w)
+		beatRedis(t, b, w, 77, now)
+		waitFor(t, 5*time.Second, "A to count the push for w's headroom", func() bool {
+			_, h := directory.ViewVersions(a, "/c", w)
+			return h > hVer
+		})
+	}
+	if got := v.seen(keep); got[w] != 10 {
+		t.Fatalf("unexpected headroom of w in the placement the push overtook; got %v; want 10 (as read)", got)
+	}
+	if during != nil {
+		t.Fatal("BUG: the hook did not run")
+	}
+	if got := v.seen(keep); got[w] != 77 {
+		t.Fatalf("unexpected headroom of w after the push; got %v; want 77", got)
+	}
+}
+
+// After Redis stopped tracking the node's keys without closing its
+// connection (a FLUSHDB of another database frees the whole tracking
+// table), changes made elsewhere are never pushed: the view is read again
+// from scratch (at once in flushed, and again when the connection check
+// finds the node untracked; either alone passes this test).
+func TestRedisViewDroppedWhenUntracked_RPL3(t *testing.T) {
+	fx := newViewFixture(t, "vflush", nil)
+	srv, a, b, v, keep, w, now := fx.srv, fx.a, fx.b, fx.v, fx.keep, fx.w, fx.now
+	if got := v.seen(keep); got[w] != 10 {
+		t.Fatalf("unexpected first candidates; got %v", got)
+	}
+	flushes := a.Stats().Flushes
+	if _, err := srv.Do("-n", "1", "FLUSHDB"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "A to handle the flush", func() bool { return a.Stats().Flushes > flushes })
+	beatRedis(t, b, w, 77, now)
+	x := register(t, b, "x", 5, now)
+	if got := v.seen(keep); got[w] != 77 || got[x] != 5 {
+		t.Fatalf("unexpected candidates after changes Redis did not push; got %v; want w at 77 and x at 5", got)
+	}
+}
+
+// The view keeps nothing for namespaces nobody serves: a client naming
+// endless unknown namespaces does not grow it, and a namespace whose
+// workers all left is dropped at its next placement (R-PL-5). Per-session
+// entries live in the node's sessions and end with them.
+func TestRedisViewBounded_RPL5(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := ctxT(t)
+	a := openNode(t, srv.URL(), "vbound", 10*time.Second)
+	now := warmRedis(t, a, time.Now())
+	var sids []string
+	for i := range 5 {
+		sids = append(sids, register(t, a, fmt.Sprintf("w%d", i), 10, now))
+	}
+	v := &viewNode{t: t, s: a, now: now}
+	if got := v.seen(""); len(got) != 5 {
+		t.Fatalf("unexpected candidates; got %v", got)
+	}
+	for i := range 100 {
+		if _, err := a.Place(ctx, &directory.PlaceRequest{NS: fmt.Sprintf("/nobody%d", i), ID: "x", Now: now}); !errors.Is(err, directory.ErrUnknownNamespace) {
+			t.Fatalf("unexpected placement in an unknown namespace; got %v; want %v", err, directory.ErrUnknownNamespace)
+		}
+	}
+	if n := directory.ViewNamespaces(a); n != 1 {
+		t.Fatalf("unexpected namespaces in the view; got %d; want 1 (/c)", n)
+	}
+	for _, sid := range sids {
+		if err := a.Deregister(ctx, sid, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); !errors.Is(err, directory.ErrUnknownNamespace) {
+		t.Fatalf("unexpected placement with no workers left; got %v; want %v", err, directory.ErrUnknownNamespace)
+	}
+	if n := directory.ViewNamespaces(a); n != 0 {
+		t.Fatalf("unexpected namespaces in the view once nobody serves /c; got %d; want 0", n)
+	}
+}
