@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,20 +144,112 @@ func TestOversizeBodyAnsweredNotReset_RREG7_RREG2(t *testing.T) {
 	}
 }
 
+// A body more than overDrain past the limit is still cut: the node reads
+// at most MaxBody + overDrain of it, and its own buffers, before it closes
+// the connection, however much the client goes on sending; and one whose
+// Content-Length is past that reach is not read at all (R-REG-7). The
+// client may see the 413 or a reset: this test counts what the node read.
+func TestOversizeBodyPastDrainCut_RREG7(t *testing.T) {
+	h := newHarness(t)
+	session := h.register(nil)
+	const slack = 256 << 10 // the head, the server's read buffer
+	for _, chunked := range []bool{false, true} {
+		addr, read := countingServer(t, h.r)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		head := "POST /registry/heartbeat HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
+			"\r\nContent-Type: application/json\r\n"
+		body := h.beatBody(session, nil) + strings.Repeat(" ", 64<<10)
+		piece := []byte(body[:64<<10])
+		if chunked {
+			head += "Transfer-Encoding: chunked\r\n\r\n"
+			piece = fmt.Appendf(nil, "%x\r\n%s\r\n", len(piece), piece)
+		} else {
+			head += "Content-Length: " + strconv.Itoa(64<<20) + "\r\n\r\n"
+		}
+		if _, err := c.Write([]byte(head)); err != nil {
+			t.Fatal(err)
+		}
+		sent := make(chan int64, 1)
+		go func() {
+			var n int64
+			for n < 32<<20 {
+				m, err := c.Write(piece)
+				n += int64(m)
+				if err != nil {
+					break
+				}
+			}
+			sent <- n
+		}()
+		_, _ = io.ReadAll(c) // the 413 and the close, or a reset
+		n := <-sent
+		_ = c.Close()
+		got := read.Load()
+		if got > MaxBody+overDrain+slack {
+			t.Fatalf("chunked %v: unexpected bytes read by the node; got %d (client sent %d); want at most %d", chunked, got, n, MaxBody+overDrain+slack)
+		}
+		if chunked && got < MaxBody+overDrain {
+			t.Fatalf("chunked %v: unexpected bytes read by the node; got %d; want the limit and the drain, %d", chunked, got, MaxBody+overDrain)
+		}
+		if !chunked && got > slack {
+			t.Fatalf("chunked %v: unexpected bytes read by the node; got %d; want at most %d: a Content-Length past the drain's reach is not read", chunked, got, slack)
+		}
+		if n >= 32<<20 {
+			t.Fatalf("chunked %v: the client sent all of its %d bytes; want the node to cut the connection first", chunked, n)
+		}
+	}
+}
+
 // streamingServer serves r on a loopback listener through a fasthttp
 // server that streams request bodies, as the node's does, and returns its
 // address.
 func streamingServer(t *testing.T, r *Registry) string {
+	addr, _ := countingServer(t, r)
+	return addr
+}
+
+// countingServer is streamingServer that also counts the bytes the server
+// read from its connections.
+func countingServer(t *testing.T, r *Registry) (string, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	read := new(atomic.Int64)
 	srv := &fasthttp.Server{
 		Handler:           func(ctx *fasthttp.RequestCtx) { r.ServeHTTP(ctx, ctx.Path()) },
 		StreamRequestBody: true,
 	}
-	go func() { _ = srv.Serve(ln) }()
+	go func() { _ = srv.Serve(countingListener{ln, read}) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
-	return ln.Addr().String()
+	return ln.Addr().String(), read
+}
+
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{c, l.n}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
