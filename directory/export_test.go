@@ -131,8 +131,10 @@ func RedisSizes(r *Redis) map[string]int {
 }
 
 // SetAfterViewRead makes r call fn in Place between the reads of its
-// placement view and their store. Set it before r is used.
-func SetAfterViewRead(r *Redis, fn func()) { r.afterViewRead = fn }
+// placement view and their store, with what was read: "members" (a
+// namespace's member set) or "entries" (sessions' and clients' entries).
+// Set it before r is used.
+func SetAfterViewRead(r *Redis, fn func(what string)) { r.afterViewRead = fn }
 
 // ViewVersions reports how many pushes r's placement view counted for the
 // namespace ns and the session sid (0 when it holds no entry).
@@ -144,14 +146,26 @@ func ViewVersions(r *Redis, ns, sid string) (nsVer, headVer uint64) {
 		nsVer = e.ver
 	}
 	if s != nil {
-		headVer = s.view.ver
+		headVer = s.view.ver.Load()
 	}
 	return nsVer, headVer
 }
 
-// ViewNamespaces reports how many namespaces r's placement view holds.
-func ViewNamespaces(r *Redis) int {
+// ViewClientVersion reports how many pushes r's placement view counted
+// for the client cid's operator drain (0 when it holds no entry).
+func ViewClientVersion(r *Redis, cid string) uint64 {
 	r.views.mu.Lock()
 	defer r.views.mu.Unlock()
-	return len(r.views.ns)
+	if c := r.views.clients[cid]; c != nil {
+		return c.ver
+	}
+	return 0
+}
+
+// ViewSizes reports how many namespaces and clients r's placement view
+// holds.
+func ViewSizes(r *Redis) (namespaces, clients int) {
+	r.views.mu.Lock()
+	defer r.views.mu.Unlock()
+	return len(r.views.ns), len(r.views.clients)
 }

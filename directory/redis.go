@@ -135,8 +135,9 @@ type Redis struct {
 	// between reading unknown sessions and adopting them.
 	afterSessionRead func()
 	// afterViewRead, when set (tests only, before use), runs in Place
-	// between the reads of its view (redis_view.go) and their store.
-	afterViewRead func()
+	// between the reads of its view (redis_view.go) and their store, with
+	// what was read: "members" or "entries".
+	afterViewRead func(what string)
 }
 
 var (

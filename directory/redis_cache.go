@@ -217,7 +217,7 @@ func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 		case 'h':
 			r.touchHead(name)
 		case 'd':
-			r.touchClient(name)
+			r.views.touchClient(name)
 		}
 	}
 }

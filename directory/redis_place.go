@@ -13,10 +13,10 @@ import (
 
 // Place implements Store: the slow path behind a Lookup miss.
 //
-//  1. One cached read (DoMultiCache) of the row and of whatever changed in
-//     the node's view of the namespace (redis_view.go): the member set, and
-//     the headroom and drain flags of the sessions a push marked; leases
-//     come from the local session cache. A live owner in the row is the
+//  1. One tracked read (appendTracked) of the row and of whatever changed
+//     in the node's view of the namespace (redis_view.go): the member set,
+//     and the headroom and drain flags of the sessions and clients a push
+//     marked; leases come from the local session cache. A live owner in the row is the
 //     answer, and the row enters the local cache, so this id's next
 //     request needs no Redis at all.
 //  2. Otherwise the policy ranks the view (R-PL-4) and the claim script
@@ -43,12 +43,18 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err := r.liveMembers(ctx, req, snap, sc); err != nil {
 		return Route{}, err
 	}
-	sc.cmds = append(sc.cmds, rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL))
+	sc.cmds = r.appendTracked(sc.cmds, r.c.B().Get().Key(key).Build())
 	r.stale(sc)
+	first := min(len(sc.reads), viewBatch)
+	r.appendReads(sc, 0, first)
 	start := time.Now()
-	res := r.c.DoMultiCache(ctx, sc.cmds...)
+	res := r.c.DoMulti(ctx, sc.cmds...)
 	r.observeMulti("place.read", start, res)
-	cur, err := res[0].ToString()
+	m, err := r.trackedReply(res, 0)
+	var cur string
+	if err == nil {
+		cur, err = m.ToString()
+	}
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
@@ -62,7 +68,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 			return Route{Owner: s.owner, Epoch: ep}, nil
 		}
 	}
-	if err := r.candidates(sc, res[1:]); err != nil {
+	if err := r.candidates(ctx, sc, first, res, r.trackedLen()); err != nil {
 		return Route{}, err
 	}
 	ranked := rank(req, sc)

@@ -24,8 +24,9 @@ type redisSession struct {
 	// read. The local lease is then older than Redis's, which is safe:
 	// renewals only extend, so an old expiry is conservative.
 	dirty atomic.Bool
-	// view: its headroom and drain flags as new placements rank them,
-	// guarded by Redis.views.mu (redis_view.go).
+	// view: its headroom and own state as new placements rank them
+	// (redis_view.go): the push count atomic, the rest guarded by
+	// Redis.views.mu.
 	view headView
 }
 
@@ -72,6 +73,7 @@ func (r *Redis) kill(sid string) {
 	r.smu.Unlock()
 	if s != nil {
 		s.owner.Revoke()
+		r.views.release(s)
 	}
 }
 

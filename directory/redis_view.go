@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -17,33 +18,39 @@ import (
 // A new placement ranks every worker serving the namespace (R-PL-3,
 // R-PL-4). Reading that from rueidis's client-side cache on every placement
 // meant building two cacheable commands per member, looking each up and
-// decoding it again: 18.8 ms and 4.8 MB of garbage per placement with
-// 10,000 workers in one namespace. The view keeps what those reads decode —
-// the sorted member set, and per session its headroom and whether its own
-// drain, a degraded state or an operator drain rules it out — and re-reads
-// only the keys Redis said changed. A placement then walks the members once
-// (their known leases and host bindings) and reads the few entries a push
-// marked: its own last claim's headroom, and the heartbeats since.
+// decoding it again: 22–27 ms and 5 MB of garbage per placement with 10,000
+// workers in one namespace. The view keeps what those reads decode — the
+// sorted member set "n:<ns>", per session its headroom and whether its own
+// drain or a degraded state rules it out ("h:<sid>"), per client whether an
+// operator drained it ("d:<clientId>") — and re-reads only the keys Redis
+// said changed. A placement then walks the members once (their known leases
+// and host bindings) and reads the few entries a push marked: its own last
+// claim's headroom, and the heartbeats since.
 //
 // The view follows the row cache's invariant (redis_cache.go): a value is
 // kept only while Redis tracks its key for this node, and only if no push
 // for the key was handled between the start of the read that produced it
-// and its store. The keys are read with DoCache (CLIENT CACHING YES), so
-// Redis pushes their next change; every entry counts the pushes for its
-// keys (ver), a reader notes ver before its read and stores only if ver is
-// still that, and flushed and dropRows move the generation (gen) so that
-// after a lost connection or a flushed tracking table every entry is read
-// again. A value that changes between the read and the claim costs balance,
-// never correctness: the claim script re-checks every ranked candidate and
-// falls back on its own pick.
+// and its store. Every read is tracked (appendTracked: on a cluster a MULTI
+// block, which keeps the tracking through a MOVED or ASK redirect, where a
+// cached read's CLIENT CACHING YES is lost), so Redis pushes the key's next
+// change; every entry counts the pushes for its key (ver), a reader notes
+// ver before its read and stores only if ver is still that, and flushed and
+// dropRows move the generation (gen) so that after a lost connection or a
+// flushed tracking table every entry is read again. A value that changes
+// between the read and the claim costs balance, never correctness: the
+// claim script re-checks every ranked candidate and falls back on its own
+// pick.
 //
-// The per-session entries live in the sessions themselves (redisSession.view),
-// so a placement reaches each without a map look-up, and they end with their
-// sessions; placeViews.mu guards them.
+// mu guards the maps and the namespace and client entries. A session's
+// entry lives in the session (redisSession.view), so a placement reaches it
+// without a map look-up and it ends with the session; its push count is
+// atomic, so the most frequent push, a heartbeat's, never waits for a
+// placement's walk of the members.
 type placeViews struct {
-	mu  sync.Mutex
-	gen uint64
-	ns  map[string]*nsView
+	mu      sync.Mutex
+	gen     uint64
+	ns      map[string]*nsView
+	clients map[string]*clientView
 }
 
 // maxNSViews bounds the namespaces a node keeps a member set for. Only
@@ -52,32 +59,56 @@ type placeViews struct {
 // arbitrary one is dropped and read again on its next placement.
 const maxNSViews = 4096
 
+// viewBatch bounds the entries one pipeline reads: at most eight commands
+// each on a cluster (two tracked reads), a pipeline stays under rueidis's
+// BlockingPipeline, past which it would go over a pooled connection whose
+// invalidations the node does not hear (resolveBatch).
+const viewBatch = 200
+
 // nsView is one namespace's member set.
 type nsView struct {
-	ver  uint64 // pushes for the key "n:<ns>"
+	ver  uint64 // pushes for "n:<ns>"
 	gen  uint64
 	ok   bool
-	snap *nsSnap
+	snap *nsSnap // nil once stale: a stale set is never used
 }
 
-// nsSnap is a member set as read; immutable once published.
+// nsSnap is a member set as read. Its members never change; sess fills in
+// as the node learns the sessions.
 type nsSnap struct {
-	members []string        // session ids, sorted: policies see candidates in session-id order
-	sess    []*redisSession // aligned with members; nil where the node did not know the session
+	members []string                       // session ids, sorted: policies see candidates in session-id order
+	sess    []atomic.Pointer[redisSession] // aligned with members; nil where the node does not know the session yet
 }
 
-// headView is one session's placement inputs, from "h:<sid>" (headroom,
-// own drain, degraded) and "d:<clientId>" (operator drain).
+// headView is one session's headroom and own state, from "h:<sid>".
 type headView struct {
-	ver uint64 // pushes for either key
-	gen uint64
-	ok  bool // current: no push since the read that produced the value
-	has bool // holds a value, current or not
-	hr  float64
-	out bool // own drain, degraded, gone or operator drain: not a candidate
+	ver   atomic.Uint64 // pushes for the key, counted without mu
+	okVer uint64        // ver when the value was read: current while ver still is
+	gen   uint64
+	has   bool // holds a value, current or not
+	hr    float64
+	out   bool // own drain, degraded or gone: not a candidate
+	// client is the session's client entry, attached by the first
+	// placement that ranks the session and released when it ends.
+	client *clientView
 }
 
-func (v *placeViews) init() { v.ns = make(map[string]*nsView) }
+// clientView is one client's operator drain, from "d:<clientId>", shared by
+// the client's sessions (a re-registered worker's old and new one).
+type clientView struct {
+	cid     string
+	ver     uint64 // pushes for the key
+	gen     uint64
+	ok      bool
+	has     bool
+	drained bool
+	refs    int // sessions attached
+}
+
+func (v *placeViews) init() {
+	v.ns = make(map[string]*nsView)
+	v.clients = make(map[string]*clientView)
+}
 
 // Push handlers: they run on the push reader (onInvalidations), so they only
 // count and mark.
@@ -86,39 +117,29 @@ func (v *placeViews) touchNS(ns string) {
 	v.mu.Lock()
 	if e := v.ns[ns]; e != nil {
 		e.ver++
-		e.ok = false
+		e.ok, e.snap = false, nil
 	}
 	v.mu.Unlock()
 }
 
-// touchHead marks one session's entry. A push for a session the node does
-// not know yet needs no mark: its entry is first read after the session is
-// adopted, so after the push.
+// touchHead counts a push for a session's "h:" key. A push for a session the
+// node does not know yet needs no count: its entry is first read after the
+// session is adopted, so after the push.
 func (r *Redis) touchHead(sid string) {
-	s := r.session(sid)
-	if s == nil {
-		return
+	if s := r.session(sid); s != nil {
+		s.view.ver.Add(1)
 	}
-	r.views.mu.Lock()
-	s.view.ver++
-	s.view.ok = false
-	r.views.mu.Unlock()
 }
 
-// touchClient marks every session of a client: an operator drain is kept
-// per client id. Drains are rare; the walk is over the sessions this node
-// knows. Lock order: smu, then views.mu.
-func (r *Redis) touchClient(cid string) {
-	r.smu.RLock()
-	r.views.mu.Lock()
-	for _, s := range r.sessions {
-		if s.owner.ClientID == cid {
-			s.view.ver++
-			s.view.ok = false
-		}
+// touchClient counts a push for a client's "d:" key: a drain, an undrain,
+// and every heartbeat of a drained client (redis_heartbeat.lua notes it).
+func (v *placeViews) touchClient(cid string) {
+	v.mu.Lock()
+	if c := v.clients[cid]; c != nil {
+		c.ver++
+		c.ok = false
 	}
-	r.views.mu.Unlock()
-	r.smu.RUnlock()
+	v.mu.Unlock()
 }
 
 // reset makes every entry stale, and every read in flight unable to store.
@@ -126,6 +147,27 @@ func (v *placeViews) reset() {
 	v.mu.Lock()
 	v.gen++
 	v.mu.Unlock()
+}
+
+// release detaches an ended session from its client entry, dropping the
+// entry with its last session. kill calls it after revoking the Owner, and
+// stale attaches an entry only to an Owner not revoked, under mu, so none
+// is left behind.
+func (v *placeViews) release(s *redisSession) {
+	v.mu.Lock()
+	if c := s.view.client; c != nil {
+		s.view.client = nil
+		if c.refs--; c.refs == 0 && v.clients[c.cid] == c {
+			delete(v.clients, c.cid)
+		}
+	}
+	v.mu.Unlock()
+}
+
+// current reports whether a session's entry holds a value no push has
+// overtaken. Callers hold mu.
+func (h *headView) current(gen uint64) bool {
+	return h.has && h.gen == gen && h.okVer == h.ver.Load()
 }
 
 // members returns the namespace's member set, reading it when the view has
@@ -154,26 +196,19 @@ func (r *Redis) members(ctx context.Context, ns string) (*nsSnap, error) {
 	ver, gen := e.ver, v.gen
 	v.mu.Unlock()
 
-	start := time.Now()
-	mres := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", ns)).Cache(), cacheTTL)
-	r.observeCached("place.members", start, mres)
-	members, err := mres.AsStrSlice()
-	if err != nil {
-		return nil, unavailable("read the workers of", ns, err)
-	}
-	// Session-id order, not the set's: a policy's ties must not follow
-	// the encoding of a Redis set (Policy).
-	slices.Sort(members)
-	snap := &nsSnap{members: members, sess: make([]*redisSession, len(members))}
-	for i, sid := range members {
-		snap.sess[i] = r.session(sid)
-	}
+	members, err := r.readMembers(ctx, ns)
 	if r.afterViewRead != nil {
-		r.afterViewRead()
+		r.afterViewRead("members")
 	}
-
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if err != nil {
+		if v.ns[ns] == e && e.snap == nil {
+			delete(v.ns, ns)
+		}
+		return nil, err
+	}
+	snap := &nsSnap{members: members, sess: make([]atomic.Pointer[redisSession], len(members))}
 	switch {
 	case v.ns[ns] != e:
 		// Dropped (maxNSViews) while reading: the next placement reads again.
@@ -185,22 +220,42 @@ func (r *Redis) members(ctx context.Context, ns string) (*nsSnap, error) {
 	return snap, nil
 }
 
+// readMembers reads a namespace's member set with tracking on, sorted.
+func (r *Redis) readMembers(ctx context.Context, ns string) ([]string, error) {
+	start := time.Now()
+	res := r.c.DoMulti(ctx, r.appendTracked(nil, r.c.B().Smembers().Key(r.key("n", ns)).Build())...)
+	r.observeMulti("place.members", start, res)
+	m, err := r.trackedReply(res, 0)
+	var members []string
+	if err == nil {
+		members, err = m.AsStrSlice()
+	}
+	if err != nil {
+		return nil, unavailable("read the workers of", ns, err)
+	}
+	// Session-id order, not the set's: a policy's ties must not follow
+	// the encoding of a Redis set (Policy).
+	slices.Sort(members)
+	return members, nil
+}
+
 // placeScratch is one placement's working memory, pooled: with thousands of
 // workers in a namespace its slices are the size of the namespace.
 type placeScratch struct {
 	all   []*redisSession // aligned with the snapshot's members
 	live  []*redisSession // those that may take the id by the node's knowledge
-	reads []headRead
+	reads []viewRead      // in live order, a session's "h:" before its "d:"
 	cands []Candidate
-	cmds  []rueidis.CacheableTTL
+	cmds  rueidis.Commands
 }
 
-// headRead is one stale entry re-read by this placement.
-type headRead struct {
-	at       int // index into live
+// viewRead is one stale entry read again by this placement.
+type viewRead struct {
+	at       int         // index into live
+	client   *clientView // for "d:<clientId>"; nil for "h:<sid>"
 	ver, gen uint64
-	hr       float64
-	out      bool
+	hr       float64 // h: the headroom
+	out      bool    // h: own drain, degraded or gone; d: drained
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(placeScratch) }}
@@ -220,16 +275,17 @@ func putScratch(sc *placeScratch) {
 // liveMembers fills sc.live with the members that may take the request's
 // new id by the node's own knowledge: a live lease, not excluded, and the
 // host binding (R-LS-4). Sessions the node does not know are read from
-// Redis (resolve).
+// Redis (resolve) and noted in the snapshot.
 func (r *Redis) liveMembers(ctx context.Context, req *PlaceRequest, snap *nsSnap, sc *placeScratch) error {
 	var missing []string
 	for i, sid := range snap.members {
-		s := snap.sess[i]
+		s := snap.sess[i].Load()
 		if s == nil || s.owner.Revoked() {
-			// Unknown when the set was read, or ended since: the node may
+			// Unknown when last looked at, or ended since: the node may
 			// know it (again) now.
-			s = r.session(sid)
-			if s == nil && sid != "" {
+			if s = r.session(sid); s != nil {
+				snap.sess[i].Store(s)
+			} else if sid != "" {
 				missing = append(missing, sid)
 			}
 		}
@@ -242,7 +298,10 @@ func (r *Redis) liveMembers(ctx context.Context, req *PlaceRequest, snap *nsSnap
 		}
 		for i, s := range sc.all {
 			if s == nil {
-				sc.all[i] = ss[snap.members[i]]
+				if s = ss[snap.members[i]]; s != nil {
+					sc.all[i] = s
+					snap.sess[i].Store(s)
+				}
 			}
 		}
 	}
@@ -265,50 +324,100 @@ func (r *Redis) liveMembers(ctx context.Context, req *PlaceRequest, snap *nsSnap
 	return nil
 }
 
-// stale fills sc.reads with the entries of sc.live that need reading, and
-// appends their cached reads to sc.cmds: two per entry.
+// stale fills sc.reads with the entries of sc.live that need reading,
+// attaching client entries to sessions that have none yet.
 func (r *Redis) stale(sc *placeScratch) {
 	v := &r.views
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	for j, s := range sc.live {
-		if h := &s.view; !h.ok || h.gen != v.gen {
-			sc.reads = append(sc.reads, headRead{at: j, ver: h.ver, gen: v.gen})
+		h := &s.view
+		if h.client == nil {
+			if s.owner.Revoked() {
+				continue // ended since liveMembers (release)
+			}
+			c := v.clients[s.owner.ClientID]
+			if c == nil {
+				c = &clientView{cid: s.owner.ClientID}
+				v.clients[c.cid] = c
+			}
+			c.refs++
+			h.client = c
 		}
-	}
-	v.mu.Unlock()
-	for _, rd := range sc.reads {
-		s := sc.live[rd.at]
-		sc.cmds = append(sc.cmds,
-			rueidis.CT(r.c.B().Hmget().Key(r.key("h", s.owner.SessionID)).Field("hr", "dr", "dg").Cache(), cacheTTL),
-			rueidis.CT(r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Cache(), cacheTTL))
+		if !h.current(v.gen) {
+			sc.reads = append(sc.reads, viewRead{at: j, ver: h.ver.Load(), gen: v.gen})
+		}
+		if c := h.client; !c.ok || c.gen != v.gen {
+			sc.reads = append(sc.reads, viewRead{at: j, client: c, ver: c.ver, gen: v.gen})
+		}
 	}
 }
 
-// candidates decodes the reads' replies (two per entry in sc.reads, in
-// order), stores those no push overtook, and fills sc.cands from the view:
-// the live members no drain or degraded state rules out, in session-id
-// order.
-func (r *Redis) candidates(sc *placeScratch, res []rueidis.RedisResult) error {
-	for k := range sc.reads {
+// appendReads appends the tracked reads of sc.reads[from:to] to sc.cmds.
+func (r *Redis) appendReads(sc *placeScratch, from, to int) {
+	for _, rd := range sc.reads[from:to] {
+		s := sc.live[rd.at]
+		if rd.client != nil {
+			sc.cmds = r.appendTracked(sc.cmds, r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Build())
+		} else {
+			sc.cmds = r.appendTracked(sc.cmds, r.c.B().Hmget().Key(r.key("h", s.owner.SessionID)).Field("hr", "dr", "dg").Build())
+		}
+	}
+}
+
+// decodeReads decodes the replies to sc.reads[from:to], read in res from
+// res[at] on, one tracked read each.
+func (r *Redis) decodeReads(sc *placeScratch, from, to int, res []rueidis.RedisResult, at int) error {
+	stride := r.trackedLen()
+	for k := from; k < to; k++ {
 		rd := &sc.reads[k]
 		s := sc.live[rd.at]
-		h, err := res[2*k].AsStrSlice()
+		m, err := r.trackedReply(res, at+stride*(k-from))
+		if rd.client != nil {
+			switch {
+			case err == nil:
+				rd.out = true // operator drain
+			case !rueidis.IsRedisNil(err):
+				return unavailable("read drain of", s.owner.ClientID, err)
+			}
+			continue
+		}
+		var h []string
+		if err == nil {
+			h, err = m.AsStrSlice()
+		}
 		if err != nil {
 			return unavailable("read headroom of", s.owner.SessionID, err)
 		}
-		drained := false
-		if err := res[2*k+1].Error(); err == nil {
-			drained = true // operator drain
-		} else if !rueidis.IsRedisNil(err) {
-			return unavailable("read drain of", s.owner.ClientID, err)
-		}
-		rd.out = drained || len(h) < 3 || h[1] == "1" || (h[2] != "" && h[2] != "0") // own drain, degraded, or gone
+		rd.out = len(h) < 3 || h[1] == "1" || (h[2] != "" && h[2] != "0") // own drain, degraded, or gone
 		if !rd.out {
 			rd.hr, _ = strconv.ParseFloat(h[0], 64)
 		}
 	}
+	return nil
+}
+
+// candidates reads the stale entries sc.reads[first:] (the first ones came
+// with the row, decoded from res from res[at] on), stores those no push
+// overtook, and fills sc.cands from the view: the live members no drain or
+// degraded state rules out, in session-id order.
+func (r *Redis) candidates(ctx context.Context, sc *placeScratch, first int, res []rueidis.RedisResult, at int) error {
+	if err := r.decodeReads(sc, 0, first, res, at); err != nil {
+		return err
+	}
+	for from := first; from < len(sc.reads); from += viewBatch {
+		to := min(from+viewBatch, len(sc.reads))
+		sc.cmds = sc.cmds[:0]
+		r.appendReads(sc, from, to)
+		start := time.Now()
+		res := r.c.DoMulti(ctx, sc.cmds...)
+		r.observeMulti("place.read", start, res)
+		if err := r.decodeReads(sc, from, to, res, 0); err != nil {
+			return err
+		}
+	}
 	if r.afterViewRead != nil {
-		r.afterViewRead()
+		r.afterViewRead("entries")
 	}
 	v := &r.views
 	v.mu.Lock()
@@ -316,16 +425,29 @@ func (r *Redis) candidates(sc *placeScratch, res []rueidis.RedisResult) error {
 	k := 0
 	for j, s := range sc.live {
 		h := &s.view
+		c := h.client
 		hr, out, has := h.hr, h.out, h.has
-		if k < len(sc.reads) && sc.reads[k].at == j {
+		drained, known := false, false
+		if c != nil {
+			drained, known = c.drained, c.has
+		}
+		for ; k < len(sc.reads) && sc.reads[k].at == j; k++ {
 			rd := &sc.reads[k]
-			k++
+			if rc := rd.client; rc != nil {
+				drained, known = rd.out, true
+				if rc.ver == rd.ver && v.gen == rd.gen {
+					rc.drained, rc.has, rc.ok, rc.gen = rd.out, true, true, rd.gen
+				}
+				continue
+			}
 			hr, out, has = rd.hr, rd.out, true
-			if h.ver == rd.ver && v.gen == rd.gen {
-				h.hr, h.out, h.has, h.ok, h.gen = rd.hr, rd.out, true, true, rd.gen
+			// Stored at okVer rd.ver, a value a push overtook is stale
+			// anyway; the check keeps it from replacing one read later.
+			if h.ver.Load() == rd.ver && v.gen == rd.gen {
+				h.hr, h.out, h.has, h.okVer, h.gen = rd.hr, rd.out, true, rd.ver, rd.gen
 			}
 		}
-		if !has || out {
+		if c == nil || !has || !known || out || drained {
 			continue
 		}
 		sc.cands = append(sc.cands, Candidate{SessionID: s.owner.SessionID, ClientID: s.owner.ClientID, Headroom: hr})

@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/directory/directorytest"
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
-// viewNode is one node placing new ids with a viewPolicy.
+// viewNode is one node placing new ids with a directorytest.SinkPolicy.
 type viewNode struct {
 	t   *testing.T
 	s   *directory.Redis
@@ -60,7 +63,7 @@ type viewFixture struct {
 }
 
 // newViewFixture opens the nodes; hook, when set, is A's SetAfterViewRead.
-func newViewFixture(t *testing.T, prefix string, hook func()) *viewFixture {
+func newViewFixture(t *testing.T, prefix string, hook func(what string)) *viewFixture {
 	t.Helper()
 	fx := &viewFixture{srv: redistest.StartServer(t)}
 	fx.a = openNode(t, fx.srv.URL(), prefix, 10*time.Second)
@@ -120,18 +123,22 @@ func TestRedisViewFollowsOtherNodes_RPL3_RPL4_RREG6(t *testing.T) {
 // next placement reads the entry again (redis_view.go). Kept, it would
 // hand every later placement the value from before the change.
 func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
+	// during runs once, after the next read of what (the hook's argument).
 	var during func()
-	fx := newViewFixture(t, "vrace", func() {
-		if fn := during; fn != nil {
+	var what string
+	fx := newViewFixture(t, "vrace", func(read string) {
+		if fn := during; fn != nil && read == what {
 			during = nil
 			fn()
 		}
 	})
 	a, b, v, keep, w, now := fx.a, fx.b, fx.v, fx.keep, fx.w, fx.now
+	ctx := ctxT(t)
 
 	// The member set: read by the first placement in /c, while a
 	// registration through B overtakes it.
 	var x string
+	what = "members"
 	during = func() {
 		nsVer, _ := directory.ViewVersions(a, "/c", "")
 		x = register(t, b, "x", 5, now)
@@ -159,6 +166,7 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 		_, h := directory.ViewVersions(a, "/c", w)
 		return h > before
 	})
+	what = "entries"
 	during = func() {
 		_, hVer := directory.ViewVersions(a, "/c", w)
 		beatRedis(t, b, w, 77, now)
@@ -175,6 +183,32 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 	}
 	if got := v.seen(keep); got[w] != 77 {
 		t.Fatalf("unexpected headroom of w after the push; got %v; want 77", got)
+	}
+
+	// A client's operator drain: w's client entry is stale (drained
+	// through A), read by the next placement, and an undrain through B
+	// overtakes it.
+	cBefore := directory.ViewClientVersion(a, "w")
+	if found, err := a.SetDrain(ctx, "w", directory.DrainState{Draining: true}, now); err != nil || !found {
+		t.Fatalf("cannot drain w: %v, %v", found, err)
+	}
+	waitFor(t, 5*time.Second, "A to count the push for its own drain", func() bool { return directory.ViewClientVersion(a, "w") > cBefore })
+	what = "entries"
+	during = func() {
+		cVer := directory.ViewClientVersion(a, "w")
+		if found, err := b.SetDrain(ctx, "w", directory.DrainState{}, now); err != nil || !found {
+			t.Fatalf("cannot undrain w: %v, %v", found, err)
+		}
+		waitFor(t, 5*time.Second, "A to count the push for w's undrain", func() bool { return directory.ViewClientVersion(a, "w") > cVer })
+	}
+	if got := v.seen(keep); got[w] != 0 {
+		t.Fatalf("unexpected candidates in the placement the push overtook; got %v; want no w (drained, as read)", got)
+	}
+	if during != nil {
+		t.Fatal("BUG: the hook did not run")
+	}
+	if got := v.seen(keep); got[w] != 77 {
+		t.Fatalf("unexpected candidates after the undrain; got %v; want w at 77", got)
 	}
 }
 
@@ -203,8 +237,8 @@ func TestRedisViewDroppedWhenUntracked_RPL3(t *testing.T) {
 
 // The view keeps nothing for namespaces nobody serves: a client naming
 // endless unknown namespaces does not grow it, and a namespace whose
-// workers all left is dropped at its next placement (R-PL-5). Per-session
-// entries live in the node's sessions and end with them.
+// workers all left is dropped at its next placement (R-PL-5). A client's
+// entry ends with its last session; a session's lives in the session.
 func TestRedisViewBounded_RPL5(t *testing.T) {
 	srv := redistest.StartServer(t)
 	ctx := ctxT(t)
@@ -223,18 +257,77 @@ func TestRedisViewBounded_RPL5(t *testing.T) {
 			t.Fatalf("unexpected placement in an unknown namespace; got %v; want %v", err, directory.ErrUnknownNamespace)
 		}
 	}
-	if n := directory.ViewNamespaces(a); n != 1 {
-		t.Fatalf("unexpected namespaces in the view; got %d; want 1 (/c)", n)
+	if ns, clients := directory.ViewSizes(a); ns != 1 || clients != 5 {
+		t.Fatalf("unexpected view size; got %d namespaces and %d clients; want 1 (/c) and 5", ns, clients)
 	}
 	for _, sid := range sids {
 		if err := a.Deregister(ctx, sid, now); err != nil {
 			t.Fatal(err)
 		}
 	}
+	waitFor(t, 5*time.Second, "the ended sessions' clients to leave the view", func() bool {
+		_, clients := directory.ViewSizes(a)
+		return clients == 0
+	})
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "y", Now: now}); !errors.Is(err, directory.ErrUnknownNamespace) {
 		t.Fatalf("unexpected placement with no workers left; got %v; want %v", err, directory.ErrUnknownNamespace)
 	}
-	if n := directory.ViewNamespaces(a); n != 0 {
-		t.Fatalf("unexpected namespaces in the view once nobody serves /c; got %d; want 0", n)
+	if ns, _ := directory.ViewSizes(a); ns != 0 {
+		t.Fatalf("unexpected namespaces in the view once nobody serves /c; got %d; want 0", ns)
 	}
+}
+
+// A read of the view made while the directory's slot migrates, of a key
+// already moved, is redirected (ASK) to the importing master and must be
+// tracked there, so that the key's next change is pushed. rueidis's cached
+// read sends CLIENT CACHING YES, then ASKING, then the read, and Redis
+// forgets the caching flag at the ASKING: the value was kept as current and
+// no push ever came. A tracked read's MULTI block keeps it (appendTracked).
+func TestRedisClusterViewTrackedMidMigration_RPL3(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-master redis cluster")
+	}
+	c := redistest.StartCluster(t, 3)
+	ctx := ctxT(t)
+	a := openNode(t, c.URL(), "vask", 10*time.Second)
+	now := warmRedis(t, a, time.Now())
+	keep := register(t, a, "keep", 1e9, now)
+	w := register(t, a, "w", 10, now)
+	v := &viewNode{t: t, s: a, now: now}
+	if got := v.seen(keep); got[w] != 10 {
+		t.Fatalf("unexpected first candidates; got %v", got)
+	}
+
+	key := "{vask}:h:" + w
+	src, dst, _, do := beginMigration(t, c, key)
+	_, before := directory.ViewVersions(a, "/c", w)
+	do(src, "MIGRATE", "127.0.0.1", strconv.Itoa(dst.Port), key, "0", "5000")
+	waitFor(t, 5*time.Second, "A to count the push for w's moved key", func() bool {
+		_, h := directory.ViewVersions(a, "/c", w)
+		return h > before
+	})
+
+	// The next placement reads w's entry again, redirected to dst. Its
+	// claim may fail while the slot is split (TRYAGAIN): what the policy
+	// was handed is what counts here.
+	p := &directorytest.SinkPolicy{Sink: keep}
+	_, _ = a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "mid", Now: now, Policy: p})
+	if p.Got[w] != 10 {
+		t.Fatalf("unexpected candidates read mid-migration; got %v; want w at 10, read on the importing master", p.Got)
+	}
+	_, read := directory.ViewVersions(a, "/c", w)
+	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{dst.Addr}, ForceSingleClient: true, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, r := range cl.DoMulti(ctx, cl.B().Arbitrary("ASKING").Build(), cl.B().Hset().Key(key).FieldValue().FieldValue("hr", "77").Build()) {
+		if err := r.Error(); err != nil {
+			t.Fatalf("cannot change w's headroom on the importing master: %v", err)
+		}
+	}
+	waitFor(t, 5*time.Second, "A to be told of the change on the importing master", func() bool {
+		_, h := directory.ViewVersions(a, "/c", w)
+		return h > read
+	})
 }
