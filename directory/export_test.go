@@ -162,6 +162,19 @@ func ViewClientVersion(r *Redis, cid string) uint64 {
 	return 0
 }
 
+// ViewCurrent reports whether r's placement view holds a current entry for
+// the session sid and its client.
+func ViewCurrent(r *Redis, sid string) bool {
+	s := r.session(sid)
+	if s == nil {
+		return false
+	}
+	r.views.mu.Lock()
+	defer r.views.mu.Unlock()
+	c := s.view.client
+	return s.view.current(r.views.gen) && c != nil && c.ok && c.gen == r.views.gen
+}
+
 // ViewSizes reports how many namespaces and clients r's placement view
 // holds.
 func ViewSizes(r *Redis) (namespaces, clients int) {

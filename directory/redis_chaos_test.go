@@ -12,23 +12,24 @@ import (
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
-// beginMigration starts moving the slot of key from the master serving it
-// (src) to another (dst), as a resharding does (CLUSTER SETSLOT IMPORTING
-// on dst, MIGRATING on src), and returns them, the slot, and a redis-cli
-// call that fails the test on an error.
-func beginMigration(t *testing.T, c *redistest.Cluster, key string) (src, dst *redistest.Server, slot string, do func(*redistest.Server, ...string) string) {
+// migrateSlot moves the slot of key from the master serving it to another
+// master, as a resharding does (CLUSTER SETSLOT IMPORTING/MIGRATING,
+// MIGRATE of every key, SETSLOT NODE on every master), and returns the
+// target.
+func migrateSlot(t *testing.T, c *redistest.Cluster, key string) *redistest.Server {
 	t.Helper()
 	src, err := c.NodeFor(key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var dst *redistest.Server
 	for _, n := range c.Nodes {
 		if n != src {
 			dst = n
 			break
 		}
 	}
-	do = func(s *redistest.Server, args ...string) string {
+	do := func(s *redistest.Server, args ...string) string {
 		t.Helper()
 		out, err := s.Do(args...)
 		if err != nil || strings.HasPrefix(out, "ERR") {
@@ -36,20 +37,10 @@ func beginMigration(t *testing.T, c *redistest.Cluster, key string) (src, dst *r
 		}
 		return strings.TrimSpace(out)
 	}
-	slot = do(src, "CLUSTER", "KEYSLOT", key)
-	do(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", do(src, "CLUSTER", "MYID"))
-	do(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", do(dst, "CLUSTER", "MYID"))
-	return src, dst, slot, do
-}
-
-// migrateSlot moves the slot of key from the master serving it to another
-// master, as a resharding does (CLUSTER SETSLOT IMPORTING/MIGRATING,
-// MIGRATE of every key, SETSLOT NODE on every master), and returns the
-// target.
-func migrateSlot(t *testing.T, c *redistest.Cluster, key string) *redistest.Server {
-	t.Helper()
-	src, dst, slot, do := beginMigration(t, c, key)
-	dstID := do(dst, "CLUSTER", "MYID")
+	slot := do(src, "CLUSTER", "KEYSLOT", key)
+	srcID, dstID := do(src, "CLUSTER", "MYID"), do(dst, "CLUSTER", "MYID")
+	do(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
+	do(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
 	// Row names hold a NUL, which no command line can carry: the keys
 	// move through a Go client.
 	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{src.Addr}, ForceSingleClient: true, DisableCache: true})

@@ -13,12 +13,12 @@ import (
 
 // Place implements Store: the slow path behind a Lookup miss.
 //
-//  1. One tracked read (appendTracked) of the row and of whatever changed
-//     in the node's view of the namespace (redis_view.go): the member set,
-//     and the headroom and drain flags of the sessions and clients a push
-//     marked; leases come from the local session cache. A live owner in the row is the
-//     answer, and the row enters the local cache, so this id's next
-//     request needs no Redis at all.
+//  1. One cached read (DoMultiCache) of the row and of the entries of the
+//     node's view of the namespace a push marked (redis_view.go): the
+//     headroom and drain flags of sessions and clients; leases come from
+//     the local session cache. A live owner in the row is the answer, and
+//     the row enters the local cache, so this id's next request needs no
+//     Redis at all.
 //  2. Otherwise the policy ranks the view (R-PL-4) and the claim script
 //     resolves or claims atomically: it re-checks the existing owner and
 //     every ranked candidate, stamps the cold start, decrements headroom
@@ -27,7 +27,9 @@ import (
 //     can enter the local cache (execTracked).
 //
 // A new placement costs two round trips; resolving an owner another node
-// placed costs one.
+// placed costs one. A marked member set costs one more, first; a view
+// with more than viewBatch marked entries, one more per batch past the
+// first (once: a read entry stays current until its key changes).
 func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	name := rowName(req.NS, req.ID)
 	key := r.prefix + "p:" + name
@@ -43,18 +45,14 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err := r.liveMembers(ctx, req, snap, sc); err != nil {
 		return Route{}, err
 	}
-	sc.cmds = r.appendTracked(sc.cmds, r.c.B().Get().Key(key).Build())
+	sc.cmds = append(sc.cmds, rueidis.CT(r.c.B().Get().Key(key).Cache(), cacheTTL))
 	r.stale(sc)
 	first := min(len(sc.reads), viewBatch)
 	r.appendReads(sc, 0, first)
 	start := time.Now()
-	res := r.c.DoMulti(ctx, sc.cmds...)
+	res := r.c.DoMultiCache(ctx, sc.cmds...)
 	r.observeMulti("place.read", start, res)
-	m, err := r.trackedReply(res, 0)
-	var cur string
-	if err == nil {
-		cur, err = m.ToString()
-	}
+	cur, err := res[0].ToString()
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
@@ -65,10 +63,13 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 		}
 		if s := owners[sid]; s != nil && s.owner.Live(req.Now) {
 			r.fill(kw, 0, redisRow{s.owner, ep})
+			if r.decodeReads(sc, 0, first, res, 1) == nil {
+				r.keepReads(sc.reads[:first], sc.live)
+			}
 			return Route{Owner: s.owner, Epoch: ep}, nil
 		}
 	}
-	if err := r.candidates(ctx, sc, first, res, r.trackedLen()); err != nil {
+	if err := r.candidates(ctx, sc, first, res, 1); err != nil {
 		return Route{}, err
 	}
 	ranked := rank(req, sc)

@@ -18,7 +18,7 @@ import (
 // A new placement ranks every worker serving the namespace (R-PL-3,
 // R-PL-4). Reading that from rueidis's client-side cache on every placement
 // meant building two cacheable commands per member, looking each up and
-// decoding it again: 22–27 ms and 5 MB of garbage per placement with 10,000
+// decoding it again: 20–24 ms and 5 MB of garbage per placement with 10,000
 // workers in one namespace. The view keeps what those reads decode — the
 // sorted member set "n:<ns>", per session its headroom and whether its own
 // drain or a degraded state rules it out ("h:<sid>"), per client whether an
@@ -30,10 +30,11 @@ import (
 // The view follows the row cache's invariant (redis_cache.go): a value is
 // kept only while Redis tracks its key for this node, and only if no push
 // for the key was handled between the start of the read that produced it
-// and its store. Every read is tracked (appendTracked: on a cluster a MULTI
-// block, which keeps the tracking through a MOVED or ASK redirect, where a
-// cached read's CLIENT CACHING YES is lost), so Redis pushes the key's next
-// change; every entry counts the pushes for its key (ver), a reader notes
+// and its store. Every read goes through rueidis's client cache, which sends
+// CLIENT CACHING YES with it when it misses, so Redis pushes the key's next
+// change (a refused id's repeated placement, or an unknown namespace's empty
+// member set, costs no round trip there); every entry counts the pushes for
+// its key (ver), a reader notes
 // ver before its read and stores only if ver is still that, and flushed and
 // dropRows move the generation (gen) so that after a lost connection or a
 // flushed tracking table every entry is read again. A value that changes
@@ -59,10 +60,12 @@ type placeViews struct {
 // arbitrary one is dropped and read again on its next placement.
 const maxNSViews = 4096
 
-// viewBatch bounds the entries one pipeline reads: at most eight commands
-// each on a cluster (two tracked reads), a pipeline stays under rueidis's
-// BlockingPipeline, past which it would go over a pooled connection whose
-// invalidations the node does not hear (resolveBatch).
+// viewBatch bounds the entries one pipeline reads: one cached read each,
+// which a client-cache miss sends as at most five commands (CLIENT CACHING
+// YES, and the read in a MULTI block with the key's PTTL: 1,005 with the
+// row's), a pipeline stays under rueidis's BlockingPipeline (2,000), past
+// which it would go over a pooled connection whose invalidations the node
+// does not hear (resolveBatch).
 const viewBatch = 200
 
 // nsView is one namespace's member set.
@@ -220,16 +223,13 @@ func (r *Redis) members(ctx context.Context, ns string) (*nsSnap, error) {
 	return snap, nil
 }
 
-// readMembers reads a namespace's member set with tracking on, sorted.
+// readMembers reads a namespace's member set through the client cache (an
+// unknown namespace's empty set is cached there, not in the view), sorted.
 func (r *Redis) readMembers(ctx context.Context, ns string) ([]string, error) {
 	start := time.Now()
-	res := r.c.DoMulti(ctx, r.appendTracked(nil, r.c.B().Smembers().Key(r.key("n", ns)).Build())...)
-	r.observeMulti("place.members", start, res)
-	m, err := r.trackedReply(res, 0)
-	var members []string
-	if err == nil {
-		members, err = m.AsStrSlice()
-	}
+	res := r.c.DoCache(ctx, r.c.B().Smembers().Key(r.key("n", ns)).Cache(), cacheTTL)
+	r.observeCached("place.members", start, res)
+	members, err := res.AsStrSlice()
 	if err != nil {
 		return nil, unavailable("read the workers of", ns, err)
 	}
@@ -246,7 +246,7 @@ type placeScratch struct {
 	live  []*redisSession // those that may take the id by the node's knowledge
 	reads []viewRead      // in live order, a session's "h:" before its "d:"
 	cands []Candidate
-	cmds  rueidis.Commands
+	cmds  []rueidis.CacheableTTL
 }
 
 // viewRead is one stale entry read again by this placement.
@@ -353,28 +353,27 @@ func (r *Redis) stale(sc *placeScratch) {
 	}
 }
 
-// appendReads appends the tracked reads of sc.reads[from:to] to sc.cmds.
+// appendReads appends the cached reads of sc.reads[from:to] to sc.cmds.
 func (r *Redis) appendReads(sc *placeScratch, from, to int) {
 	for _, rd := range sc.reads[from:to] {
 		s := sc.live[rd.at]
 		if rd.client != nil {
-			sc.cmds = r.appendTracked(sc.cmds, r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Build())
+			sc.cmds = append(sc.cmds, rueidis.CT(r.c.B().Hget().Key(r.key("d", s.owner.ClientID)).Field("dl").Cache(), cacheTTL))
 		} else {
-			sc.cmds = r.appendTracked(sc.cmds, r.c.B().Hmget().Key(r.key("h", s.owner.SessionID)).Field("hr", "dr", "dg").Build())
+			sc.cmds = append(sc.cmds, rueidis.CT(r.c.B().Hmget().Key(r.key("h", s.owner.SessionID)).Field("hr", "dr", "dg").Cache(), cacheTTL))
 		}
 	}
 }
 
-// decodeReads decodes the replies to sc.reads[from:to], read in res from
-// res[at] on, one tracked read each.
+// decodeReads decodes the replies to sc.reads[from:to], in res from res[at]
+// on.
 func (r *Redis) decodeReads(sc *placeScratch, from, to int, res []rueidis.RedisResult, at int) error {
-	stride := r.trackedLen()
 	for k := from; k < to; k++ {
 		rd := &sc.reads[k]
 		s := sc.live[rd.at]
-		m, err := r.trackedReply(res, at+stride*(k-from))
+		reply := res[at+k-from]
 		if rd.client != nil {
-			switch {
+			switch err := reply.Error(); {
 			case err == nil:
 				rd.out = true // operator drain
 			case !rueidis.IsRedisNil(err):
@@ -382,10 +381,7 @@ func (r *Redis) decodeReads(sc *placeScratch, from, to int, res []rueidis.RedisR
 			}
 			continue
 		}
-		var h []string
-		if err == nil {
-			h, err = m.AsStrSlice()
-		}
+		h, err := reply.AsStrSlice()
 		if err != nil {
 			return unavailable("read headroom of", s.owner.SessionID, err)
 		}
@@ -410,7 +406,7 @@ func (r *Redis) candidates(ctx context.Context, sc *placeScratch, first int, res
 		sc.cmds = sc.cmds[:0]
 		r.appendReads(sc, from, to)
 		start := time.Now()
-		res := r.c.DoMulti(ctx, sc.cmds...)
+		res := r.c.DoMultiCache(ctx, sc.cmds...)
 		r.observeMulti("place.read", start, res)
 		if err := r.decodeReads(sc, from, to, res, 0); err != nil {
 			return err
@@ -422,6 +418,7 @@ func (r *Redis) candidates(ctx context.Context, sc *placeScratch, first int, res
 	v := &r.views
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	r.storeReads(sc.reads, sc.live)
 	k := 0
 	for j, s := range sc.live {
 		h := &s.view
@@ -431,20 +428,13 @@ func (r *Redis) candidates(ctx context.Context, sc *placeScratch, first int, res
 		if c != nil {
 			drained, known = c.drained, c.has
 		}
+		// This placement's reads, even those a push overtook: the value
+		// as read is as fresh as the claim needs (it re-checks).
 		for ; k < len(sc.reads) && sc.reads[k].at == j; k++ {
-			rd := &sc.reads[k]
-			if rc := rd.client; rc != nil {
+			if rd := &sc.reads[k]; rd.client != nil {
 				drained, known = rd.out, true
-				if rc.ver == rd.ver && v.gen == rd.gen {
-					rc.drained, rc.has, rc.ok, rc.gen = rd.out, true, true, rd.gen
-				}
-				continue
-			}
-			hr, out, has = rd.hr, rd.out, true
-			// Stored at okVer rd.ver, a value a push overtook is stale
-			// anyway; the check keeps it from replacing one read later.
-			if h.ver.Load() == rd.ver && v.gen == rd.gen {
-				h.hr, h.out, h.has, h.okVer, h.gen = rd.hr, rd.out, true, rd.ver, rd.gen
+			} else {
+				hr, out, has = rd.hr, rd.out, true
 			}
 		}
 		if c == nil || !has || !known || out || drained {
@@ -453,6 +443,38 @@ func (r *Redis) candidates(ctx context.Context, sc *placeScratch, first int, res
 		sc.cands = append(sc.cands, Candidate{SessionID: s.owner.SessionID, ClientID: s.owner.ClientID, Headroom: hr})
 	}
 	return nil
+}
+
+// keepReads stores the decoded reads no push overtook, for a placement that
+// ends without ranking (the row named a live owner): read once, they need
+// not be read again by the next placement.
+func (r *Redis) keepReads(reads []viewRead, live []*redisSession) {
+	r.views.mu.Lock()
+	r.storeReads(reads, live)
+	r.views.mu.Unlock()
+}
+
+// storeReads stores each decoded read whose entry counted no push since the
+// read began, in the same generation. Callers hold views.mu.
+func (r *Redis) storeReads(reads []viewRead, live []*redisSession) {
+	gen := r.views.gen
+	for k := range reads {
+		rd := &reads[k]
+		if rd.gen != gen {
+			continue
+		}
+		if c := rd.client; c != nil {
+			if c.ver == rd.ver {
+				c.drained, c.has, c.ok, c.gen = rd.out, true, true, rd.gen
+			}
+			continue
+		}
+		// Stored at okVer rd.ver, a value a push overtook is stale anyway;
+		// the check keeps it from replacing one read later.
+		if h := &live[rd.at].view; h.ver.Load() == rd.ver {
+			h.hr, h.out, h.has, h.okVer, h.gen = rd.hr, rd.out, true, rd.ver, rd.gen
+		}
+	}
 }
 
 // rank orders sc.cands with the request's policy.
