@@ -326,11 +326,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	for _, s := range sess {
 		cands = append(cands, Candidate{SessionID: s.info.SessionID, ClientID: s.info.ClientID, Headroom: s.info.Headroom})
 	}
-	policy := req.Policy
-	if policy == nil {
-		policy = DefaultPolicy
-	}
-	ranked := policy.Rank(m.ranked[:0], cands, &req.Pick)
+	ranked := req.rank(m.ranked[:0], cands)
 	if len(ranked) == 0 {
 		panic("BUG: policy ranked no candidate")
 	}

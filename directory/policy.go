@@ -58,6 +58,16 @@ var _ Policy = (*HeadroomPolicy)(nil)
 // DefaultPolicy is used when a PlaceRequest carries none.
 var DefaultPolicy Policy = &HeadroomPolicy{}
 
+// rank appends to dst the request's policy's ranking of cands
+// (DefaultPolicy when the request carries none): both stores rank so.
+func (req *PlaceRequest) rank(dst []int, cands []Candidate) []int {
+	policy := req.Policy
+	if policy == nil {
+		policy = DefaultPolicy
+	}
+	return policy.Rank(dst, cands, &req.Pick)
+}
+
 // Rank implements Policy.
 func (p *HeadroomPolicy) Rank(dst []int, cands []Candidate, in *PickInput) []int {
 	n := len(cands)

@@ -482,12 +482,8 @@ func rank(req *PlaceRequest, sc *placeScratch) []string {
 	if len(sc.cands) == 0 {
 		return nil
 	}
-	policy := req.Policy
-	if policy == nil {
-		policy = DefaultPolicy
-	}
 	var ibuf [4]int
-	idx := policy.Rank(ibuf[:0], sc.cands, &req.Pick)
+	idx := req.rank(ibuf[:0], sc.cands)
 	ranked := make([]string, 0, len(idx))
 	for _, i := range idx {
 		ranked = append(ranked, sc.cands[i].SessionID)

@@ -131,24 +131,34 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 	})
 	a, b, v, keep, w, now := fx.a, fx.b, fx.v, fx.keep, fx.w, fx.now
 	ctx := ctxT(t)
+	nsVer := func() uint64 { n, _ := directory.ViewVersions(a, "/c", ""); return n }
+	headVer := func() uint64 { _, h := directory.ViewVersions(a, "/c", w); return h }
+	clientVer := func() uint64 { return directory.ViewClientVersion(a, "w") }
+	// changed makes a change and waits until A counted its push.
+	changed := func(label string, count func() uint64, change func()) {
+		t.Helper()
+		before := count()
+		change()
+		waitFor(t, 5*time.Second, "A to count the push for "+label, func() bool { return count() > before })
+	}
+	// overtaken places through A with change made (and its push counted)
+	// between its read of read ("members" or "entries") and their store,
+	// and returns what the policy was handed.
+	overtaken := func(read, label string, count func() uint64, change func()) map[string]float64 {
+		t.Helper()
+		what, during = read, func() { changed(label, count, change) }
+		got := v.seen(keep)
+		if during != nil {
+			t.Fatal("BUG: the hook did not run")
+		}
+		return got
+	}
 
 	// The member set: read by the first placement in /c, while a
 	// registration through B overtakes it.
 	var x string
-	what = "members"
-	during = func() {
-		nsVer, _ := directory.ViewVersions(a, "/c", "")
-		x = register(t, b, "x", 5, now)
-		waitFor(t, 5*time.Second, "A to count the push for the member set", func() bool {
-			n, _ := directory.ViewVersions(a, "/c", "")
-			return n > nsVer
-		})
-	}
-	if got := v.seen(keep); len(got) != 2 {
+	if got := overtaken("members", "the member set", nsVer, func() { x = register(t, b, "x", 5, now) }); len(got) != 2 {
 		t.Fatalf("unexpected candidates of the placement the push overtook; got %v; want keep and w (the set as read)", got)
-	}
-	if during != nil {
-		t.Fatal("BUG: the hook did not run")
 	}
 	if got := v.seen(keep); got[x] != 5 {
 		t.Fatalf("unexpected candidates after the push; got %v; want x at 5", got)
@@ -157,26 +167,9 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 	// One session's headroom: w's entry is stale (a heartbeat through A,
 	// whose push follows its reply), read by the next placement, and a
 	// heartbeat through B overtakes it.
-	_, before := directory.ViewVersions(a, "/c", w)
-	beatRedis(t, a, w, 10, now)
-	waitFor(t, 5*time.Second, "A to count the push for its own heartbeat", func() bool {
-		_, h := directory.ViewVersions(a, "/c", w)
-		return h > before
-	})
-	what = "entries"
-	during = func() {
-		_, hVer := directory.ViewVersions(a, "/c", w)
-		beatRedis(t, b, w, 77, now)
-		waitFor(t, 5*time.Second, "A to count the push for w's headroom", func() bool {
-			_, h := directory.ViewVersions(a, "/c", w)
-			return h > hVer
-		})
-	}
-	if got := v.seen(keep); got[w] != 10 {
+	changed("A's own heartbeat", headVer, func() { beatRedis(t, a, w, 10, now) })
+	if got := overtaken("entries", "w's headroom", headVer, func() { beatRedis(t, b, w, 77, now) }); got[w] != 10 {
 		t.Fatalf("unexpected headroom of w in the placement the push overtook; got %v; want 10 (as read)", got)
-	}
-	if during != nil {
-		t.Fatal("BUG: the hook did not run")
 	}
 	if got := v.seen(keep); got[w] != 77 {
 		t.Fatalf("unexpected headroom of w after the push; got %v; want 77", got)
@@ -185,24 +178,16 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 	// A client's operator drain: w's client entry is stale (drained
 	// through A), read by the next placement, and an undrain through B
 	// overtakes it.
-	cBefore := directory.ViewClientVersion(a, "w")
-	if found, err := a.SetDrain(ctx, "w", directory.DrainState{Draining: true}, now); err != nil || !found {
-		t.Fatalf("cannot drain w: %v, %v", found, err)
-	}
-	waitFor(t, 5*time.Second, "A to count the push for its own drain", func() bool { return directory.ViewClientVersion(a, "w") > cBefore })
-	what = "entries"
-	during = func() {
-		cVer := directory.ViewClientVersion(a, "w")
-		if found, err := b.SetDrain(ctx, "w", directory.DrainState{}, now); err != nil || !found {
-			t.Fatalf("cannot undrain w: %v, %v", found, err)
+	drain := func(s *directory.Redis, on bool) func() {
+		return func() {
+			if found, err := s.SetDrain(ctx, "w", directory.DrainState{Draining: on}, now); err != nil || !found {
+				t.Fatalf("cannot set w's drain to %v: %v, %v", on, found, err)
+			}
 		}
-		waitFor(t, 5*time.Second, "A to count the push for w's undrain", func() bool { return directory.ViewClientVersion(a, "w") > cVer })
 	}
-	if got := v.seen(keep); got[w] != 0 {
+	changed("A's own drain", clientVer, drain(a, true))
+	if got := overtaken("entries", "w's undrain", clientVer, drain(b, false)); got[w] != 0 {
 		t.Fatalf("unexpected candidates in the placement the push overtook; got %v; want no w (drained, as read)", got)
-	}
-	if during != nil {
-		t.Fatal("BUG: the hook did not run")
 	}
 	if got := v.seen(keep); got[w] != 77 {
 		t.Fatalf("unexpected candidates after the undrain; got %v; want w at 77", got)
@@ -214,12 +199,10 @@ func TestRedisViewReadOvertakenByPush_RPL3(t *testing.T) {
 // with a stale view read them all again (from the client cache, or from
 // Redis after a reconnect) and decoded them.
 func TestRedisViewKeptByResolves_RPL1(t *testing.T) {
-	srv := redistest.StartServer(t)
 	ctx := ctxT(t)
-	a := openNode(t, srv.URL(), "vres", 10*time.Second)
-	b := openNode(t, srv.URL(), "vres", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	var sids []string
+	fx := newViewFixture(t, "vres", nil)
+	a, b, now := fx.a, fx.b, fx.now
+	sids := []string{fx.keep, fx.w}
 	for i := range 20 {
 		sids = append(sids, register(t, a, fmt.Sprintf("w%d", i), 10, now))
 	}

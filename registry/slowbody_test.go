@@ -106,20 +106,11 @@ func TestOversizeBodyAnsweredNotReset_RREG7_RREG2(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		body := h.beatBody(session, nil)
 		body += strings.Repeat(" ", MaxBody+1-len(body))
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		head := "POST /registry/heartbeat HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
-			"\r\nContent-Type: application/json\r\n"
-		var rest string
+		c := dialBody(t, addr)
+		head := heartbeatHead(chunked, len(body))
+		rest := body
 		if chunked {
-			head += "Transfer-Encoding: chunked\r\n\r\n"
 			rest = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
-		} else {
-			head += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
-			rest = body
 		}
 		// The head and a first piece past the limit's reach of fasthttp's
 		// own discard, then a pause in which a node that answers at once
@@ -155,20 +146,12 @@ func TestOversizeBodyPastDrainCut_RREG7(t *testing.T) {
 	const slack = 256 << 10 // the head, the server's read buffer
 	for _, chunked := range []bool{false, true} {
 		addr, read := countingServer(t, h.r)
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		head := "POST /registry/heartbeat HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
-			"\r\nContent-Type: application/json\r\n"
+		c := dialBody(t, addr)
+		head := heartbeatHead(chunked, 64<<20)
 		body := h.beatBody(session, nil) + strings.Repeat(" ", 64<<10)
 		piece := []byte(body[:64<<10])
 		if chunked {
-			head += "Transfer-Encoding: chunked\r\n\r\n"
 			piece = fmt.Appendf(nil, "%x\r\n%s\r\n", len(piece), piece)
-		} else {
-			head += "Content-Length: " + strconv.Itoa(64<<20) + "\r\n\r\n"
 		}
 		if _, err := c.Write([]byte(head)); err != nil {
 			t.Fatal(err)
@@ -202,6 +185,28 @@ func TestOversizeBodyPastDrainCut_RREG7(t *testing.T) {
 			t.Fatalf("chunked %v: the client sent all of its %d bytes; want the node to cut the connection first", chunked, n)
 		}
 	}
+}
+
+// dialBody dials addr with a 10 s deadline for the whole exchange.
+func dialBody(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+// heartbeatHead is the head of a heartbeat request whose body is chunked,
+// or of length n.
+func heartbeatHead(chunked bool, n int) string {
+	head := "POST /registry/heartbeat HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
+		"\r\nContent-Type: application/json\r\n"
+	if chunked {
+		return head + "Transfer-Encoding: chunked\r\n\r\n"
+	}
+	return head + "Content-Length: " + strconv.Itoa(n) + "\r\n\r\n"
 }
 
 // streamingServer serves r on a loopback listener through a fasthttp
