@@ -72,8 +72,7 @@ const viewBatch = 200
 type nsView struct {
 	ver  uint64 // pushes for "n:<ns>"
 	gen  uint64
-	ok   bool
-	snap *nsSnap // nil once stale: a stale set is never used
+	snap *nsSnap // the set as read, nil until then and once stale: current while gen is the views'
 }
 
 // nsSnap is a member set as read. Its members never change; sess fills in
@@ -120,7 +119,7 @@ func (v *placeViews) touchNS(ns string) {
 	v.mu.Lock()
 	if e := v.ns[ns]; e != nil {
 		e.ver++
-		e.ok, e.snap = false, nil
+		e.snap = nil
 	}
 	v.mu.Unlock()
 }
@@ -181,7 +180,7 @@ func (r *Redis) members(ctx context.Context, ns string) (*nsSnap, error) {
 	v := &r.views
 	v.mu.Lock()
 	e := v.ns[ns]
-	if e != nil && e.ok && e.gen == v.gen {
+	if e != nil && e.snap != nil && e.gen == v.gen {
 		snap := e.snap
 		v.mu.Unlock()
 		return snap, nil
@@ -218,7 +217,7 @@ func (r *Redis) members(ctx context.Context, ns string) (*nsSnap, error) {
 	case len(members) == 0:
 		delete(v.ns, ns)
 	case e.ver == ver && v.gen == gen:
-		e.snap, e.ok, e.gen = snap, true, gen
+		e.snap, e.gen = snap, gen
 	}
 	return snap, nil
 }
