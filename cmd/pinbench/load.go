@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,7 +27,8 @@ func (h *headerFlags) Set(v string) error { *h = append(*h, v); return nil }
 func runLoad(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("pinbench load", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8080", "host:port")
-	path := fs.String("path", "/bench/alice/json", "request target")
+	path := fs.String("path", "/bench/alice/json", "request target; with -ids, {id} in it is replaced by h0, h1, …")
+	ids := fs.Int("ids", 0, "spread requests over this many ids, h0 to h<ids-1> in turn, put where the -path has {id} (0: the -path as it is)")
 	rate := fs.Float64("rate", 0, "open loop at this many requests per second; 0 runs closed loop")
 	d := fs.Duration("d", 10*time.Second, "duration")
 	c := fs.Int("c", 64, "connections")
@@ -50,6 +52,14 @@ func runLoad(args []string, stdout, stderr io.Writer) int {
 	case *d <= 0:
 		fmt.Fprintf(stderr, "pinbench load: -d %v: want a positive duration\n", *d)
 		return 2
+	case *ids < 0:
+		fmt.Fprintf(stderr, "pinbench load: -ids %d: want 0 (the -path as it is) or more\n", *ids)
+		return 2
+	case *ids > 0 && !strings.Contains(*path, "{id}"):
+		// Without the check -ids 1000 sent one path 1000 ways: a hot-id
+		// run that was a single id.
+		fmt.Fprintf(stderr, "pinbench load: -ids %d: the -path %q has no {id} to replace\n", *ids, *path)
+		return 2
 	}
 	// One dial first: a wrong -addr is one clear line, not a table of
 	// nothing but dial errors.
@@ -59,8 +69,9 @@ func runLoad(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	conn.Close()
-	req := bench.AppendGET(nil, *addr, []byte(*path), headers...)
-	target := &bench.HTTPTarget{Addr: *addr, Request: func(dst []byte, _ uint64) []byte { return append(dst, req...) }}
+	reqs := loadRequests(*addr, *path, *ids, headers)
+	n := uint64(len(reqs))
+	target := &bench.HTTPTarget{Addr: *addr, Request: func(dst []byte, seq uint64) []byte { return append(dst, reqs[seq%n]...) }}
 	live := &bench.Live{}
 	loop := &bench.Loop{Rate: *rate, Duration: *d, Workers: *c, Live: live}
 	// Ctrl-C stops the run and still reports what it measured; a second
@@ -114,4 +125,20 @@ func runLoad(args []string, stdout, stderr io.Writer) int {
 		return 130 // the shell's code for SIGINT
 	}
 	return 0
+}
+
+// loadRequests is the raw requests a load cycles through: the path as it
+// is when ids is 0, else one per id with {id} replaced by h0…h<ids-1>
+// (the names the run's hot-ids scenario uses), built before the run so
+// the generator formats nothing per request.
+func loadRequests(addr, path string, ids int, headers []string) [][]byte {
+	if ids == 0 {
+		return [][]byte{bench.AppendGET(nil, addr, []byte(path), headers...)}
+	}
+	out := make([][]byte, ids)
+	for i := range out {
+		p := strings.ReplaceAll(path, "{id}", "h"+strconv.Itoa(i))
+		out[i] = bench.AppendGET(nil, addr, []byte(p), headers...)
+	}
+	return out
 }

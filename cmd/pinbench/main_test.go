@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -35,6 +38,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"load", "-c", "0"}, 2, "-c 0: want at least 1"},
 		{[]string{"load", "-d", "0"}, 2, "want a positive duration"},
 		{[]string{"load", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"load", "-ids", "-1"}, 2, "-ids -1: want 0"},
+		{[]string{"load", "-ids", "10"}, 2, `-ids 10: the -path "/bench/alice/json" has no {id}`},
 		{[]string{"load", "-addr", closed, "-d", "1s"}, 1, "cannot reach -addr " + closed},
 		{[]string{"run", "-timeout", "5x"}, 2, `invalid value "5x" for flag -timeout`},
 		{[]string{"fleet", "-heartbeat", "5x"}, 2, `invalid value "5x" for flag -heartbeat`},
@@ -56,5 +61,46 @@ func TestHelp(t *testing.T) {
 		if code := dispatch(args, &stdout, &stderr); code != 0 || stdout.Len()+stderr.Len() == 0 {
 			t.Errorf("%v: unexpected result; got %d, %q; want 0 and the usage", args, code, stdout.String()+stderr.String())
 		}
+	}
+}
+
+// -ids spreads a load over that many ids in turn, each where the path
+// has {id}; without it every request has the path as it is.
+func TestLoadIDs(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.URL.Path]++
+		mu.Unlock()
+		w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-ids", "3", "-path", "/bench/{id}/json"}, []string{"/bench/h0/json", "/bench/h1/json", "/bench/h2/json"}},
+		{[]string{"-path", "/bench/{id}/json"}, []string{"/bench/{id}/json"}},
+	} {
+		mu.Lock()
+		clear(seen)
+		mu.Unlock()
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"load", "-addr", addr, "-c", "1", "-d", "300ms"}, tc.args...)
+		if code := dispatch(args, &stdout, &stderr); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr.String())
+		}
+		mu.Lock()
+		if len(seen) != len(tc.want) {
+			t.Errorf("%v: unexpected paths; got %v; want %v", tc.args, seen, tc.want)
+		}
+		for _, p := range tc.want {
+			if seen[p] == 0 {
+				t.Errorf("%v: unexpected paths; got %v, no %s", tc.args, seen, p)
+			}
+		}
+		mu.Unlock()
 	}
 }
