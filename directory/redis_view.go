@@ -384,7 +384,11 @@ func (r *Redis) decodeReads(sc *placeScratch, from, to int, res []rueidis.RedisR
 		if err != nil {
 			return unavailable("read headroom of", s.owner.SessionID, err)
 		}
-		rd.out = len(h) < 3 || h[1] == "1" || (h[2] != "" && h[2] != "0") // own drain, degraded, or gone
+		// Out: gone (no hash — HMGET answers three nils, which read as
+		// "": every registration writes hr, and the session's removal
+		// deletes the hash with its membership, after this node read the
+		// member set), drained by its own heartbeat, or degraded.
+		rd.out = len(h) < 3 || h[0] == "" || h[1] == "1" || (h[2] != "" && h[2] != "0")
 		if !rd.out {
 			rd.hr, _ = strconv.ParseFloat(h[0], 64)
 		}

@@ -283,3 +283,31 @@ func TestRedisViewBounded_RPL5(t *testing.T) {
 		t.Fatalf("unexpected namespaces in the view once nobody serves /c; got %d; want 0", ns)
 	}
 }
+
+// A member whose session another node deregistered between this node's
+// read of the member set and its read of the member's heartbeat hash
+// (gone with the session) is no candidate: before, the missing hash
+// decoded as a live worker with headroom 0, and the policy could rank
+// a worker that no longer exists (R-PL-1, R-PL-3).
+func TestRedisViewGoneSessionNoCandidate_RPL1_RPL3(t *testing.T) {
+	var during func()
+	fx := newViewFixture(t, "vgone", func(read string) {
+		if fn := during; fn != nil && read == "members" {
+			during = nil
+			fn()
+		}
+	})
+	ctx := ctxT(t)
+	during = func() {
+		if err := fx.b.Deregister(ctx, fx.w, fx.now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := fx.v.seen(fx.keep)
+	if during != nil {
+		t.Fatal("BUG: the hook did not run")
+	}
+	if _, ok := got[fx.w]; ok || got[fx.keep] != 1e9 {
+		t.Fatalf("unexpected candidates; got %v; want keep alone (w deregistered after the member set was read)", got)
+	}
+}
