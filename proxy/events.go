@@ -23,7 +23,7 @@ import (
 // the next event without a buffer (carryReader.fill): an event's bytes
 // pass through a pooled buffer only while they move. Measured with
 // BenchmarkIdleSSEStreamMemory (server/) and the bench harness's idle
-// streams (BENCHMARKS.md).
+// streams (BENCHMARKS.md, docs/bench/HISTORY.md).
 //
 // The connection stays the client's keep-alive connection: when the worker
 // ends the stream cleanly, the connection goes back to the server for the

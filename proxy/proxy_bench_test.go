@@ -367,7 +367,7 @@ func newColdPath(tb testing.TB) (next func()) {
 // for affinity) — no scratch for the policy or the request (R-PL-1).
 // Garbage per placement sets how often a node placing ids at thousands a
 // second collects, and objects kept how long each collection marks
-// (BENCHMARKS.md: cold placements' open-loop tail); BenchmarkColdPath
+// (docs/bench/HISTORY.md: cold placements' open-loop tail); BenchmarkColdPath
 // counted 11 allocations and 1.2 KB before, one of them its own.
 func TestColdPathAllocations_RPL1(t *testing.T) {
 	skipUnderRace(t)

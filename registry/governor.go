@@ -17,7 +17,7 @@ import (
 // (many handlers waiting on the network at once) lets a burst of heartbeats
 // on a busy node make that many goroutines runnable together, and a proxied
 // request then queues behind all of them. The heartbeat storm measured it
-// (BENCHMARKS.md): with 10,000 workers on one 2-CPU node, a pool of 64 left
+// (docs/bench/HISTORY.md, "Heartbeat storm"): with 10,000 workers on one 2-CPU node, a pool of 64 left
 // the data plane's p99 about twice as high as a pool of 2 to 8, and the
 // acks were no faster. The default floor, 4×GOMAXPROCS, measured the best
 // acks of the small pools (14–18 ms p99 against 22–29 ms at 2×GOMAXPROCS)

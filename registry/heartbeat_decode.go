@@ -15,7 +15,7 @@ import (
 // Why: decodeJSON is encoding/json plus a reflective check of the keys, about
 // 8 µs and 19 allocations a body; with 10,000 workers (3,333 heartbeats a
 // second) it was the largest piece of pinboard's own work in a heartbeat
-// storm (BENCHMARKS.md). FuzzHeartbeatFastDecodeAgrees_RREG2 holds the two
+// storm (docs/bench/HISTORY.md). FuzzHeartbeatFastDecodeAgrees_RREG2 holds the two
 // equal on every body this accepts.
 func (hb *heartbeatBody) decodeFast(b []byte) bool {
 	d := fastDec{b: b}

@@ -27,7 +27,7 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 
 	// Raw read(2)/write(2) on client connections: loopback-fast writes
 	// otherwise park the goroutine's P in syscall state and cost context
-	// switches per request (internal/rawio, BENCHMARKS.md). Closed with
+	// switches per request (internal/rawio, docs/bench/HISTORY.md). Closed with
 	// unread input, they linger (pb.linger). A client that stops reading
 	// a stream, or vanishes without a FIN, is cut by the kernel after the
 	// stall timeout (rawio.SetUserTimeout): small events never fill the

@@ -129,7 +129,7 @@ func Goals(res *Results) []Goal {
 	// per stream), not on the growth alone. The growth is over an RSS the
 	// earlier phases left, and memory they freed is reused without
 	// growing it: from a fresh process the same streams grew the RSS more
-	// than twice as much (BENCHMARKS.md).
+	// than twice as much (docs/bench/HISTORY.md).
 	if n := res.factF("sse.idle.streams"); n > 0 {
 		growth := res.factF("sse.idle.pinboard.rssGrowthMiB")
 		per := res.factF("sse.idle.pinboard.kibPerStream")

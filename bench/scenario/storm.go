@@ -44,7 +44,7 @@ func (r *runner) storm(ctx context.Context) error {
 	// Three intervals before the first window: the storm is the steady
 	// heartbeat load, and the seconds after 10,000 registrations at once are
 	// their aftermath (ack p99 82–129 ms in a window starting one interval
-	// after, 37 ms in one starting three after; BENCHMARKS.md). The
+	// after, 37 ms in one starting three after; docs/bench/HISTORY.md). The
 	// registration itself is reported on its own (storm.registerS).
 	sleepCtx(ctx, 9500*time.Millisecond)
 	sr := &stormRun{scn: "storm", sf: sf, n: n, rate: r.stormRate(), order: stormTargets, tgt: r.tgt, ws: ws}

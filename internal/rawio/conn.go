@@ -86,7 +86,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 // worker together) on the bench machine, none once kept lazily. A
 // keep-alive client's requests usually arrive whole, so only the idle
 // wait for the next one ever waits, and its deadline, about the same each
-// time, is re-armed about once a second (BENCHMARKS.md).
+// time, is re-armed about once a second (docs/bench/HISTORY.md).
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	if c.x == nil {
 		return c.TCPConn.SetReadDeadline(t)

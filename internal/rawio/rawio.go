@@ -26,7 +26,7 @@ import (
 // a busy node that costs context switches on every request: measured on
 // the bench machine with pinboard's worker connections, futex and
 // nanosleep calls per request fell by half and context switches by a
-// fifth with raw calls (BENCHMARKS.md).
+// fifth with raw calls (docs/bench/HISTORY.md).
 //
 // Reads and writes may run concurrently (a streamed upload writes while
 // the response is read); each direction is used by one goroutine at a time.
