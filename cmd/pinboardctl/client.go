@@ -9,8 +9,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -83,7 +85,12 @@ func (e *apiError) Error() string {
 			// into a 404 "unknown namespace".
 			s += " (pinboard's data plane answered, not its operator API: is " + e.URLName + " pinboard itself, with its base path?)"
 		case e.RetryAfter != "":
-			s += " (retry after " + e.RetryAfter + "s)"
+			s += " (retry after " + retryAfter(e.RetryAfter) + ")"
+		}
+	case http.StatusTooManyRequests:
+		// Not pinboard's (it answers busy with 503): a front end's limit.
+		if e.RetryAfter != "" {
+			s += " (retry after " + retryAfter(e.RetryAfter) + ")"
 		}
 	}
 	if e.redirect() {
@@ -98,6 +105,16 @@ func (e *apiError) Error() string {
 		s += ")"
 	}
 	return s
+}
+
+// retryAfter renders a Retry-After value: seconds as "Ns", an HTTP-date
+// (RFC 9110 section 10.2.3, as proxies in front of pinboard send it) as
+// it is, clipped.
+func retryAfter(v string) string {
+	if v != "" && strings.Trim(v, "0123456789") == "" {
+		return v + "s"
+	}
+	return cell(clip(v, 64))
 }
 
 // The operator API's own 404 messages (registry/errors.go).
@@ -126,10 +143,26 @@ type unreachableError struct {
 	URL     string
 	URLName string // PINBOARD_URL or --url
 	Err     error
+	// Change: a request that changes something was sent whole before
+	// the answer failed to come (a timeout, a reset): it may have been
+	// made.
+	Change bool
 }
 
 func (e *unreachableError) Error() string {
+	if e.Change {
+		return fmt.Sprintf("no answer from pinboard at %s: %v; the request was sent and may have taken effect (check with 'pinboardctl workers' before repeating it)", e.URL, e.Err)
+	}
 	return fmt.Sprintf("cannot reach pinboard at %s: %v (check %s and that pinboard is running)", e.URL, e.Err, e.URLName)
+}
+
+// changeHint says what an answer cut after its status means for a request
+// that changes something.
+func changeHint(method string, status int) string {
+	if method != http.MethodGet && status >= 200 && status <= 299 {
+		return " (pinboard accepted it: the change was made; check with 'pinboardctl workers')"
+	}
+	return ""
 }
 
 func (e *unreachableError) Unwrap() error { return e.Err }
@@ -177,14 +210,23 @@ func (c *client) do(ctx context.Context, method, path string, query url.Values, 
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// sent notes that the whole request went out: a change that timed out
+	// or lost its connection after that may have been made.
+	var sent atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },
+	}))
 	res, err := c.http.Do(req)
 	if err != nil {
-		return &unreachableError{URL: c.base, URLName: c.urlName, Err: unwrapURLError(err)}
+		return &unreachableError{URL: c.base, URLName: c.urlName, Err: unwrapURLError(err), Change: sent.Load() && method != http.MethodGet}
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(res.Body, 64<<20))
 	if err != nil {
-		return &unreachableError{URL: c.base, URLName: c.urlName, Err: fmt.Errorf("cannot read the answer to %s %s: %w", method, path, err)}
+		// Pinboard answered: the change, if any, was made (a 2xx) or
+		// refused; only the answer's body is missing. Not "unreachable",
+		// whose hint sends the operator to check the URL.
+		return fmt.Errorf("%s %s: %d %s, then the answer was cut: %w%s", method, path, res.StatusCode, http.StatusText(res.StatusCode), unwrapURLError(err), changeHint(method, res.StatusCode))
 	}
 	if res.StatusCode < 200 || res.StatusCode > 299 {
 		ae := &apiError{Method: method, Path: path, Status: res.StatusCode, RetryAfter: res.Header.Get("Retry-After"),

@@ -176,6 +176,18 @@ func cmdDrain(ctx context.Context, c *client, o *options, args []string, w io.Wr
 	if json.Unmarshal(raw, &out) != nil || out.ClientID != args[0] || !out.Draining {
 		return unexpectedAnswer(c, "POST /registry/drain", raw, true)
 	}
+	// A timed drain answers its drainDeadline and an untimed one none
+	// (PROTOCOL.md §6): an answer without it to --deadline is a drain
+	// whose ids are never force-released, and one with it to a drain
+	// without --deadline releases them when none was meant.
+	if (out.DrainDeadline != nil) != (o.deadline != "") {
+		want := "an untimed drain, without drainDeadline"
+		if o.deadline != "" {
+			want = "a drainDeadline for --deadline " + o.deadline
+		}
+		return fmt.Errorf("POST /registry/drain: unexpected answer %q: want %s; the worker is draining, check its deadline with 'pinboardctl workers' (is %s pinboard itself, with its base path?)",
+			clip(strings.TrimSpace(string(raw)), 200), want, c.urlName)
+	}
 	if o.json {
 		return printJSON(w, raw)
 	}

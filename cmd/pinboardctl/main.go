@@ -147,7 +147,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if u.Scheme != "http" && u.Scheme != "https" || !strings.HasPrefix(o.url[len(u.Scheme):], "://") {
 		return usageError(stderr, "%s %q must start with http:// or https://", urlName, redactUserinfo(o.url))
 	}
-	if u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	// Any '#' is refused, an empty fragment too: url.Parse leaves
+	// Fragment "" for a value ending in '#', and the '#' then cut every
+	// path joined after it (a drain POSTed to the base path itself).
+	if u.Host == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o.url, "#") {
 		return usageError(stderr, "%s %q must be a base URL like http://pinboard.internal:8080 (with the base path, if any)", urlName, o.url)
 	}
 	o.url = u.Scheme + o.url[len(u.Scheme):]

@@ -38,6 +38,8 @@ func (f *fake) server(t *testing.T) *httptest.Server {
 		case r.URL.Path == "/pb/registry/drain" && f.body["clientId"] == "nope":
 			w.WriteHeader(404)
 			io.WriteString(w, `{"error":"unknown clientId"}`)
+		case r.URL.Path == "/pb/registry/drain" && f.body["deadline"] == nil:
+			io.WriteString(w, `{"clientId":"c1","draining":true}`)
 		case r.URL.Path == "/pb/registry/drain":
 			io.WriteString(w, `{"clientId":"c1","draining":true,"drainDeadline":300}`)
 		case r.URL.Path == "/pb/registry/undrain":
@@ -837,6 +839,118 @@ func TestUnknownCommandAndJoinedPathExplained_RREG6(t *testing.T) {
 		code, _, errs := runCtl(t, env, tc.args...)
 		if code != exitUsage || !strings.Contains(errs, tc.want) || (tc.args[0] == "frobnicate" && strings.Contains(errs, "did you mean")) {
 			t.Errorf("unexpected result for %v; got exit %d, stderr %q; want exit %d with %q", tc.args, code, errs, exitUsage, tc.want)
+		}
+	}
+}
+
+// A PINBOARD_URL with a '#' is refused before any request, an empty
+// fragment too: url.Parse leaves its Fragment "" and the '#' cut every
+// path joined after it, so a drain POSTed to the base path itself
+// (R-REG-6; docs/OPERATIONS.md: a malformed PINBOARD_URL is exit 2).
+func TestURLWithFragmentRefused_RREG6(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(404)
+	}))
+	t.Cleanup(srv.Close)
+	for _, u := range []string{srv.URL + "#", srv.URL + "/pb#", srv.URL + "/pb#x"} {
+		code, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": u, "PINBOARD_TOKEN": "good"}, "drain", "c1", "--deadline", "5m")
+		if code != exitUsage || hits.Load() != 0 || !strings.Contains(errs, "must be a base URL") {
+			t.Errorf("unexpected result for PINBOARD_URL %q; got exit %d, %d request(s), stderr %q; want exit %d, no request", u, code, hits.Load(), errs, exitUsage)
+		}
+	}
+}
+
+// Retry-After may be an HTTP-date (RFC 9110 section 10.2.3), as a proxy
+// in front of pinboard sends it: shown as it is, not as seconds ("GMTs"),
+// and a front end's 429 passes its hint on too (R-REG-6).
+func TestRetryAfterShownAsSent_RREG6(t *testing.T) {
+	for _, tc := range []struct {
+		status      int
+		retry, want string
+	}{
+		{503, "Wed, 21 Oct 2015 07:28:00 GMT", "(retry after Wed, 21 Oct 2015 07:28:00 GMT)"},
+		{503, "7", "(retry after 7s)"},
+		{429, "7", "(retry after 7s)"},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Retry-After", tc.retry)
+			w.WriteHeader(tc.status)
+			io.WriteString(w, "<html><body>busy</body></html>")
+		}))
+		code, _, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, "drain", "c1")
+		srv.Close()
+		if code != exitAPI || !strings.Contains(errs, tc.want) {
+			t.Errorf("unexpected result for %d with Retry-After %q; got exit %d, stderr %q; want exit %d and %q", tc.status, tc.retry, code, errs, exitAPI, tc.want)
+		}
+	}
+}
+
+// An answer cut after its status line is an answer: a drain answered 200
+// was made, and "cannot reach pinboard ... check PINBOARD_URL" (exit 3)
+// sent the operator to the URL and a script to think nothing happened. A
+// change whose request went out whole before a timeout may have been
+// made, and says so; a read's timeout stays "cannot reach" (R-REG-6).
+func TestAnswerLostAfterRequestSaysChangeMayBeMade_RREG6(t *testing.T) {
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if strings.HasPrefix(r.URL.Path, "/slow/") {
+			select {
+			case <-stop:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		c, bw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 60\r\n\r\n{\"clientId\":\"c1\",")
+		bw.Flush()
+		c.Close()
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(stop) })
+	env := map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}
+	code, _, errs := runCtl(t, env, "drain", "c1", "--deadline", "5m")
+	if code != exitAPI || strings.Contains(errs, "cannot reach") || !strings.Contains(errs, "200 OK, then the answer was cut") || !strings.Contains(errs, "the change was made") {
+		t.Errorf("unexpected result for a drain answered 200 and cut; got exit %d, stderr %q; want exit %d, the answer's status and that the change was made", code, errs, exitAPI)
+	}
+	env["PINBOARD_URL"] = srv.URL + "/slow"
+	code, _, errs = runCtl(t, env, "drain", "c1", "--timeout", "200ms")
+	if code != exitUnreachable || !strings.Contains(errs, "timed out") || !strings.Contains(errs, "the request was sent and may have taken effect") {
+		t.Errorf("unexpected result for a drain that timed out after it was sent; got exit %d, stderr %q; want exit %d, that it may have taken effect", code, errs, exitUnreachable)
+	}
+	code, _, errs = runCtl(t, env, "workers", "--timeout", "200ms")
+	if code != exitUnreachable || !strings.Contains(errs, "cannot reach pinboard") || strings.Contains(errs, "taken effect") {
+		t.Errorf("unexpected result for workers timing out; got exit %d, stderr %q; want exit %d, cannot reach", code, errs, exitUnreachable)
+	}
+}
+
+// A timed drain answers its drainDeadline and an untimed one none
+// (PROTOCOL.md section 6). An answer without it to --deadline is a drain
+// whose ids are never force-released, one with it to a plain drain
+// releases them when that was not asked: both are errors, exit 1, not
+// "draining c1" (R-REG-6).
+func TestDrainAnswerMatchesItsDeadline_RREG6(t *testing.T) {
+	for _, tc := range []struct {
+		answer string
+		args   []string
+	}{
+		{`{"clientId":"c1","draining":true}`, []string{"drain", "c1", "--deadline", "5m"}},
+		{`{"clientId":"c1","draining":true,"drainDeadline":299.5}`, []string{"drain", "c1"}},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, tc.answer)
+		}))
+		code, out, errs := runCtl(t, map[string]string{"PINBOARD_URL": srv.URL, "PINBOARD_TOKEN": "good"}, tc.args...)
+		srv.Close()
+		if code != exitAPI || out != "" || !strings.Contains(errs, "unexpected answer") {
+			t.Errorf("unexpected result for %v answered %s; got exit %d, stdout %q, stderr %q; want exit %d and the answer named", tc.args, tc.answer, code, out, errs, exitAPI)
 		}
 	}
 }
