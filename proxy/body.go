@@ -61,8 +61,8 @@ type upstreamBody struct {
 	// up to a clean end the worker never framed.
 	err     error
 	stopped atomic.Bool
-	// tail is the last three bytes of a sized event stream read so far
-	// (the low byte last), to tell whether they end an event (eventEnd).
+	// tail is the last three bytes of an event stream read so far (the
+	// low byte last), to tell whether they end an event (eventEnd).
 	tail uint32
 
 	client net.Conn      // the client's connection: stall deadline on writes to it
@@ -118,9 +118,6 @@ func (b *upstreamBody) read(p []byte) (int, error) {
 	switch b.mode {
 	case bodyFixed:
 		n, err = b.readFixed(p)
-		if b.sse {
-			b.noteTail(p[:n])
-		}
 	case bodyChunked:
 		n, err = b.readChunked(p)
 	default:
@@ -129,6 +126,9 @@ func (b *upstreamBody) read(p []byte) (int, error) {
 			b.done, b.broken = true, true
 			return n, io.EOF
 		}
+	}
+	if b.sse {
+		b.noteTail(p[:n])
 	}
 	if err != nil && err != io.EOF {
 		b.broken = true
@@ -172,19 +172,22 @@ func (b *upstreamBody) idle() bool {
 	return b.pc.br.Buffered() == 0 && len(b.pc.src.pending) == 0
 }
 
-// cleanStop reports whether a stream stopped by shutdown can end as if the
-// worker had ended it: only an event stream, and only between chunks, so
-// the client sees whole events and a proper end (it reconnects through
+// cleanStop reports whether a stream stopped by shutdown, or because its
+// session ended, can end as if the worker had ended it: only an event
+// stream, and only once what went out ends an event (eventEnd), so the
+// client sees whole events and a proper end (it reconnects through
 // another node). Any other body stopped early must look truncated — a
-// clean end would pass a partial download off as complete.
+// clean end would pass a partial download off as complete. A worker's
+// chunk or read ends no event by itself: a generator yielding an event
+// line by line sends a chunk per line.
 //
-// A sized event stream (the worker's Content-Length) goes out chunked
-// to an HTTP/1.1 client, which never sees that length: it ends cleanly
-// once what went out ends an event (eventEnd). To an HTTP/1.0 client it
-// carries its Content-Length and ends by the close (untilClose): ended
-// short of it, it is cut.
+// A chunked stream ends cleanly only between chunks as well. A sized
+// event stream (the worker's Content-Length) goes out chunked to an
+// HTTP/1.1 client, which never sees that length; to an HTTP/1.0 client
+// it carries its Content-Length and ends by the close (untilClose):
+// ended short of it, it is cut.
 func (b *upstreamBody) cleanStop() bool {
-	if !b.sse {
+	if !b.sse || !b.eventEnd() {
 		return false
 	}
 	switch b.mode {
@@ -193,12 +196,12 @@ func (b *upstreamBody) cleanStop() bool {
 	case bodyChunked:
 		return b.remaining == 0
 	default:
-		return !b.untilClose && b.eventEnd()
+		return !b.untilClose
 	}
 }
 
-// blankLine stands for what came before a sized event stream's first
-// byte: its start is between events.
+// blankLine stands for what came before an event stream's first byte:
+// its start is between events.
 const blankLine = 0x0a0a
 
 // noteTail keeps the last three bytes of p in b.tail.
@@ -208,8 +211,8 @@ func (b *upstreamBody) noteTail(p []byte) {
 	}
 }
 
-// eventEnd reports whether the sized event stream read so far ends an
-// event: a blank line (LF LF, CR CR, or CRLF after a line end) last.
+// eventEnd reports whether the event stream read so far ends an event:
+// a blank line (LF LF, CR CR, or CRLF after a line end) last.
 // Unsure cases (a lone CR that a LF may yet join) count as mid-event:
 // cut, the client retries; a clean end would be wrong the other way.
 func (b *upstreamBody) eventEnd() bool {
