@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
 	"time"
@@ -20,7 +21,31 @@ type heartbeatBody struct {
 	ChallengeValue *string  `json:"challengeValue"`
 	// Acks holds pointers so that a null element, a schema failure, is
 	// told from "", a string (acks is string[]).
-	Acks *[]*string `json:"acks"`
+	Acks ackList `json:"acks,omitzero"`
+}
+
+// ackList is the heartbeat's acks as sent. "acks": null is no string[]
+// either, and refused like [null]; a *[]*string field leaves nil for it
+// and for an absent key alike, and null passed for "no acks".
+type ackList struct {
+	list *[]*string
+	null bool
+}
+
+// MarshalJSON writes the list as it was read (tests round-trip bodies).
+func (a ackList) MarshalJSON() ([]byte, error) {
+	if a.null {
+		return []byte("null"), nil
+	}
+	return json.Marshal(a.list)
+}
+
+func (a *ackList) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		a.null = true
+		return nil
+	}
+	return json.Unmarshal(b, &a.list)
 }
 
 // heartbeatAck is the 200 response; optional fields appear only when the
@@ -78,7 +103,7 @@ func (r *Registry) checkHeartbeat(ctx *fasthttp.RequestCtx) (pr *attest.Principa
 	}
 	if body.SessionID == nil || body.Headroom == nil || body.Draining == nil || body.Challenge == nil || body.ChallengeValue == nil ||
 		!token(*body.Challenge) || !token(*body.ChallengeValue) || // as at register
-		(body.Acks != nil && slices.Contains(*body.Acks, nil)) { // [null]
+		body.Acks.null || (body.Acks.list != nil && slices.Contains(*body.Acks.list, nil)) { // null, [null]
 		reply(ctx, fasthttp.StatusBadRequest, bodyHeartbeatShape)
 		return nil, nil, nil, false, "bad_request"
 	}
@@ -176,9 +201,9 @@ func (r *Registry) beat(ctx *fasthttp.RequestCtx, pr *attest.Principal, body *he
 	}
 	degraded := res != ProbeOK
 	var acks []string
-	if body.Acks != nil {
-		acks = make([]string, len(*body.Acks))
-		for i, a := range *body.Acks {
+	if body.Acks.list != nil {
+		acks = make([]string, len(*body.Acks.list))
+		for i, a := range *body.Acks.list {
 			acks[i] = *a
 		}
 	}

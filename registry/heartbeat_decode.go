@@ -58,7 +58,7 @@ func (hb *heartbeatBody) decodeFast(b []byte) bool {
 			out.ChallengeValue, ok = d.strPtr()
 		case "acks":
 			bit = 32
-			out.Acks, ok = d.strs()
+			out.Acks.list, ok = d.strs()
 		default:
 			return false
 		}
