@@ -221,9 +221,10 @@ func (pp *passportParser) parseKey(raw json.RawMessage, provider, path string, i
 		return fmt.Errorf("cannot parse %s: %w", named, err)
 	}
 	// The acct rides in every attestation of this key's requests, and the
-	// worker reads the payload with json.loads: an integer past 4300
-	// digits there fails its verification, nesting past the recursion
-	// limit raises. Checked as it sits in a payload (one level down).
+	// worker reads the payload with json.loads: nesting past the recursion
+	// limit raises (an integer past 4300 digits would fail too; numbers
+	// are written as JavaScript writes doubles, so none gets that long).
+	// Checked as it sits in a payload (one level down).
 	if _, err := pyLoads(append(append([]byte(`{"acct":`), pr.AcctJSON...), '}')); err != nil {
 		return fmt.Errorf("cannot parse %s: claims: %w, which the worker's JSON parser refuses (every attestation of this key would fail)", named, err)
 	}

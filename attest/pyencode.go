@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"unicode/utf8"
 )
@@ -76,8 +77,8 @@ func appendU4(dst []byte, r rune) []byte {
 
 // appendPyJSON re-encodes the JSON document raw compactly, keeping member
 // order (json.dumps keeps dict insertion order) and escaping strings with
-// appendPyString. Numbers keep their literal text. Used once per passport
-// key, never per request.
+// appendPyString. Numbers are written as the Node pinboard writes what it
+// parsed (appendJSNumber). Used once per passport key, never per request.
 func appendPyJSON(dst []byte, raw []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -116,7 +117,7 @@ func appendPyJSON(dst []byte, raw []byte) ([]byte, error) {
 		case string:
 			dst = appendPyString(dst, t)
 		case json.Number:
-			dst = append(dst, t...)
+			dst = appendJSNumber(dst, string(t))
 		case bool:
 			dst = strconv.AppendBool(dst, t)
 		case nil:
@@ -126,4 +127,34 @@ func appendPyJSON(dst []byte, raw []byte) ([]byte, error) {
 		}
 	}
 	return dst, nil
+}
+
+// appendJSNumber writes the JSON number literal lit as JavaScript's
+// JSON.stringify writes the double JSON.parse reads it as: the Node
+// pinboard parses its passport, so a key's claims reach the worker that
+// way, and Python's json reads "1000000" as an int where the passport's
+// "1e6" or "1.0" would be a float. Shortest round-trip digits, plain
+// decimal for magnitudes in [1e-6, 1e21), else an exponent without
+// leading zeros ("1e-7", "1e+21"); -0 is "0", and a literal beyond the
+// double range, Infinity to JavaScript, is null.
+func appendJSNumber(dst []byte, lit string) []byte {
+	f, err := strconv.ParseFloat(lit, 64)
+	switch {
+	case err != nil || math.IsInf(f, 0): // a json.Number is well formed: only out of range
+		return append(dst, "null"...)
+	case f == 0:
+		return append(dst, '0')
+	}
+	format := byte('f')
+	if a := math.Abs(f); a < 1e-6 || a >= 1e21 {
+		format = 'e'
+	}
+	start := len(dst)
+	dst = strconv.AppendFloat(dst, f, format, -1, 64)
+	if b := dst[start:]; format == 'e' && len(b) >= 4 && b[len(b)-4] == 'e' && b[len(b)-2] == '0' {
+		// Go writes two exponent digits at least: e-07 is e-7.
+		b[len(b)-2] = b[len(b)-1]
+		dst = dst[:len(dst)-1]
+	}
+	return dst
 }
