@@ -73,6 +73,14 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, owner
 			// the connection would hold the next client's request until
 			// then; closed, the app sees the disconnect.
 			keep = false
+		} else if cl > 0 || cl == -1 {
+			// A 204 or 304 announcing a body (RFC 9110 §8.6 forbids
+			// Content-Length on a 204; on a 304 it is the GET's) ends at
+			// its header (RFC 9112 §6.3), but uvicorn writes whatever
+			// body the app sends with it, whenever the app sends it:
+			// bytes arriving after the idle check would answer the next
+			// client's request on this connection.
+			keep = false
 		}
 		p.finish(pool, pc, keep, up)
 	case cl >= 0 && cl <= p.smallBody && !sse:

@@ -58,6 +58,11 @@ type respCase struct {
 	body      string
 	truncated bool
 	reuse     bool
+	// late is written on A's connection when the next request comes on
+	// it, before that request's answer: a body the worker sends after
+	// its header (uvicorn writes a 204's or 304's body whenever the app
+	// sends it), which no check of the idle connection can see coming.
+	late string
 }
 
 const (
@@ -158,7 +163,15 @@ var respCases = []respCase{
 	{name: "chunked_extra", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5 + respSmuggled, status: 200, body: "hello"},
 	// Bodiless answers (§6.3 items 1, 2).
 	{name: "204_body", script: "HTTP/1.1 204 No Content\r\n\r\n" + respSmuggled, status: 204},
-	{name: "204_cl", script: "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", status: 204, reuse: true},
+	// A 204 or 304 that announces a body (Content-Length above 0, or
+	// chunked) may yet send it: its connection is not reused.
+	{name: "204_cl", script: "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", status: 204},
+	{name: "204_cl_0", script: "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", status: 204, reuse: true},
+	{name: "204_plain", script: "HTTP/1.1 204 No Content\r\n\r\n", status: 204, reuse: true},
+	{name: "304_plain", script: "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n", status: 304, reuse: true},
+	{name: "204_cl_late_body", script: "HTTP/1.1 204 No Content\r\nContent-Length: 46\r\n\r\n", late: respSmuggled, status: 204},
+	{name: "304_cl_late_body", script: "HTTP/1.1 304 Not Modified\r\nContent-Length: 46\r\n\r\n", late: respSmuggled, status: 304},
+	{name: "204_chunked_late_body", script: "HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n", late: "2e\r\n" + respSmuggled + "\r\n0\r\n\r\n", status: 204},
 	{name: "204_cl_body", script: "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nhello", status: 204},
 	{name: "304_body", script: "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\nhello", status: 304},
 	{name: "304_chunked", script: "HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked5, status: 304},
@@ -451,7 +464,11 @@ func (w *respWorker) conn(c net.Conn, rc *respConn) {
 		rc.paths = append(rc.paths, r.URL.Path)
 		w.mu.Unlock()
 		if !strings.HasSuffix(r.URL.Path, "/A") {
-			if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfor B"); err != nil {
+			var late string
+			if len(rc.paths) > 1 {
+				late = w.tc.late
+			}
+			if _, err := io.WriteString(c, late+"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfor B"); err != nil {
 				return
 			}
 			continue
