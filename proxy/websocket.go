@@ -358,6 +358,10 @@ func verbatimSafe(raw []byte) bool {
 // sent it.
 func readRawHeader(br *bufio.Reader) ([]byte, error) {
 	var raw []byte
+	// cont: the last read stopped at a full buffer, inside a line, so
+	// what comes next is that line's rest: a "\n" or "\r\n" left of a
+	// line of 4095 or 4096 bytes is no blank line.
+	cont := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
@@ -367,9 +371,10 @@ func readRawHeader(br *bufio.Reader) ([]byte, error) {
 		if len(raw) > maxHandshakeHeader {
 			return nil, errHeaderTooLarge
 		}
-		if err == nil && (len(line) == 2 && line[0] == '\r' || len(line) == 1) {
+		if err == nil && !cont && (len(line) == 2 && line[0] == '\r' || len(line) == 1) {
 			return raw, nil
 		}
+		cont = err != nil
 	}
 }
 
