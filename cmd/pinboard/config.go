@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net"
@@ -308,8 +309,11 @@ func pathAsSent(p string) bool {
 }
 
 // sameListenHost reports whether listeners on hosts a and b, as checked
-// by checkListenHost, would clash on one port: the same host, or either
-// one all interfaces.
+// by checkListenHost, would clash on one port: the same host, either one
+// all interfaces, or names and addresses that resolve alike (localhost
+// and 127.0.0.1: net.Listen binds a name's first address, but one shared
+// is refused here rather than guessed at). A name that does not resolve
+// clashes with nothing here; its listen reports it.
 func sameListenHost(a, b string) bool {
 	all := func(h string) bool {
 		ip, err := netip.ParseAddr(h)
@@ -318,9 +322,28 @@ func sameListenHost(a, b string) bool {
 	if all(a) || all(b) || strings.EqualFold(a, b) {
 		return true
 	}
-	ia, erra := netip.ParseAddr(a)
-	ib, errb := netip.ParseAddr(b)
-	return erra == nil && errb == nil && ia.Unmap() == ib.Unmap()
+	ia, ib := listenAddrs(a), listenAddrs(b)
+	for _, x := range ia {
+		if x.IsUnspecified() || slices.Contains(ib, x) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(ib, netip.Addr.IsUnspecified)
+}
+
+// listenAddrs is h as addresses: itself when it is one, else what the
+// resolver answers within a second (/etc/hosts for localhost), unmapped.
+func listenAddrs(h string) []netip.Addr {
+	if ip, err := netip.ParseAddr(h); err == nil {
+		return []netip.Addr{ip.Unmap()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ips, _ := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
+	for i := range ips {
+		ips[i] = ips[i].Unmap()
+	}
+	return ips
 }
 
 // checkStoreURL accepts the store schemes; anything else is a start-up

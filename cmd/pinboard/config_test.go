@@ -77,6 +77,10 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		// The admin listener on the public listener's port failed to bind
 		// after the public one started: exit 1, restarted for ever.
 		{"metrics on the public port", map[string]string{"PORT": "18080", "PINBOARD_METRICS_ADDR": ":18080"}, nil, "PINBOARD_METRICS_ADDR: must not be the public listener's address"},
+		// Spelt differently, the same address: the admin listen failed
+		// after the public one bound, exit 1 (R-SRV-3).
+		{"metrics on the public address by name", map[string]string{"HOST": "127.0.0.1", "PORT": "18080", "PINBOARD_METRICS_ADDR": "localhost:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be the public listener's address"},
+		{"public on the metrics address by name", map[string]string{"HOST": "localhost", "PORT": "18080", "PINBOARD_METRICS_ADDR": "127.0.0.1:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be the public listener's address"},
 		{"metrics on the public address", map[string]string{"HOST": "127.0.0.1", "PORT": "18080", "PINBOARD_METRICS_ADDR": "127.0.0.1:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
 		{"metrics on all interfaces at the public port", map[string]string{"HOST": "127.0.0.1", "PORT": "18080", "PINBOARD_METRICS_ADDR": "0.0.0.0:18080"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
 		{"metrics on the public port by name", map[string]string{"HOST": "::1", "PORT": "80", "PINBOARD_METRICS_ADDR": "[::1]:http"}, nil, "PINBOARD_METRICS_ADDR: must not be"},
