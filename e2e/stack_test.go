@@ -89,6 +89,24 @@ func TestUvicornStandardStack_RDP1_RDP2_RTR5_RPL2(t *testing.T) {
 		}
 	})
 
+	// A 204 or 304 announcing a body that httptools writes after the
+	// header, whenever the app sends it: the next request to the worker
+	// gets its own answer, not those bytes (before, pinboard pooled the
+	// connection and the late bytes answered it; R-DP-1, R-DP-3).
+	t.Run("late body", func(t *testing.T) {
+		for _, status := range []int{http.StatusNoContent, http.StatusNotModified} {
+			r, err := do(ctx, http.MethodGet, pb.URL+"/counters/std-0/late-body?status="+strconv.Itoa(status), nil, nil)
+			if err != nil || r.Status != status {
+				t.Fatalf("unexpected answer to late-body %d; got %v %s", status, err, r)
+			}
+			r, err = do(ctx, http.MethodGet, pb.URL+"/counters/std-0/value", nil, nil)
+			var v counterValue
+			if err != nil || r.Status != http.StatusOK || r.JSON(&v) != nil || v.ID != "std-0" {
+				t.Fatalf("unexpected answer to the request after a late-body %d; got %v %s; want std-0's value", status, err, r)
+			}
+		}
+	})
+
 	// A direct call to a worker's instance route is refused (R-TR-5).
 	t.Run("direct", func(t *testing.T) {
 		for _, w := range f.Workers {

@@ -169,6 +169,19 @@ class Counter(PinnedAPI):
     async def whoami(self) -> dict[str, Any]:
         return {"worker": WORKER_NAME, "id": self.id}
 
+    @route.get("/late-body")
+    async def late_body(self, status: int = 204) -> Response:
+        # A 204 or 304 whose Content-Length announces a body the app sends
+        # a moment later, as a whole answer: uvicorn on httptools writes it
+        # after the header (e2e TestUvicornStandardStack, "late body").
+        late = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\ncontent-type: text/plain\r\n\r\nINJECTED"
+
+        async def body() -> AsyncIterator[bytes]:
+            await asyncio.sleep(0.3)
+            yield late
+
+        return StreamingResponse(body(), status_code=status, headers={"content-length": str(len(late))})
+
     @route.get("/caller")
     async def caller(self, request: Request) -> dict[str, Any]:
         # The attested calling instance, if this request is a cluster call
