@@ -282,7 +282,7 @@ func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sh, key, r := m.row(req.NS, req.ID)
-	if r.present() && r.owner.Live(now) && r.owner.SessionID != req.Exclude {
+	if r.present() && r.owner.Live(now) && !req.excludes(r.owner.SessionID, r.epoch) {
 		return Route{Owner: r.owner, Epoch: r.epoch}, nil
 	}
 	if rem := m.quarantineLocked(now, true); rem > 0 {

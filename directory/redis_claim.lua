@@ -1,7 +1,8 @@
 -- claim resolves or claims one id (R-PL-1..3, R-CS-1).
 -- KEYS[1] placement key
 -- ARGV: 1 prefix, 2 now, 3 ttl, 4 row "ns\0id", 5 ns, 6 excluded session
---       ("" for none), 7 request host (lower case, "" for none), 8 the
+--       ("" for none; "<sid> <epoch>": only its row at that epoch is
+--       placed anew, a live row at another is returned), 7 request host (lower case, "" for none), 8 the
 --       highest epoch the calling node read (0: none), 9.. the policy's
 --       ranking, best first.
 -- Returns {"owner", sid, epoch, lease} for a live owner, {"placed", sid,
@@ -11,12 +12,17 @@
 -- live worker serves ns) or {"noeligible"}.
 local P, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local row, ns, exclude, host = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local xep = ''
+local xsp = string.find(exclude, ' ', 1, true)
+if xsp then
+  exclude, xep = string.sub(exclude, 1, xsp - 1), string.sub(exclude, xsp + 1)
+end
 
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local sid, ep = owner(cur)
   local l = lease(P, sid)
-  if l > now and sid ~= exclude then
+  if l > now and (sid ~= exclude or (xep ~= '' and ep ~= xep)) then
     return { 'owner', sid, ep, fmt(l) }
   end
 end

@@ -56,7 +56,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	if err != nil && !rueidis.IsRedisNil(err) {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
-	if sid, ep, ok := parseRow(cur); ok && sid != req.Exclude {
+	if sid, ep, ok := parseRow(cur); ok && !req.excludes(sid, ep) {
 		owners, err := r.resolve(ctx, []string{sid})
 		if err != nil {
 			return Route{}, err
@@ -74,7 +74,7 @@ func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	}
 	ranked := rank(req, sc)
 	args := make([]string, 0, 8+len(ranked))
-	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.Exclude, ascii.Lower(req.Host),
+	args = append(args, r.prefix, micros(req.Now), r.leaseMicros(), name, req.NS, req.excludeArg(), ascii.Lower(req.Host),
 		strconv.FormatUint(r.seenEpoch.Load(), 10))
 	args = append(args, ranked...)
 	r.stats.claims.Add(1)

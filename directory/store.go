@@ -150,10 +150,32 @@ type PlaceRequest struct {
 	// Exclude is a session that must not receive the placement (the worker
 	// that just refused it in-band, R-PL-6).
 	Exclude string
+	// ExcludeEpoch, when set, is the refused placement's epoch: only
+	// Exclude's row at that epoch is placed anew. Released just before
+	// (or its release failed), any other live row is a placement another
+	// request made since — on Exclude too, which refused only this one —
+	// and wins like any live owner (R-PL-1); replaced, the id ran on two
+	// workers. 0 places anew over any row of Exclude.
+	ExcludeEpoch uint64
 	// Host is the request's host name without port. When workers bound to
 	// that hostname serve the namespace, only they are candidates
 	// (hostname-aware bindings, R-LS-4); otherwise it does not matter.
 	Host string
+}
+
+// excludes reports whether a live row of session sid at epoch is placed
+// anew rather than returned (Exclude, ExcludeEpoch).
+func (req *PlaceRequest) excludes(sid string, epoch uint64) bool {
+	return sid != "" && sid == req.Exclude && (req.ExcludeEpoch == 0 || epoch == req.ExcludeEpoch)
+}
+
+// excludeArg is Exclude for the claim script: "<sid>", or "<sid> <epoch>"
+// (a row's own form) with ExcludeEpoch.
+func (req *PlaceRequest) excludeArg() string {
+	if req.Exclude == "" || req.ExcludeEpoch == 0 {
+		return req.Exclude
+	}
+	return req.Exclude + " " + strconv.FormatUint(req.ExcludeEpoch, 10)
 }
 
 var (

@@ -366,7 +366,7 @@ func (p *Proxy) resolve(ctx *fasthttp.RequestCtx, rq *request, now time.Time) (d
 	if ok {
 		return route, now, nil
 	}
-	route, err := p.place(ctx, rq, now, "")
+	route, err := p.place(ctx, rq, now, directory.Route{})
 	return route, p.now(), err
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -14,7 +15,12 @@ import (
 // place resolves or claims (ns, id) through the store (R-PL-1). The
 // affinity inputs are computed once per request, before any rewrite, so a
 // retry after a refusal asks the policy the same question (R-PL-4).
-func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, exclude string) (directory.Route, error) {
+//
+// exclude, when not zero, is the placement just moved off (moveOff): its
+// session gets no new placement, and its row at that epoch is placed anew
+// — a live row at another epoch is a placement another request made since
+// and is resolved to (directory.PlaceRequest.ExcludeEpoch).
+func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, exclude directory.Route) (directory.Route, error) {
 	if !rq.pickSet {
 		rq.pickSet = true
 		rq.pick.CallerSession = rq.callerSession
@@ -44,14 +50,17 @@ func (p *Proxy) place(ctx *fasthttp.RequestCtx, rq *request, now time.Time, excl
 	ns := string(rq.ns)
 	rq.placeReq = directory.PlaceRequest{
 		NS: ns, ID: string(rq.id), Now: now,
-		Policy: p.declines.policy(p.policy, ns, now), Pick: rq.pick, Exclude: exclude,
+		Policy: p.declines.policy(p.policy, ns, now), Pick: rq.pick,
 		Host: host,
+	}
+	if exclude.Owner != nil {
+		rq.placeReq.Exclude, rq.placeReq.ExcludeEpoch = exclude.Owner.SessionID, exclude.Epoch
 	}
 	r, err := p.store.Place(c, &rq.placeReq)
 	if err == nil && r.Placed {
 		// Replaced: the id moved, off a refusing worker (R-PL-6) or off
 		// an owner whose lease passed (R-LS-2).
-		p.metrics.Placement(exclude != "" || r.Replaced)
+		p.metrics.Placement(exclude.Owner != nil || r.Replaced)
 	}
 	return r, err
 }
@@ -107,8 +116,21 @@ const (
 	unattested                 // the worker did not accept the attestation yet
 	declined                   // the worker cannot take a new activation (draining, full); its answer is on ctx
 	released                   // the worker let the placement go (its fence); its answer is on ctx
-	unreachable                // the owner could not be dialed; 502 is on ctx
+	unreachable                // the owner's address refused the connection; 502 is on ctx
 )
+
+// dialOutcome is a failed dial's outcome: unreachable when the advertise
+// address refused the connection — nothing listens there, so no pooled
+// connection reaches the worker either — else failed (502 on ctx). A
+// timeout, a TLS handshake that failed, a local error (EMFILE) say nothing
+// of the worker: it may be alive and serving the id to requests on
+// connections already open, and moving the id would run it twice (R-PL-1).
+func dialOutcome(err error) outcome {
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return unreachable
+	}
+	return failed
+}
 
 // The reference worker's 503s (detail with Retry-After: 1, pinned
 // hosting/_records.py _retry_503) that say the placement itself is no good
@@ -179,17 +201,18 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 
 // moveOff handles a worker's answer that the placement is no good there:
 // an in-band refusal (R-PL-6), a decline or a released epoch (see
-// bodyHostDraining), or a new placement's worker that could not be
-// dialed (unreachable, see moves). It releases the placement at its
+// bodyHostDraining), or a new placement's worker whose address refused
+// the connection (unreachable, see moves). It releases the placement at its
 // epoch — a refusal or a decline turned a new activation away, the fence's
 // epoch is one the worker let go, and a worker not dialed got nothing, so
 // no instance lives on under it — and, unless last is set (a second
 // refusal, or a request that cannot be sent again), places the id once
 // more: off that session, or anywhere after a release (a fresh epoch
-// passes the fence). When it goes no further (false) the answer is on
-// ctx: pinboard's own 503 for a refusal, whose marker must not reach the
-// client, and for a placement that failed after it; pinboard's 502 "owner
-// unreachable" for a worker not dialed; the worker's own answer
+// passes the fence); the new placement leaves a live row another request
+// made since alone (place's exclude). When it goes no further (false) the
+// answer is on ctx: pinboard's own 503 for a refusal, whose marker must
+// not reach the client, and for a placement that failed after it;
+// pinboard's 502 "owner unreachable" for a worker not dialed; the worker's own answer
 // otherwise, whose Retry-After finds the id free.
 // Going on, it returns the time to go on from, as resolve does.
 func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, out outcome, last bool) (directory.Route, time.Time, bool) {
@@ -213,9 +236,9 @@ func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 		}
 		return route, now, false
 	}
-	exclude := route.Owner.SessionID
+	exclude := route
 	if out == released {
-		exclude = ""
+		exclude = directory.Route{}
 	}
 	next, err := p.place(ctx, rq, now, exclude)
 	if err != nil {
@@ -239,12 +262,15 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 }
 
 // moves reports whether a try's outcome moves the placement (moveOff): a
-// refusal, a decline or a released epoch; and a worker that could not be
-// dialed (unreachable) when this request placed the id there on its first
-// try, rather than answering 502 until the dead worker's lease lapses
-// (R-LS-2, up to a lease). Nothing reached that worker — no activation, a
-// streamed body unread — so the placement is released and made afresh
-// elsewhere without a second owner ever running the id (R-PL-1). An id
+// refusal, a decline or a released epoch; and a worker whose address
+// refused the connection (unreachable) when this request placed the id
+// there on its first try, rather than answering 502 until the dead
+// worker's lease lapses (R-LS-2, up to a lease). Nothing listens there, so
+// nothing reached that worker — no activation, a streamed body unread, and
+// no other request on a connection already open — and the placement is
+// released and made afresh elsewhere without a second owner ever running
+// the id (R-PL-1). Any other failed dial answers 502 and moves nothing
+// (dialOutcome). An id
 // placed before keeps its owner: a worker restarting at its address
 // serves it again, and the lease decides
 // (TestKilledWorkerReplacedAfterLease_RLS2_RDP4).

@@ -53,7 +53,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, 
 			} else {
 				p.metrics.UpstreamError("dial")
 				writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-				return unreachable
+				return dialOutcome(err)
 			}
 			return failed
 		}

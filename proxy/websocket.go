@@ -181,7 +181,7 @@ func (p *Proxy) handshake(ctx *fasthttp.RequestCtx, rq *request) (net.Conn, *buf
 	if err != nil {
 		p.metrics.UpstreamError("dial")
 		writeError(ctx, fasthttp.StatusBadGateway, "owner unreachable", 0)
-		return nil, nil, nil, unreachable
+		return nil, nil, nil, dialOutcome(err)
 	}
 	// Raw reads and writes toward the worker, as on pooled connections:
 	// every relayed message is one of each.

@@ -55,6 +55,7 @@ func Run(t *testing.T, f Factory) {
 		{"ControlMessages_RCM1", testControlMessages},
 		{"WindDownDeadlineFreesPlacement_RCM1", testWindDownFrees},
 		{"ExcludeRefusingWorker_RPL6", testExclude},
+		{"ExcludeEpochKeepsNewerLiveRow_RPL1_RPL6", testExcludeEpoch},
 		{"CandidatesInSessionOrder_RPL1_RPL4", testCandidatesInSessionOrder},
 		{"PolicySeesCurrentState_RPL1_RPL3_RPL4_RLS3_RREG6", testPolicySeesCurrentState},
 		{"SweepRemovesDeadSessions", testSweep},

@@ -312,6 +312,33 @@ func testExclude(t *testing.T, f Factory) {
 	}
 }
 
+// With ExcludeEpoch, only the refuser's row at that epoch is placed anew:
+// a live row on it at another epoch — placed since, by another request —
+// is returned like any live owner, so the id never has two owners; the
+// refused epoch's row, its release failed, still moves (R-PL-1, R-PL-6).
+func testExcludeEpoch(t *testing.T, f Factory) {
+	fx := newFixture(t, f)
+	fx.warm()
+	a := fx.register("a", []string{"/c"}, 1000)
+	b := fx.register("b", []string{"/c"}, 1)
+	r1 := fx.place("/c", "x")
+	if ok, _ := fx.s.Release(fx.ctx, &directory.ReleaseRequest{SessionID: a, NS: "/c", ID: "x", Epoch: r1.Epoch}, fx.now); !ok {
+		t.Fatalf("cannot release")
+	}
+	r2 := fx.place("/c", "x") // another request's, on a again
+	if r2.Owner.SessionID != a || r2.Epoch == r1.Epoch {
+		t.Fatalf("unexpected second placement; got %s at %d; want a at a new epoch", r2.Owner.SessionID, r2.Epoch)
+	}
+	got, err := fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Exclude: a, ExcludeEpoch: r1.Epoch})
+	if err != nil || got.Placed || got.Owner.SessionID != a || got.Epoch != r2.Epoch {
+		t.Fatalf("unexpected placement excluding a's refused epoch; got %+v, %v; want a's live row at %d returned", got, err, r2.Epoch)
+	}
+	got, err = fx.s.Place(fx.ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Exclude: a, ExcludeEpoch: r2.Epoch})
+	if err != nil || !got.Placed || got.Owner.SessionID != b {
+		t.Fatalf("unexpected placement excluding a's row at its own epoch; got %+v, %v; want a new placement on b", got, err)
+	}
+}
+
 // Lookup allocates nothing for any namespace and id the data plane
 // routes: a short pair, and the longest id (256 characters, R-DP-1) under
 // namespaces past the key's stack buffer — a namespace is any single path
