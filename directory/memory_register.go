@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -179,6 +180,13 @@ func (m *Memory) takeURL(g *memRegistering, earlier []*memSession) {
 // registration whose answer was lost (the worker's HTTP timeout) left a
 // session the worker never learnt, whose rows would otherwise come back as
 // duplicates of the worker's own instances, which it would then abort.
+//
+// They come oldest first — the one named as previous, then the others by
+// registration — as redis_register.lua lists them: their control messages
+// are handed over in that order (handOverQueues), and a wind-down queued
+// on an older session goes ahead of the revoke queued for it on a newer
+// one. In map order, the revoke came first in about one run in seven and
+// the worker aborted an instance it was told to keep (R-CM-1).
 func (m *Memory) earlierSessions(reg *Registration) []*memSession {
 	var out []*memSession
 	for _, o := range m.byClient[reg.ClientID] {
@@ -186,6 +194,18 @@ func (m *Memory) earlierSessions(reg *Registration) []*memSession {
 			out = append(out, o)
 		}
 	}
+	slices.SortFunc(out, func(a, b *memSession) int {
+		switch {
+		case a.info.SessionID == reg.PrevSessionID:
+			return -1
+		case b.info.SessionID == reg.PrevSessionID:
+			return 1
+		}
+		if c := a.info.RegisteredAt.Compare(b.info.RegisteredAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.info.SessionID, b.info.SessionID)
+	})
 	return out
 }
 

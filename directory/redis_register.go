@@ -60,6 +60,9 @@ func (r *Redis) Register(ctx context.Context, reg *Registration, now time.Time) 
 		if err := g.reclaimBatches(ctx, served.rows); err != nil {
 			return nil, err
 		}
+		if err := g.ownHeld(ctx); err != nil {
+			return nil, err
+		}
 	}
 	for _, earlier := range g.earlier {
 		r.kill(earlier)
@@ -229,6 +232,42 @@ func (g *registering) reclaimBatches(ctx context.Context, served []string) error
 		return err
 	}
 	g.r.forget(g.r.rowKeys(strs(arr(reply[1]))))
+	return nil
+}
+
+// ownHeld takes back from the duplicates the superseded sessions' rows a
+// request placed on this session since the opening call freed them (the
+// session was the only eligible one): routed here, the worker's instance
+// serves them, and reported as duplicates it aborted it — the memory
+// store, which keeps them until the registration ends, finds them its own
+// (contract case SupersededRowPlacedBetweenBatches_RLS4_RREG1). One
+// pipelined read, only when such rows were listed.
+func (g *registering) ownHeld(ctx context.Context) error {
+	var rows []string
+	for row := range g.held {
+		if g.dups[row] {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	cmds := make(rueidis.Commands, len(rows))
+	for i, k := range g.r.rowKeys(rows) {
+		cmds[i] = g.r.c.B().Get().Key(k).Build()
+	}
+	for i, res := range g.r.c.DoMulti(ctx, cmds...) {
+		v, err := res.ToString()
+		switch {
+		case rueidis.IsRedisNil(err):
+		case err != nil:
+			return unavailable("register", g.reg.ClientID, err)
+		default:
+			if sid, _, ok := parseRow(v); ok && sid == g.sid {
+				delete(g.dups, rows[i])
+			}
+		}
+	}
 	return nil
 }
 

@@ -61,8 +61,23 @@ end
 if prev ~= '' then
   adopt(prev)
 end
+-- The others by registration, oldest first (then by id), after the one
+-- named as previous: handover passes their control messages on in this
+-- order (memory.go earlierSessions). SMEMBERS has none of its own.
+local others = {}
 for _, o in ipairs(redis.call('SMEMBERS', P .. 'k:' .. cid)) do
-  adopt(o)
+  if o ~= prev then
+    others[#others + 1] = { o, tonumber(redis.call('HGET', P .. 's:' .. o, 'reg') or '0') or 0 }
+  end
+end
+table.sort(others, function(a, b)
+  if a[2] ~= b[2] then
+    return a[2] < b[2]
+  end
+  return a[1] < b[1]
+end)
+for _, o in ipairs(others) do
+  adopt(o[1])
 end
 
 redis.call('HSET', KEYS[1], 'cid', cid, 'sub', sub, 'sec', ARGV[7], 'url', ARGV[8],

@@ -186,6 +186,8 @@ func RunBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
 		{"ReregisteredBetweenBatches_RREG1", testReregisteredBetweenBatches},
 		{"EarlierDeregisteredBetweenBatches_RREG1_RREG3", testEarlierDeregisteredBetweenBatches},
 		{"ControlMessagesKeepOrderBetweenBatches_RCM1", testControlMessagesOrderBetweenBatches},
+		{"ControlMessagesOrderAcrossEarlierSessions_RCM1", testControlMessagesOrderAcrossEarlierSessions},
+		{"SupersededRowPlacedBetweenBatches_RLS4_RREG1", testSupersededRowPlacedBetweenBatches},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, f, hook) })
@@ -436,5 +438,84 @@ func testControlMessagesOrderBetweenBatches(t *testing.T, f Factory, hook BatchH
 	}
 	if want := []string{windDown, revoke}; !slices.Equal(got, want) {
 		t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
+	}
+}
+
+// testControlMessagesOrderAcrossEarlierSessions: the worker's
+// registration (naming its session as previous) is between two batches
+// when the worker, its answer late, registers again naming the same
+// previous session. The id's wind-down was queued on the first session,
+// its revoke on the session the interrupted registration opened (which
+// held the id by then). The second registration hands both earlier
+// sessions over: the worker must get the wind-down before its revoke
+// (R-CM-1), whatever order the store keeps the earlier sessions in.
+func testControlMessagesOrderAcrossEarlierSessions(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(2 * directory.RegisterBatch)
+	old := fx.holding(list)
+	deadline := fx.now.Add(30 * time.Second)
+	windDown, _, err := fx.s.WindDown(fx.ctx, "/c", list[0], "", &deadline, fx.now)
+	if err != nil {
+		t.Fatalf("cannot wind down: %v", err)
+	}
+	var revoke string
+	var later *directory.RegisterResult
+	hook(fx.s, once(func() {
+		var err error
+		if revoke, _, err = fx.s.WindDown(fx.ctx, "/c", list[0], "", nil, fx.now); err != nil {
+			t.Errorf("cannot revoke between batches: %v", err)
+		}
+		if later, err = fx.registerListing(old, map[string][]string{"/c": list}); err != nil {
+			t.Errorf("cannot register again: %v", err)
+		}
+	}))
+	_, _ = fx.registerListing(old, map[string][]string{"/c": list})
+	if later == nil {
+		t.Fatal("the second registration did not run between batches")
+	}
+	beat := fx.beat(later.SessionID, 100, false, false)
+	var got []string
+	for _, m := range beat.Messages {
+		got = append(got, m.MsgID)
+	}
+	if want := []string{windDown, revoke}; !slices.Equal(got, want) {
+		t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
+	}
+}
+
+// testSupersededRowPlacedBetweenBatches: green supersedes blue (R-LS-4)
+// while listing more than one batch, one of them an id blue held. Between
+// two batches a request places that id, on green's new session (the only
+// eligible one). Whatever the store answers, the worker and the directory
+// must agree (R-REG-1, R-PL-1): an id reported as a duplicate (the worker
+// aborts it) is not routed to the session, and one routed to the session
+// is not reported as a duplicate.
+func testSupersededRowPlacedBetweenBatches(t *testing.T, f Factory, hook BatchHook) {
+	fx := newFixture(t, f)
+	fx.warm()
+	list := ids(2 * directory.RegisterBatch)
+	x := list[len(list)-1]
+	if _, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "blue", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/blue", Headroom: 10, Hostname: "app.example", Env: "blue", Epoch: 1,
+		Instances: map[string][]string{"/c": {x}},
+	}, fx.now); err != nil {
+		t.Fatal(err)
+	}
+	hook(fx.s, once(func() { fx.place("/c", x) }))
+	res, err := fx.s.Register(fx.ctx, &directory.Registration{
+		ClientID: "green", Sub: "test:worker", Secret: "s", Namespaces: []string{"/c"},
+		AdvertiseURL: "http://127.0.0.1:9/green", Headroom: 10, Hostname: "app.example", Env: "green", Epoch: 2,
+		Instances: map[string][]string{"/c": list},
+	}, fx.now)
+	if err != nil {
+		t.Fatalf("cannot register green: %v", err)
+	}
+	dup := slices.Contains(res.Duplicates, directory.NSID{NS: "/c", ID: x})
+	p, err := fx.s.Placement(fx.ctx, "/c", x, fx.now)
+	routed := err == nil && p.SessionID == res.SessionID
+	if dup == routed {
+		t.Fatalf("unexpected %s: duplicate=%v, routed to green's session=%v; want exactly one", x, dup, routed)
 	}
 }
