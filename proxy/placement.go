@@ -212,8 +212,8 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 // made since alone (place's exclude). When it goes no further (false) the
 // answer is on ctx: pinboard's own 503 for a refusal, whose marker must
 // not reach the client, and for a placement that failed after it;
-// pinboard's 502 "owner unreachable" for a worker not dialed; the worker's own answer
-// otherwise, whose Retry-After finds the id free.
+// pinboard's 502 "owner unreachable" for a worker not dialed; the
+// worker's own answer otherwise, whose Retry-After finds the id free.
 // Going on, it returns the time to go on from, as resolve does.
 func (p *Proxy) moveOff(ctx *fasthttp.RequestCtx, rq *request, route directory.Route, out outcome, last bool) (directory.Route, time.Time, bool) {
 	// From the answer on, not from when the id was resolved: a lease that
