@@ -96,7 +96,11 @@ func workerClosed(err error) bool {
 }
 
 // errReader remembers the error of the reader it wraps, and renews the
-// upload's stall deadlines before each read.
+// upload's stall deadlines before each read and after one that brought
+// bytes: the write of those bytes to the worker gets the whole stall
+// timeout from when they came. Renewed before the read only, a client
+// read that took most of the timeout left the write what remained of it,
+// and a worker slow to read was cut that much sooner.
 type errReader struct {
 	r   io.Reader
 	u   *upload
@@ -108,6 +112,9 @@ func (e *errReader) Read(p []byte) (int, error) {
 	n, err := e.r.Read(p)
 	if err != nil && err != io.EOF {
 		e.err = err
+	}
+	if n > 0 {
+		e.u.renew()
 	}
 	return n, err
 }
