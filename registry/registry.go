@@ -313,6 +313,13 @@ func (r *Registry) ServeHTTP(ctx *fasthttp.RequestCtx, path []byte) {
 		r.answerDue(ctx, beat, start)
 		return
 	}
+	// The probe's own time counts as well: the store write must start
+	// while the worker still waits (answerBy). Charged only the queue
+	// waits, a register probed for 2 s and then queued was stored after
+	// its worker had retried through another node — dropping the session
+	// the worker now used — and a heartbeat landed after the newer one
+	// its worker sent on timing out (undoing its draining).
+	left = min(left, time.Until(answerBy))
 	_, why = r.submit(ctx, func() *probeCall { call.then(ctx, res, err); return nil }, &left)
 	// Turned away on its way back (its probe done) is turned away all
 	// the same: counted, or a heartbeat answered 503 went uncounted.
