@@ -311,3 +311,41 @@ func TestRedisViewGoneSessionNoCandidate_RPL1_RPL3(t *testing.T) {
 		t.Fatalf("unexpected candidates; got %v; want keep alone (w deregistered after the member set was read)", got)
 	}
 }
+
+// The claim script's own ExcludeEpoch check: another node places the id
+// again on the refuser after this node read the row and before its claim
+// (the node's own read is past by then). The newer live row is returned,
+// not replaced: replaced, the id ran on two workers (R-PL-1, R-PL-6).
+func TestRedisClaimScriptKeepsNewerLiveRow_RPL1_RPL6(t *testing.T) {
+	var during func()
+	fx := newViewFixture(t, "vxep", func(read string) {
+		if fn := during; fn != nil && read == "entries" {
+			during = nil
+			fn()
+		}
+	})
+	ctx := ctxT(t)
+	r1, err := fx.b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Policy: &directorytest.SinkPolicy{Sink: fx.keep}})
+	if err != nil || r1.Owner.SessionID != fx.keep {
+		t.Fatalf("unexpected first placement; got %+v, %v; want keep", r1, err)
+	}
+	if ok, err := fx.b.Release(ctx, &directory.ReleaseRequest{SessionID: fx.keep, NS: "/c", ID: "x", Epoch: r1.Epoch}, fx.now); !ok || err != nil {
+		t.Fatalf("cannot release: %v, %v", ok, err)
+	}
+	var r2 directory.Route
+	during = func() {
+		var err error
+		r2, err = fx.b.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Policy: &directorytest.SinkPolicy{Sink: fx.keep}})
+		if err != nil || r2.Owner.SessionID != fx.keep {
+			t.Errorf("unexpected placement through B; got %+v, %v; want keep", r2, err)
+		}
+	}
+	got, err := fx.a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: fx.now, Exclude: fx.keep, ExcludeEpoch: r1.Epoch,
+		Policy: &directorytest.SinkPolicy{Sink: fx.w}})
+	if during != nil {
+		t.Fatal("BUG: the hook did not run")
+	}
+	if err != nil || got.Placed || got.Owner.SessionID != fx.keep || got.Epoch != r2.Epoch {
+		t.Fatalf("unexpected placement excluding keep's refused epoch; got %+v, %v; want keep's live row at %d returned", got, err, r2.Epoch)
+	}
+}

@@ -40,11 +40,14 @@ func (a ackList) MarshalJSON() ([]byte, error) {
 	return json.Marshal(a.list)
 }
 
+// UnmarshalJSON keeps the last of a key given twice, as JSON.parse does:
+// "acks":null then "acks":[""] is a string[].
 func (a *ackList) UnmarshalJSON(b []byte) error {
 	if string(b) == "null" {
-		a.null = true
+		a.null, a.list = true, nil
 		return nil
 	}
+	a.null = false
 	return json.Unmarshal(b, &a.list)
 }
 

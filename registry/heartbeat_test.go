@@ -108,6 +108,17 @@ func TestHeartbeatEmptyStringAck_RREG2(t *testing.T) {
 				t.Fatalf("unexpected reply to acks %v; got %d %s; want 400 %s", acks, res.status, res.body, want)
 			}
 		}
+		// Of a key given twice the last counts, as JSON.parse keeps it: a
+		// null then a string[] is a string[], and the other way round not.
+		for _, tc := range []struct {
+			twice  string
+			status int
+		}{{`"acks":null,"acks":[""]`, 200}, {`"acks":[""],"acks":null`, 400}} {
+			body := strings.Replace(h.beatBody(session, map[string]any{"acks": nil}), `"acks":null`, tc.twice, 1)
+			if res = h.post("/registry/heartbeat", workerToken, body); res.status != tc.status {
+				t.Fatalf("unexpected reply to %s; got %d %s; want %d", tc.twice, res.status, res.body, tc.status)
+			}
+		}
 	})
 }
 

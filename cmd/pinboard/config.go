@@ -310,10 +310,9 @@ func pathAsSent(p string) bool {
 
 // sameListenHost reports whether listeners on hosts a and b, as checked
 // by checkListenHost, would clash on one port: the same host, either one
-// all interfaces, or names and addresses that resolve alike (localhost
-// and 127.0.0.1: net.Listen binds a name's first address, but one shared
-// is refused here rather than guessed at). A name that does not resolve
-// clashes with nothing here; its listen reports it.
+// all interfaces, or a name and an address that bind alike (localhost
+// and 127.0.0.1). A name that does not resolve clashes with nothing here;
+// its listen reports it.
 func sameListenHost(a, b string) bool {
 	all := func(h string) bool {
 		ip, err := netip.ParseAddr(h)
@@ -322,28 +321,32 @@ func sameListenHost(a, b string) bool {
 	if all(a) || all(b) || strings.EqualFold(a, b) {
 		return true
 	}
-	ia, ib := listenAddrs(a), listenAddrs(b)
-	for _, x := range ia {
-		if x.IsUnspecified() || slices.Contains(ib, x) {
-			return true
-		}
-	}
-	return slices.ContainsFunc(ib, netip.Addr.IsUnspecified)
+	ia, oka := bindAddr(a)
+	ib, okb := bindAddr(b)
+	return oka && okb && (ia == ib || ia.IsUnspecified() || ib.IsUnspecified())
 }
 
-// listenAddrs is h as addresses: itself when it is one, else what the
-// resolver answers within a second (/etc/hosts for localhost), unmapped.
-func listenAddrs(h string) []netip.Addr {
+// bindAddr is the address net.Listen binds for host h: h itself when it
+// is one, else the first IPv4 address of those the resolver answers
+// within a second (/etc/hosts for localhost), or the first address when
+// there is none — as net.Listen picks. A name resolving to 127.0.0.1 and
+// ::1 binds 127.0.0.1, so an admin listener on [::1] does not clash.
+func bindAddr(h string) (netip.Addr, bool) {
 	if ip, err := netip.ParseAddr(h); err == nil {
-		return []netip.Addr{ip.Unmap()}
+		return ip.Unmap(), true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	ips, _ := net.DefaultResolver.LookupNetIP(ctx, "ip", h)
-	for i := range ips {
-		ips[i] = ips[i].Unmap()
+	if len(ips) == 0 {
+		return netip.Addr{}, false
 	}
-	return ips
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			return ip.Unmap(), true
+		}
+	}
+	return ips[0], true
 }
 
 // checkStoreURL accepts the store schemes; anything else is a start-up
