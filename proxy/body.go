@@ -61,6 +61,9 @@ type upstreamBody struct {
 	// up to a clean end the worker never framed.
 	err     error
 	stopped atomic.Bool
+	// crlfDue: a chunk's data was all read, its CRLF not yet
+	// (readChunked).
+	crlfDue bool
 	// tail is the last three bytes of an event stream read so far (the
 	// low byte last), to tell whether they end an event (eventEnd).
 	tail uint32
@@ -81,7 +84,7 @@ func acquireBody(pool *connPool, pc *pconn, tr *streams, owner *directory.Owner,
 	b := bodyPool.Get().(*upstreamBody)
 	b.pool, b.pc, b.tracker, b.owner, b.mode, b.keep, b.sse, b.up = pool, pc, tr, owner, mode, keep, sse, up
 	b.client, b.stall = client, pool.stall
-	b.remaining, b.done, b.broken, b.relayed, b.untilClose, b.guard, b.err = 0, false, false, false, false, nil, nil
+	b.remaining, b.done, b.broken, b.relayed, b.untilClose, b.guard, b.err, b.crlfDue = 0, false, false, false, false, nil, nil, false
 	b.stopped.Store(false)
 	b.tail = blankLine
 	if mode == bodyFixed {
@@ -246,6 +249,12 @@ func (b *upstreamBody) readFixed(p []byte) (int, error) {
 }
 
 func (b *upstreamBody) readChunked(p []byte) (int, error) {
+	if b.crlfDue {
+		if err := b.crlf(); err != nil {
+			return 0, err
+		}
+		b.crlfDue = false
+	}
 	if b.remaining == 0 {
 		size, err := b.chunkHeader()
 		if err != nil {
@@ -272,6 +281,15 @@ func (b *upstreamBody) readChunked(p []byte) (int, error) {
 		return n, err
 	}
 	if b.remaining == 0 {
+		if b.pc.br.Buffered() < 2 {
+			// The chunk's data is all here and its CRLF not yet: what
+			// was read goes out now, the CRLF is read with the next
+			// chunk. Waited for here, an event stream's last event
+			// waited for the worker's next write (a server that writes
+			// the CRLF apart, held back by Nagle) (R-DP-2).
+			b.crlfDue = true
+			return n, nil
+		}
 		if err := b.crlf(); err != nil {
 			return n, err
 		}
