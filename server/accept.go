@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -16,9 +17,25 @@ import (
 // 1 s as net/http does; connections meanwhile wait in the kernel's
 // backlog, and the closed descriptors of ending ones make room. An error
 // about the one connection Accept took (oneConnection) is skipped.
+//
+// The warning is logged once a shortage: while the node stays at its
+// limit, every connection that ends lets one more in and the next Accept
+// meets the shortage again; logged each time, a client churning
+// connections wrote a line per connection. Another is logged only after
+// shortageQuiet without one.
 type patientListener struct {
 	net.Listener
 	log *slog.Logger
+	// lastShort is when Accept last met a shortage (unix ns; 0: never).
+	lastShort *atomic.Int64
+}
+
+// shortageQuiet is how long Accept must go without a shortage before the
+// next one is logged again.
+const shortageQuiet = 10 * time.Second
+
+func newPatientListener(ln net.Listener, log *slog.Logger) patientListener {
+	return patientListener{Listener: ln, log: log, lastShort: new(atomic.Int64)}
 }
 
 func (l patientListener) Accept() (net.Conn, error) {
@@ -38,9 +55,13 @@ func (l patientListener) Accept() (net.Conn, error) {
 		}
 		if wait == 0 {
 			wait = 5 * time.Millisecond
-			l.log.Warn("cannot accept connections: out of resources; retrying", "addr", l.Addr().String(), "err", err)
+			now := time.Now().UnixNano()
+			if last := l.lastShort.Swap(now); last == 0 || now-last > int64(shortageQuiet) {
+				l.log.Warn("cannot accept connections: out of resources; retrying", "addr", l.Addr().String(), "err", err)
+			}
 		} else {
 			wait = min(2*wait, time.Second)
+			l.lastShort.Store(time.Now().UnixNano())
 		}
 		time.Sleep(wait)
 	}

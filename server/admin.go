@@ -52,7 +52,7 @@ func (pb *Pinboard) ServeAdmin(ln net.Listener) error {
 	}
 	pb.admin, pb.adminLn = srv, ln
 	pb.adminMu.Unlock()
-	err := srv.Serve(patientListener{ln, pb.log})
+	err := srv.Serve(newPatientListener(ln, pb.log))
 	pb.adminMu.Lock()
 	closed := pb.adminClosed
 	pb.adminMu.Unlock()

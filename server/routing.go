@@ -26,6 +26,15 @@ var (
 // A namespace called "registry" is therefore reserved.
 func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	pb.route(ctx)
+	if manyFields(&ctx.Request.Header) {
+		// fasthttp keeps a request's parsed fields on the connection's
+		// context for the connection's life: a header of thousands of
+		// tiny fields (within MaxHeaderBytes) made an idle keep-alive
+		// connection hold ten times the ~32 KiB docs/OPERATIONS.md sizes
+		// it at. Answered, then closed; no browser or client library
+		// sends that many (TestManyHeaderFieldsCloseTheConnection_RSRV1).
+		ctx.SetConnectionClose()
+	}
 	// The answer is written after this, and must reach the client's
 	// socket within the stall timeout from now (none when it is off), or
 	// a client that never reads holds its connection for ever. From now,
@@ -41,6 +50,18 @@ func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 		c.KeepWriteDeadline(time.Now(), pb.stall)
 	}
 }
+
+// maxKeptFields is the most header fields a request may have and keep
+// its connection open (manyFields).
+const maxKeptFields = 100
+
+// manyFields reports whether h has more than maxKeptFields fields: its
+// raw header's line ends, one per field and one for the blank line.
+func manyFields(h *fasthttp.RequestHeader) bool {
+	return bytes.Count(h.RawHeaders(), newline) > maxKeptFields+1
+}
+
+var newline = []byte{'\n'}
 
 // Where route hands a request.
 const (

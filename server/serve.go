@@ -32,7 +32,7 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	// a stream, or vanishes without a FIN, is cut by the kernel after the
 	// stall timeout (rawio.SetUserTimeout): small events never fill the
 	// send buffer for a write deadline to see it.
-	cln := &onceCloseListener{Listener: patientListener{rawio.UserTimeoutListener(rawio.ListenerLinger(ln, pb.linger), pb.stall), pb.log}}
+	cln := &onceCloseListener{Listener: newPatientListener(rawio.UserTimeoutListener(rawio.ListenerLinger(ln, pb.linger), pb.stall), pb.log)}
 	errc := make(chan error, 1)
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {
