@@ -51,13 +51,28 @@ func (pb *Pinboard) handleLogged(ctx *fasthttp.RequestCtx) {
 	_ = proxy.ToOriginForm(&ctx.Request)
 	path := loggedPath(ctx.Request.Header.RequestURI())
 	pb.Handle(ctx)
-	pb.access.log.Info("access",
+	pb.access.line(ctx, method, path, start)
+}
+
+// line logs one request's access line.
+func (a accessLog) line(ctx *fasthttp.RequestCtx, method, path string, start time.Time) {
+	a.log.Info("access",
 		"method", method,
 		"path", path,
 		"status", ctx.Response.StatusCode(),
 		"durationMs", float64(time.Since(start).Microseconds())/1000,
 		"remote", ctx.RemoteAddr().String(),
 	)
+}
+
+// refusedEarly logs, when sampled, a request the data plane refused on
+// its header alone in place of a 100 Continue (Server.ExpectHandler):
+// fasthttp never runs the handler for it, so handleLogged never saw it,
+// while the metrics counted it.
+func (pb *Pinboard) refusedEarly(ctx *fasthttp.RequestCtx, start time.Time) {
+	if pb.access.on() && pb.access.sampled() {
+		pb.access.line(ctx, string(ctx.Method()), loggedPath(ctx.Request.Header.RequestURI()), start)
+	}
 }
 
 // loggedPath is a request target as the access log shows it: without the

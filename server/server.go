@@ -240,8 +240,10 @@ func New(o Options) (*Pinboard, error) {
 		// answered in place of the 100 (proxy.Expect), and fasthttp then
 		// closes the connection without reading the body.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
-			rawio.KeepWriteDeadline(ctx.Conn(), time.Now(), pb.stall)
+			now := time.Now()
+			rawio.KeepWriteDeadline(ctx.Conn(), now, pb.stall)
 			if dest, _ := pb.destination(ctx); dest == toProxy && !pb.proxy.Expect(ctx) {
+				pb.refusedEarly(ctx, now)
 				return ctx.Response.StatusCode()
 			}
 			return fasthttp.StatusContinue

@@ -157,6 +157,30 @@ func TestAccessLogSampling(t *testing.T) {
 		t.Errorf("unexpected access log:\n%s", s)
 	}
 
+	// A request refused on its header in place of a 100 Continue (fasthttp
+	// runs no handler for it) is logged too: before, the metrics counted
+	// it and the access log at sample 1 did not.
+	before := strings.Count(logs.String(), "msg=access")
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = io.WriteString(c, "POST /nons HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	if res, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || res.StatusCode != 404 {
+		t.Fatalf("unexpected answer to a request for an unknown namespace with Expect; got %v, %v; want 404", res, err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s := logs.String()
+		if strings.Count(s, "msg=access") == before+1 && strings.Contains(s, "path=/nons ") && strings.Contains(s, "status=404") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected access log after a request refused in place of its 100 Continue; want one more line for it:\n%s", s)
+		}
+	}
+
 	var quiet testlog.Buffer
 	_, public, _, _ = node(t, Options{Logger: slog.New(slog.NewTextHandler(&quiet, nil))})
 	get(t, public+"/counters/a/value")
