@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -66,19 +67,45 @@ func parseProcStat(pid int, b []byte) (ProcStat, error) {
 }
 
 // ProcTree reads pid and its direct children (nginx: the master and its
-// workers); CPU and RSS are summed.
+// workers); CPU is summed. With children, RSS is the sum of their
+// proportional set sizes (smaps_rollup's Pss): RSS summed counted the
+// pages the processes share once per process, nginx's master and two
+// workers about 11 MiB over the 20 they hold. Without children (or
+// without smaps_rollup), it is the process's RSS.
 func ProcTree(pid int) (ProcStat, error) {
 	root, err := ReadProc(pid)
 	if err != nil {
 		return root, err
 	}
-	for _, c := range Children(pid) {
+	children := Children(pid)
+	pss, pssOK := readPSS(pid)
+	for _, c := range children {
 		if st, err := ReadProc(c); err == nil {
 			root.CPU += st.CPU
 			root.RSS += st.RSS
+			p, ok := readPSS(c)
+			pss, pssOK = pss+p, pssOK && ok
 		}
 	}
+	if len(children) > 0 && pssOK {
+		root.RSS = pss
+	}
 	return root, nil
+}
+
+// readPSS reads a process's proportional set size in bytes.
+func readPSS(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0, false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
 }
 
 // Children lists the direct children of pid.

@@ -66,6 +66,7 @@ func TestIdleStreamsGoalNotMetWithFailedStreams(t *testing.T) {
 	res.fact("sse.idle.pinboard.rssAfterMiB", 80.0)
 	res.fact("sse.idle.pinboard.kibPerStream", 10.0)
 	res.fact("sse.idle.pinboard.failed", 5000)
+	res.fact("sse.idle.pinboard.fds", 20100) // two per stream held, and the node's own
 	g := goal(t, res, "SSE: 10,000 idle streams")
 	if !g.Known || g.Met {
 		t.Fatalf("unexpected goal met with half the streams failed; got %+v; want not met", g)

@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"github.com/pinboard-go/pinboard/bench/fleet"
 	"regexp"
 	"strings"
 	"testing"
@@ -82,6 +83,7 @@ func TestIdleStreamsGoalOnRSSWithStreams(t *testing.T) {
 	res.fact("sse.idle.pinboard.rssAfterMiB", 235.0)
 	res.fact("sse.idle.pinboard.kibPerStream", 85.0*1024/9750)
 	res.fact("sse.idle.pinboard.failed", 0)
+	res.fact("sse.idle.pinboard.fds", 19534) // two per stream, and the node's own
 	g := goal(t, res, "SSE: 10,000 idle streams")
 	if !g.Known || g.Met || !strings.Contains(g.Measured, "237 MiB at 10,000") {
 		t.Fatalf("unexpected goal with 235 MiB of RSS holding 9,750 streams; got %+v; want not met, 237 MiB at 10,000 said", g)
@@ -91,9 +93,29 @@ func TestIdleStreamsGoalOnRSSWithStreams(t *testing.T) {
 	if g := goal(t, res, "SSE: 10,000 idle streams"); !g.Met || !strings.Contains(g.Measured, "145 MiB at 10,000") {
 		t.Fatalf("unexpected goal with 143 MiB of RSS holding 9,750 streams; got %+v; want met, 145 MiB at 10,000 said", g)
 	}
+	// An RSS read when pinboard no longer held the streams (two
+	// descriptors each) says nothing of them: 200 of 9,750 held.
+	res.fact("sse.idle.pinboard.fds", 400)
+	if g := goal(t, res, "SSE: 10,000 idle streams"); g.Met || !strings.Contains(g.Measured, "fewer than two per stream") {
+		t.Fatalf("unexpected goal with 200 of 9,750 streams held at the RSS read; got %+v; want not met, said", g)
+	}
+	res.fact("sse.idle.pinboard.fds", 19534)
 	// An RSS with the streams that was not read meets nothing.
 	res.fact("sse.idle.pinboard.rssAfterMiB", 0.0)
 	if g := goal(t, res, "SSE: 10,000 idle streams"); g.Met || !strings.Contains(g.Measured, "not read") {
 		t.Fatalf("unexpected goal on an unread RSS; got %+v; want not met, said", g)
+	}
+}
+
+// The storm's ack goal is not met on no heartbeats: an empty ack
+// histogram's p99 reads 0, under the target (storm workers superseded
+// before the first measured window, say).
+func TestAckGoalNotMetWithoutHeartbeats(t *testing.T) {
+	res := &Results{Rounds: 1}
+	for _, on := range []bool{true, false} {
+		res.Storm = append(res.Storm, StormPhase{Scenario: "storm", Round: 1, On: on, Workers: 10000, Acks: fleet.Snapshot{}})
+	}
+	if g := goal(t, res, "Heartbeat storm ("); g.Met {
+		t.Fatalf("unexpected goal met on zero heartbeats; got %+v; want not met", g)
 	}
 }

@@ -405,7 +405,9 @@ func sseSection(b *strings.Builder, res *Results, links []string) {
 			fmt.Fprintf(b, " (fewer than 10,000: the open-files limit is %d and a proxy holds two descriptors per stream; "+
 				"the 10,000 figure is extrapolated per stream)", res.Machine.FDLimit)
 		}
-		b.WriteString(".\n\n")
+		b.WriteString(".")
+		b.WriteString(treePSSNote(res))
+		b.WriteString("\n\n")
 		it := bench.Table{Header: []string{"target", "RSS before", "RSS with streams", "growth", "per stream", "RSS at 10,000 streams", "failed"}}
 		for _, name := range []string{pinboard, nginx} {
 			k := "sse.idle." + name
@@ -437,7 +439,8 @@ func largeSection(b *strings.Builder, res *Results) {
 	}
 	b.WriteString("\n## Large bodies\n\nOne body up (`POST`, Content-Length) and one down through each target, on a fresh connection; " +
 		"the proxy's RSS sampled every 10 ms. Growth is over the RSS before the transfer: memory the proxy already held " +
-		"(idle streams opened and closed before) is reused without growing it, so the RSS before says what was measured against.\n\n")
+		"(idle streams opened and closed before) is reused without growing it, so the RSS before says what was measured against." +
+		treePSSNote(res) + "\n\n")
 	t := bench.Table{Header: []string{"target", "direction", "size", "MiB/s (median)", "× direct", "proxy RSS before (median)", "proxy RSS growth (max)", "proxy CPU s/GiB", "errors"}}
 	type key struct{ target, dir string }
 	groups := map[key][]LargeRun{}
@@ -571,4 +574,15 @@ func rangeNote(vs []float64, f string) string {
 		return "one round"
 	}
 	return "range " + fmt.Sprintf(f, vs[0]) + "–" + fmt.Sprintf(f, vs[len(vs)-1])
+}
+
+// treePSSNote says how nginx's memory was counted, when the run recorded
+// it: the proportional set sizes of its master and workers summed, so the
+// pages they share count once (summed RSS counted them once per process,
+// about 11 MiB high for three processes).
+func treePSSNote(res *Results) string {
+	if res.factF("memory.treePSS") != 1 {
+		return ""
+	}
+	return " nginx's figures are its master's and workers' proportional set sizes (PSS) summed, so the pages they share count once."
 }

@@ -57,6 +57,9 @@ func (r *runner) sse(ctx context.Context) error {
 		r.res.fact("sse.idle.fdLimited", true)
 	}
 	r.res.fact("sse.idle.streams", n)
+	// nginx's memory is its processes' proportional set sizes summed
+	// (bench.ProcTree); results without this fact summed their RSS.
+	r.res.fact("memory.treePSS", 1)
 	for _, name := range []string{pinboard, nginx} {
 		if err := r.sseIdle(ctx, r.tgt[name], ws, n); err != nil {
 			return err
