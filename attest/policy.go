@@ -218,12 +218,25 @@ func (p *Passport) Admit(ns []byte, pr *Principal) Decision {
 // worker's session secret. A namespace that admits anonymous clients
 // admits every call; any other (deny included: an internal namespace
 // reached only by its fleet's calls) needs the account, still in the
-// passport, to cover it. AdmitCall allocates nothing.
+// passport, to cover it, and to hold the scopes the namespace's policy
+// asks of clients: before, a key without them, refused at /admin itself,
+// reached it through its worker's calls. AdmitCall allocates nothing.
 func (p *Passport) AdmitCall(ns []byte, sub string) bool {
 	ns = trimNamespace(ns)
-	if pol := p.policies.lookup(ns); pol != nil && pol.allow == allowAnonymous {
+	pol := p.policies.lookup(ns)
+	if pol != nil && pol.allow == allowAnonymous {
 		return true
 	}
 	pr := p.bySub[sub]
-	return pr != nil && coversNamespace(&pr.Claims, ns)
+	if pr == nil || !coversNamespace(&pr.Claims, ns) {
+		return false
+	}
+	if pol != nil {
+		for _, s := range pol.scopes {
+			if !pr.HasScope(s) {
+				return false
+			}
+		}
+	}
+	return true
 }
