@@ -132,7 +132,7 @@ func ParseTarget(uri, basePath []byte) (Target, error) {
 		return t, errPathMalformed
 	}
 	if len(basePath) > 0 {
-		if len(path) < len(basePath) || string(path[:len(basePath)]) != string(basePath) {
+		if !HasBasePath(path, basePath) {
 			return t, errOutsideBase
 		}
 		path = path[len(basePath):]
@@ -297,4 +297,33 @@ func unhex(c byte) byte {
 		return c - '0'
 	}
 	return (c | 0x20) - 'a' + 10
+}
+
+// HasBasePath reports whether path starts with base byte for byte but for
+// the hex digits of a percent-escape, which compare case-insensitively
+// (RFC 3986 section 6.2.2.1): httpx and Go's net/http send the escapes of a
+// base path as PINBOARD_URL spells them, and a /pb%c3%b8 worker met the
+// /pb%C3%B8 node's 404 on every call. HasBasePath allocates nothing.
+func HasBasePath(path, base []byte) bool {
+	if len(path) < len(base) {
+		return false
+	}
+	esc := 0 // hex digits of an escape still to compare
+	for i, b := range base {
+		a := path[i]
+		if esc > 0 {
+			esc--
+			if a|0x20 != b|0x20 || !ascii.IsHex(a) {
+				return false
+			}
+			continue
+		}
+		if a != b {
+			return false
+		}
+		if b == '%' {
+			esc = 2
+		}
+	}
+	return true
 }

@@ -301,3 +301,25 @@ func TestHostOnly_RLS4(t *testing.T) {
 		}
 	}
 }
+
+// A base path's escapes match in either case (RFC 3986 section 6.2.2.1),
+// the rest byte for byte (R-SRV-4).
+func TestHasBasePath_RSRV4(t *testing.T) {
+	for _, tc := range []struct {
+		path, base string
+		want       bool
+	}{
+		{"/pb%C3%B8/c/x", "/pb%C3%B8", true},
+		{"/pb%c3%b8/c/x", "/pb%C3%B8", true},
+		{"/pb%C3%b8", "/pb%c3%B8", true},
+		{"/PB%C3%B8/c/x", "/pb%C3%B8", false},
+		{"/pb%C3%B9/c/x", "/pb%C3%B8", false},
+		{"/pb%C3", "/pb%C3%B8", false},
+		{"/pbx/c/x", "/pb", true}, // the segment end is the caller's to check
+		{"/pa/c/x", "/pb", false},
+	} {
+		if got := HasBasePath([]byte(tc.path), []byte(tc.base)); got != tc.want {
+			t.Errorf("unexpected HasBasePath(%q, %q); got %v; want %v", tc.path, tc.base, got, tc.want)
+		}
+	}
+}

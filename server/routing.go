@@ -83,7 +83,7 @@ func (pb *Pinboard) destination(ctx *fasthttp.RequestCtx) (int, []byte) {
 		path = uri[:i]
 	}
 	if len(pb.base) > 0 {
-		if len(path) <= len(pb.base) || path[len(pb.base)] != '/' || !bytes.HasPrefix(path, pb.base) {
+		if len(path) <= len(pb.base) || path[len(pb.base)] != '/' || !proxy.HasBasePath(path, pb.base) {
 			// Outside the base path nothing is served (R-SRV-4): the data
 			// plane answers it 404 like any unroutable path.
 			return toProxy, path
