@@ -276,6 +276,9 @@ func (m *Memory) dropRecord(s *memSession) {
 	}
 }
 
+// LeaseTTL is the lease every registration and heartbeat gets (R-LS-1).
+func (m *Memory) LeaseTTL() time.Duration { return m.ttl }
+
 // Place implements Store.
 func (m *Memory) Place(_ context.Context, req *PlaceRequest) (Route, error) {
 	now := req.Now

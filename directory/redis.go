@@ -214,6 +214,10 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*Redis, erro
 // Such a server is refused here, a configuration error; so is one that
 // refuses a script's undeclared keys (scripts declare one key and reach the
 // others, all in its slot, by name: docs/DIRECTORY.md "One hash tag").
+
+// LeaseTTL is the lease every registration and heartbeat gets (R-LS-1).
+func (r *Redis) LeaseTTL() time.Duration { return r.ttl }
+
 func (r *Redis) probeScripts(ctx context.Context, url string) error {
 	// The session script for session "" (no session id is empty): it
 	// reads the undeclared lease and tomb keys by name, as every script

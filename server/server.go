@@ -8,8 +8,10 @@ package server
 import (
 	"errors"
 	"fmt"
+	"github.com/pinboard-go/pinboard/internal/ascii"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,7 +37,9 @@ type Options struct {
 	Passport *attest.Passport
 	// BasePath mounts pinboard under a prefix ("/pb"); "" for the root.
 	BasePath string
-	// LeaseTTL is the worker lease (R-LS-1); default 15s.
+	// LeaseTTL is the worker lease (R-LS-1). The store grants it
+	// (directory.NewMemory's, RedisOptions.LeaseTTL): left zero, it is
+	// the store's; set, it must equal the store's, or New refuses.
 	LeaseTTL time.Duration
 	// BalanceFactor bounds affinity (R-PL-4), a finite number >= 1;
 	// anything else (the zero value too) uses
@@ -132,6 +136,17 @@ func New(o Options) (*Pinboard, error) {
 	if o.Passport == nil {
 		return nil, errors.New("cannot build pinboard: Options.Passport is required")
 	}
+	// The store grants the leases; LeaseTTL is what health reports and
+	// what paces the sweep. Apart, a registration got the store's lease
+	// while /registry/health said another (R-LS-1, R-SRV-4).
+	if s, ok := o.Store.(interface{ LeaseTTL() time.Duration }); ok {
+		switch ttl := s.LeaseTTL(); {
+		case o.LeaseTTL <= 0:
+			o.LeaseTTL = ttl
+		case o.LeaseTTL != ttl:
+			return nil, fmt.Errorf("cannot build pinboard: Options.LeaseTTL %v differs from the store's lease TTL %v, which grants the leases: set it on the store (directory.NewMemory, RedisOptions.LeaseTTL) and leave it out here", o.LeaseTTL, ttl)
+		}
+	}
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = DefaultLeaseTTL
 	}
@@ -162,8 +177,9 @@ func New(o Options) (*Pinboard, error) {
 		return nil, fmt.Errorf("cannot build pinboard: access log sample %v must be within 0..1", o.AccessLogSample)
 	}
 	base := trimSlash(o.BasePath)
-	if base != "" && base[0] != '/' {
-		return nil, fmt.Errorf("cannot build pinboard: base path %q must start with /", o.BasePath)
+	if base != "" && (base[0] != '/' || !BasePathAsSent(base)) {
+		// What PINBOARD_BASE_PATH refuses: no request could match it.
+		return nil, fmt.Errorf("cannot build pinboard: base path %q must be an absolute path as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment)", o.BasePath)
 	}
 	pb := &Pinboard{
 		linger:  rawio.NewLinger(lingerMax, lingerWait, lingerTotal),
@@ -378,4 +394,31 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// BasePathAsSent reports whether p is a path as clients put it on the wire
+// (PINBOARD_BASE_PATH's rule, and Options.BasePath's): the base path is
+// matched against the request target byte for byte but for the case of an
+// escape's hex digits (R-SRV-4), and clients percent-encode a byte outside RFC 3986's pchar
+// (httpx, the reference worker's client, sends /pinbøard as
+// /pinb%C3%B8ard) and remove "." and ".." segments (§5.2.4), so a base
+// path holding either could never match: every request, worker
+// registrations included, was answered 404.
+func BasePathAsSent(p string) bool {
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', strings.IndexByte("/-._~!$&'()*+,;=:@", c) >= 0:
+		case c == '%' && i+2 < len(p) && ascii.IsHex(p[i+1]) && ascii.IsHex(p[i+2]):
+			i += 2
+		default:
+			return false
+		}
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }

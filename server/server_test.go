@@ -417,3 +417,24 @@ func TestOpenConnectionsCountsResumedConnection_RDP2(t *testing.T) {
 		t.Fatalf("unexpected gauge once the resumed connection served a request; got %q; want %q", got, want)
 	}
 }
+
+// The library takes the lease from the store, which grants it: left out,
+// Options.LeaseTTL is the store's; set to another, New refuses. Before, a
+// registration got the store's 1 s lease while /registry/health said
+// 60000 (R-SRV-4, R-LS-1). A base path no request could match (not as
+// clients send it) is refused as PINBOARD_BASE_PATH is.
+func TestLibraryOptionsMatchWhatRuns_RSRV4_RLS1(t *testing.T) {
+	pb, _ := testPinboardWith(t, "", func(o *Options) { o.LeaseTTL = 0 })
+	if _, body := call(pb, "GET", "/registry/health", "tok"); !strings.Contains(body, `"leaseTtlMs":1000`) {
+		t.Errorf("unexpected health with LeaseTTL left out; got %s; want the store's 1000 ms", body)
+	}
+	pp := &attest.Passport{}
+	if _, err := New(Options{Store: directory.NewMemory(time.Second, time.Now()), Passport: pp, LeaseTTL: time.Minute}); err == nil || !strings.Contains(err.Error(), "differs from the store's lease TTL 1s") {
+		t.Errorf("unexpected New with LeaseTTL 1m over a 1s store; got %v; want the mismatch refused", err)
+	}
+	for _, bp := range []string{"/pinbøard", "/a/../b", "/p b", "pb"} {
+		if _, err := New(Options{Store: directory.NewMemory(time.Second, time.Now()), Passport: pp, BasePath: bp}); err == nil {
+			t.Errorf("unexpected New with BasePath %q, which no request can match; want it refused", bp)
+		}
+	}
+}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
-	"github.com/pinboard-go/pinboard/internal/ascii"
 	"github.com/pinboard-go/pinboard/proxy"
+	"github.com/pinboard-go/pinboard/server"
 )
 
 // config is everything the environment configures. Environment parsing
@@ -140,7 +140,7 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		return nil, &configError{Var: "PINBOARD_TRUSTED_PROXIES", Err: err}
 	}
 	c.BasePath = get("PINBOARD_BASE_PATH")
-	if c.BasePath != "" && (c.BasePath[0] != '/' || !pathAsSent(c.BasePath)) {
+	if c.BasePath != "" && (c.BasePath[0] != '/' || !server.BasePathAsSent(c.BasePath)) {
 		return nil, bad("PINBOARD_BASE_PATH", "must be an absolute path like /pinboard, as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment), got %q", c.BasePath)
 	}
 	c.BasePath = upperEscapes(c.BasePath)
@@ -280,32 +280,6 @@ func checkListenHost(h string) error {
 		return fmt.Errorf("is not an IP address (a host name's last label is not all digits)")
 	}
 	return nil
-}
-
-// pathAsSent reports whether p is a path as clients put it on the wire:
-// the base path is matched against the request target byte for byte
-// (R-SRV-4), and clients percent-encode a byte outside RFC 3986's pchar
-// (httpx, the reference worker's client, sends /pinbøard as
-// /pinb%C3%B8ard) and remove "." and ".." segments (§5.2.4), so a base
-// path holding either could never match: every request, worker
-// registrations included, was answered 404.
-func pathAsSent(p string) bool {
-	for i := 0; i < len(p); i++ {
-		c := p[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', strings.IndexByte("/-._~!$&'()*+,;=:@", c) >= 0:
-		case c == '%' && i+2 < len(p) && ascii.IsHex(p[i+1]) && ascii.IsHex(p[i+2]):
-			i += 2
-		default:
-			return false
-		}
-	}
-	for _, seg := range strings.Split(p, "/") {
-		if seg == "." || seg == ".." {
-			return false
-		}
-	}
-	return true
 }
 
 // sameListenHost reports whether listeners on hosts a and b, as checked
