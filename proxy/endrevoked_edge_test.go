@@ -16,11 +16,64 @@ import (
 // frozenEvents is a worker's event stream that sends one event and then
 // nothing, as from a frozen worker.
 func frozenEvents(rw http.ResponseWriter, r *http.Request) {
-	rw.Header().Set("Content-Type", "text/event-stream")
-	rw.WriteHeader(200)
-	fmt.Fprint(rw, "data: hello\n\n")
-	rw.(http.Flusher).Flush()
-	<-r.Context().Done()
+	sentThenFrozen("data: hello\n\n", "")(rw, r)
+}
+
+// sentThenFrozen is a worker's event stream that sends sent (with a
+// Content-Length when size is set) and then nothing.
+func sentThenFrozen(sent, size string) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "text/event-stream")
+		if size != "" {
+			rw.Header().Set("Content-Length", size)
+		}
+		rw.WriteHeader(200)
+		fmt.Fprint(rw, sent)
+		rw.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}
+}
+
+// endedSessionStream relays the worker's /events (events) to a client
+// speaking proto ("HTTP/1.1" or "HTTP/1.0"), reads its first line (want
+// first), ends the worker's session, and returns what the client read
+// after that line and the error its end came with (nil: a clean end).
+func endedSessionStream(t *testing.T, proto string, events http.HandlerFunc, first string) (string, error) {
+	t.Helper()
+	rg := newRig(t, nil)
+	rg.warm()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go rg.p.Run(ctx)
+	w := newStandin(t, "w")
+	w.route("/events", events)
+	rg.add(w, 1, "/t")
+	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "GET /t/x/events %s\r\nHost: x\r\n\r\n", proto)
+	var br *bufio.Reader
+	if proto == "HTTP/1.0" {
+		br = bufio.NewReader(c)
+		readHead(t, br)
+	} else {
+		res, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		br = bufio.NewReader(res.Body)
+	}
+	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != first {
+		t.Fatalf("unexpected first line; got %q, %v; want %q", line, err, first)
+	}
+	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(br)
+	return string(rest), err
 }
 
 // An event stream relayed to an HTTP/1.0 client, delimited by the close
@@ -28,31 +81,8 @@ func frozenEvents(rw http.ResponseWriter, r *http.Request) {
 // — when its session ends: it is whole, and the client reconnects
 // (R-LS-2, R-DP-2).
 func TestHTTP10EventStreamOfEndedSessionEndsCleanly_RLS2_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go rg.p.Run(ctx)
-	w := newStandin(t, "w")
-	w.route("/events", frozenEvents)
-	rg.add(w, 1, "/t")
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(c, "GET /t/x/events HTTP/1.0\r\nHost: x\r\n\r\n")
-	br := bufio.NewReader(c)
-	readHead(t, br)
-	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: hello\n" {
-		t.Fatalf("unexpected first line; got %q, %v", line, err)
-	}
-	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
-		t.Fatal(err)
-	}
-	rest, err := io.ReadAll(br)
-	if err != nil || string(rest) != "\n" {
+	rest, err := endedSessionStream(t, "HTTP/1.0", frozenEvents, "data: hello\n")
+	if err != nil || rest != "\n" {
 		t.Fatalf("unexpected end of the HTTP/1.0 event stream of an ended session; got %q, %v; want %q and a clean close", rest, err, "\n")
 	}
 }
@@ -207,34 +237,8 @@ func TestEndRevokedWhileStreamsEnd_RLS2(t *testing.T) {
 // events"): it was cut, the client reading a truncated body (R-LS-2,
 // R-DP-2).
 func TestSizedEventStreamOfEndedSessionEndsCleanly_RLS2_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go rg.p.Run(ctx)
-	w := newStandin(t, "w")
-	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/event-stream")
-		rw.Header().Set("Content-Length", "1000")
-		rw.WriteHeader(200)
-		fmt.Fprint(rw, "data: hello\n\n")
-		rw.(http.Flusher).Flush()
-		<-r.Context().Done()
-	})
-	rg.add(w, 1, "/t")
-	res, err := http.Get(rg.url + "/t/x/events")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	br := bufio.NewReader(res.Body)
-	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: hello\n" {
-		t.Fatalf("unexpected first line; got %q, %v", line, err)
-	}
-	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
-		t.Fatal(err)
-	}
-	if rest, err := io.ReadAll(br); err != nil || string(rest) != "\n" {
+	rest, err := endedSessionStream(t, "HTTP/1.1", sentThenFrozen("data: hello\n\n", "1000"), "data: hello\n")
+	if err != nil || rest != "\n" {
 		t.Fatalf("unexpected end of the sized event stream of an ended session; got %q, %v; want %q and a clean end", rest, err, "\n")
 	}
 }
@@ -243,37 +247,7 @@ func TestSizedEventStreamOfEndedSessionEndsCleanly_RLS2_RDP2(t *testing.T) {
 // and ends by the close: one ended short of it is cut (a reset), never a
 // clean close, as any truncated close-delimited body (R-DP-2).
 func TestHTTP10SizedEventStreamOfEndedSessionIsCut_RLS2_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go rg.p.Run(ctx)
-	w := newStandin(t, "w")
-	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "text/event-stream")
-		rw.Header().Set("Content-Length", "1000")
-		rw.WriteHeader(200)
-		fmt.Fprint(rw, "data: hello\n\n")
-		rw.(http.Flusher).Flush()
-		<-r.Context().Done()
-	})
-	rg.add(w, 1, "/t")
-	c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(c, "GET /t/x/events HTTP/1.0\r\nHost: x\r\n\r\n")
-	br := bufio.NewReader(c)
-	readHead(t, br)
-	if line, err := readLineWithin(br, 5*time.Second); err != nil || line != "data: hello\n" {
-		t.Fatalf("unexpected first line; got %q, %v", line, err)
-	}
-	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
-		t.Fatal(err)
-	}
-	if rest, err := io.ReadAll(br); err == nil {
+	if rest, err := endedSessionStream(t, "HTTP/1.0", sentThenFrozen("data: hello\n\n", "1000"), "data: hello\n"); err == nil {
 		t.Fatalf("unexpected clean close of a sized HTTP/1.0 event stream short of its Content-Length; got %q", rest)
 	}
 }

@@ -829,41 +829,56 @@ func TestHTTP10CutBodyEndsInReset_RDP2(t *testing.T) {
 }
 
 // An event stream answering a request whose body went up whole (a POST,
-// the shape of a chat completion), its body arriving apart from its
-// header, is relayed off the server like one answering a GET, and the
-// connection serves the next request after it (R-DP-2).
+// the shape of a chat completion) is relayed off the server like one
+// answering a GET, and the connection serves the next request after it
+// (R-DP-2): a small body arriving apart from its header, and a large one
+// (past 64 KiB, streamed up) the worker read whole before answering —
+// before, a streamed upload kept the stream on the server's path for its
+// whole life, at about twice the memory of a relayed one.
 func TestEventStreamAfterUploadRelayed_RDP2(t *testing.T) {
-	rg := newRig(t, nil)
-	rg.warm()
-	w := newStandin(t, "w")
-	next := make(chan string)
-	w.route("/ask", func(rw http.ResponseWriter, r *http.Request) {
-		if b, err := io.ReadAll(r.Body); err != nil || string(b) != `{"q":"x"}` {
-			rw.WriteHeader(400)
-			return
-		}
-		rw.Header().Set("Content-Type", "text/event-stream")
-		rw.WriteHeader(200)
-		rw.(http.Flusher).Flush()
-		for ev := range next {
-			fmt.Fprintf(rw, "data: %s\n\n", ev)
-			rw.(http.Flusher).Flush()
-		}
-	})
-	rg.add(w, 1, "/t")
-	s := dialStream(t, rg)
-	fmt.Fprint(s.c, "POST /t/x/ask HTTP/1.1\r\nHost: pb\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n")
-	time.Sleep(50 * time.Millisecond) // the body apart from the header: the server streams it
-	fmt.Fprint(s.c, `{"q":"x"}`)
-	if status, h := s.header(); status != "HTTP/1.1 200 OK" || h["transfer-encoding"] != "chunked" {
-		t.Fatalf("unexpected response header; got %q %v; want 200, chunked", status, h)
+	for _, tc := range []struct {
+		name, body string
+		apart      bool
+	}{
+		{"small", `{"q":"x"}`, true},
+		{"large", strings.Repeat("b", 200<<10), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			w := newStandin(t, "w")
+			next := make(chan string)
+			w.route("/ask", func(rw http.ResponseWriter, r *http.Request) {
+				if b, err := io.ReadAll(r.Body); err != nil || string(b) != tc.body {
+					rw.WriteHeader(400)
+					return
+				}
+				rw.Header().Set("Content-Type", "text/event-stream")
+				rw.WriteHeader(200)
+				rw.(http.Flusher).Flush()
+				for ev := range next {
+					fmt.Fprintf(rw, "data: %s\n\n", ev)
+					rw.(http.Flusher).Flush()
+				}
+			})
+			rg.add(w, 1, "/t")
+			s := dialStream(t, rg)
+			fmt.Fprintf(s.c, "POST /t/x/ask HTTP/1.1\r\nHost: pb\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(tc.body))
+			if tc.apart {
+				time.Sleep(50 * time.Millisecond) // the body apart from the header: the server streams it
+			}
+			fmt.Fprint(s.c, tc.body)
+			if status, h := s.header(); status != "HTTP/1.1 200 OK" || h["transfer-encoding"] != "chunked" {
+				t.Fatalf("unexpected response header; got %q %v; want 200, chunked", status, h)
+			}
+			waitEventRelays(t, rg.p, 1)
+			next <- "one"
+			if got := s.chunk(); got != "data: one\n\n" {
+				t.Fatalf("unexpected chunk; got %q; want the event", got)
+			}
+			endStreamThenReuse(t, rg, s, next)
+		})
 	}
-	waitEventRelays(t, rg.p, 1)
-	next <- "one"
-	if got := s.chunk(); got != "data: one\n\n" {
-		t.Fatalf("unexpected chunk; got %q; want the event", got)
-	}
-	endStreamThenReuse(t, rg, s, next)
 }
 
 // endStreamThenReuse has the worker end the stream s relays (closing

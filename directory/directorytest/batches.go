@@ -431,13 +431,20 @@ func testControlMessagesOrderBetweenBatches(t *testing.T, f Factory, hook BatchH
 	if err != nil || len(res.Duplicates) != 0 {
 		t.Fatalf("unexpected re-registration; got %+v, %v; want no duplicates", res, err)
 	}
-	beat := fx.beat(res.SessionID, 100, false, false)
+	fx.wantWindDownThenRevoke(res.SessionID, windDown, revoke)
+}
+
+// wantWindDownThenRevoke requires the next heartbeat of session to carry
+// the wind-down, then its revoke, and nothing else (R-CM-1).
+func (fx *fixture) wantWindDownThenRevoke(session, windDown, revoke string) {
+	fx.t.Helper()
+	beat := fx.beat(session, 100, false, false)
 	var got []string
 	for _, m := range beat.Messages {
 		got = append(got, m.MsgID)
 	}
 	if want := []string{windDown, revoke}; !slices.Equal(got, want) {
-		t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
+		fx.t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
 	}
 }
 
@@ -474,14 +481,7 @@ func testControlMessagesOrderAcrossEarlierSessions(t *testing.T, f Factory, hook
 	if later == nil {
 		t.Fatal("the second registration did not run between batches")
 	}
-	beat := fx.beat(later.SessionID, 100, false, false)
-	var got []string
-	for _, m := range beat.Messages {
-		got = append(got, m.MsgID)
-	}
-	if want := []string{windDown, revoke}; !slices.Equal(got, want) {
-		t.Fatalf("unexpected messages; got %v; want the wind-down then its revoke %v", got, want)
-	}
+	fx.wantWindDownThenRevoke(later.SessionID, windDown, revoke)
 }
 
 // testSupersededRowPlacedBetweenBatches: green supersedes blue (R-LS-4)
