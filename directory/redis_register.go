@@ -240,8 +240,8 @@ func (g *registering) reclaimBatches(ctx context.Context, served []string) error
 // session was the only eligible one): routed here, the worker's instance
 // serves them, and reported as duplicates it aborted it — the memory
 // store, which keeps them until the registration ends, finds them its own
-// (contract case SupersededRowPlacedBetweenBatches_RLS4_RREG1). One
-// pipelined read, only when such rows were listed.
+// (contract case SupersededRowPlacedBetweenBatches_RLS4_RREG1). One read,
+// only when such rows were listed.
 func (g *registering) ownHeld(ctx context.Context) error {
 	var rows []string
 	for row := range g.held {
@@ -252,20 +252,14 @@ func (g *registering) ownHeld(ctx context.Context) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	cmds := make(rueidis.Commands, len(rows))
-	for i, k := range g.r.rowKeys(rows) {
-		cmds[i] = g.r.c.B().Get().Key(k).Build()
+	// One MGET: every key has the one hash tag ("One hash tag").
+	vals, err := g.r.c.Do(ctx, g.r.c.B().Mget().Key(g.r.rowKeys(rows)...).Build()).AsStrSlice()
+	if err != nil {
+		return unavailable("register", g.reg.ClientID, err)
 	}
-	for i, res := range g.r.c.DoMulti(ctx, cmds...) {
-		v, err := res.ToString()
-		switch {
-		case rueidis.IsRedisNil(err):
-		case err != nil:
-			return unavailable("register", g.reg.ClientID, err)
-		default:
-			if sid, _, ok := parseRow(v); ok && sid == g.sid {
-				delete(g.dups, rows[i])
-			}
+	for i, v := range vals {
+		if sid, _, ok := parseRow(v); ok && sid == g.sid { // a missing row reads "": no row
+			delete(g.dups, rows[i])
 		}
 	}
 	return nil
