@@ -31,7 +31,7 @@ func (r *runner) large(ctx context.Context) error {
 				if !up {
 					action = "download?size=" + strconv.FormatInt(size, 10)
 				}
-				path := string(rt.appendPath(nil, 0, "/bench", hotID(0), action))
+				path := string(rt.appendPath(nil, 0, "/bench", HotID(0), action))
 				r.waitQuiet(ctx)
 				lr := r.transfer(t, rt.addr(0), path, rt.headers(0), up, size)
 				lr.Round = round

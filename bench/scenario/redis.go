@@ -32,7 +32,7 @@ func (r *runner) redis(ctx context.Context) error {
 	}
 	defer rf.stop(30 * time.Second)
 	r.res.fact("redis.fleetWorkers", r.sz.fleetWorkers)
-	if err := waitPlacements(ctx, node, "/bench/"+hotID(0)+"/json", 90*time.Second); err != nil {
+	if err := waitPlacements(ctx, node, "/bench/"+HotID(0)+"/json", 90*time.Second); err != nil {
 		return err
 	}
 	t := &target{name: "pinboard-redis", addrs: []string{node.addr}, pid: node.pid()}

@@ -285,7 +285,7 @@ func (r *runner) run(ctx context.Context) error {
 	r.logf("pinboard %s, nginx %s (%d workers), fleet of %d workers on ports %v",
 		r.pb.addr, r.ng.addr, r.cfg.NginxWorkers, r.sz.fleetWorkers, r.fl.ports)
 	r.logf("waiting out the cold-start quarantine (one lease, R-CS-1)…")
-	if err := waitPlacements(ctx, r.pb, "/bench/"+hotID(0)+"/json", 60*time.Second); err != nil {
+	if err := waitPlacements(ctx, r.pb, "/bench/"+HotID(0)+"/json", 60*time.Second); err != nil {
 		return err
 	}
 	if err := r.placeHot(r.tgt[pinboard]); err != nil {

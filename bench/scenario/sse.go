@@ -80,7 +80,7 @@ func openStreams(rt *route, n int, query string) ([]*bench.SSEStream, int) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			path := string(rt.appendPath(nil, i, "/bench", hotID(i%1000), "sse")) + query
+			path := string(rt.appendPath(nil, i, "/bench", HotID(i%1000), "sse")) + query
 			s, err := bench.OpenSSE(rt.addr(i), path, rt.headers(i), 30*time.Second)
 			if err != nil {
 				failed.Add(1)
@@ -129,7 +129,7 @@ func (r *runner) sseDelay(ctx context.Context, round int, t *target, ws []fleet.
 			// Each stream is read from the moment it opens: events must not
 			// wait in socket buffers for the others to connect.
 			sem <- struct{}{}
-			path := string(rt.appendPath(nil, i, "/bench", hotID(i%1000), "sse")) + query
+			path := string(rt.appendPath(nil, i, "/bench", HotID(i%1000), "sse")) + query
 			s, err := bench.OpenSSE(rt.addr(i), path, rt.headers(i), 30*time.Second)
 			<-sem
 			if err != nil {

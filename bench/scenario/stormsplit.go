@@ -54,7 +54,7 @@ func (r *runner) stormSplit(ctx context.Context) error {
 		return err
 	}
 	defer df.stop(30 * time.Second)
-	if err := waitPlacements(ctx, data, "/bench/"+hotID(0)+"/json", 90*time.Second); err != nil {
+	if err := waitPlacements(ctx, data, "/bench/"+HotID(0)+"/json", 90*time.Second); err != nil {
 		return err
 	}
 	tgt := map[string]*target{

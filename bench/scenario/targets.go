@@ -84,13 +84,15 @@ func (r *route) addr(w int) string { return r.t.addrs[w%len(r.t.addrs)] }
 func (r *route) hotRequests(ns string, ids int, action string) [][]byte {
 	out := make([][]byte, ids)
 	for i := range out {
-		path := r.appendPath(nil, i, ns, hotID(i), action)
+		path := r.appendPath(nil, i, ns, HotID(i), action)
 		out[i] = bench.AppendGET(nil, "bench.local", path, r.headers(i)...)
 	}
 	return out
 }
 
-func hotID(i int) string { return "h" + strconv.Itoa(i) }
+// HotID is the name of the i-th id the hot-ids scenario places ("h0",
+// "h1", …), which `pinbench load -ids` requests too.
+func HotID(i int) string { return "h" + strconv.Itoa(i) }
 
 // doers returns the Loop's doer factory for a fixed request list.
 func (r *route) fixedDoers(reqs [][]byte) func(int) (bench.Doer, error) {

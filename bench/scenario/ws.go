@@ -18,7 +18,7 @@ func (r *runner) ws(ctx context.Context) error {
 	doersFor := func(t *target) func(int) (bench.Doer, error) {
 		rt := newRoute(t, ws)
 		wt := &bench.WSTarget{Size: r.sz.wsSize, Path: func(w int) (string, []string) {
-			return string(rt.appendPath(nil, w, "/bench", hotID(w), "ws")), rt.headers(w)
+			return string(rt.appendPath(nil, w, "/bench", HotID(w), "ws")), rt.headers(w)
 		}}
 		return func(w int) (bench.Doer, error) {
 			c := *wt

@@ -9,13 +9,13 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/pinboard-go/pinboard/bench"
 	"github.com/pinboard-go/pinboard/bench/plot"
+	"github.com/pinboard-go/pinboard/bench/scenario"
 )
 
 type headerFlags []string
@@ -137,7 +137,7 @@ func loadRequests(addr, path string, ids int, headers []string) [][]byte {
 	}
 	out := make([][]byte, ids)
 	for i := range out {
-		p := strings.ReplaceAll(path, "{id}", "h"+strconv.Itoa(i))
+		p := strings.ReplaceAll(path, "{id}", scenario.HotID(i))
 		out[i] = bench.AppendGET(nil, addr, []byte(p), headers...)
 	}
 	return out
