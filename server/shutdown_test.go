@@ -272,3 +272,60 @@ func TestShutdownEarlyAnswerToUploadNotReset_RDP2(t *testing.T) {
 		t.Fatalf("unexpected shutdown error: %v", err)
 	}
 }
+
+// A connection opened before the shutdown whose first request arrives
+// just after it started is served, not closed under the request: the
+// client (a browser's preconnect, a balancer's warm connection) cannot
+// know the node is stopping. fasthttp, like net/http, takes such a
+// connection for idle only 5 s after it opened, which is why a shutdown
+// with a never-used connection open takes up to 5 s (docs/OPERATIONS.md,
+// "Graceful shutdown"); the shutdown then ends without waiting for the
+// grace ("Operating it": graceful shutdown).
+func TestShutdownServesFirstRequestOnFreshConnection(t *testing.T) {
+	_, public, stop := workerNodeStop(t, Options{}, time.Hour, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(public, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	stopErr := make(chan error, 1)
+	go func() { stopErr <- stop() }()
+	// The shutdown has started (the listener refuses) before the request.
+	addr := strings.TrimPrefix(public, "http://")
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		d, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			break
+		}
+		d.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected listener still accepting 10s into the shutdown")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprint(c, "GET /counters/alice/x HTTP/1.1\r\nHost: pb\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("unexpected fresh connection's first request lost to the shutdown: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || string(body) != "ok" {
+		t.Fatalf("unexpected answer; got %d %q; want 200 %q", resp.StatusCode, body, "ok")
+	}
+	// Served during the shutdown, it carries Connection: close; the
+	// shutdown then ends by itself, long before its hour of grace.
+	if !resp.Close {
+		t.Fatalf("unexpected keep-alive answer during a shutdown; want Connection: close")
+	}
+	select {
+	case err := <-stopErr:
+		if err != nil {
+			t.Fatalf("unexpected shutdown error: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("unexpected shutdown still running 20s after its last connection was served (grace 1h)")
+	}
+}
