@@ -102,6 +102,11 @@ type Redis struct {
 	// finds): untracked is not set there, or every such close would drop
 	// the cached rows.
 	cluster atomic.Bool
+	// demoted: a write was refused with READONLY, the connection reaches
+	// a replica (noteReadOnly); the revalidator closes it, at most once
+	// per revalidateEvery (lastQuit, Unix nanoseconds).
+	demoted  atomic.Bool
+	lastQuit atomic.Int64
 	// down: Redis is not answering (gatedClient); calls that need it
 	// fail at once until a revalidation attempt hears it again.
 	down   atomic.Bool

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -59,6 +60,7 @@ func (g gatedClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.Redi
 	}
 	res := g.Client.Do(ctx, cmd)
 	g.r.noteAnswer(ctx, res.NonRedisError())
+	g.r.noteReadOnly(res.Error())
 	return res
 }
 
@@ -69,6 +71,9 @@ func (g gatedClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []r
 	}
 	res := g.Client.DoMulti(ctx, cmds...)
 	g.r.noteAnswers(ctx, res)
+	for i := range res {
+		g.r.noteReadOnly(res[i].Error())
+	}
 	return res
 }
 
@@ -122,6 +127,30 @@ func (r *Redis) noteAnswers(ctx context.Context, res []rueidis.RedisResult) {
 		if err := res[i].NonRedisError(); err != nil {
 			r.noteAnswer(ctx, err)
 			return
+		}
+	}
+}
+
+// noteReadOnly wakes the revalidator when err is a write refused with
+// READONLY: the connection reaches a replica. A failover that keeps the
+// master's address — a managed primary endpoint whose DNS name now
+// resolves to the promoted replica, a Kubernetes Service that follows the
+// master — leaves the node's open connection on the old master, demoted:
+// Redis keeps it open and refuses every write, so heartbeats,
+// registrations and new placements answered 503 for as long as the
+// process ran, while readiness said ready. The revalidator closes the
+// connection (revalidate), and the next command reconnects through the
+// address. Not on a Redis Cluster: a demoted master redirects (MOVED),
+// which rueidis follows.
+func (r *Redis) noteReadOnly(err error) {
+	re, ok := rueidis.IsRedisErr(err)
+	if !ok || r.cluster.Load() || !strings.HasPrefix(re.Error(), "READONLY") {
+		return
+	}
+	if !r.demoted.Swap(true) {
+		select {
+		case r.reval <- struct{}{}:
+		default:
 		}
 	}
 }

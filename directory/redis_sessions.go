@@ -458,6 +458,28 @@ func (r *Redis) untrack() {
 	r.smu.RUnlock()
 }
 
+// leaveReplica closes the connection when a write was refused with
+// READONLY since the last look (noteReadOnly): the node reaches a replica,
+// and Redis never closes a connection for that. QUIT closes it once Redis
+// answered (allowed to every client, unlike CLIENT KILL); the next command
+// reconnects through the URL's address, which a failover pointed at the
+// new master, and the closed connection's nil invalidation brings the
+// node through this check again, where the new connection is handled as
+// after any reconnect. At most once per revalidateEvery: an address that
+// still leads to a replica (its DNS not updated yet, or a URL naming a
+// replica) is tried again at the periodic check, not at every refused
+// write.
+func (r *Redis) leaveReplica(ctx context.Context) {
+	last := r.lastQuit.Load()
+	if !r.demoted.Load() || (last != 0 && time.Since(time.Unix(0, last)) < revalidateEvery) {
+		return
+	}
+	r.demoted.Store(false)
+	r.lastQuit.Store(time.Now().UnixNano())
+	r.log.Warn("redis refused a write as a replica (READONLY): a failover moved the master; reconnecting")
+	_ = r.c.Do(ctx, r.c.B().Quit().Build()).Error()
+}
+
 // revalidateEvery is the period of the connection check (3 commands: the
 // era, the connection's identity, Redis's clock).
 const revalidateEvery = 10 * time.Second
@@ -469,6 +491,7 @@ const revalidateRetryMax = 50 * time.Millisecond
 func (r *Redis) revalidate(ctx context.Context) error {
 	// Past the gate: this is how the node learns Redis answers again.
 	ctx = context.WithValue(ctx, ungated{}, struct{}{})
+	r.leaveReplica(ctx)
 	k := r.prefix + "era"
 	start, before := time.Now(), r.now()
 	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build(), r.c.B().Time().Build())
