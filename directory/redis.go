@@ -122,9 +122,8 @@ type Redis struct {
 	skew   atomic.Int64
 	skewed atomic.Bool
 
-	reval   chan struct{} // wakes the revalidator after a flush or disconnect
-	refresh chan struct{} // wakes the lease refresher early
-	stats   redisStats
+	reval chan struct{} // wakes the revalidator after a flush or disconnect
+	stats redisStats
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -307,7 +306,6 @@ func newRedis(opts RedisOptions) *Redis {
 		obs:      opts.Observer,
 		sessions: make(map[string]*redisSession),
 		reval:    make(chan struct{}, 1),
-		refresh:  make(chan struct{}, 1),
 	}
 	if r.budget <= 0 {
 		r.budget = min(max(opts.LeaseTTL/4, time.Second), 3*time.Second)

@@ -180,7 +180,6 @@ func (r *Redis) refreshLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-r.refresh:
 		}
 		if _, err := r.refreshDue(ctx, false); err != nil && ctx.Err() == nil {
 			r.log.Debug("directory lease refresh failed", "err", err)
