@@ -28,7 +28,7 @@ func retry503(body []byte) http.HandlerFunc {
 }
 
 // A worker that cannot take a new activation — its host drains without the
-// worker draining (PinnedHost wind_down_all), or it is at max_instances,
+// worker draining (LocalDirectory.wind_down_all), or it is at max_instances,
 // which its headroom does not show — answers 503 with a detail and no
 // marker. Its placement is released and the id placed once more on
 // another worker, as for an in-band refusal; before, the 503 was relayed

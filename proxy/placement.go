@@ -136,7 +136,7 @@ func dialOutcome(err error) outcome {
 // hosting/_records.py _retry_503) that say the placement itself is no good
 // there, raised before any route runs (hosting/directory.py
 // LocalDirectory.get): a new activation refused while the host drains
-// (PinnedHost wind_down_all, which pinboard never hears of: only the
+// (LocalDirectory.wind_down_all, which pinboard never hears of: only the
 // worker's own drain reaches the heartbeat) or at its max_instances (which
 // headroom does not reflect, so zero headroom keeps it eligible, R-PL-3);
 // and the fence refusing an epoch the worker has released
