@@ -4,6 +4,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -18,6 +20,8 @@ func (pb *Pinboard) resume(c net.Conn) error {
 	if !pb.awaitRequest(c) {
 		return c.Close()
 	}
+	// ServeConn reports no StateNew: tracked here (its end is reported).
+	pb.trackConn(c, fasthttp.StateNew)
 	return pb.srv.ServeConn(c)
 }
 

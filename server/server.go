@@ -121,6 +121,10 @@ type Pinboard struct {
 	// they wait for the client's next request; shutdown closes them.
 	resumedMu sync.Mutex
 	resumed   map[net.Conn]struct{}
+	// conns are the client connections the server serves (trackConn),
+	// for a shutdown past its budget to close (closeConns).
+	connsMu sync.Mutex
+	conns   map[net.Conn]struct{}
 
 	adminMu     sync.Mutex
 	admin       *fasthttp.Server
@@ -191,6 +195,7 @@ func New(o Options) (*Pinboard, error) {
 		metrics: o.Metrics,
 		access:  newAccessLog(o.AccessLogSample, o.Logger),
 		resumed: make(map[net.Conn]struct{}),
+		conns:   make(map[net.Conn]struct{}),
 	}
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,
@@ -288,6 +293,7 @@ func New(o Options) (*Pinboard, error) {
 		// the proxy for shutdown.
 		KeepHijackedConns: true,
 		CloseOnShutdown:   true,
+		ConnState:         pb.trackConn,
 		Logger:            fasthttpLogger{o.Logger},
 
 		// fasthttp's error for a request it cannot read quotes the

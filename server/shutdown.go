@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // CloseWait bounds the end of a shutdown: the WebSocket closing handshakes
@@ -32,7 +35,8 @@ const CloseWait = 2 * time.Second
 //     handshakes, then whatever is left is closed.
 //
 // Then the registry pool and the admin listener stop; requests still
-// running then, registry ones included, end with the process. errc, if
+// running then, registry ones included, are cut: their connections
+// close, and nothing more is served on them. errc, if
 // not nil, is the public listener's Serve result, awaited briefly.
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	return pb.shutdown(grace, errc, nil)
@@ -88,6 +92,11 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 	cut := errors.Is(err, context.Canceled)
 	if cut {
 		err = nil
+		// Closed, not left to fasthttp: its Shutdown, canceled, serves
+		// them on — the late answer, then further requests, keep-alive —
+		// after Shutdown returned (an embedding program goes on, R-SRV-4).
+		// Their handlers end with what they wait for, unable to write.
+		pb.closeConns()
 	}
 	if errc != nil {
 		select {
@@ -107,6 +116,33 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 	}
 	pb.closeAdmin()
 	return err
+}
+
+// trackConn is the server's ConnState hook: it keeps the connections the
+// server serves, from their acceptance (or resume) to their close or
+// hijack (a relay's then, closed by the proxy's shutdown). Called on every
+// request's state change too: those cost a switch.
+func (pb *Pinboard) trackConn(c net.Conn, state fasthttp.ConnState) {
+	switch state {
+	case fasthttp.StateNew:
+		pb.connsMu.Lock()
+		pb.conns[c] = struct{}{}
+		pb.connsMu.Unlock()
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		pb.connsMu.Lock()
+		delete(pb.conns, c)
+		pb.connsMu.Unlock()
+	}
+}
+
+// closeConns closes the connections the server still serves: the
+// requests on them are cut.
+func (pb *Pinboard) closeConns() {
+	pb.connsMu.Lock()
+	defer pb.connsMu.Unlock()
+	for c := range pb.conns {
+		_ = c.Close()
+	}
 }
 
 // registryCutWait is how long the registry pool gets to stop when
