@@ -37,26 +37,41 @@ func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Durat
 	go func() { errc <- pb.srv.Serve(cln) }()
 	select {
 	case err := <-errc:
-		pb.closeAdmin()
-		return fmt.Errorf("cannot serve: %w", err)
+		return pb.serveEnded(err)
 	case <-ctx.Done():
 	}
-	if err := pb.delayShutdown(errc); err != nil {
-		pb.closeAdmin()
-		return fmt.Errorf("cannot serve: %w", err)
+	if ended, err := pb.delayShutdown(errc); ended {
+		return pb.serveEnded(err)
 	}
 	return pb.shutdown(grace, errc, cln)
+}
+
+// serveEnded is Serve's result when the listener stopped serving before
+// Serve's context ended: nil when Shutdown, called on its own, closed it
+// — that Shutdown does the rest, the admin listener last (net/http's
+// ErrServerClosed, without the error); otherwise the listener's error,
+// the admin listener closed.
+func (pb *Pinboard) serveEnded(err error) error {
+	if pb.stopping.Load() {
+		return nil
+	}
+	pb.closeAdmin()
+	if err == nil {
+		// fasthttp's Serve returns nil for a listener closed under it.
+		err = net.ErrClosed
+	}
+	return fmt.Errorf("cannot serve: %w", err)
 }
 
 // delayShutdown is Options.ShutdownDelay: readiness turns 503 at once,
 // and the node goes on serving — data plane, registry and new
 // connections alike — until the delay is over, for load balancers to
-// see it and route elsewhere. A listener that fails meanwhile ends the
-// wait with its error.
-func (pb *Pinboard) delayShutdown(errc <-chan error) error {
+// see it and route elsewhere. A listener that stops meanwhile ends the
+// wait: ended, with its result.
+func (pb *Pinboard) delayShutdown(errc <-chan error) (ended bool, err error) {
 	d := pb.opts.ShutdownDelay
 	if d <= 0 {
-		return nil
+		return false, nil
 	}
 	pb.unready.Store(true)
 	pb.log.Info("shutdown: readiness 503; serving on until the delay is over", "delayMs", d.Milliseconds())
@@ -64,9 +79,9 @@ func (pb *Pinboard) delayShutdown(errc <-chan error) error {
 	defer t.Stop()
 	select {
 	case err := <-errc:
-		return err
+		return true, err
 	case <-t.C:
-		return nil
+		return false, nil
 	}
 }
 

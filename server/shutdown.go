@@ -38,6 +38,10 @@ const CloseWait = 2 * time.Second
 // running then, registry ones included, are cut: their connections
 // close, and nothing more is served on them. errc, if
 // not nil, is the public listener's Serve result, awaited briefly.
+//
+// Serve does all of this when its context ends. Called on a node Serve
+// runs, Shutdown is that shutdown: Serve returns nil once it began, and
+// the node has stopped when Shutdown returns (net/http's Shutdown).
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	return pb.shutdown(grace, errc, nil)
 }

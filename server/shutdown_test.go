@@ -341,6 +341,85 @@ func serving() bool {
 	return strings.Contains(string(buf), "server.(*Pinboard).Handle(")
 }
 
+// Shutdown called on a node that Serve runs (net/http's pattern: Serve in
+// a goroutine, Shutdown on a signal) is the shutdown Serve's context
+// would start: Serve returns nil once it began, and the admin listener
+// keeps answering — /readyz 503 — until Shutdown is done. Serve returned
+// "cannot serve: %!w(<nil>)" at once, and closed the admin listener
+// with it, mid-drain (R-SRV-4: the library API).
+func TestShutdownWhileServing_RSRV4(t *testing.T) {
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"k","token":{"env":"T"},"scopes":["pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"]}}}]}]}`),
+		func(string) (string, bool) { return "tok", true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &blockingWorkersStore{Memory: directory.NewMemory(DefaultLeaseTTL, time.Now()), entered: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	release := func() { once.Do(func() { close(store.release) }) }
+	t.Cleanup(release)
+	pb, err := New(Options{Store: store, Passport: pp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	aln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = pb.ServeAdmin(aln) }()
+	served := make(chan error, 1)
+	go func() { served <- pb.Serve(context.Background(), ln, time.Hour) }()
+
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/registry/workers", nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 20 * time.Second}
+		res, err := c.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		res.Body.Close()
+		answered <- res.StatusCode
+	}()
+	select {
+	case <-store.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected registry request not running 10s after it was sent")
+	}
+	shut := make(chan error, 1)
+	go func() { shut <- pb.Shutdown(time.Hour, nil) }()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("unexpected Serve result once Shutdown began; got %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected Serve still running 10s after Shutdown began")
+	}
+	// The request still runs: the admin listener answers, not ready.
+	status, body := get(t, "http://"+aln.Addr().String()+"/readyz")
+	if status != http.StatusServiceUnavailable || body != `{"ok":false,"shuttingDown":true}` {
+		t.Fatalf("unexpected admin readiness during the shutdown; got %d %s; want 503 shuttingDown", status, body)
+	}
+	release()
+	if got := <-answered; got != http.StatusOK {
+		t.Fatalf("unexpected answer to the request in flight; got %d; want 200", got)
+	}
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Fatalf("unexpected Shutdown error: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected Shutdown still running 10s after the last request ended")
+	}
+}
+
 // A connection opened before the shutdown whose first request arrives
 // just after it started is served, not closed under the request: the
 // client (a browser's preconnect, a balancer's warm connection) cannot
