@@ -15,7 +15,16 @@ import (
 // serves, and have ended when it returns: a sweep still running on the
 // store then would meet a caller that closes the store once Serve
 // returned (cmd/pinboard does).
+//
+// A Pinboard serves once: after its shutdown (Serve's or Shutdown's) its
+// pools are closed and its readiness is 503 for good, and Serve closes ln
+// and returns an error wrapping net.ErrClosed at once (net/http's
+// ErrServerClosed). Build another with New.
 func (pb *Pinboard) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	if pb.stopping.Load() {
+		_ = ln.Close()
+		return fmt.Errorf("cannot serve: pinboard was shut down (build another with New): %w", net.ErrClosed)
+	}
 	bg, stopBG := context.WithCancel(context.Background())
 	var loops sync.WaitGroup
 	loops.Go(func() { pb.proxy.Run(bg) })

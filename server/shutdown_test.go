@@ -420,6 +420,38 @@ func TestShutdownWhileServing_RSRV4(t *testing.T) {
 	}
 }
 
+// A Pinboard serves once: Serve after its shutdown refuses at once, its
+// listener closed. It served a node that was for ever unready, whose
+// registry answered 503 "not the serving fleet" and whose next
+// shutdown failed ("cannot stop the registry pool: this pool has been
+// closed") — a program that restarts pinboard in process must build
+// another with New (R-SRV-4).
+func TestServeAfterShutdownRefused_RSRV4(t *testing.T) {
+	pb, _, _, stop := node(t, Options{})
+	if err := stop(); err != nil {
+		t.Fatalf("unexpected shutdown error: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() { served <- pb.Serve(context.Background(), ln, time.Second) }()
+	select {
+	case err := <-served:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("unexpected Serve result after a shutdown; got %v; want an error wrapping net.ErrClosed", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("unexpected Serve serving a node shut down")
+	}
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("unexpected listener still accepting after Serve refused")
+	}
+}
+
 // A connection opened before the shutdown whose first request arrives
 // just after it started is served, not closed under the request: the
 // client (a browser's preconnect, a balancer's warm connection) cannot
