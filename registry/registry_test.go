@@ -56,7 +56,7 @@ type fakeWorker struct {
 	srv    *httptest.Server
 	secret string
 	mode   atomic.Value  // "ok", "slow", "hang", "mismatch", "404", "late404", "500", "nobody", "notjson", "truncated"
-	hang   chan struct{} // "hang" answers once this closes
+	hang   chan struct{} // "hang" and "late404" answer once this closes
 	mu     sync.Mutex
 	value  map[string]string // challenge -> value
 	probes atomic.Int64
@@ -91,8 +91,9 @@ func newFakeWorker(t testing.TB) *fakeWorker {
 			ok = false
 		case "late404":
 			// A worker that gave up on its heartbeat (WorkerTimeout) has a
-			// new challenge: the old one's probe, come late, is a 404.
-			time.Sleep(400 * time.Millisecond)
+			// new challenge: the old one's probe, come late (once hang
+			// closes), is a 404.
+			<-fw.hang
 			ok = false
 		case "500":
 			w.WriteHeader(http.StatusInternalServerError)
