@@ -116,7 +116,10 @@ func testClientIPAffinityBoundedByBalanceFactor(t *testing.T, store directorytes
 			// within the factor of the best.
 			for i := 0; i < 2000; i++ {
 				f.place(fmt.Sprintf("more-%d", i), pick, policy)
-				ws, _ := f.s.Workers(context.Background(), f.now)
+				ws, err := f.s.Workers(context.Background(), f.now)
+				if err != nil || len(ws) != 4 {
+					t.Fatalf("unexpected workers after %d placements; got %d, %v; want the 4", i, len(ws), err)
+				}
 				maxH, minH := math.Inf(-1), math.Inf(1)
 				for _, w := range ws {
 					maxH, minH = math.Max(maxH, w.Headroom), math.Min(minH, w.Headroom)
