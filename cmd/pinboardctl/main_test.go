@@ -603,8 +603,10 @@ func TestJSONErrorOnOneLine_RREG4_RREG6(t *testing.T) {
 // A PINBOARD_URL with a user and password is refused without echoing the
 // password — also when url.Parse refuses it (a bad port, a space, an
 // unclosed bracket) or it has no scheme: those were echoed whole, under
-// a "must start with http://" that did not say what was wrong.
-func TestMalformedURLPasswordNotEchoed_RREG5(t *testing.T) {
+// a "must start with http://" that did not say what was wrong. (No
+// requirement id: pinboardctl's own configuration; it cited R-REG-5, the
+// health endpoint's quarantineMs, which it never reaches.)
+func TestMalformedURLPasswordNotEchoed(t *testing.T) {
 	for _, u := range []string{
 		"http://op:s3cret@127.0.0.1:notaport",
 		"http://op:s3cret@[::1",
