@@ -313,3 +313,96 @@ func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) {
 // errTooManyRepeated refuses a request with more than maxStripped
 // repeated fields (checkRepeatBound).
 var errTooManyRepeated = errors.New("too many header fields sent on several lines")
+
+// Responses. A worker's answer loses its hop-by-hop lines the same way
+// (stripResponseHop), and the same deletion moved the header's last line
+// into the deleted one's place: a worker whose server or sidecar answers
+// with Connection: keep-alive (Node, Apache, nginx) had its Link
+// preloads, WWW-Authenticate challenges and Cache-Control lines sent to
+// the client last first. An answer's parsed header is still in the
+// worker's order before the deletions, so its lines are read then.
+
+// keptApart reports whether fasthttp keeps the response field k out of its
+// list of lines: one value each, or Set-Cookie in a list of its own, whose
+// order no deletion here changes. Only the other fields can move.
+func keptApart(k []byte) bool {
+	switch string(k) {
+	case fasthttp.HeaderContentLength, fasthttp.HeaderContentType, fasthttp.HeaderContentEncoding,
+		fasthttp.HeaderServer, fasthttp.HeaderSetCookie, fasthttp.HeaderTrailer, fasthttp.HeaderConnection,
+		fasthttp.HeaderTransferEncoding, fasthttp.HeaderDate:
+		return true
+	}
+	return false
+}
+
+// responseRepeats is repeats for a worker's answer: whether it may hold a
+// field on more than one line among those a deletion can move (keptApart).
+// Allocates nothing.
+func responseRepeats(h *fasthttp.ResponseHeader) bool {
+	var names [repeatsScan][]byte
+	n := 0
+	for k := range h.All() {
+		if keptApart(k) {
+			continue
+		}
+		if n == len(names) {
+			return true // stripResponseHopInOrder decides
+		}
+		for _, o := range names[:n] {
+			if len(o) == len(k) && string(o) == string(k) {
+				return true
+			}
+		}
+		names[n] = k
+		n++
+	}
+	return false
+}
+
+// stripResponseHopInOrder is stripResponseHop for an answer that may hold
+// a field on several lines: its lines are copied before stripHop deletes
+// anything, and each such field left is rewritten in the worker's order
+// (one deletion, then its lines appended), as keepFieldOrder does for a
+// request. Slow path: it allocates, for an answer that carries both a
+// hop-by-hop header and a repeated field.
+func stripResponseHopInOrder(found uint16, h *fasthttp.ResponseHeader) {
+	type line struct{ kEnd, vEnd int } // the name ends at kEnd in buf, the value at vEnd
+	var buf []byte
+	var lines []line
+	for k, v := range h.All() {
+		if keptApart(k) {
+			continue
+		}
+		buf = append(buf, k...)
+		kEnd := len(buf)
+		buf = append(buf, v...)
+		lines = append(lines, line{kEnd: kEnd, vEnd: len(buf)})
+	}
+	stripHop(found, hopExpect, h)
+	count := make(map[string]int, len(lines))
+	start := 0
+	for _, l := range lines {
+		count[string(buf[start:l.kEnd])]++
+		start = l.vEnd
+	}
+	// Repeated fields stripHop left: a field is deleted whole or not at all.
+	left := make(map[string]bool)
+	for k := range h.All() {
+		if count[string(k)] > 1 {
+			left[string(k)] = true
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	for k := range left {
+		h.Del(k)
+	}
+	start = 0
+	for _, l := range lines {
+		if k := buf[start:l.kEnd]; left[string(k)] {
+			h.AddBytesKV(k, buf[l.kEnd:l.vEnd])
+		}
+		start = l.vEnd
+	}
+}

@@ -3,6 +3,9 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -264,5 +267,80 @@ func TestTrustedForwardedReadInClientOrder_RDP1_RPL4(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A worker's answer reaches the client with the lines of each field sent
+// more than once in the order the worker sent them (RFC 9110 §5.3), also
+// when pinboard removes hop-by-hop lines from it: the same move of the
+// header's last line into a deleted one's place sent a worker's Link
+// preloads, WWW-Authenticate challenges or Cache-Control lines last
+// first. A worker whose server (Node, Apache) or sidecar (nginx) answers
+// with Connection: keep-alive had every such answer reordered (R-DP-1).
+func TestResponseFieldOrderKept_RDP1(t *testing.T) {
+	for name, lead := range map[string]string{
+		"connection":    "Connection: keep-alive\r\n",
+		"keep_alive":    "Keep-Alive: timeout=5\r\n",
+		"named":         "Connection: X-Hop\r\nX-Hop: 1\r\n",
+		"trailer":       "Trailer: X-Sum\r\n",
+		"nothing_taken": "",
+	} {
+		t.Run(name, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+				_, _ = io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\n"+lead+
+					"Link: </a.css>; rel=preload\r\nWww-Authenticate: Negotiate\r\nX-Y: 1\r\nLink: </b.js>; rel=preload\r\n"+
+					"Cache-Control: no-store\r\nSet-Cookie: a=1\r\nWww-Authenticate: Basic realm=\"w\"\r\nSet-Cookie: b=2\r\n"+
+					"Link: </c.png>; rel=preload\r\nCache-Control: private\r\nContent-Length: 2\r\n\r\nno")
+				return true
+			})
+			rg.serveIDs(t, w, "alice")
+			wire := rg.raw("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second)
+			res, err := http.ReadResponse(bufio.NewReader(strings.NewReader(wire)), nil)
+			if err != nil || res.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("unexpected answer; got %q (%v); want the worker's 401", wire, err)
+			}
+			for field, want := range map[string][]string{
+				"Link":             {"</a.css>; rel=preload", "</b.js>; rel=preload", "</c.png>; rel=preload"},
+				"Www-Authenticate": {"Negotiate", `Basic realm="w"`},
+				"Cache-Control":    {"no-store", "private"},
+				"Set-Cookie":       {"a=1", "b=2"},
+				"X-Y":              {"1"},
+			} {
+				if got := res.Header.Values(field); strings.Join(got, "|") != strings.Join(want, "|") {
+					t.Errorf("unexpected %s lines at the client; got %q; want %q\n%q", field, got, want, wire)
+				}
+			}
+			for _, hop := range []string{"Keep-Alive", "X-Hop", "Trailer"} {
+				if v := res.Header.Values(hop); len(v) != 0 {
+					t.Errorf("unexpected hop-by-hop %s at the client; got %q", hop, v)
+				}
+			}
+		})
+	}
+}
+
+// Removing a worker's Connection: keep-alive from an answer with no field
+// on several lines costs no allocation (the slow path is for answers that
+// have one).
+func TestStripResponseHopAllocatesNothing_RDP1(t *testing.T) {
+	skipUnderRace(t)
+	const raw = "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Type: application/json\r\n" +
+		"Set-Cookie: a=1\r\nSet-Cookie: b=2\r\nCache-Control: no-store\r\nVary: Accept\r\nContent-Length: 2\r\n\r\n"
+	var h fasthttp.ResponseHeader
+	sr := strings.NewReader(raw)
+	br := bufio.NewReader(sr)
+	allocs := testing.AllocsPerRun(100, func() {
+		sr.Reset(raw)
+		br.Reset(sr)
+		if err := h.Read(br); err != nil {
+			t.Fatal(err)
+		}
+		stripResponseHop(&h)
+		h.Reset()
+	})
+	if allocs != 0 {
+		t.Fatalf("unexpected allocations; got %v; want 0", allocs)
 	}
 }

@@ -369,11 +369,19 @@ func underscoreAlias(k []byte, name string) bool {
 
 // stripResponseHop removes hop-by-hop headers from a worker's response.
 // Expect and pinboard-* names have no meaning in a response and stay.
+// The lines of a field sent more than once keep the worker's order
+// (stripResponseHopInOrder).
 func stripResponseHop(h *fasthttp.ResponseHeader) {
-	if found := hopFound(h.All()); found&^(hopExpect|hopReserved) != 0 {
-		// A worker's answer is not bounded: the worker is the fleet's own.
-		stripHop(found, hopExpect, h)
+	found := hopFound(h.All())
+	if found&^(hopExpect|hopReserved) == 0 {
+		return // Fast path: nothing to remove.
 	}
+	// A worker's answer is not bounded: the worker is the fleet's own.
+	if responseRepeats(h) {
+		stripResponseHopInOrder(found, h)
+		return
+	}
+	stripHop(found, hopExpect, h)
 }
 
 // repeated reports whether h has more than one line named name.
