@@ -274,6 +274,16 @@ func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 		ctx.SetConnectionClose()
 		return false
 	}
+	if m := ctx.Request.Header.Method(); asciiEqualFold(m, "TRACE") || asciiEqualFold(m, "TRACK") {
+		// Answered by echoing the request received (RFC 9110 §9.3.8),
+		// which would hand the client pinboard's attestation: a token
+		// the worker takes on every route of every namespace it serves
+		// for a minute (R-TR-5), and a credential no TRACE may carry.
+		// TRACK is IIS's echo; another case, a server reading methods
+		// case-insensitively. nginx refuses TRACE too.
+		writeError(ctx, fasthttp.StatusNotImplemented, "TRACE is not supported", 0)
+		return false
+	}
 	if err := ToOriginForm(&ctx.Request); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, err.Error(), 0)
 		return false

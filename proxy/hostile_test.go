@@ -929,6 +929,42 @@ func TestConnectNotTunnelled_RDP1_RDP3(t *testing.T) {
 	}
 }
 
+// A TRACE is never forwarded: the worker, or anything between it and
+// pinboard, answers it by echoing the request it received (RFC 9110
+// §9.3.8), and that request carries pinboard's attestation — a token the
+// worker accepts on every route, of every namespace it serves, for a
+// minute (it names no instance). Echoed, a client admitted to one
+// namespace, anonymously even, held a credential that reaches the
+// worker's other namespaces and /_pinned/stats directly, past their
+// policies; RFC 9110 §9.3.8 forbids sending credentials in a TRACE. So
+// is TRACK, IIS's echo, and either in another case: a server that reads
+// methods case-insensitively echoes those too (R-TR-5).
+func TestTraceNotForwarded_RTR5(t *testing.T) {
+	rg := newRig(t, nil)
+	rg.warm()
+	var echoed atomic.Int64
+	w, _ := rawRequestWorker(t, func(c net.Conn, r *http.Request) bool {
+		if r.URL.Path != "/counters/alice/x" {
+			return answerPath(c, r)
+		}
+		echoed.Add(1)
+		var b strings.Builder
+		_ = r.Header.Write(&b)
+		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: message/http\r\nContent-Length: %d\r\n\r\n%s", b.Len(), b.String())
+		return true
+	})
+	rg.serveIDs(t, w, "alice")
+	for _, method := range []string{"TRACE", "trace", "TRACK"} {
+		got := rg.raw(method+" /counters/alice/x HTTP/1.1\r\nHost: a\r\n\r\n", 10*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 501 ") || strings.Contains(strings.ToLower(got), "pinboard-attestation") || echoed.Load() != 0 {
+			t.Fatalf("unexpected answer to %s; got %q (%d reached the worker); want 501 from pinboard, none forwarded", method, got, echoed.Load())
+		}
+	}
+	if _, body := rg.get("/counters/alice/y", nil); body != "for /counters/alice/y" {
+		t.Fatalf("unexpected body after the refused TRACE; got %q; want %q", body, "for /counters/alice/y")
+	}
+}
+
 // A HEAD answered without a Content-Length (chunked: the GET body would
 // stream) leaves the worker still running the route: uvicorn runs the
 // app for HEAD, drops what it sends, and reads the connection's next
