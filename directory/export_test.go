@@ -136,6 +136,11 @@ func RedisSizes(r *Redis) map[string]int {
 // Set it before r is used.
 func SetAfterViewRead(r *Redis, fn func(what string)) { r.afterViewRead = fn }
 
+// SetAfterClaim makes r call fn in Place between the claim script's reply
+// and the read of the owner's session it names (sid). Set it before r is
+// used.
+func SetAfterClaim(r *Redis, fn func(sid string)) { r.afterClaim = fn }
+
 // ViewVersions reports how many pushes r's placement view counted for the
 // namespace ns and the session sid (0 when it holds no entry).
 func ViewVersions(r *Redis, ns, sid string) (nsVer, headVer uint64) {

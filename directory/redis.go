@@ -142,6 +142,10 @@ type Redis struct {
 	// between the reads of its view (redis_view.go) and their store, with
 	// what was read: "members" or "entries".
 	afterViewRead func(what string)
+	// afterClaim, when set (tests only, before use), runs in Place between
+	// the claim script's reply, naming the owner's session, and the read
+	// of that session.
+	afterClaim func(sid string)
 }
 
 var (

@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -30,7 +31,23 @@ import (
 // placed costs one. A marked member set costs one more, first; a view
 // with more than viewBatch marked entries, one more per batch past the
 // first (once: a read entry stays current until its key changes).
+//
+// The owner a claim names can end before this node reads its session —
+// another node placed the id on a worker that registered there and
+// deregistered or re-registered since — and the id is then placed once
+// more (its row names a session gone, which the claim replaces), not
+// answered 503 "directory unavailable": Redis answered, and nothing a
+// client could do differently would help it.
 func (r *Redis) Place(ctx context.Context, req *PlaceRequest) (Route, error) {
+	rt, err := r.place(ctx, req)
+	if errors.Is(err, errOwnerGone) && ctx.Err() == nil {
+		rt, err = r.place(ctx, req)
+	}
+	return rt, err
+}
+
+// place is Place, once.
+func (r *Redis) place(ctx context.Context, req *PlaceRequest) (Route, error) {
 	name := rowName(req.NS, req.ID)
 	key := r.prefix + "p:" + name
 	kw := r.watchKey(key)
@@ -132,14 +149,17 @@ func (r *Redis) claimed(ctx context.Context, req *PlaceRequest, kw keyWatch, bac
 	if err != nil {
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, err)
 	}
+	if r.afterClaim != nil {
+		r.afterClaim(sid)
+	}
 	ss, err := r.resolve(ctx, []string{sid})
 	if err != nil {
 		return Route{}, err
 	}
 	s := ss[sid]
 	if s == nil {
-		// Deregistered between the claim and this read: a retry places
-		// the id again.
+		// Deregistered between the claim and this read: Place places the
+		// id again.
 		return Route{}, unavailable("claim", req.NS+"/"+req.ID, errOwnerGone)
 	}
 	s.setLease(fromMicros(reply[3]))

@@ -349,3 +349,52 @@ func TestRedisClaimScriptKeepsNewerLiveRow_RPL1_RPL6(t *testing.T) {
 		t.Fatalf("unexpected placement excluding keep's refused epoch; got %+v, %v; want keep's live row at %d returned", got, err, r2.Epoch)
 	}
 }
+
+// The session a claim names can end before this node reads it, and the
+// request is not answered 503 "directory unavailable" for it: Redis
+// answers, and the id is placed again, on a live session (R-PL-1). Here
+// another node placed the id on a session this node never read (its
+// worker just registered there) while this node ranked its candidates,
+// so the claim resolves to that owner; the worker deregisters before this
+// node reads its session.
+func TestRedisPlaceOwnerEndedAfterClaim_RPL1(t *testing.T) {
+	ctx := ctxT(t)
+	srv := redistest.StartServer(t)
+	a := openNode(t, srv.URL(), "ownergone", 10*time.Second)
+	b := openNode(t, srv.URL(), "ownergone", 10*time.Second)
+	now := warmRedis(t, a, time.Now())
+	one := register(t, a, "one", 10, now)
+	three := ""
+	directory.SetAfterViewRead(a, func(what string) {
+		// "entries": after A read x's row (none yet), before its claim.
+		if what != "entries" || three != "" {
+			return
+		}
+		three = register(t, b, "three", 10, now)
+		if rt, err := b.Place(context.Background(), &directory.PlaceRequest{NS: "/c", ID: "x", Now: now, Exclude: one}); err != nil || rt.Owner.SessionID != three {
+			t.Errorf("cannot place x on three through B; got %+v, %v", rt, err)
+		}
+	})
+	ended := false
+	directory.SetAfterClaim(a, func(sid string) {
+		if sid == three && !ended {
+			ended = true
+			if err := b.Deregister(context.Background(), sid, now); err != nil {
+				t.Errorf("cannot deregister three through B: %v", err)
+			}
+		}
+	})
+	rt, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now})
+	if !ended {
+		t.Fatalf("BUG: the claim did not name three (%v, %v)", rt, err)
+	}
+	if err != nil {
+		t.Fatalf("unexpected placement error after the claimed owner ended; got %v; want x placed on one", err)
+	}
+	if rt.Owner.SessionID != one || !rt.Placed {
+		t.Fatalf("unexpected route; got session %s placed=%v; want %s placed", rt.Owner.SessionID, rt.Placed, one)
+	}
+	if got, ok := a.Lookup([]byte("/c"), []byte("x"), now); !ok || got.Owner.SessionID != one || got.Epoch != rt.Epoch {
+		t.Fatalf("unexpected lookup after the placement; got %+v, %v; want one at epoch %d", got, ok, rt.Epoch)
+	}
+}
