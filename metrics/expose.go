@@ -54,7 +54,7 @@ func (m *Metrics) appendDataPlane(e *expo) {
 	})
 	e.histogram("pinboard_proxy_request_duration_seconds",
 		"Time from a data-plane request's arrival until its response header is ready (streamed bodies relay afterwards and are not included).", m.latency)
-	e.family("pinboard_proxy_upstream_errors_total", "counter", "Failures reaching a worker, by kind: dial (connect), write, read (its connection failed under its answer, a streamed body included), invalid (its answer refused for its framing, status line or header: 502 invalid answer from owner; a malformed chunk mid-stream), timeout (response header), pool (connection pool exhausted), unattested (the worker refused the attestation: not yet on its session), other.")
+	e.family("pinboard_proxy_upstream_errors_total", "counter", "Failures reaching a worker, by kind: dial (connect), write, read (its connection failed under its answer, a streamed body included), invalid (its answer refused for its framing, status line or header: 502 invalid answer from owner; a malformed chunk mid-stream), timeout (response header), pool (connection pool exhausted), unattested (the worker refused the attestation: not yet on its session), ended (its session ended while pinboard awaited its answer: 502 owner session ended), other.")
 	for i, k := range upstreamKinds {
 		e.sample("pinboard_proxy_upstream_errors_total", "kind", k, "", "", m.upstream[i].Load())
 	}

@@ -81,7 +81,7 @@ const (
 )
 
 // Upstream error kinds (proxy.Metrics.UpstreamError).
-var upstreamKinds = [...]string{"dial", "write", "read", "invalid", "timeout", "pool", "unattested", "other"}
+var upstreamKinds = [...]string{"dial", "write", "read", "invalid", "timeout", "pool", "unattested", "ended", "other"}
 
 func upstreamKind(kind string) int {
 	for i, k := range upstreamKinds[:len(upstreamKinds)-1] {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -58,6 +59,9 @@ type pconn struct {
 	// header timeout (see keepWaiting).
 	waitStart time.Time
 	waitFor   time.Duration
+	// waitOwner is the session the request awaited went to (nil: none to
+	// watch): a wait ends once the store ended it (keepWaiting).
+	waitOwner *directory.Owner
 }
 
 // lazyDeadline keeps a connection deadline about d ahead of now without
@@ -444,6 +448,12 @@ type carryReader struct {
 }
 
 var errClientGone = errors.New("client went away during a streamed response")
+
+// errOwnerEnded: the store ended the owner's session — deregistered,
+// voided, superseded, or swept a lease after its lease ran out (a frozen
+// or cut-off worker) — while pinboard waited for its answer, which is not
+// coming from the id's owner any more (keepWaiting).
+var errOwnerEnded = errors.New("the owner's session ended while it had the request")
 
 func (r *carryReader) Read(p []byte) (int, error) {
 	if len(r.pending) > 0 {

@@ -185,3 +185,89 @@ func TestWebSocketOfEndedSessionGoesAway_RLS2_RDP2(t *testing.T) {
 		t.Fatal("the live session's worker never got the client's frame")
 	}
 }
+
+// A request waiting for its answer from a worker whose session the store
+// ended — deregistered here; a frozen worker's is swept a lease after its
+// lease ran out — is answered 502 "owner session ended" at the next
+// client check, not after the header timeout (5 min by default, an hour
+// here): the answer would come, if at all, from a worker no longer the
+// id's owner, while the id serves from another. A wait on a live
+// session goes on, and gets its answer (R-LS-2, R-DP-4).
+func TestAnswerAwaitedFromEndedSessionIs502_RLS2_RDP4(t *testing.T) {
+	defer func(d time.Duration) { clientCheckEvery = d }(clientCheckEvery)
+	clientCheckEvery = 100 * time.Millisecond
+	rg := newRig(t, func(o *Options) { o.Upstream.ResponseHeaderTimeout = time.Hour })
+	rg.warm()
+	arrived := make(chan string, 2)
+	wRelease, vRelease := make(chan struct{}), make(chan struct{})
+	defer close(wRelease)
+	slow := func(name string, release <-chan struct{}) http.HandlerFunc {
+		return func(rw http.ResponseWriter, r *http.Request) {
+			arrived <- name
+			select {
+			case <-release:
+				fmt.Fprint(rw, "late answer from "+name)
+			case <-r.Context().Done():
+			}
+		}
+	}
+	w, v := newStandin(t, "w"), newStandin(t, "v")
+	w.route("/slow", slow("w", wRelease))
+	v.route("/slow", slow("v", vRelease))
+	rg.add(w, 1, "/t")
+	rg.add(v, 1, "/u")
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	ask := func(path string) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			c := &http.Client{Timeout: 30 * time.Second}
+			res, err := c.Get(rg.url + path)
+			if err != nil {
+				ch <- answer{err: err}
+				return
+			}
+			defer res.Body.Close()
+			b, err := io.ReadAll(res.Body)
+			ch <- answer{res.StatusCode, string(b), err}
+		}()
+		return ch
+	}
+	wAns, vAns := ask("/t/x/slow"), ask("/u/y/slow")
+	for range 2 {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("unexpected requests not at the workers 10s after they were sent")
+		}
+	}
+	if err := rg.store.Deregister(t.Context(), w.session.Load().(string), rg.now()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-wAns:
+		if a.err != nil || a.status != http.StatusBadGateway || a.body != `{"error":"owner session ended"}` {
+			t.Fatalf("unexpected answer from the ended session; got %d %q, %v; want 502 %q", a.status, a.body, a.err, `{"error":"owner session ended"}`)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("unexpected request to an ended session still waiting 20s after it ended (header timeout 1h)")
+	}
+	// v's session lives: its request still waits, through many checks.
+	select {
+	case a := <-vAns:
+		t.Fatalf("unexpected answer from a live session before it answered; got %d %q, %v", a.status, a.body, a.err)
+	case <-time.After(5 * clientCheckEvery):
+	}
+	close(vRelease)
+	select {
+	case a := <-vAns:
+		if a.err != nil || a.status != http.StatusOK || a.body != "late answer from v" {
+			t.Fatalf("unexpected answer from the live session; got %d %q, %v; want 200 %q", a.status, a.body, a.err, "late answer from v")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("unexpected live session's answer not relayed 20s after it was sent")
+	}
+}

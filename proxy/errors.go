@@ -23,6 +23,9 @@ import (
 // connection failed under the answer.
 func (p *Proxy) answerUpstreamError(ctx *fasthttp.RequestCtx, err error, wrote bool) {
 	switch {
+	case errors.Is(err, errOwnerEnded):
+		p.metrics.UpstreamError("ended")
+		writeError(ctx, fasthttp.StatusBadGateway, "owner session ended", 0)
 	case isTimeout(err):
 		p.metrics.UpstreamError("timeout")
 		writeError(ctx, fasthttp.StatusGatewayTimeout, "owner timed out", 0)

@@ -69,6 +69,7 @@ func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, rq *request, now time.Time, 
 		reused := pc.reused
 		pc.answered = false
 		pc.waitStart = time.Time{} // set again by awaitHeader when it checks on the client
+		pc.waitOwner = rq.owner
 		if !replayable {
 			pc.clearDeadline() // the upload arms it once the body is out
 		}
@@ -241,6 +242,14 @@ func (pc *pconn) keepWaiting(err error, client net.Conn) (bool, error) {
 	}
 	if rawio.PeerGone(client) {
 		return false, errClientGone
+	}
+	if pc.waitOwner != nil && pc.waitOwner.Revoked() {
+		// Its answer would come from a worker no longer the id's owner,
+		// if at all: a frozen worker's kernel holds the connection, and
+		// the client waited the whole header timeout (5 min) while the
+		// id served from another worker — as its event streams did
+		// before they were ended (streams.endRevoked).
+		return false, errOwnerEnded
 	}
 	pc.deadline = lazyDeadline{t.Add(min(left, clientCheckEvery))}
 	_ = pc.c.SetReadDeadline(pc.deadline.at)
