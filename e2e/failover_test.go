@@ -268,6 +268,25 @@ func TestFrozenWorkerEventStreamEnds_RLS2_RDP2(t *testing.T) {
 		victim.proc.signal(syscall.SIGSTOP)
 		defer victim.proc.signal(syscall.SIGCONT)
 		frozen := time.Now()
+		// A request to the id while its owner is frozen and its lease
+		// still runs: the worker's kernel takes it, no answer comes.
+		type answer struct {
+			status int
+			body   string
+			err    error
+		}
+		awaited := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, pb.URL+"/tickers/frozen-stream/events?count=1", nil)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				awaited <- answer{err: err}
+				return
+			}
+			defer res.Body.Close()
+			b, err := io.ReadAll(res.Body)
+			awaited <- answer{res.StatusCode, string(b), err}
+		}()
 		sleepCtx(ctx, 500*time.Millisecond) // a heartbeat sent just before has landed
 		floor, err := victim.LeaseFloor(ctx)
 		if err != nil {
@@ -302,6 +321,16 @@ func TestFrozenWorkerEventStreamEnds_RLS2_RDP2(t *testing.T) {
 			t.Fatalf("unexpected end of the event stream %v before the frozen worker's lease ended; want the session ended first", floor.Sub(e.at).Round(time.Millisecond))
 		}
 		t.Logf("event stream ended %v after the freeze (lease ran out %v after it)", e.at.Sub(frozen).Round(time.Millisecond), floor.Sub(frozen).Round(time.Millisecond))
+		// The request awaiting the frozen worker's answer is answered once
+		// its session ended, not after the 5 min header timeout.
+		select {
+		case a := <-awaited:
+			if a.err != nil || a.status != http.StatusBadGateway || a.body != `{"error":"owner session ended"}` {
+				t.Fatalf("unexpected answer to the request the frozen worker held; got %d %q, %v; want 502 %q", a.status, a.body, a.err, `{"error":"owner session ended"}`)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the request the frozen worker held still waiting %v after the freeze (lease %v)", time.Since(frozen).Round(time.Millisecond), ttl)
+		}
 
 		again := openEventStream(ctx, t, url, 500*time.Millisecond)
 		defer again.Body.Close()
