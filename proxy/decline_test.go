@@ -387,3 +387,61 @@ func TestNewPlacementOnDeadWorkerMoves_RLS2_RPL1(t *testing.T) {
 		t.Fatalf("unexpected reply for an id the dead worker held; got %d %s, owner %s; want 502 and a's row", res.StatusCode, body, owner("bob"))
 	}
 }
+
+// A new placement moved off a dead worker (its advertise URL refuses
+// connections) onto a second dead one is released there too: one move per
+// request, so the client gets 502 "owner unreachable", but its retry finds
+// the id free and places it on a live worker, both dead ones ranked last
+// (the decline memory). Before, the row stayed on the second dead worker,
+// and every retry of that id — a request or a WebSocket handshake — was
+// answered 502 until that worker's lease lapsed: two workers gone at once
+// (a host with two of them, a deploy) made every new id they won in that
+// window unreachable for up to a lease (R-DP-3, R-LS-2, R-PL-1).
+func TestNewPlacementOnSecondDeadWorkerReleased_RDP3_RLS2_RPL1(t *testing.T) {
+	for _, kind := range []string{"request", "websocket"} {
+		t.Run(kind, func(t *testing.T) {
+			rg := newRig(t, nil)
+			rg.warm()
+			a, b, c := newStandin(t, "a"), newStandin(t, "b"), newStandin(t, "c")
+			c.route("/ws", func(rw http.ResponseWriter, r *http.Request) {
+				if conn, _, ok := accept101(rw); ok {
+					conn.Close()
+				}
+			})
+			rg.add(a, 1e6, "/counters")
+			rg.add(b, 1e3, "/counters")
+			rg.add(c, 1, "/counters")
+			a.srv.Close()
+			b.srv.Close()
+			owner := func() string {
+				p, err := rg.store.Placement(t.Context(), "/counters", "alice", rg.now())
+				if err != nil {
+					return err.Error()
+				}
+				if !p.Live {
+					return "none"
+				}
+				return map[string]string{a.session.Load().(string): "a", b.session.Load().(string): "b", c.session.Load().(string): "c"}[p.SessionID]
+			}
+			try := func() (int, string) {
+				if kind == "websocket" {
+					line := rg.upgrade("/counters/alice/ws")
+					code, _ := strconv.Atoi(strings.Fields(line + " x x")[1])
+					return code, line
+				}
+				res, body := rg.get("/counters/alice/value", nil)
+				return res.StatusCode, body
+			}
+			if code, got := try(); code != 502 || owner() == "b" {
+				t.Fatalf("unexpected first reply with a and b dead; got %d %s, owner %s; want 502 and b's new row released", code, got, owner())
+			}
+			want := 200
+			if kind == "websocket" {
+				want = 101
+			}
+			if code, got := try(); code != want || owner() != "c" {
+				t.Fatalf("unexpected reply to the client's retry; got %d %s, owner %s; want %d from c", code, got, owner(), want)
+			}
+		})
+	}
+}

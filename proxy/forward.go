@@ -448,11 +448,11 @@ func (p *Proxy) forward(ctx *fasthttp.RequestCtx, rq *request, route directory.R
 			waits++
 			continue
 		}
-		if !moves(out, route, refusals) {
+		if !moves(out, route) {
 			break
 		}
 		var ok bool
-		if route, now, ok = p.moveOff(ctx, rq, route, out, out != unreachable && (refusals > 0 || !replayable)); !ok {
+		if route, now, ok = p.moveOff(ctx, rq, route, out, lastMove(out, refusals, replayable)); !ok {
 			break
 		}
 		refusals++

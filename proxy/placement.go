@@ -206,7 +206,7 @@ func (p *Proxy) afterGap(ctx *fasthttp.RequestCtx, rq *request, waits int) (dire
 // epoch — a refusal or a decline turned a new activation away, the fence's
 // epoch is one the worker let go, and a worker not dialed got nothing, so
 // no instance lives on under it — and, unless last is set (a second
-// refusal, or a request that cannot be sent again), places the id once
+// move, or a request that cannot be sent again: lastMove), places the id once
 // more: off that session, or anywhere after a release (a fresh epoch
 // passes the fence); the new placement leaves a live row another request
 // made since alone (place's exclude). When it goes no further (false) the
@@ -264,7 +264,7 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 // moves reports whether a try's outcome moves the placement (moveOff): a
 // refusal, a decline or a released epoch; and a worker whose address
 // refused the connection (unreachable) when this request placed the id
-// there on its first try, rather than answering 502 until the dead
+// there, rather than answering 502 until the dead
 // worker's lease lapses (R-LS-2, up to a lease). Nothing listens there, so
 // nothing reached that worker — no activation, a streamed body unread, and
 // no other request on a connection already open — and the placement is
@@ -273,13 +273,26 @@ func (p *Proxy) release(rq *request, route directory.Route, now time.Time) {
 // (dialOutcome). An id
 // placed before keeps its owner: a worker restarting at its address
 // serves it again, and the lease decides
-// (TestKilledWorkerReplacedAfterLease_RLS2_RDP4).
-func moves(out outcome, route directory.Route, refusals int) bool {
+// (TestKilledWorkerReplacedAfterLease_RLS2_RDP4). A request moves once
+// (lastMove): a new placement that a move made on a second dead worker is
+// released and not made again, and the client's retry finds the id free.
+// Before, it stayed there, and every retry of the id was answered 502
+// until that worker's lease lapsed
+// (TestNewPlacementOnSecondDeadWorkerReleased_RDP3_RLS2_RPL1).
+func moves(out outcome, route directory.Route) bool {
 	switch out {
 	case refused, declined, released:
 		return true
 	case unreachable:
-		return route.Placed && refusals == 0
+		return route.Placed
 	}
 	return false
+}
+
+// lastMove reports whether moveOff, after a try's outcome that moves the
+// placement, only releases it (its last): the request already moved once
+// (refusals), or, unless its worker was never dialed (unreachable: the
+// body is still unread), it cannot be sent again (replayable false).
+func lastMove(out outcome, refusals int, replayable bool) bool {
+	return refusals > 0 || (out != unreachable && !replayable)
 }

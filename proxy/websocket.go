@@ -80,8 +80,8 @@ func (p *Proxy) serveWebSocket(ctx *fasthttp.RequestCtx, rq *request, route dire
 		conn, br, raw, out := p.handshake(ctx, rq)
 		var ok bool
 		if out != served {
-			if moves(out, route, refusals) {
-				if route, now, ok = p.moveOff(ctx, rq, route, out, false); ok {
+			if moves(out, route) {
+				if route, now, ok = p.moveOff(ctx, rq, route, out, refusals > 0); ok {
 					refusals++
 					continue
 				}
