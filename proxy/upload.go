@@ -41,7 +41,8 @@ import (
 type upload struct {
 	done chan struct{}
 	err  error
-	// clientErr: err came from the client's side (a read or a short body).
+	// clientErr: err came from the client's side (a read or a short body),
+	// not from stop interrupting the client's read.
 	clientErr bool
 
 	client net.Conn // the client's connection, for stop
@@ -142,7 +143,14 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 		if u.err == nil {
 			u.err = bw.Flush()
 		}
-		u.clientErr = er.err != nil || errors.Is(u.err, errUploadShort)
+		// A client read that stop interrupted is no failure of the
+		// client's: the handler stopped the upload for the worker's
+		// failure (it closed the connection mid-upload), which must not
+		// be answered as the client's (TestWorkerClosedMidUploadIs502_RDP4_RDP2).
+		u.mu.Lock()
+		stopped := u.stopping
+		u.mu.Unlock()
+		u.clientErr = (er.err != nil && !stopped) || errors.Is(u.err, errUploadShort)
 		if u.err != nil {
 			if u.clientErr || !workerClosed(u.err) {
 				_ = worker.c.Close()

@@ -104,6 +104,73 @@ func TestClientAbortMidUploadFreesWorker_RDP2(t *testing.T) {
 	}
 }
 
+// A worker that closes its connection mid-upload without answering (it
+// crashed, or dropped the request) while the upload waits for the
+// client's next bytes — any client slower than pinboard's link to the
+// worker — is the worker's failure: 502 "owner unreachable", counted as
+// an upstream "read" error, and the client's connection closed (the rest
+// of its body is unread: the server closes a connection whose body read
+// failed). Before, the handler's stop of the upload
+// interrupted its wait for the client, which was taken for the client
+// failing: 400 "cannot read the request body", the client blamed for the
+// worker's close and no upstream error counted (R-DP-4, R-DP-2).
+func TestWorkerClosedMidUploadIs502_RDP4_RDP2(t *testing.T) {
+	for _, framing := range []string{"Content-Length: 262144", "Transfer-Encoding: chunked"} {
+		t.Run(framing, func(t *testing.T) {
+			var m upstreamCounter
+			rg := newRig(t, func(o *Options) { o.Metrics = &m })
+			rg.warm()
+			ln := rawListener(t, func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				_, _ = io.ReadFull(br, make([]byte, 64<<10)) // some of the body, then gone
+			})
+			w := rawWorker("raw", ln)
+			rg.serveIDs(t, w, "alice")
+			c, err := net.Dial("tcp", strings.TrimPrefix(rg.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /counters/alice/upload HTTP/1.1\r\nHost: x\r\n%s\r\n\r\n", framing)
+			chunked := strings.HasPrefix(framing, "Transfer")
+			go func() {
+				for i := 0; i < 8; i++ { // 256 KiB, 32 KiB every 20 ms
+					b := strings.Repeat("z", 32<<10)
+					if chunked {
+						b = fmt.Sprintf("%x\r\n%s\r\n", len(b), b)
+					}
+					if _, err := io.WriteString(c, b); err != nil {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				if chunked {
+					_, _ = io.WriteString(c, "0\r\n\r\n")
+				}
+			}()
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer within 10s after the worker closed mid-upload: %v", err)
+			}
+			body, _ := io.ReadAll(res.Body)
+			if res.StatusCode != 502 || string(body) != `{"error":"owner unreachable"}` || !res.Close {
+				t.Fatalf("unexpected answer when the worker closed mid-upload; got %d %s (close %v); want 502 owner unreachable and the connection closed", res.StatusCode, body, res.Close)
+			}
+			m.mu.Lock()
+			kinds := strings.Join(m.kinds, ",")
+			m.mu.Unlock()
+			if kinds != "read" {
+				t.Fatalf("unexpected upstream errors counted; got %q; want one read", kinds)
+			}
+		})
+	}
+}
+
 // A worker that answers early (401) while the client's upload idles: the
 // answer reaches the client at once, not when the client sends more
 // (R-DP-2).
