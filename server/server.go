@@ -154,6 +154,11 @@ func New(o Options) (*Pinboard, error) {
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = DefaultLeaseTTL
 	}
+	// The proxy is given no clock unless one was set: its own default is
+	// the real clock, whose readings it may use for socket deadlines too
+	// (proxy.Options.Now). Given time.Now, it could not tell, and read the
+	// clock once more per request for each deadline.
+	proxyNow := o.Now
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -200,7 +205,7 @@ func New(o Options) (*Pinboard, error) {
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,
 		Passport:       o.Passport,
-		Now:            o.Now,
+		Now:            proxyNow,
 		BasePath:       base,
 		Policy:         &directory.HeadroomPolicy{BalanceFactor: o.BalanceFactor},
 		AffinityKey:    o.AffinityKey,
