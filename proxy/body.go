@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/ascii"
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
@@ -308,36 +310,33 @@ func cutShort(err error) error {
 	return err
 }
 
-// chunkHeader reads "<hex>[;ext]\r\n".
+// chunkHeader reads "<hex>[BWS;ext]\r\n" (RFC 9112 §7.1, §7.1.1): the
+// line ends in CRLF and holds no other CR (erratum 7633: no bare LF), and
+// nothing but an extension follows the size. It stopped at the first CR,
+// space or tab after the digits, so "5\rX\n" and "5 junk\r\n" framed a
+// chunk that net/http and fasthttp refuse as malformed.
 func (b *upstreamBody) chunkHeader() (int64, error) {
 	line, err := b.pc.br.ReadSlice('\n')
 	if err != nil {
 		return 0, cutShort(err)
 	}
+	if len(line) < 2 || bytes.IndexByte(line, '\r') != len(line)-2 {
+		return 0, errBadChunk
+	}
+	line = line[:len(line)-2]
 	var size int64
 	digits := 0
-	for _, c := range line {
-		var v byte
-		switch {
-		case c >= '0' && c <= '9':
-			v = c - '0'
-		case c >= 'a' && c <= 'f':
-			v = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			v = c - 'A' + 10
-		default:
-			if digits == 0 || (c != ';' && c != '\r' && c != ' ' && c != '\t') {
-				return 0, errBadChunk
-			}
-			return size, nil
-		}
-		digits++
-		if digits > 15 {
+	for ; digits < len(line) && ascii.IsHex(line[digits]); digits++ {
+		if digits == 15 {
 			return 0, errBadChunk
 		}
-		size = size<<4 | int64(v)
+		size = size<<4 | int64(unhex(line[digits]))
 	}
-	return 0, errBadChunk
+	rest := bytes.TrimLeft(line[digits:], " \t")
+	if digits == 0 || len(rest) > 0 && rest[0] != ';' {
+		return 0, errBadChunk
+	}
+	return size, nil
 }
 
 func (b *upstreamBody) crlf() error {
