@@ -2,8 +2,10 @@ package attest
 
 import (
 	"encoding/base64"
+	"math"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pinboard-go/pinboard/internal/raceflag"
 )
@@ -107,4 +109,40 @@ func TestAppendAttestation_ZeroAlloc_RTR5(t *testing.T) {
 			t.Fatalf("input %d: unexpected allocations; got %v; want 0", i, n)
 		}
 	}
+}
+
+// FuzzAttestationRoundTrip mints an attestation from fuzzed inputs and
+// verifies it: every valid UTF-8 aud and caller, any depth and issue time
+// within reach of the clock, come back as minted (R-TR-5, R-TR-6).
+func FuzzAttestationRoundTrip(f *testing.F) {
+	f.Add([]byte("k"), "sess-1", int64(1700000000), "/counters/alice", 0, true)
+	f.Add([]byte(""), "zähler \"✓\"\n", int64(-5), "", -1, false)
+	f.Add([]byte("\x00\xff"), "😀\u2028", int64(1<<40), "/a/b/c", 1<<30, true)
+	f.Fuzz(func(t *testing.T, secret []byte, aud string, iat int64, caller string, depth int, withAcct bool) {
+		if !utf8.ValidString(aud) || !utf8.ValidString(caller) || iat > math.MaxInt64-ttlSeconds {
+			return
+		}
+		in := AttestationInput{Secret: secret, Aud: aud, IssuedAt: iat, Caller: caller, Depth: depth}
+		if withAcct {
+			in.Acct = []byte(`{"sub":"p:k","scopes":["pinboard:worker"],"claims":{"n":[1,{"x":null}]}}`)
+		}
+		tok := string(AppendAttestation(nil, &in))
+		if aud2, ok := AttestationAudience(tok); !ok || aud2 != aud {
+			t.Fatalf("unexpected audience of %s; got %q, %v; want %q", tok, aud2, ok, aud)
+		}
+		c, err := VerifyAttestation(tok, secret, []string{"other", aud}, time.Unix(iat, 0))
+		if err != nil {
+			t.Fatalf("unexpected rejection of %s: %v", tok, err)
+		}
+		if c.Aud != aud || c.IssuedAt != iat || c.Expires != iat+ttlSeconds || c.HasCaller != (caller != "") || c.Caller != caller ||
+			c.HasDepth != (depth >= 0) || c.HasDepth && c.Depth != int64(depth) || (c.Acct != nil) != withAcct {
+			t.Fatalf("unexpected claims for %+v; got %+v", in, c)
+		}
+		if withAcct && (c.Acct.Sub != "p:k" || string(c.Acct.Claims) != `{"n":[1,{"x":null}]}`) {
+			t.Fatalf("unexpected acct; got %+v", c.Acct)
+		}
+		if _, err := VerifyAttestation(tok, append(secret, 'x'), []string{aud}, time.Unix(iat, 0)); err == nil {
+			t.Fatalf("unexpected acceptance of %s under another secret", tok)
+		}
+	})
 }

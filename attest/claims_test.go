@@ -1,6 +1,8 @@
 package attest
 
 import (
+	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -240,4 +242,46 @@ func TestClaims_CheckBackendMappedCIDRAndBareSuffix_RTR3(t *testing.T) {
 			t.Errorf("unexpected CheckBackend(%q); got %v; want allowed %v", u, err, ok)
 		}
 	}
+}
+
+// FuzzCheckBackend checks what an accepted advertise URL makes pinboard
+// dial (net/url's host and port, as the proxy dials it) against the
+// allowedBackendHosts entries read independently: a URL is accepted only
+// when its dial target fits one of them (R-TR-3).
+func FuzzCheckBackend(f *testing.F) {
+	for _, s := range []string{
+		"http://worker.internal:8000", "https://WORKER.Internal/base/", "http://a.pods.local", "http://pods.local",
+		"http://10.0.4.9:8000", "http://[::ffff:192.168.1.1]/", "http://[fd00::5]:9000", "http://x:7777", "http://10.0.3.7.",
+		"http://[fe80::1%25eth0]:80", "http://api.test", "http://worker.internal:08000", "http://a.pods.local.:80",
+	} {
+		f.Add(s)
+	}
+	c := claimsOf(f, `{"allowedBackendHosts":[
+		"worker.internal", "*.pods.local", "10.0.3.7", "10.0.4.9:8000", "192.168.0.0/16",
+		"::1", "[fd00::5]:9000", "fd00:1::/32", "api.test:443", "*:7777"]}`)
+	f.Fuzz(func(t *testing.T, advertiseURL string) {
+		if c.CheckBackend(advertiseURL) != nil {
+			return
+		}
+		u, err := url.Parse(advertiseURL)
+		if err != nil {
+			t.Fatalf("unexpected acceptance of %q, which net/url refuses: %v", advertiseURL, err)
+		}
+		host, port := strings.ToLower(u.Hostname()), u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		name := strings.TrimSuffix(host, ".")
+		addr, aerr := netip.ParseAddr(host)
+		addr = addr.Unmap()
+		ok := port == "7777" ||
+			aerr != nil && (name == "worker.internal" || strings.HasSuffix(name, ".pods.local") && len(name) > len(".pods.local") ||
+				name == "api.test" && port == "443") ||
+			aerr == nil && (addr == netip.MustParseAddr("10.0.3.7") || addr == netip.MustParseAddr("10.0.4.9") && port == "8000" ||
+				netip.MustParsePrefix("192.168.0.0/16").Contains(addr) || addr == netip.MustParseAddr("::1") ||
+				addr == netip.MustParseAddr("fd00::5") && port == "9000" || netip.MustParsePrefix("fd00:1::/32").Contains(addr))
+		if !ok {
+			t.Fatalf("unexpected acceptance of %q: dials %s port %s", advertiseURL, host, port)
+		}
+	})
 }

@@ -1,8 +1,12 @@
 package attest
 
 import (
+	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 func TestGlobMatch_RTR3(t *testing.T) {
@@ -84,4 +88,34 @@ func TestParseHostPattern_Errors_RTR3(t *testing.T) {
 			t.Errorf("unexpected error for %q; got %v; want it to contain %q", in, err, want)
 		}
 	}
+}
+
+// FuzzGlobMatch compares globMatch with a regular expression built from
+// the pattern ('*' as "(?s:.*)", everything else literal), folding with
+// ASCII letters lower-cased on both sides (R-TR-3, R-TR-4).
+func FuzzGlobMatch(f *testing.F) {
+	f.Add("c*n*s", "counters", false)
+	f.Add("*.example.com", "APP.Example.COM", true)
+	f.Add("a*a*a", "aaaa", false)
+	f.Add("**x*", "\n\nx", false)
+	f.Fuzz(func(t *testing.T, pattern, s string, fold bool) {
+		if !utf8.ValidString(pattern) || !utf8.ValidString(s) || len(pattern) > 64 || len(s) > 256 {
+			return
+		}
+		if fold {
+			pattern = ascii.Lower(pattern)
+		}
+		parts := strings.Split(pattern, "*")
+		for i := range parts {
+			parts[i] = regexp.QuoteMeta(parts[i])
+		}
+		re := regexp.MustCompile(`\A` + strings.Join(parts, `(?s:.*)`) + `\z`)
+		subject := s
+		if fold {
+			subject = ascii.Lower(s)
+		}
+		if got, want := globMatch(pattern, s, fold), re.MatchString(subject); got != want {
+			t.Fatalf("unexpected globMatch(%q, %q, %v); got %v; want %v", pattern, s, fold, got, want)
+		}
+	})
 }

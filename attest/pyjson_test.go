@@ -2,8 +2,11 @@ package attest
 
 import (
 	"bytes"
+	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 var pyTypeNames = map[pyKind]string{
@@ -93,4 +96,107 @@ func FuzzPyLoads(f *testing.F) {
 			t.Fatalf("raw text %q of an accepted value does not parse back: %v", v.raw, err)
 		}
 	})
+}
+
+// FuzzPyLoadsAgreesWithEncodingJSON compares pyLoads with encoding/json
+// on UTF-8 text, where the two must agree except on what Python alone
+// accepts (NaN, Infinity, -Infinity) or alone refuses (integers past
+// 4300 digits, nesting past pyMaxDepth); an accepted document must decode
+// to the same tree, duplicate keys keeping the last value (R-TR-5).
+func FuzzPyLoadsAgreesWithEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"aud":"a","iat":1,"exp":2}`, `{"a":1,"a":2}`, `[1,-0,0.5e-3,1E+2,"x\u00e9\ud83d\ude00"]`,
+		`"\ud800"`, `"\/\b\f\n\r\t\"\\"`, `NaN`, `[-Infinity]`, `01`, `1.`, `-`, `{"a" : [ ] , "b":{}}`,
+		"\t null \r\n", `{"":true,"\u0000":false}`, `123456789012345678901234567890`, `[1,]`, `{,}`,
+	} {
+		f.Add([]byte(s))
+	}
+	for _, jv := range vectors(f).JSON[:64] {
+		f.Add(jv.B64)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		// pyDecodeText reads NUL bytes and BOMs as other encodings.
+		if !utf8.Valid(b) || bytes.IndexByte(b, 0) >= 0 || bytes.HasPrefix(b, []byte("\xef\xbb\xbf")) {
+			return
+		}
+		v, perr := pyLoads(b)
+		goOK := json.Valid(b)
+		switch {
+		case perr == nil && !goOK:
+			if !bytes.Contains(b, []byte("NaN")) && !bytes.Contains(b, []byte("Infinity")) {
+				t.Fatalf("unexpected acceptance of %q, which encoding/json refuses", b)
+			}
+			return
+		case perr != nil && goOK:
+			if perr != errPyIntDigits && perr != errPyRecursion {
+				t.Fatalf("unexpected refusal of %q, which encoding/json accepts: %v", b, perr)
+			}
+			return
+		case perr != nil:
+			return
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		var want any
+		if err := dec.Decode(&want); err != nil {
+			t.Fatalf("cannot decode %q: %v", b, err)
+		}
+		if path, ok := samePyValue(v, want); !ok {
+			t.Fatalf("unexpected value for %q at %s; pyLoads %s; encoding/json %v", b, path, v.raw, want)
+		}
+	})
+}
+
+// samePyValue compares a pyValue with what encoding/json decodes (numbers
+// as json.Number). Strings holding lone surrogates, which encoding/json
+// replaces, compare equal whatever they hold.
+func samePyValue(v *pyValue, g any) (string, bool) {
+	switch g := g.(type) {
+	case nil:
+		return "", v.kind == pyNone
+	case bool:
+		return "", v.kind == pyBool && v.truth == g
+	case json.Number:
+		return "", (v.kind == pyInt || v.kind == pyFloat) && string(v.raw) == string(g) &&
+			(v.kind == pyFloat) == strings.ContainsAny(string(g), ".eE")
+	case string:
+		return "", v.kind == pyStr && (v.str == g || !utf8.ValidString(v.str))
+	case []any:
+		if v.kind != pyList || len(v.list) != len(g) {
+			return "", false
+		}
+		for i := range g {
+			if p, ok := samePyValue(v.list[i], g[i]); !ok {
+				return "[" + strconv.Itoa(i) + "]" + p, false
+			}
+		}
+		return "", true
+	case map[string]any:
+		if v.kind != pyDict {
+			return "", false
+		}
+		valid := 0
+		for _, m := range v.members {
+			if utf8.ValidString(m.key) {
+				valid++
+			}
+		}
+		if valid == len(v.members) && len(g) != valid {
+			return "", false
+		}
+		for _, m := range v.members {
+			if !utf8.ValidString(m.key) {
+				continue // encoding/json merged it with its U+FFFD twin, if any
+			}
+			gv, ok := g[m.key]
+			if !ok {
+				return strconv.Quote(m.key), false
+			}
+			if p, ok := samePyValue(m.val, gv); !ok {
+				return strconv.Quote(m.key) + p, false
+			}
+		}
+		return "", true
+	}
+	return "", false
 }
