@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pinboard-go/pinboard/internal/ascii"
 )
 
 func TestParseTarget_RDP1(t *testing.T) {
@@ -322,4 +324,53 @@ func TestHasBasePath_RSRV4(t *testing.T) {
 			t.Errorf("unexpected HasBasePath(%q, %q); got %v; want %v", tc.path, tc.base, got, tc.want)
 		}
 	}
+}
+
+// FuzzParseTargetBasePath checks a target under a base path: HasBasePath
+// agrees with a byte comparison in which only the hex digits of the base's
+// escapes fold case, and an accepted target is the target the rest of the
+// path is without a base (R-DP-1).
+func FuzzParseTargetBasePath(f *testing.F) {
+	f.Add("/pb/counters/alice/value?x=1", "/pb")
+	f.Add("/pb%c3%b8/c/a", "/pb%C3%B8")
+	f.Add("/pb%zz/c/a", "/pb%zz")
+	f.Add("/p%4/c/a", "/p%4")
+	f.Add("/pbx/c/a", "/pb")
+	f.Fuzz(func(t *testing.T, uri, base string) {
+		for i := 0; i < len(base); i++ {
+			if base[i] <= ' ' || base[i] >= 0x7f {
+				return // an operator's base path is printable
+			}
+		}
+		// Reference: the two bytes after each '%' of base are hex digits
+		// on both sides, compared case-insensitively; every other byte
+		// is compared as it is.
+		want := len(uri) >= len(base)
+		for i := 0; want && i < len(base); i++ {
+			want = uri[i] == base[i]
+			if base[i] != '%' {
+				continue
+			}
+			for j := i + 1; want && j < min(i+3, len(base)); j++ {
+				want = ascii.IsHex(uri[j]) && ascii.IsHex(base[j]) && ascii.LowerByte(uri[j]) == ascii.LowerByte(base[j])
+			}
+			i += 2
+		}
+		got := HasBasePath([]byte(uri), []byte(base))
+		if got != want {
+			t.Fatalf("unexpected HasBasePath(%q, %q); got %v; want %v", uri, base, got, want)
+		}
+		tg, err := ParseTarget([]byte(uri), []byte(base))
+		if err != nil {
+			return
+		}
+		if !got {
+			t.Fatalf("unexpected acceptance of %q outside %q", uri, base)
+		}
+		alone, err := ParseTarget([]byte(uri[len(base):]), nil)
+		if err != nil || string(alone.NS) != string(tg.NS) || string(alone.ID) != string(tg.ID) ||
+			string(alone.Path) != string(tg.Path) || string(alone.Query) != string(tg.Query) {
+			t.Fatalf("unexpected target of %q under %q; got %+v; without the base %+v, %v", uri, base, tg, alone, err)
+		}
+	})
 }
