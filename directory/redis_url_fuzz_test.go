@@ -113,8 +113,12 @@ func FuzzRedisURLPassword_RSRV3(f *testing.F) {
 			`needs one master name as its path a cluster has no database number cannot parse credentials, path or query missing scheme ` +
 			`a + in the query reads as a space: percent-encode it (%2B, a space %20) ` +
 			`cannot decode the query: percent-encode %, ; and + in parameters (%25, %3B, %2B) client_name may hold only printable ASCII without spaces`
-		if _, sp, ok := strings.Cut(tail, "sentinel_password="); ok {
-			sp, _, _ = strings.Cut(sp, "&")
+		// A sentinel_password is a parameter: in the query, after "?",
+		// "&" or ";". Elsewhere ("h" + "sentinel_password=x" is a host)
+		// it is no password, and the message may show it.
+		_, query, _ := strings.Cut(raw, "?")
+		if i := strings.Index(query, "sentinel_password="); i >= 0 && (i == 0 || strings.IndexByte("?&;", query[i-1]) >= 0) {
+			sp, _, _ := strings.Cut(query[i+len("sentinel_password="):], "&")
 			if len(sp) >= 6 && strings.Count(raw, sp) == 1 && strings.Contains(msg, sp) {
 				t.Fatalf("unexpected sentinel password %q in the error for %q: %q", sp, raw, err)
 			}
