@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -253,4 +254,50 @@ func TestRedisWipeLeavesNothingLocal(t *testing.T) {
 			t.Errorf("unexpected node %s after a wipe; got %v; want every structure empty", name, got)
 		}
 	}
+}
+
+// Each node reads a client's operator drain record, "d:<clientId>",
+// through its client-side cache while it ranks the client's sessions, and
+// Redis tracks a key so read, for that node, until the key is written:
+// one that never exists (a client never drained) stayed in Redis's
+// tracking table, and its nil reply in the node's client cache, after the
+// client's last session ended — one entry per departed worker and node,
+// for as long as the nodes ran (a fleet whose workers restart with new
+// clientIds grew both without end). Every key still tracked once the churn
+// is over must be one that still exists.
+func TestRedisChurnLeavesNothingTracked(t *testing.T) {
+	srv := redistest.StartServer(t)
+	a := openNode(t, srv.URL(), "churn", churnTTL)
+	b := openNode(t, srv.URL(), "churn", churnTTL)
+	now := warmRedis(t, a, time.Now())
+	churn(t, a, b, now)
+	out, err := srv.Do("--scan", "--pattern", "*")
+	if err != nil {
+		t.Fatalf("cannot scan: %v", err)
+	}
+	keys := len(strings.Fields(out))
+	if got := trackedKeys(t, srv); got > keys {
+		t.Fatalf("unexpected keys tracked for the nodes after %d sessions ended; got %d; want at most the %d keys left", churnSessions, got, keys)
+	}
+}
+
+// trackedKeys is Redis's tracking_total_keys: the keys some client's
+// client-side cache is told about when they change.
+func trackedKeys(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	out, err := srv.Do("info", "stats")
+	if err != nil {
+		t.Fatalf("cannot read INFO stats: %v", err)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "tracking_total_keys:"); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("cannot parse tracking_total_keys %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no tracking_total_keys in INFO stats: %q", out)
+	return 0
 }

@@ -201,7 +201,19 @@ local function dropsession(P, sid, out, budget)
     end
   end
   if s[1] then
-    redis.call('SREM', P .. 'k:' .. s[1], sid)
+    local k, d = P .. 'k:' .. s[1], P .. 'd:' .. s[1]
+    redis.call('SREM', k, sid)
+    -- The client's last session: every node that ranked it read its drain
+    -- record d:<cid> through its client cache, and Redis tracks the key
+    -- for each until it is written. Absent (never drained), it never is:
+    -- written and deleted here, so Redis pushes its invalidation (and
+    -- forgets it) and each node's client cache drops its nil reply. An
+    -- existing record is deleted by the sweep (redis_sweep.lua), which
+    -- pushes the same.
+    if redis.call('EXISTS', k) == 0 and redis.call('EXISTS', d) == 0 then
+      redis.call('HSET', d, 'gone', '1')
+      redis.call('DEL', d)
+    end
   end
   if s[4] and redis.call('GET', P .. 'u:' .. s[4]) == sid then
     redis.call('DEL', P .. 'u:' .. s[4])
