@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"net"
 	"time"
 
@@ -22,7 +23,13 @@ func (pb *Pinboard) resume(c net.Conn) error {
 	}
 	// ServeConn reports no StateNew: tracked here (its end is reported).
 	pb.trackConn(c, fasthttp.StateNew)
-	return pb.srv.ServeConn(c)
+	err := pb.srv.ServeConn(c)
+	if errors.Is(err, fasthttp.ErrConcurrencyLimit) || errors.Is(err, fasthttp.ErrPerIPConnLimit) {
+		// Refused before it was served: no StateClosed comes for it, and
+		// the set kept it (and its connection) for the node's life.
+		pb.trackConn(c, fasthttp.StateClosed)
+	}
+	return err
 }
 
 // awaitRequest waits up to the idle timeout for the client's next request

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
 // A connection an event stream was relayed on waits for its next request
@@ -96,4 +99,57 @@ func streamedOn(t *testing.T, public string) (net.Conn, *bufio.Reader) {
 		t.Fatalf("unexpected event stream; got %q, %v, Connection %q; want one event, keep-alive", b, err, res.Header.Get("Connection"))
 	}
 	return c, br
+}
+
+// A resumed connection the server refuses over its concurrency limit
+// (fasthttp answers 503 and closes it) leaves the set of served
+// connections: no StateClosed comes for it, and the set kept it for the
+// node's life.
+func TestResumedConnectionRefusedNotKept(t *testing.T) {
+	pb, _ := testPinboard(t, "")
+	pb.srv.Concurrency = 1
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pair := func() (server, client net.Conn) {
+		t.Helper()
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		server, err = ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { client.Close(); server.Close() })
+		return server, client
+	}
+	// The one slot, held by a connection waiting for its request.
+	s1, c1 := pair()
+	served := make(chan error, 1)
+	go func() { served <- pb.srv.ServeConn(s1) }()
+	for deadline := time.Now().Add(10 * time.Second); pb.srv.GetOpenConnectionsCount() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("unexpected first connection not served 10s on")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s2, _ := pair()
+	if err := pb.resume(s2); !errors.Is(err, fasthttp.ErrConcurrencyLimit) {
+		t.Fatalf("unexpected resume result over the limit; got %v; want %v", err, fasthttp.ErrConcurrencyLimit)
+	}
+	pb.connsMu.Lock()
+	_, kept := pb.conns[s2]
+	pb.connsMu.Unlock()
+	if kept {
+		t.Fatal("unexpected refused connection still in the set of served connections")
+	}
+	c1.Close()
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("unexpected first connection still served 10s after its client closed")
+	}
 }
