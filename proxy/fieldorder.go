@@ -186,14 +186,24 @@ const repeatsScan = 32
 // (BenchmarkRewriteRequestBrowser). Names are compared as sortRuns
 // compares them, byte for byte (fasthttp normalises them as it parses).
 func repeats(h *fasthttp.RequestHeader) bool {
+	return repeatedName(h.All(), isCookie) // true: sortRuns decides
+}
+
+// isCookie: fasthttp keeps a request's cookies apart from its lines.
+func isCookie(k []byte) bool { return string(k) == fasthttp.HeaderCookie }
+
+// repeatedName reports whether all yields a name twice among those skip
+// does not rule out, or more than repeatsScan such names (the caller's
+// slow path decides then). Allocates nothing.
+func repeatedName(all iter.Seq2[[]byte, []byte], skip func([]byte) bool) bool {
 	var names [repeatsScan][]byte
 	n := 0
-	for k := range h.All() {
-		if string(k) == fasthttp.HeaderCookie {
+	for k := range all {
+		if skip(k) {
 			continue
 		}
 		if n == len(names) {
-			return true // sortRuns decides
+			return true
 		}
 		for _, o := range names[:n] {
 			if len(o) == len(k) && string(o) == string(k) {
@@ -339,24 +349,7 @@ func keptApart(k []byte) bool {
 // field on more than one line among those a deletion can move (keptApart).
 // Allocates nothing.
 func responseRepeats(h *fasthttp.ResponseHeader) bool {
-	var names [repeatsScan][]byte
-	n := 0
-	for k := range h.All() {
-		if keptApart(k) {
-			continue
-		}
-		if n == len(names) {
-			return true // stripResponseHopInOrder decides
-		}
-		for _, o := range names[:n] {
-			if len(o) == len(k) && string(o) == string(k) {
-				return true
-			}
-		}
-		names[n] = k
-		n++
-	}
-	return false
+	return repeatedName(h.All(), keptApart) // true: stripResponseHopInOrder decides
 }
 
 // stripResponseHopInOrder is stripResponseHop for an answer that may hold
