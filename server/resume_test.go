@@ -153,3 +153,42 @@ func TestResumedConnectionRefusedNotKept(t *testing.T) {
 		t.Fatal("unexpected first connection still served 10s after its client closed")
 	}
 }
+
+// A relay's hijack handler runs on a goroutine of its own (fasthttp's
+// hijackConnHandler) before the server's worker reports StateHijacked:
+// a short event stream can end, and its connection be resumed (StateNew,
+// resume), first. The late StateHijacked must not drop the connection
+// ServeConn now serves from the set a shutdown past its budget closes.
+func TestResumedBeforeHijackReportedStaysTracked(t *testing.T) {
+	pb, _ := testPinboard(t, "")
+	s, c := net.Pipe()
+	defer s.Close()
+	defer c.Close()
+	tracked := func() bool {
+		pb.connsMu.Lock()
+		defer pb.connsMu.Unlock()
+		_, ok := pb.conns[s]
+		return ok
+	}
+	pb.trackConn(s, fasthttp.StateNew)      // accepted
+	pb.trackConn(s, fasthttp.StateNew)      // resumed by the relay's goroutine
+	pb.trackConn(s, fasthttp.StateHijacked) // the worker reports the hijack late
+	if !tracked() {
+		t.Fatal("unexpected resumed connection dropped from the served set by the late hijack report")
+	}
+	pb.trackConn(s, fasthttp.StateClosed) // ServeConn's end
+	if tracked() {
+		t.Fatal("unexpected connection still tracked after its close")
+	}
+	// The usual order: hijack reported, then resumed, then closed.
+	pb.trackConn(s, fasthttp.StateNew)
+	pb.trackConn(s, fasthttp.StateHijacked)
+	pb.trackConn(s, fasthttp.StateNew)
+	if !tracked() {
+		t.Fatal("unexpected resumed connection untracked")
+	}
+	pb.trackConn(s, fasthttp.StateClosed)
+	if tracked() {
+		t.Fatal("unexpected connection still tracked after its close")
+	}
+}

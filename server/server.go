@@ -122,9 +122,10 @@ type Pinboard struct {
 	resumedMu sync.Mutex
 	resumed   map[net.Conn]struct{}
 	// conns are the client connections the server serves (trackConn),
-	// for a shutdown past its budget to close (closeConns).
+	// each with its servings not yet reported ended, for a shutdown past
+	// its budget to close (closeConns).
 	connsMu sync.Mutex
-	conns   map[net.Conn]struct{}
+	conns   map[net.Conn]int
 
 	adminMu     sync.Mutex
 	admin       *fasthttp.Server
@@ -200,7 +201,7 @@ func New(o Options) (*Pinboard, error) {
 		metrics: o.Metrics,
 		access:  newAccessLog(o.AccessLogSample, o.Logger),
 		resumed: make(map[net.Conn]struct{}),
-		conns:   make(map[net.Conn]struct{}),
+		conns:   make(map[net.Conn]int),
 	}
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,

@@ -126,15 +126,25 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 // server serves, from their acceptance (or resume) to their close or
 // hijack (a relay's then, closed by the proxy's shutdown). Called on every
 // request's state change too: those cost a switch.
+//
+// A connection is counted, not just kept: a relay's hijack handler runs
+// on a goroutine of its own before the server's worker reports
+// StateHijacked, so a short event stream can end and its connection be
+// resumed (StateNew) before that report; the late StateHijacked then
+// ends the first serving, not the one ServeConn now runs.
 func (pb *Pinboard) trackConn(c net.Conn, state fasthttp.ConnState) {
 	switch state {
 	case fasthttp.StateNew:
 		pb.connsMu.Lock()
-		pb.conns[c] = struct{}{}
+		pb.conns[c]++
 		pb.connsMu.Unlock()
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		pb.connsMu.Lock()
-		delete(pb.conns, c)
+		if n := pb.conns[c]; n > 1 {
+			pb.conns[c] = n - 1
+		} else {
+			delete(pb.conns, c)
+		}
 		pb.connsMu.Unlock()
 	}
 }
