@@ -362,22 +362,18 @@ func stripResponseHopInOrder(found uint16, h *fasthttp.ResponseHeader) {
 	type line struct{ kEnd, vEnd int } // the name ends at kEnd in buf, the value at vEnd
 	var buf []byte
 	var lines []line
+	count := make(map[string]int)
 	for k, v := range h.All() {
 		if keptApart(k) {
 			continue
 		}
+		count[string(k)]++
 		buf = append(buf, k...)
 		kEnd := len(buf)
 		buf = append(buf, v...)
 		lines = append(lines, line{kEnd: kEnd, vEnd: len(buf)})
 	}
 	stripHop(found, hopExpect, h)
-	count := make(map[string]int, len(lines))
-	start := 0
-	for _, l := range lines {
-		count[string(buf[start:l.kEnd])]++
-		start = l.vEnd
-	}
 	// Repeated fields stripHop left: a field is deleted whole or not at all.
 	left := make(map[string]bool)
 	for k := range h.All() {
@@ -391,7 +387,7 @@ func stripResponseHopInOrder(found uint16, h *fasthttp.ResponseHeader) {
 	for k := range left {
 		h.Del(k)
 	}
-	start = 0
+	start := 0
 	for _, l := range lines {
 		if k := buf[start:l.kEnd]; left[string(k)] {
 			h.AddBytesKV(k, buf[l.kEnd:l.vEnd])
