@@ -265,7 +265,7 @@ func TestRedisWipeLeavesNothingLocal(t *testing.T) {
 // for as long as the nodes ran (a fleet whose workers restart with new
 // clientIds grew both without end). Every key still tracked once the churn
 // is over must be one that still exists.
-func TestRedisChurnLeavesNothingTracked(t *testing.T) {
+func TestRedisChurnLeavesNothingTracked_RSRV3(t *testing.T) {
 	srv := redistest.StartServer(t)
 	a := openNode(t, srv.URL(), "churn", churnTTL)
 	b := openNode(t, srv.URL(), "churn", churnTTL)

@@ -105,7 +105,7 @@ func streamedOn(t *testing.T, public string) (net.Conn, *bufio.Reader) {
 // (fasthttp answers 503 and closes it) leaves the set of served
 // connections: no StateClosed comes for it, and the set kept it for the
 // node's life.
-func TestResumedConnectionRefusedNotKept(t *testing.T) {
+func TestResumedConnectionRefusedNotKept_RDP2(t *testing.T) {
 	pb, _ := testPinboard(t, "")
 	pb.srv.Concurrency = 1
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -164,7 +164,7 @@ func TestResumedConnectionRefusedNotKept(t *testing.T) {
 // a short event stream can end, and its connection be resumed (StateNew,
 // resume), first. The late StateHijacked must not drop the connection
 // ServeConn now serves from the set a shutdown past its budget closes.
-func TestResumedBeforeHijackReportedStaysTracked(t *testing.T) {
+func TestResumedBeforeHijackReportedStaysTracked_RDP2(t *testing.T) {
 	pb, _ := testPinboard(t, "")
 	s, c := net.Pipe()
 	defer s.Close()
