@@ -246,9 +246,15 @@ func New(o Options) (*Pinboard, error) {
 	}
 	pb.srv = &fasthttp.Server{
 		Handler: handler,
-		// A proxy adds nothing of its own to what workers answer.
+		// A proxy adds nothing of its own to what workers answer, but
+		// a Date: every answer carries exactly one, from pinboard's
+		// clock (fasthttp's, refreshed each second). RFC 9110 §6.6.1
+		// asks one of pinboard's own 2xx and 4xx answers (the registry,
+		// the probes) and of a proxy relaying an answer that has none;
+		// a worker's own Date gives way to it, as nginx does by default
+		// (its proxy_hide_header list). The Node pinboard's answers,
+		// on Node's http server, always carried one.
 		NoDefaultServerHeader: true,
-		NoDefaultDate:         true,
 		NoDefaultContentType:  true,
 		// Bodies stream through (R-DP-2); the registry enforces its own
 		// 1 MiB limit, and multipart is never pre-parsed.
