@@ -159,6 +159,36 @@ func BenchmarkStripRequestHopReference(b *testing.B) {
 	}
 }
 
+// BenchmarkStripResponseHop: a worker's answer losing its Connection:
+// keep-alive and Keep-Alive lines (Node, Apache, an nginx sidecar), with
+// no field on several lines (the fast path, 0 allocs) and with Link and
+// Cache-Control sent twice (stripResponseHopInOrder, the slow path).
+func BenchmarkStripResponseHop(b *testing.B) {
+	const head = "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Type: text/html\r\n" +
+		"Vary: Accept-Encoding\r\nX-Request-Id: 123\r\n"
+	for name, extra := range map[string]string{
+		"no_repeat": "Link: </a.css>; rel=preload\r\nCache-Control: no-store\r\n",
+		"repeat":    "Link: </a.css>; rel=preload\r\nCache-Control: no-store\r\nLink: </b.js>; rel=preload\r\nCache-Control: private\r\n",
+	} {
+		b.Run(name, func(b *testing.B) {
+			raw := head + extra + "Content-Length: 2\r\n\r\n"
+			var h fasthttp.ResponseHeader
+			sr := strings.NewReader(raw)
+			br := bufio.NewReader(sr)
+			b.ReportAllocs()
+			for b.Loop() {
+				sr.Reset(raw)
+				br.Reset(sr)
+				if err := h.Read(br); err != nil {
+					b.Fatal(err)
+				}
+				stripResponseHop(&h)
+				h.Reset()
+			}
+		})
+	}
+}
+
 // A Connection header listing the same name thousands of times, or names
 // the request does not carry, costs one deletion per header it does carry:
 // each deletion scans the whole header, and a 12 KiB request naming "a"
