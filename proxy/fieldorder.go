@@ -248,6 +248,20 @@ func checkRepeatBound(h *fasthttp.RequestHeader, fo *fieldOrder, lines int) erro
 // handful: a browser's Connection: keep-alive moves one line. The caller
 // puts the client's Cookie lines back afterwards (restoreCookies): they
 // are kept apart from the other fields.
+//
+// stripResponseHopInOrder does the same for an answer, and stays a
+// separate function: the reference order here is the raw request
+// (AllInOrder), read after every edit, where an answer has no raw header
+// and must copy its lines before stripHop; this runs on every edited
+// request, so it allocates nothing (pooled scratch, bounded by
+// checkRepeatBound) and rewrites nothing when no line moved, where an
+// answer's slow path allocates and always rewrites; and a field pinboard
+// rewrote keeps pinboard's lines here, which cannot happen to an answer
+// (stripHop deletes a field whole). Cookie is the one name kept apart
+// here, keptApart's nine there. One function would take the reference
+// source, the kept-apart set and the always-rewrite choice as
+// parameters, the request path would pay indirect calls per line for an
+// answer's rare case, and the branches would each serve one side.
 func keepFieldOrder(h *fasthttp.RequestHeader, rq *request) {
 	fo := &rq.order
 	if !fo.edited {
@@ -358,6 +372,14 @@ func responseRepeats(h *fasthttp.ResponseHeader) bool {
 // (one deletion, then its lines appended), as keepFieldOrder does for a
 // request. Slow path: it allocates, for an answer that carries both a
 // hop-by-hop header and a repeated field.
+//
+// It differs from keepFieldOrder, and stays apart from it (see there):
+// the worker's order is a copy taken before stripHop (a ResponseHeader
+// has no AllInOrder), only fields stripHop left are rewritten (a
+// repeated hop-by-hop field the copy holds stays removed:
+// TestRepeatedHopFieldStaysRemoved_RDP1), keptApart rather than Cookie
+// is skipped, and the fields left are rewritten whether or not a line
+// moved (their lines are all there: a field is deleted whole).
 func stripResponseHopInOrder(found uint16, h *fasthttp.ResponseHeader) {
 	type line struct{ kEnd, vEnd int } // the name ends at kEnd in buf, the value at vEnd
 	var buf []byte

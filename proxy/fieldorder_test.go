@@ -344,3 +344,42 @@ func TestStripResponseHopAllocatesNothing_RDP1(t *testing.T) {
 		t.Fatalf("unexpected allocations; got %v; want 0", allocs)
 	}
 }
+
+// A hop-by-hop field sent on several lines is removed whole, and the
+// order repair does not put it back, in a request as in an answer: the
+// request's repair reads the client's raw lines (AllInOrder), which still
+// hold it, and the answer's copies its lines before stripHop deletes it;
+// each rewrites only the repeated fields still there once stripping is
+// done (keepFieldOrder, stripResponseHopInOrder). The repeated field
+// around them keeps its order (R-DP-1).
+func TestRepeatedHopFieldStaysRemoved_RDP1(t *testing.T) {
+	const lines = "Connection: X-Hop\r\nX-Hop: 1\r\nVia: a\r\nX-Hop: 2\r\nKeep-Alive: x\r\nKeep-Alive: y\r\nVia: b\r\nX-Y: 1\r\nVia: c\r\n"
+	check := func(side string, peekAll func(string) [][]byte) {
+		t.Helper()
+		for _, hop := range []string{"Connection", "X-Hop", "Keep-Alive"} {
+			if got := peekAll(hop); len(got) != 0 {
+				t.Errorf("unexpected %s lines in the %s; got %q; want none", hop, side, got)
+			}
+		}
+		if got := peekAll("Via"); len(got) != 3 || string(got[0]) != "a" || string(got[1]) != "b" || string(got[2]) != "c" {
+			t.Errorf("unexpected Via lines in the %s; got %q; want [a b c]", side, got)
+		}
+	}
+
+	var req fasthttp.Request
+	if err := req.Header.Read(bufio.NewReader(strings.NewReader("GET /counters/alice/x HTTP/1.1\r\nHost: a\r\n" + lines + "\r\n"))); err != nil {
+		t.Fatal(err)
+	}
+	rq := &request{}
+	stripRequestHop(&req.Header, rq, hopFound(req.Header.All()), false)
+	keepFieldOrder(&req.Header, rq)
+	check("request", req.Header.PeekAll)
+
+	var res fasthttp.ResponseHeader
+	if err := res.Read(bufio.NewReader(strings.NewReader("HTTP/1.1 200 OK\r\n" + lines + "Content-Length: 0\r\n\r\n"))); err != nil {
+		t.Fatal(err)
+	}
+	res.ResetConnectionClose()
+	stripResponseHop(&res)
+	check("answer", res.PeekAll)
+}
