@@ -186,11 +186,10 @@ func New(o Options) (*Pinboard, error) {
 	if o.AccessLogSample < 0 || o.AccessLogSample > 1 {
 		return nil, fmt.Errorf("cannot build pinboard: access log sample %v must be within 0..1", o.AccessLogSample)
 	}
-	base := trimSlash(o.BasePath)
-	if base != "" && (base[0] != '/' || !BasePathAsSent(base)) {
-		// What PINBOARD_BASE_PATH refuses: no request could match it.
-		return nil, fmt.Errorf("cannot build pinboard: base path %q must be an absolute path as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment)", o.BasePath)
+	if err := CheckBasePath(o.BasePath); err != nil {
+		return nil, fmt.Errorf("cannot build pinboard: %w", err)
 	}
+	base := trimSlash(o.BasePath)
 	pb := &Pinboard{
 		linger:  rawio.NewLinger(lingerMax, lingerWait, lingerTotal),
 		opts:    o,
@@ -412,6 +411,20 @@ type fasthttpLogger struct{ l *slog.Logger }
 
 func (f fasthttpLogger) Printf(format string, args ...any) {
 	f.l.Debug(fmt.Sprintf(format, args...), "component", "fasthttp")
+}
+
+// CheckBasePath returns an error if p cannot be Options.BasePath: a base
+// path is "" (none) or an absolute path as clients send it
+// (BasePathAsSent), trailing slashes aside; any other could match no
+// request, and every one, worker registrations included, would be
+// answered 404 (R-SRV-4). New refuses what it refuses; cmd/pinboard
+// checks PINBOARD_BASE_PATH with it, so that the rule and its wording live
+// here only.
+func CheckBasePath(p string) error {
+	if base := trimSlash(p); base != "" && (base[0] != '/' || !BasePathAsSent(base)) {
+		return fmt.Errorf("cannot use base path %q: must be an absolute path like /pinboard, as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment)", p)
+	}
+	return nil
 }
 
 // BasePathAsSent reports whether p is a path as clients put it on the wire

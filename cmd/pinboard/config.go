@@ -140,8 +140,8 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		return nil, &configError{Var: "PINBOARD_TRUSTED_PROXIES", Err: err}
 	}
 	c.BasePath = get("PINBOARD_BASE_PATH")
-	if c.BasePath != "" && (c.BasePath[0] != '/' || !server.BasePathAsSent(c.BasePath)) {
-		return nil, bad("PINBOARD_BASE_PATH", "must be an absolute path like /pinboard, as clients send it (ASCII, other bytes %%XX-escaped, no . or .. segment), got %q", c.BasePath)
+	if err := server.CheckBasePath(c.BasePath); err != nil {
+		return nil, &configError{Var: "PINBOARD_BASE_PATH", Err: err} // the library's rule, checked before anything starts
 	}
 	c.BasePath = upperEscapes(c.BasePath)
 	if c.ProbeTimeout, err = durationMs(get, "PINBOARD_PROBE_TIMEOUT_MS", 2000, 10); err != nil {

@@ -53,7 +53,7 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"bad balance factor", map[string]string{"PINBOARD_AFFINITY_BALANCE_FACTOR": "0.5"}, nil, "PINBOARD_AFFINITY_BALANCE_FACTOR: must be a number >= 1"},
 		{"bad trusted proxies", map[string]string{"PINBOARD_TRUSTED_PROXIES": "10.0.0.0/33"}, nil, "PINBOARD_TRUSTED_PROXIES:"},
 		{"bad port", map[string]string{"PORT": "http"}, nil, "PORT: must be a port number"},
-		{"bad base path", map[string]string{"PINBOARD_BASE_PATH": "pb"}, nil, "PINBOARD_BASE_PATH:"},
+		{"bad base path", map[string]string{"PINBOARD_BASE_PATH": "pb"}, nil, `PINBOARD_BASE_PATH: cannot use base path "pb": must be an absolute path like /pinboard`}, // server.CheckBasePath's words
 		{"bad log level", map[string]string{"PINBOARD_LOG_LEVEL": "loud"}, nil, "PINBOARD_LOG_LEVEL:"},
 		{"bad log format", map[string]string{"PINBOARD_LOG_FORMAT": "xml"}, nil, "PINBOARD_LOG_FORMAT: must be text or json"},
 		{"bad metrics addr", map[string]string{"PINBOARD_METRICS_ADDR": "9090"}, nil, "PINBOARD_METRICS_ADDR: must be host:port"},
