@@ -143,7 +143,6 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 	if err := server.CheckBasePath(c.BasePath); err != nil {
 		return nil, &configError{Var: "PINBOARD_BASE_PATH", Err: err} // the library's rule, checked before anything starts
 	}
-	c.BasePath = upperEscapes(c.BasePath)
 	if c.ProbeTimeout, err = durationMs(get, "PINBOARD_PROBE_TIMEOUT_MS", 2000, 10); err != nil {
 		return nil, err
 	}
@@ -377,28 +376,6 @@ func intVar(get func(string) string, name string, def, min int) (int, error) {
 		return 0, bad(name, "must be an integer from %d to %d, got %q", min, maxIntVar, v)
 	}
 	return n, nil
-}
-
-// upperEscapes writes the hex digits of p's %XX escapes in upper case, as
-// clients send them (RFC 3986 §2.1; httpx and browsers do): the base path
-// is matched byte for byte, and one written /pinb%c3%b8ard answered
-// every request 404. pathAsSent checked every '%' starts an escape.
-func upperEscapes(p string) string {
-	if !strings.Contains(p, "%") {
-		return p
-	}
-	b := []byte(p)
-	for i := 0; i+2 < len(b); i++ {
-		if b[i] == '%' {
-			for j := i + 1; j <= i+2; j++ {
-				if 'a' <= b[j] && b[j] <= 'f' {
-					b[j] -= 'a' - 'A'
-				}
-			}
-			i += 2
-		}
-	}
-	return string(b)
 }
 
 // lowerScheme writes a URL's scheme in lower case: schemes are
