@@ -60,7 +60,26 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	out  *bytes.Buffer
+	out  *lockedBuffer
+}
+
+// lockedBuffer is the server's output: exec copies into it from its own
+// goroutine while Output reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Binaries returns the paths of redis-server and redis-cli, or an error
@@ -173,7 +192,7 @@ func (s *Server) Start() error {
 			"--cluster-node-timeout", "2000")
 	}
 	cmd := exec.Command(bin, args...)
-	out := &bytes.Buffer{}
+	out := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Pdeathsig: a test binary killed by -timeout takes its servers along.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -195,12 +214,38 @@ func (s *Server) Start() error {
 		default:
 		}
 		if reply, err := s.cli("PING"); err == nil && reply == "PONG" {
-			return nil
+			// The answer may come from another process's server on the
+			// port, ours about to exit on "Address already in use": the
+			// one answering must be ours.
+			pid, err := s.pid()
+			if err == nil && pid == cmd.Process.Pid {
+				return nil
+			}
+			if err == nil {
+				s.killLocked()
+				return fmt.Errorf("redis-server on %s: the port answers as process %d, not ours (%d): another process holds it: %s",
+					s.Addr, pid, cmd.Process.Pid, strings.TrimSpace(out.String()))
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.killLocked()
 	return fmt.Errorf("redis-server on %s not answering PING after %v: %s", s.Addr, startTimeout, strings.TrimSpace(out.String()))
+}
+
+// pid is the process id of the server answering on the port (INFO
+// server's process_id).
+func (s *Server) pid() (int, error) {
+	info, err := s.cli("INFO", "server")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, fmt.Errorf("no process_id in INFO server: %q", info)
 }
 
 // Stop ends the server without saving (SIGKILL): its data is gone, as after
