@@ -362,11 +362,20 @@ func (s *Server) cli(args ...string) (string, error) {
 }
 
 // freePortPair picks a port that is free on 127.0.0.1 and, for cluster
-// nodes, whose cluster bus port (port+10000) is free too. Another process
-// may take it before the server binds; Start retries.
+// nodes, whose cluster bus port (port+10000) is free too, and reserves it
+// for this process's lifetime: once in this process (handedOut), and
+// against every other process using redistest (reserve: go test runs
+// packages side by side, each its own process). A port a test stopped
+// its server on stays referenced — a replica, a sentinel and the store
+// under test keep dialing it — so another test's server must never take
+// it. The ports lie below the kernel's ephemeral range (portRange), which
+// the system hands to outgoing connections and to listeners on port 0.
+// Another process may still take a port before the server binds; Start
+// then fails and startIn retries.
 func freePortPair(cluster bool) (int, error) {
+	lo, hi := portRange(cluster)
 	for range 100 {
-		port := 20000 + rand.IntN(25000)
+		port := lo + rand.IntN(hi-lo)
 		if !portFree(port) || (cluster && !portFree(port+10000)) {
 			continue
 		}
@@ -375,6 +384,9 @@ func freePortPair(cluster bool) (int, error) {
 		if _, taken := handedOut.LoadOrStore(port, true); taken {
 			continue
 		}
+		if !reserve(port) || (cluster && !reserve(port+10000)) {
+			continue // another process's (the port stays handed out here)
+		}
 		return port, nil
 	}
 	return 0, errors.New("cannot find a free port on 127.0.0.1")
@@ -382,6 +394,56 @@ func freePortPair(cluster bool) (int, error) {
 
 // handedOut holds every port freePortPair returned (test-helper state).
 var handedOut sync.Map
+
+// portBase is the lowest port freePortPair picks.
+const portBase = 12000
+
+// portRange is where freePortPair picks ports: from portBase up to the
+// start of the kernel's ephemeral range (ip_local_port_range, 32768 by
+// default), and for a cluster node low enough that its bus port
+// (port+10000) is below it too. The range before reached 44999, half of it
+// inside the ephemeral range.
+func portRange(cluster bool) (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				hi = v
+			}
+		}
+	}
+	if cluster {
+		hi -= 10000
+	}
+	if hi-portBase < 1000 { // an unusual ephemeral range: the old range
+		return 20000, 45000
+	}
+	return portBase, hi
+}
+
+// reserve takes port for this process against other processes using
+// redistest: an exclusive lock on a file named for it, held until the
+// process exits (the kernel drops it then, however the process ends).
+// A port whose file cannot be locked is another process's.
+func reserve(port int) bool {
+	dir := filepath.Join(os.TempDir(), "redistest-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // no reservation possible: handedOut and Start's retry still apply
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	reserved.Store(port, f) // kept open: closing it would drop the lock
+	return true
+}
+
+// reserved holds the files whose locks reserve this process's ports.
+var reserved sync.Map
 
 func portFree(port int) bool {
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))

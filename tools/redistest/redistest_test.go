@@ -25,3 +25,25 @@ func TestStartRefusesAnotherProcessAnswering_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected reply of the holder; got %q, %v; want PONG", reply, err)
 	}
 }
+
+// Ports lie below the kernel's ephemeral range, and a port reserved by
+// one process is refused to any other (reserve's lock is per open file,
+// so a second reservation in this process stands for another's).
+func TestPortsReservedOutsideEphemeralRange_RSRV3(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		lo, hi := portRange(cluster)
+		port, err := freePortPair(cluster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < lo || port >= hi {
+			t.Fatalf("unexpected port (cluster %v); got %d; want in [%d, %d)", cluster, port, lo, hi)
+		}
+		if reserve(port) {
+			t.Fatalf("unexpected second reservation of %d; got true; want false (held)", port)
+		}
+		if cluster && reserve(port+10000) {
+			t.Fatalf("unexpected second reservation of bus port %d; got true; want false (held)", port+10000)
+		}
+	}
+}
