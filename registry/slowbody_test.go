@@ -26,10 +26,11 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 	h.r = r
 	healthy := h.register(nil)
 
-	addr := streamingServer(t, r)
+	addr, read := countingServer(t, r)
 
 	// Each slow request sends its header and the start of its body, then
 	// nothing more until the test ends.
+	sent := 0
 	for _, path := range []string{"/registry/release", "/registry/heartbeat"} {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -37,13 +38,22 @@ func TestSlowBodyReadOffPool_RLS1_RREG7(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.Close() })
 		start := "[" + strings.Repeat(" ", 64<<10)
-		_, err = c.Write([]byte("POST " + path + " HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
+		n, err := c.Write([]byte("POST " + path + " HTTP/1.1\r\nHost: pinboard\r\nAuthorization: Bearer " + workerToken +
 			"\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n" + start))
 		if err != nil {
 			t.Fatal(err)
 		}
+		sent += n
 	}
-	time.Sleep(200 * time.Millisecond) // the slow requests reach the registry
+	// The slow requests reached the registry: everything they sent was
+	// read, the start of each body past the server's own buffer by the
+	// registry. A fixed pause let the healthy heartbeat go first on a
+	// loaded machine, and pass without anything to wait behind.
+	for deadline := time.Now().Add(10 * time.Second); read.Load() < int64(sent); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected bytes of the slow requests read after 10s; got %d; want %d (each in the registry, its body read off the pool)", read.Load(), sent)
+		}
+	}
 	h.wantBeatAnswered(r, healthy, 3*time.Second, "a body that trickles in")
 }
 
