@@ -3,6 +3,7 @@ package redistest
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // A server started on a port another process's server holds fails to
@@ -45,5 +46,35 @@ func TestPortsReservedOutsideEphemeralRange_RSRV3(t *testing.T) {
 		if cluster && reserve(port+10000) {
 			t.Fatalf("unexpected second reservation of bus port %d; got true; want false (held)", port+10000)
 		}
+	}
+}
+
+// WaitReplicated waits for what the replica applied, where WAIT through
+// Do answers 1 at once: with the replica stopped, a write on the master
+// is not replicated, and WaitReplicated says so (test harness; the
+// Sentinel failover test relies on it, R-SRV-3).
+func TestWaitReplicatedNeedsTheReplicasOffset_RSRV3(t *testing.T) {
+	master := StartServer(t)
+	replica := StartReplica(t, master)
+	if err := replica.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	if reply, err := master.Do("SET", "k", "v"); err != nil || reply != "OK" {
+		t.Fatalf("unexpected reply to SET; got %q, %v; want OK", reply, err)
+	}
+	if reply, err := master.Do("WAIT", "1", "2000"); err != nil || reply != "1" {
+		t.Logf("WAIT through redis-cli answered %q, %v (it answered 1 before: it counts its own connection's writes)", reply, err)
+	}
+	if err := WaitReplicated(master, replica, 300*time.Millisecond); err == nil {
+		t.Fatal("unexpected replication to a stopped replica; got nil; want an error")
+	}
+	if err := replica.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitReplicated(master, replica, 10*time.Second); err != nil {
+		t.Fatalf("unexpected replication after the replica resumed; got %v; want nil", err)
+	}
+	if reply, err := replica.Do("GET", "k"); err != nil || reply != "v" {
+		t.Fatalf("unexpected value on the replica; got %q, %v; want v", reply, err)
 	}
 }

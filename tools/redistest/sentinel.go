@@ -51,9 +51,14 @@ func StartSentinel(t testing.TB, master *Server, name string) *Sentinel {
 func (s *Sentinel) URL() string { return "redis+sentinel://" + s.Addr + "/" + s.MasterName }
 
 // StartReplica starts a server replicating master and waits until the
-// link is up; t.Cleanup kills it.
+// link is up; t.Cleanup kills it. The master sends its first full copy at
+// once: by default (repl-diskless-sync-delay 5) it waits 5 s for more
+// replicas first, half of startTimeout gone before the copy even starts.
 func StartReplica(t testing.TB, master *Server) *Server {
 	t.Helper()
+	if _, err := master.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0"); err != nil {
+		t.Fatalf("cannot configure master %s for a replica: %v", master.Addr, err)
+	}
 	s := startVariant(t, "a replica", func(int, string) (*Server, error) {
 		return &Server{extra: []string{"--replicaof", "127.0.0.1", strconv.Itoa(master.Port)}}, nil
 	})
@@ -68,6 +73,43 @@ func StartReplica(t testing.TB, master *Server) *Server {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// WaitReplicated waits until replica has applied everything master had
+// written when it was called: master's replication offset then, against
+// the offset replica has processed. WAIT through Do would not do: it
+// counts only the writes of its own connection — none — and answers at
+// once whatever the replica has.
+func WaitReplicated(master, replica *Server, timeout time.Duration) error {
+	want, err := replOffset(master, "master_repl_offset")
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		got, err := replOffset(replica, "slave_repl_offset")
+		if err == nil && got >= want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replica %s at offset %d, %v, after %v; master %s was at %d", replica.Addr, got, err, timeout, master.Addr, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// replOffset reads field (an offset) from s's INFO replication.
+func replOffset(s *Server, field string) (int64, error) {
+	info, err := s.Do("INFO", "replication")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in INFO replication of %s", field, s.Addr)
 }
 
 // MasterAddr is the master's address as the sentinel reports it.
