@@ -33,6 +33,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +45,9 @@ import (
 
 // Options configure a Fleet. Zero values take the documented defaults.
 type Options struct {
-	// PinboardURL is where workers register ("http://127.0.0.1:8080").
+	// PinboardURL is where workers register ("http://127.0.0.1:8080"), with
+	// pinboard's base path if it has one ("http://127.0.0.1:8080/pb",
+	// server.Options.BasePath): registry calls go to <PinboardURL>/registry/….
 	// Empty: the fleet serves but never registers (unit tests).
 	PinboardURL string
 	// Token is the worker credential sent as Authorization: Bearer.
@@ -113,6 +116,7 @@ type Fleet struct {
 	o      Options
 	srv    *fasthttp.Server
 	pb     *fasthttp.HostClient
+	pbBase string // PinboardURL's path, without a trailing slash
 	auth   string
 	closed chan struct{}
 
@@ -184,6 +188,10 @@ func New(o Options) (*Fleet, error) {
 			},
 		}
 		f.auth = "Bearer " + o.Token
+		// Dropped, the registry calls of a fleet pointed at a pinboard
+		// under a base path were answered 404 and Register retried them
+		// until its context ended (R-SRV-4).
+		f.pbBase = strings.TrimRight(u.EscapedPath(), "/")
 	}
 	return f, nil
 }

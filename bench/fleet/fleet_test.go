@@ -21,6 +21,12 @@ const testToken = "fleet-test-token"
 
 // startPinboard runs a real pinboard node (memory: store) on 127.0.0.1.
 func startPinboard(t *testing.T, ttl time.Duration) string {
+	return startPinboardAt(t, ttl, "")
+}
+
+// startPinboardAt is startPinboard with pinboard mounted under base
+// (server.Options.BasePath); the URL it returns has no base path.
+func startPinboardAt(t *testing.T, ttl time.Duration, base string) string {
 	t.Helper()
 	passport := `{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"t","token":{"env":"PINBOARD_TOKEN"},` +
 		`"scopes":["pinboard:worker","pinboard:operator"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["127.0.0.1"]}}}]}],` +
@@ -31,7 +37,7 @@ func startPinboard(t *testing.T, ttl time.Duration) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pb, err := server.New(server.Options{Store: directory.NewMemory(ttl, time.Now()), Passport: pp, LeaseTTL: ttl})
+	pb, err := server.New(server.Options{Store: directory.NewMemory(ttl, time.Now()), Passport: pp, LeaseTTL: ttl, BasePath: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +56,33 @@ func startPinboard(t *testing.T, ttl time.Duration) string {
 		<-done
 	})
 	return "http://" + ln.Addr().String()
+}
+
+// A fleet pointed at a pinboard under a base path registers there: the
+// URL's path prefixes every registry call (R-SRV-4). Before, it was
+// dropped, every registration was answered 404 and Register retried
+// until its context ended.
+func TestFleetUnderBasePath_RSRV4(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts pinboard and a fleet on 127.0.0.1")
+	}
+	pbURL := startPinboardAt(t, time.Second, "/pb")
+	f, err := New(Options{PinboardURL: pbURL + "/pb/", Token: testToken, Workers: 1, Listeners: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.Register(ctx); err != nil {
+		t.Fatalf("unexpected registration error under base path /pb; got %v; want nil", err)
+	}
+	if w := f.Worker(0); w.Session() == "" {
+		t.Fatal("unexpected worker without a session after Register")
+	}
 }
 
 func get(t *testing.T, url string) (int, string) {

@@ -276,7 +276,7 @@ func (f *Fleet) post(ctx context.Context, path string, body []byte, out any) (st
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(path)
+	req.SetRequestURI(f.pbBase + path)
 	req.Header.SetHost(f.pb.Addr)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/json")
