@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,6 +305,32 @@ func TestAffinityKeyOption_RSRV4(t *testing.T) {
 	pb2.Handle(&ctx)
 	if len(keys) != 1 || keys[0] != "thread-7" {
 		t.Fatalf("unexpected affinity key calls; got %q; want one for the request with X-Thread-Id thread-7", keys)
+	}
+}
+
+// New starts the registry's pool; Shutdown releases it on a node never
+// served (New's doc), so a program that builds a Pinboard and gives up
+// before serving leaks nothing.
+func TestShutdownWithoutServeReleases_RSRV4(t *testing.T) {
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"p","keys":[{"name":"op","token":{"env":"T"},"scopes":["pinboard:operator"]}]}]}`),
+		func(k string) (string, bool) { return "tok", k == "T" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	pb, err := New(Options{Store: directory.NewMemory(time.Second, time.Now()), Passport: pp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.Shutdown(0, nil); err != nil {
+		t.Fatalf("unexpected Shutdown error on a node never served; got %v; want nil", err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("unexpected goroutines after Shutdown; got %d; want at most %d as before New", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -29,9 +29,14 @@ import (
 // DefaultLeaseTTL is PINBOARD_LEASE_TTL_MS's default (R-SRV-3).
 const DefaultLeaseTTL = 15 * time.Second
 
-// Options configure a Pinboard. Store and Passport are required.
+// Options configure a Pinboard. Store and Passport are required; every
+// other field may be left zero for the default it names.
 type Options struct {
-	// Store is the directory (memory: or Redis).
+	// Store is the directory (directory.NewMemory, directory.OpenRedis).
+	// The caller owns it: pinboard never closes it. Close it after the
+	// node has stopped — after Shutdown returned, or Serve when its
+	// context ended (Serve returns before a Shutdown called on its own
+	// has finished, and requests still draining then use the store).
 	Store directory.Store
 	// Passport authenticates workers, operators and clients (R-TR).
 	Passport *attest.Passport
@@ -133,7 +138,13 @@ type Pinboard struct {
 	adminClosed bool
 }
 
-// New builds a Pinboard from o.
+// New builds a Pinboard from o. Its errors name the Options field or
+// value refused.
+//
+// New starts the control plane's worker pool: a Pinboard built is stopped
+// by Serve's shutdown or by Shutdown, which also releases one that was
+// never served (Shutdown(0, nil)); one merely dropped keeps those
+// goroutines for the life of the process.
 func New(o Options) (*Pinboard, error) {
 	if o.Store == nil {
 		return nil, errors.New("cannot build pinboard: Options.Store is required")

@@ -42,6 +42,10 @@ const CloseWait = 2 * time.Second
 // Serve does all of this when its context ends. Called on a node Serve
 // runs, Shutdown is that shutdown: Serve returns nil once it began, and
 // the node has stopped when Shutdown returns (net/http's Shutdown).
+// Called on a node never served, it releases what New started.
+//
+// Shutdown does not close Options.Store: close it after Shutdown returns
+// (not when Serve does, which is earlier here).
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	return pb.shutdown(grace, errc, nil)
 }
