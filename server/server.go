@@ -244,7 +244,9 @@ func New(o Options) (*Pinboard, error) {
 		BodyStall:    bodyStall(o.ReadTimeout, pb.stall),
 	})
 	if err != nil {
-		return nil, err
+		// Prefixed as New's other errors: a program's log says which
+		// call failed.
+		return nil, fmt.Errorf("cannot build pinboard: %w", err)
 	}
 	pb.registry = reg
 	bodyRead := bodyTimeout(o.ReadTimeout, pb.stall)
