@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,6 +307,53 @@ func TestAffinityKeyOption_RSRV4(t *testing.T) {
 	pb2.Handle(&ctx)
 	if len(keys) != 1 || keys[0] != "thread-7" {
 		t.Fatalf("unexpected affinity key calls; got %q; want one for the request with X-Thread-Id thread-7", keys)
+	}
+}
+
+// The affinity key callback's contract (Options.AffinityKey, R-SRV-4):
+// called concurrently, once for each request that places a new id, and
+// never for a request whose id the node resolves. Run with -race.
+func TestAffinityKeyCalledPerPlacement_RSRV4(t *testing.T) {
+	var calls atomic.Int64
+	pb, store, now := placing(t, Options{AffinityKey: func(ctx *fasthttp.RequestCtx) (string, bool) {
+		calls.Add(1)
+		k := ctx.Request.Header.Peek("X-Thread-Id")
+		return string(k), len(k) > 0
+	}})
+	const n = 8
+	handle := func(id string) int {
+		var req fasthttp.Request
+		req.SetRequestURI("/c/" + id + "/v")
+		req.Header.Set("X-Thread-Id", "thread-"+id)
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9}, nil)
+		pb.Handle(&ctx)
+		return ctx.Response.StatusCode()
+	}
+	codes := make(chan int, 2*n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { codes <- handle("id" + strconv.Itoa(i)) })
+	}
+	wg.Wait()
+	if got := calls.Load(); got != n {
+		t.Fatalf("unexpected affinity key calls for %d new ids; got %d; want %d", n, got, n)
+	}
+	for i := range n {
+		wg.Go(func() { codes <- handle("id" + strconv.Itoa(i)) })
+	}
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != fasthttp.StatusOK {
+			t.Fatalf("unexpected status; got %d; want 200", code)
+		}
+	}
+	if got := calls.Load(); got != n {
+		t.Fatalf("unexpected affinity key calls after requests to placed ids; got %d; want %d (none for a placed id)", got, n)
+	}
+	if p, err := store.Placement(context.Background(), "/c", "id0", now); err != nil || p == nil {
+		t.Fatalf("unexpected placement of id0; got %v, %v; want a placement", p, err)
 	}
 }
 

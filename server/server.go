@@ -50,18 +50,36 @@ type Options struct {
 	// anything else (the zero value too) uses
 	// directory.DefaultBalanceFactor.
 	BalanceFactor float64
-	// AffinityKey is the programmatic affinity.key: nil uses the client IP;
-	// a function returning ok=false or an empty key means null (power of
-	// two choices).
+	// AffinityKey is the programmatic affinity.key (R-PL-4, the Node
+	// package's affinity: { key }). It is called only when a data-plane
+	// request may need a new placement — the node knows no live owner of
+	// its id (with Redis, another node may have placed it: the key then
+	// goes unused) — once per request (a retry after a refusal reuses the
+	// answer); never for an id the node resolves, nor for registry or
+	// health paths. A non-empty key with ok=true is a rendezvous
+	// preference: every request with that key prefers the same worker
+	// while its headroom is at least 1/BalanceFactor of the best one's.
+	// ok=false or an empty key is null: power of two choices. Nil uses the
+	// client IP as the key (the peer, or X-Forwarded-For from
+	// TrustedProxies).
+	//
+	// It is called concurrently from many connections' goroutines, so it
+	// must be safe for concurrent use, and it runs on the request path:
+	// keep it quick and non-blocking. ctx is valid only during the call;
+	// read the request's header, path or peer from it, but do not keep it,
+	// consume or read its body (it is streamed to the worker), or write a
+	// response.
 	AffinityKey func(ctx *fasthttp.RequestCtx) (key string, ok bool)
-	// TrustedProxies decide whose X-Forwarded-For is believed.
+	// TrustedProxies decide whose X-Forwarded-For is believed (for the
+	// client IP of AffinityKey's default); nil trusts nobody.
 	TrustedProxies *proxy.TrustedProxies
 	// Upstream tunes worker connection pools.
 	Upstream proxy.UpstreamOptions
 	// ProbeTimeout bounds one challenge probe; default 2s.
 	ProbeTimeout time.Duration
-	// RegistryWorkers and RegistryQueue size the control plane's pool;
-	// RegistryMinWorkers is the governor's floor (registry.Options).
+	// RegistryWorkers and RegistryQueue size the control plane's pool
+	// (defaults 64 and 4096); RegistryMinWorkers is the governor's floor
+	// (default 4×GOMAXPROCS). See registry.Options.
 	RegistryWorkers, RegistryMinWorkers, RegistryQueue int
 	// ReadTimeout bounds reading one request body from a client; 0 leaves
 	// it to Upstream.StallTimeout (a body must keep moving). IdleTimeout bounds a keep-alive connection
