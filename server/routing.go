@@ -24,6 +24,17 @@ var (
 // Handle is the node's fasthttp handler: /registry/* to the registry,
 // /livez and /readyz for orchestrators, everything else to the data plane.
 // A namespace called "registry" is therefore reserved.
+//
+// Handle is meant for the server Serve runs; mounting it under another
+// fasthttp.Server (a router sending Options.BasePath to it) is not
+// supported. There, event streams and WebSockets are cut unless that
+// server sets KeepHijackedConns (their relays write after the handler
+// returned); a connection whose event stream ended is served on by
+// pinboard's own server, so its next requests never reach the host's
+// other routes; the store sweep and the worker pool sweep, which Serve
+// runs, do not run; and Shutdown neither drains nor closes that server's
+// connections. Give pinboard a listener of its own and route to it
+// instead. net/http has no fasthttp bridge in this direction.
 func (pb *Pinboard) Handle(ctx *fasthttp.RequestCtx) {
 	pb.route(ctx)
 	if manyFields(&ctx.Request.Header) {
