@@ -130,6 +130,10 @@ type Pinboard struct {
 	metrics  *metrics.Metrics
 	access   accessLog
 	stopping atomic.Bool
+	// shutStarted is set by the first shutdown, and shutDone closed when
+	// it has finished: later ones wait for it (shutdown).
+	shutStarted atomic.Bool
+	shutDone    chan struct{}
 	// unready turns readiness 503 during Options.ShutdownDelay, while
 	// everything else still serves (stopping is set after it).
 	unready atomic.Bool
@@ -230,6 +234,8 @@ func New(o Options) (*Pinboard, error) {
 		access:  newAccessLog(o.AccessLogSample, o.Logger),
 		resumed: make(map[net.Conn]struct{}),
 		conns:   make(map[net.Conn]int),
+
+		shutDone: make(chan struct{}),
 	}
 	pb.proxy = proxy.New(proxy.Options{
 		Store:          o.Store,

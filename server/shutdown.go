@@ -46,13 +46,37 @@ const CloseWait = 2 * time.Second
 //
 // Shutdown does not close Options.Store: close it after Shutdown returns
 // (not when Serve does, which is earlier here).
+//
+// A node shuts down once: Shutdown called again, or while Serve's
+// shutdown runs, waits for that shutdown to finish and returns an error
+// wrapping net.ErrClosed (as Serve does on a node shut down).
 func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 	return pb.shutdown(grace, errc, nil)
 }
 
 // shutdown is Shutdown; ln, if not nil, is the public listener, closed
 // here as well as by fasthttp's Shutdown (see onceCloseListener).
+//
+// Only the first call shuts down. Run twice — a program that defers
+// Shutdown after Serve's context ended it, or calls it as that context
+// ends — the second stopped the registry pool again and failed with
+// ants' "this pool has been closed", having stopped the server, the
+// linger and the streams a second time, concurrently with the first.
+// A later call waits for the first (the node has stopped when it
+// returns); Serve's own (ln set) closes its listener first, which the
+// first may not have (see onceCloseListener), and returns nil.
 func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
+	if !pb.shutStarted.CompareAndSwap(false, true) {
+		if ln != nil {
+			_ = ln.Close()
+		}
+		<-pb.shutDone
+		if ln != nil {
+			return nil
+		}
+		return fmt.Errorf("cannot shut down: pinboard was shut down already: %w", net.ErrClosed)
+	}
+	defer close(pb.shutDone)
 	pb.stopping.Store(true)
 	pb.closeResumed()
 	pb.registry.Stop()

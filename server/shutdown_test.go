@@ -54,6 +54,50 @@ func TestShutdownBeforeServeStarted(t *testing.T) {
 	}
 }
 
+// A node shuts down once (Shutdown's doc): Shutdown after Serve's own
+// shutdown, or racing it, waits for it and returns net.ErrClosed, and
+// Serve still returns nil. Before, the second run stopped everything
+// again and failed with ants' "this pool has been closed" (R-SRV-4: a
+// program deferring Shutdown as cleanup met it on every clean exit).
+func TestShutdownTwice_RSRV4(t *testing.T) {
+	for i := 0; i < 5; i++ {
+		pb, _ := testPinboard(t, "")
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		served := make(chan error, 1)
+		go func() { served <- pb.Serve(ctx, ln, time.Hour) }()
+		shut := make(chan error, 1)
+		if i%2 == 0 {
+			// Racing: Serve's context ends as Shutdown is called.
+			go func() { shut <- pb.Shutdown(time.Hour, nil) }()
+			cancel()
+		} else {
+			cancel()
+			if err := <-served; err != nil {
+				t.Fatalf("unexpected Serve error; got %v; want nil", err)
+			}
+			served <- nil
+			shut <- pb.Shutdown(time.Hour, nil)
+		}
+		for _, c := range []chan error{served, shut} {
+			select {
+			case err := <-c:
+				if err != nil && !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("unexpected error of a second shutdown; got %v; want nil or net.ErrClosed", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("unexpected Serve or Shutdown still running 20s after both began")
+			}
+		}
+		if err := pb.Shutdown(time.Hour, nil); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("unexpected result of Shutdown on a node shut down; got %v; want an error wrapping net.ErrClosed", err)
+		}
+	}
+}
+
 // An HTTP/1.0 client's download of an unsized body is relayed off the
 // server on the hijacked connection, which fasthttp no longer counts: the
 // shutdown's grace must still wait for it like for any request in flight
