@@ -44,7 +44,9 @@ type Options struct {
 	BasePath string
 	// LeaseTTL is the worker lease (R-LS-1). The store grants it
 	// (directory.NewMemory's, RedisOptions.LeaseTTL): left zero, it is
-	// the store's; set, it must equal the store's, or New refuses.
+	// the store's; set, it must equal the store's, or New refuses. A
+	// Store of another kind, with no LeaseTTL method, is not checked: zero
+	// is DefaultLeaseTTL there.
 	LeaseTTL time.Duration
 	// BalanceFactor bounds affinity (R-PL-4), a finite number >= 1;
 	// anything else (the zero value too) uses

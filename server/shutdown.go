@@ -36,8 +36,12 @@ const CloseWait = 2 * time.Second
 //
 // Then the registry pool and the admin listener stop; requests still
 // running then, registry ones included, are cut: their connections
-// close, and nothing more is served on them. errc, if
-// not nil, is the public listener's Serve result, awaited briefly.
+// close, and nothing more is served on them. errc, if not nil, is
+// awaited up to 5s once the connections are done (before the registry
+// pool stops): a channel that receives when a server of the caller's own
+// stopped serving. A program that runs Serve passes nil; Serve's result
+// is Serve's to return (a channel it sends to would be drained here, not
+// by the program).
 //
 // Serve does all of this when its context ends. Called on a node Serve
 // runs, Shutdown is that shutdown: Serve returns nil once it began, and
