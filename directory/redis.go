@@ -436,7 +436,7 @@ func fromMicros(s string) time.Time {
 
 // redisStats are the store's counters (atomic; read with Stats).
 type redisStats struct {
-	fills, invalidations, flushes, wipes, reconnects, refreshes, claims atomic.Uint64
+	fills, invalidations, flushes, wipes, reconnects, refreshes, refreshPasses, claims atomic.Uint64
 }
 
 // RedisStats is a snapshot of a Redis store's counters.
@@ -453,6 +453,9 @@ type RedisStats struct {
 	Reconnects uint64
 	// Refreshes: session leases re-read after an invalidation.
 	Refreshes uint64
+	// RefreshPasses: refresher passes that re-read at least one lease,
+	// counted once the pass has applied every lease it read.
+	RefreshPasses uint64
 	// Claims: claim scripts run.
 	Claims uint64
 	// CachedPlacements and Sessions are the current local cache sizes.
@@ -471,6 +474,7 @@ func (r *Redis) Stats() RedisStats {
 		Wipes:         r.stats.wipes.Load(),
 		Reconnects:    r.stats.reconnects.Load(),
 		Refreshes:     r.stats.refreshes.Load(),
+		RefreshPasses: r.stats.refreshPasses.Load(),
 		Claims:        r.stats.claims.Load(),
 		ClockSkew:     time.Duration(r.skew.Load()),
 	}

@@ -218,6 +218,9 @@ func (r *Redis) refreshDue(ctx context.Context, force bool) (int, error) {
 		read += n
 		due, sess = due[n:], sess[n:]
 	}
+	if read > 0 {
+		r.stats.refreshPasses.Add(1)
+	}
 	return read, nil
 }
 
