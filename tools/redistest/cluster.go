@@ -11,8 +11,11 @@ import (
 	"time"
 )
 
-// Cluster is a Redis Cluster of masters without replicas.
+// Cluster is a Redis Cluster of masters, with replicas when started by
+// StartClusterReplicas.
 type Cluster struct {
+	// Nodes are every node, masters and replicas, in start order; which
+	// is which changes with failovers (Master, ReplicaOf).
 	Nodes []*Server
 }
 
@@ -21,7 +24,15 @@ type Cluster struct {
 // t.Cleanup kills the nodes.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
-	c, err := StartClusterIn(t.TempDir(), masters)
+	return StartClusterReplicas(t, masters, 0)
+}
+
+// StartClusterReplicas is StartCluster with replicas replicas per master
+// (redis-cli --cluster-replicas), waiting as well until every replica's
+// link to its master is up, so that a CLUSTER FAILOVER can start at once.
+func StartClusterReplicas(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
+	c, err := startClusterIn(t.TempDir(), masters, replicas)
 	if err != nil {
 		t.Fatalf("cannot start a redis cluster: %v", err)
 	}
@@ -32,6 +43,10 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 // StartClusterIn is StartCluster for programs that are not tests; the
 // caller must Kill the cluster.
 func StartClusterIn(dir string, masters int) (*Cluster, error) {
+	return startClusterIn(dir, masters, 0)
+}
+
+func startClusterIn(dir string, masters, replicas int) (*Cluster, error) {
 	if masters < 3 {
 		return nil, fmt.Errorf("a cluster needs at least 3 masters, got %d", masters)
 	}
@@ -40,7 +55,7 @@ func StartClusterIn(dir string, masters int) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{}
-	for range masters {
+	for range masters * (1 + replicas) {
 		s, err := Start(dir, true)
 		if err != nil {
 			c.Kill()
@@ -52,7 +67,7 @@ func StartClusterIn(dir string, masters int) (*Cluster, error) {
 	for _, n := range c.Nodes {
 		args = append(args, n.Addr)
 	}
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput(); err != nil {
@@ -67,7 +82,8 @@ func StartClusterIn(dir string, masters int) (*Cluster, error) {
 }
 
 // waitOK polls CLUSTER INFO on every node until all say cluster_state:ok
-// and know every master.
+// and know every node, and INFO replication on every replica until its
+// link to its master is up.
 func (c *Cluster) waitOK(ctx context.Context) error {
 	want := "cluster_known_nodes:" + strconv.Itoa(len(c.Nodes))
 	for {
@@ -77,6 +93,11 @@ func (c *Cluster) waitOK(ctx context.Context) error {
 			info, err := n.Do("CLUSTER", "INFO")
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, want) {
 				ok, last = false, info
+				break
+			}
+			repl, err := n.Do("INFO", "replication")
+			if err != nil || (strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up")) {
+				ok, last = false, repl
 				break
 			}
 		}
@@ -113,8 +134,17 @@ func (c *Cluster) FlushAll() error {
 
 // NodeFor returns the master serving key's slot (CLUSTER KEYSLOT, then the
 // node whose CLUSTER NODES line owns that slot).
+// The first node that answers is asked: one may have been stopped.
 func (c *Cluster) NodeFor(key string) (*Server, error) {
-	slotText, err := c.Nodes[0].Do("CLUSTER", "KEYSLOT", key)
+	var slotText string
+	var err error
+	var asked *Server
+	for _, n := range c.Nodes {
+		if slotText, err = n.Do("CLUSTER", "KEYSLOT", key); err == nil {
+			asked = n
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +152,7 @@ func (c *Cluster) NodeFor(key string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot parse CLUSTER KEYSLOT %q: %w", slotText, err)
 	}
-	nodes, err := c.Nodes[0].Do("CLUSTER", "NODES")
+	nodes, err := asked.Do("CLUSTER", "NODES")
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +183,53 @@ func (c *Cluster) NodeFor(key string) (*Server, error) {
 		}
 	}
 	return nil, fmt.Errorf("no master serves slot %d of %q", slot, key)
+}
+
+// Master returns the node that is master of the replica r now, from r's
+// INFO replication (its master_host and master_port).
+func (c *Cluster) Master(r *Server) (*Server, error) {
+	info, err := r.Do("INFO", "replication")
+	if err != nil {
+		return nil, err
+	}
+	var port string
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_port:"); ok {
+			port = v
+		}
+	}
+	for _, n := range c.Nodes {
+		if strconv.Itoa(n.Port) == port {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("%s is no replica of a node of this cluster: %s", r.Addr, info)
+}
+
+// ReplicaOf returns a node that CLUSTER NODES, as m sees it, lists as a
+// replica of the master m.
+func (c *Cluster) ReplicaOf(m *Server) (*Server, error) {
+	id, err := m.Do("CLUSTER", "MYID")
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := m.Do("CLUSTER", "NODES")
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || !strings.Contains(f[2], "slave") || f[3] != strings.TrimSpace(id) || strings.Contains(f[2], "fail") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		for _, n := range c.Nodes {
+			if n.Addr == addr {
+				return n, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("master %s has no replica: %s", m.Addr, nodes)
 }
 
 // Kill stops every node.
