@@ -299,7 +299,7 @@ func (r *Redis) openEra(ctx context.Context) error {
 func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 	k := r.prefix + "era"
 	before := r.now()
-	res := r.c.DoMulti(ctx,
+	res := r.onSlot(ctx,
 		r.c.B().Set().Key(k).Value(newEra(before)).Nx().Build(),
 		r.c.B().Get().Key(k).Build(),
 		r.c.B().ClientInfo().Build(),
@@ -317,6 +317,51 @@ func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 		return "", "", unavailable("read", "client info", err)
 	}
 	return era, id, nil
+}
+
+// onSlot runs cmds, the first keyed with the directory's slot and the
+// rest keyless (CLIENT INFO, TIME), in one round trip on the connection
+// serving that slot. On Redis Cluster they are one MULTI block: a client
+// whose slot map is stale (a failover or resharding, until rueidis
+// refreshes its map) has each command of a pipeline redirected (MOVED) on
+// its own, so the keyed read followed the slot while CLIENT INFO was
+// answered by the old master, and the connection check took the old
+// connection — where the node's rows were tracked, and a replica's full
+// resync may have freed them — for the one serving the directory
+// (TestRedisClusterConnectionCheckFollowsFailover_RPL1). rueidis moves a
+// MULTI block as a whole (appendTracked). A block Redis refuses (EXECABORT:
+// out of memory, where Redis refuses every command queued in a MULTI) is
+// sent again as a plain pipeline, as before; a block that failed otherwise
+// fails every command with its error.
+func (r *Redis) onSlot(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	if !r.cluster.Load() {
+		return r.c.DoMulti(ctx, cmds...)
+	}
+	block := make(rueidis.Commands, 0, len(cmds)+2)
+	block = append(block, r.c.B().Multi().Build())
+	block = append(block, cmds...)
+	block = append(block, r.c.B().Exec().Build())
+	res := r.c.DoMulti(ctx, block...)
+	exec := res[len(res)-1]
+	out := make([]rueidis.RedisResult, len(cmds))
+	tx, err := exec.ToArray()
+	_, refused := rueidis.IsRedisErr(err)
+	switch {
+	case rueidis.IsRedisNil(err) || (err == nil && len(tx) != len(cmds)):
+		// A nil EXEC (only a WATCH makes one) must not read as a
+		// missing era.
+		err, exec = errShortReply, rueidis.NewErrorResult(errShortReply)
+	case refused:
+		return r.c.DoMulti(ctx, cmds...)
+	}
+	for i := range out {
+		if err != nil {
+			out[i] = exec
+		} else {
+			out[i] = rueidis.NewResult(tx[i], nil)
+		}
+	}
+	return out
 }
 
 // connIdentity extracts "id=… addr=…" from a CLIENT INFO reply.
@@ -496,7 +541,7 @@ func (r *Redis) revalidate(ctx context.Context) error {
 	r.leaveReplica(ctx)
 	k := r.prefix + "era"
 	start, before := time.Now(), r.now()
-	res := r.c.DoMulti(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build(), r.c.B().Time().Build())
+	res := r.onSlot(ctx, r.c.B().Get().Key(k).Build(), r.c.B().ClientInfo().Build(), r.c.B().Time().Build())
 	r.observeMulti("revalidate", start, res)
 	switch err := res[0].NonRedisError(); {
 	case err == nil:
