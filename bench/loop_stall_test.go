@@ -40,6 +40,14 @@ func (instantDoer) Close() error    { return nil }
 // must say so. Sixty-four workers at 1,000/s hold the next 64 ms of slots,
 // so every slot due in a 50 ms stall belongs to a worker that was idle
 // and slept into it: measured from the send, the stall disappears.
+//
+// How much of the stall each slot meets depends on when its worker got
+// to it, which a loaded machine shifts (a worker reaching a slot after
+// its due time does not sleep; a fixed p75 of 20 ms failed at 19 ms). What
+// holds however late the workers run: each idle slot's latency includes
+// its slack (the sleep's lateness), so the m-th largest latency is at
+// least the m-th largest slack; measured from the send, the latencies
+// are the instant doer's, near zero, and fall below it.
 func TestOpenLoopGeneratorStallIsCharged(t *testing.T) {
 	clock := &stallingClock{from: 20 * time.Millisecond, to: 70 * time.Millisecond}
 	l := &Loop{Rate: 1000, Duration: 100 * time.Millisecond, Workers: 64, Clock: clock}
@@ -53,9 +61,21 @@ func TestOpenLoopGeneratorStallIsCharged(t *testing.T) {
 	if got := time.Duration(res.Slack.Max()); got < 40*time.Millisecond {
 		t.Fatalf("the stall did not happen; slack max %v", got)
 	}
-	// 50 of 100 requests were sent 0–50 ms after they were due.
-	if got := time.Duration(res.Latency.Percentile(75)); got < 20*time.Millisecond {
-		t.Fatalf("generator stall hidden from open-loop latency: p75 %v, max %v; slack max %v",
-			got, time.Duration(res.Latency.Max()), time.Duration(res.Slack.Max()))
+	// Up to 50 of 100 requests were sent 0–50 ms after they were due.
+	for _, m := range []uint64{1, 10, 25} {
+		if res.Slack.Count() < m {
+			break
+		}
+		lat, slack := nthLargest(res.Latency, m), nthLargest(res.Slack, m)
+		if lat < slack {
+			t.Fatalf("generator stall hidden from open-loop latency: latency's %d-th largest %v; want at least slack's, %v (slack max %v)",
+				m, time.Duration(lat), time.Duration(slack), time.Duration(res.Slack.Max()))
+		}
 	}
+}
+
+// nthLargest is h's m-th largest value (its bucket's highest).
+func nthLargest(h *Hist, m uint64) int64 {
+	n := h.Count()
+	return h.Percentile(100 * (float64(n-m) + 0.5) / float64(n))
 }
