@@ -26,13 +26,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/server"
 )
 
@@ -620,25 +620,6 @@ func startBinary(t *testing.T, kv map[string]string) (admin, public string) {
 	}
 }
 
-// lockedBuffer is the child's output: written by exec's copying
-// goroutine, read by the test while the child may still run.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A SIGTERM as soon as the listeners accept is a graceful shutdown, exit
 // 0: the handler is in place before the first listener opens. It was
 // installed after both, and a stop right after start (startBinary's, once
@@ -674,7 +655,7 @@ func tryStartBinary(t *testing.T, kv map[string]string) (admin, public, output s
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = envv
-	out := &lockedBuffer{}
+	out := &testlog.Buffer{} // the child's output, read while it runs
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pinboard-go/pinboard/directory"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
@@ -209,7 +210,7 @@ func TestSignalWhileWaitingForRedisStopsCleanly_RSRV2_RSRV3(t *testing.T) {
 		"HOST":              "127.0.0.1",
 		"PORT":              "0",
 	}
-	stderr := &lockedBuffer{}
+	stderr := &testlog.Buffer{}
 	done := make(chan int, 1)
 	began := time.Now()
 	go func() { done <- run(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, stderr) }()

@@ -11,7 +11,6 @@
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pinboard-go/pinboard/internal/testlog"
 )
 
 // Timeouts bound every step: a test never waits on Redis forever.
@@ -60,26 +61,7 @@ type Server struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
-	out  *lockedBuffer
-}
-
-// lockedBuffer is the server's output: exec copies into it from its own
-// goroutine while Output reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	out  *testlog.Buffer // written by exec's copying goroutine while Output reads it
 }
 
 // Binaries returns the paths of redis-server and redis-cli, or an error
@@ -192,7 +174,7 @@ func (s *Server) Start() error {
 			"--cluster-node-timeout", "2000")
 	}
 	cmd := exec.Command(bin, args...)
-	out := &lockedBuffer{}
+	out := &testlog.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	// Pdeathsig: a test binary killed by -timeout takes its servers along.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
