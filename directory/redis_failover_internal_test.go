@@ -2,7 +2,6 @@ package directory
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,27 +37,15 @@ func TestRedisClusterConnectionCheckFollowsFailover_RPL1(t *testing.T) {
 	before := r.connID
 	r.eraMu.Unlock()
 
-	master, err := c.NodeFor("{cc}:era")
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica, err := c.ReplicaOf(master)
+	master, replica, err := c.MasterAndReplica("{cc}:era")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out, err := replica.Do("CLUSTER", "FAILOVER"); err != nil || out != "OK" {
 		t.Fatalf("unexpected reply to CLUSTER FAILOVER; got %q, %v", out, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := master.Do("INFO", "replication")
-		if err == nil && strings.Contains(info, "role:slave") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("old master %s not demoted after 10 s: %s", master.Addr, info)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := master.WaitRole("slave", 10*time.Second); err != nil {
+		t.Fatalf("old master not demoted: %v", err)
 	}
 	reconnects := r.stats.reconnects.Load()
 	if err := r.revalidate(ctx); err != nil {

@@ -90,15 +90,10 @@ func testClusterFailover(t *testing.T, kill bool) {
 			}
 		}
 	}
-	master, err := c.NodeFor("{fo}:era")
+	master, replica, err := c.MasterAndReplica("{fo}:era")
 	if err != nil {
 		t.Fatal(err)
 	}
-	replica, err := c.ReplicaOf(master)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitReplicated(t, master)
 	// Redis 7 replicates a script's effects, not the script: the replica
 	// has none cached, and the first claim there is a NOSCRIPT, then EVAL.
 	scriptsBefore := "?"
@@ -129,7 +124,9 @@ func testClusterFailover(t *testing.T, kill bool) {
 	} else if out, err := replica.Do("CLUSTER", "FAILOVER"); err != nil || out != "OK" {
 		t.Fatalf("unexpected reply to CLUSTER FAILOVER; got %q, %v", out, err)
 	}
-	waitRole(t, replica, "master", 20*time.Second)
+	if err := replica.WaitRole("master", 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	promoted := time.Since(failedAt)
 
 	// Heartbeats and a new placement through each node answer again.
@@ -397,58 +394,6 @@ func retryUntil(t *testing.T, lossPossible bool, bound time.Duration, since time
 	}
 }
 
-// waitReplicated waits until every replica of master acknowledged its
-// whole replication stream (INFO replication: each slaveN's offset equals
-// master_repl_offset).
-func waitReplicated(t *testing.T, master *redistest.Server) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		info, err := master.Do("INFO", "replication")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var off string
-		var offs []string
-		for _, line := range strings.Split(info, "\n") {
-			line = strings.TrimSpace(line)
-			if v, ok := strings.CutPrefix(line, "master_repl_offset:"); ok {
-				off = v
-			} else if strings.HasPrefix(line, "slave") && strings.Contains(line, "offset=") {
-				_, rest, _ := strings.Cut(line, "offset=")
-				o, _, _ := strings.Cut(rest, ",")
-				offs = append(offs, o)
-			}
-		}
-		done := len(offs) > 0
-		for _, o := range offs {
-			done = done && o == off
-		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replicas of %s not caught up after 5 s: %s", master.Addr, info)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// waitRole waits until INFO replication on s says role:<role>.
-func waitRole(t *testing.T, s *redistest.Server, role string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		if info, err := s.Do("INFO", "replication"); err == nil && strings.Contains(info, "role:"+role) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not %s after %v", s.Addr, role, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // Redis replicates asynchronously: a claim the master acknowledged and
 // died before sending to its replica is lost when the replica is promoted
 // (here the replica is paused, SIGSTOP, while the claim runs, which
@@ -482,15 +427,10 @@ func TestRedisClusterLostWriteOnFailover_RSRV3_RPL1_RCS1(t *testing.T) {
 			if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "kept", Now: now}); err != nil {
 				t.Fatal(err)
 			}
-			master, err := c.NodeFor("{lost}:era")
+			master, replica, err := c.MasterAndReplica("{lost}:era")
 			if err != nil {
 				t.Fatal(err)
 			}
-			replica, err := c.ReplicaOf(master)
-			if err != nil {
-				t.Fatal(err)
-			}
-			waitReplicated(t, master)
 
 			// The replica paused and its link closed by the master: the
 			// claim below reaches the master's backlog only. (A pause
@@ -515,7 +455,9 @@ func TestRedisClusterLostWriteOnFailover_RSRV3_RPL1_RCS1(t *testing.T) {
 			if err := replica.Resume(); err != nil {
 				t.Fatal(err)
 			}
-			waitRole(t, replica, "master", 20*time.Second)
+			if err := replica.WaitRole("master", 20*time.Second); err != nil {
+				t.Fatal(err)
+			}
 
 			var r2 directory.Route
 			var q *directory.QuarantineError

@@ -232,6 +232,38 @@ func (c *Cluster) ReplicaOf(m *Server) (*Server, error) {
 	return nil, fmt.Errorf("master %s has no replica: %s", m.Addr, nodes)
 }
 
+// MasterAndReplica returns the master serving key's slot and a replica
+// of it, once the replica has applied everything the master had written
+// (WaitReplicated): what a failover test kills or promotes.
+func (c *Cluster) MasterAndReplica(key string) (master, replica *Server, err error) {
+	if master, err = c.NodeFor(key); err != nil {
+		return nil, nil, err
+	}
+	if replica, err = c.ReplicaOf(master); err != nil {
+		return nil, nil, err
+	}
+	if err = WaitReplicated(master, replica, 10*time.Second); err != nil {
+		return nil, nil, err
+	}
+	return master, replica, nil
+}
+
+// WaitRole waits up to timeout until s's INFO replication says
+// role:<role> ("master" once promoted, "slave" once demoted).
+func (s *Server) WaitRole(role string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := s.Do("INFO", "replication")
+		if err == nil && strings.Contains(info, "role:"+role) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not %s after %v: %v %s", s.Addr, role, timeout, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // Kill stops every node.
 func (c *Cluster) Kill() {
 	for _, n := range c.Nodes {
