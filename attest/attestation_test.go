@@ -111,10 +111,10 @@ func TestAppendAttestation_ZeroAlloc_RTR5(t *testing.T) {
 	}
 }
 
-// FuzzAttestationRoundTrip mints an attestation from fuzzed inputs and
+// FuzzAttestationRoundTrip_RTR5_RTR6 mints an attestation from fuzzed inputs and
 // verifies it: every valid UTF-8 aud and caller, any depth and issue time
 // within reach of the clock, come back as minted (R-TR-5, R-TR-6).
-func FuzzAttestationRoundTrip(f *testing.F) {
+func FuzzAttestationRoundTrip_RTR5_RTR6(f *testing.F) {
 	f.Add([]byte("k"), "sess-1", int64(1700000000), "/counters/alice", 0, true)
 	f.Add([]byte(""), "zähler \"✓\"\n", int64(-5), "", -1, false)
 	f.Add([]byte("\x00\xff"), "😀\u2028", int64(1<<40), "/a/b/c", 1<<30, true)

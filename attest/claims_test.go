@@ -244,11 +244,11 @@ func TestClaims_CheckBackendMappedCIDRAndBareSuffix_RTR3(t *testing.T) {
 	}
 }
 
-// FuzzCheckBackend checks what an accepted advertise URL makes pinboard
+// FuzzCheckBackend_RTR3 checks what an accepted advertise URL makes pinboard
 // dial (net/url's host and port, as the proxy dials it) against the
 // allowedBackendHosts entries read independently: a URL is accepted only
 // when its dial target fits one of them (R-TR-3).
-func FuzzCheckBackend(f *testing.F) {
+func FuzzCheckBackend_RTR3(f *testing.F) {
 	for _, s := range []string{
 		"http://worker.internal:8000", "https://WORKER.Internal/base/", "http://a.pods.local", "http://pods.local",
 		"http://10.0.4.9:8000", "http://[::ffff:192.168.1.1]/", "http://[fd00::5]:9000", "http://x:7777", "http://10.0.3.7.",

@@ -90,10 +90,10 @@ func TestParseHostPattern_Errors_RTR3(t *testing.T) {
 	}
 }
 
-// FuzzGlobMatch compares globMatch with a regular expression built from
+// FuzzGlobMatch_RTR3_RTR4 compares globMatch with a regular expression built from
 // the pattern ('*' as "(?s:.*)", everything else literal), folding with
 // ASCII letters lower-cased on both sides (R-TR-3, R-TR-4).
-func FuzzGlobMatch(f *testing.F) {
+func FuzzGlobMatch_RTR3_RTR4(f *testing.F) {
 	f.Add("c*n*s", "counters", false)
 	f.Add("*.example.com", "APP.Example.COM", true)
 	f.Add("a*a*a", "aaaa", false)

@@ -62,11 +62,11 @@ func TestAppendJSNumber_RTR5(t *testing.T) {
 	}
 }
 
-// FuzzAppendPyString checks the ensure_ascii encoder: its output is
+// FuzzAppendPyString_RTR5 checks the ensure_ascii encoder: its output is
 // printable ASCII, and both pyLoads and encoding/json read back the
 // string (invalid UTF-8 as encoding/json's own encoder writes it, one
 // U+FFFD per bad byte) (R-TR-5).
-func FuzzAppendPyString(f *testing.F) {
+func FuzzAppendPyString_RTR5(f *testing.F) {
 	for _, s := range []string{"", "plain", `q"b\s`, "\n\r\t\b\f\x00\x7f", "zähler ✓", "😀", "bad\xffutf8", "\xed\xa0\x80", "\U0010ffff"} {
 		f.Add(s)
 	}
@@ -96,11 +96,11 @@ func FuzzAppendPyString(f *testing.F) {
 	})
 }
 
-// FuzzAppendPyJSON checks the claims re-encoder on every document
+// FuzzAppendPyJSON_RTR5 checks the claims re-encoder on every document
 // encoding/json accepts: the output is ASCII JSON pyLoads and
 // encoding/json both accept, with the same members in the same order, and
 // numbers as the doubles they denote (R-TR-5).
-func FuzzAppendPyJSON(f *testing.F) {
+func FuzzAppendPyJSON_RTR5(f *testing.F) {
 	for _, s := range []string{
 		`{ "z" : 1, "a":[ 1.50, -0, 1e3, true, false, null, {} , [] ], "ü":"✓", "s":"\u00e9\/" }`,
 		`{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["10.0.0.0/8"]}}`, `{"a":1,"a":2}`,

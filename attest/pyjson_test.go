@@ -98,12 +98,12 @@ func FuzzPyLoads(f *testing.F) {
 	})
 }
 
-// FuzzPyLoadsAgreesWithEncodingJSON compares pyLoads with encoding/json
+// FuzzPyLoadsAgreesWithEncodingJSON_RTR5 compares pyLoads with encoding/json
 // on UTF-8 text, where the two must agree except on what Python alone
 // accepts (NaN, Infinity, -Infinity) or alone refuses (integers past
 // 4300 digits, nesting past pyMaxDepth); an accepted document must decode
 // to the same tree, duplicate keys keeping the last value (R-TR-5).
-func FuzzPyLoadsAgreesWithEncodingJSON(f *testing.F) {
+func FuzzPyLoadsAgreesWithEncodingJSON_RTR5(f *testing.F) {
 	for _, s := range []string{
 		`{"aud":"a","iat":1,"exp":2}`, `{"a":1,"a":2}`, `[1,-0,0.5e-3,1E+2,"x\u00e9\ud83d\ude00"]`,
 		`"\ud800"`, `"\/\b\f\n\r\t\"\\"`, `NaN`, `[-Infinity]`, `01`, `1.`, `-`, `{"a" : [ ] , "b":{}}`,

@@ -6,12 +6,12 @@ import (
 	"time"
 )
 
-// FuzzControlMessageRoundTrip checks the stored form of a control message
+// FuzzControlMessageRoundTrip_RCM1 checks the stored form of a control message
 // (R-CM-1): what encodeMessage writes for a message id without a space,
 // a namespace without a NUL and any deadline decodes to the same message,
 // the deadline rounded up to the microsecond it is stored in; and
 // decodeMessage takes any stored string without panicking.
-func FuzzControlMessageRoundTrip(f *testing.F) {
+func FuzzControlMessageRoundTrip_RCM1(f *testing.F) {
 	f.Add("0123456789abcdef", "/counters", "alice", int64(1700000000123456789), true)
 	f.Add("0123456789abcdef", "/c", "a.b", int64(0), false)
 	f.Add("", "/ü", "-", int64(-1), true)
@@ -39,10 +39,10 @@ func FuzzControlMessageRoundTrip(f *testing.F) {
 	})
 }
 
-// FuzzDecodeInfo feeds decodeInfo rows of any shape (fields separated by
+// FuzzDecodeInfo_RREG1_RREG4 feeds decodeInfo rows of any shape (fields separated by
 // "|"): it must not panic, refuses short rows and rows without a client
 // id, and splits namespaces on the single space Register joined them with.
-func FuzzDecodeInfo(f *testing.F) {
+func FuzzDecodeInfo_RREG1_RREG4(f *testing.F) {
 	f.Add("s|c|p:k|sec|http://127.0.0.1:9/a|/a /b|app.example|blue|3|1700000000000000|1700000015000000|7.5|0|1|2|1|1700000030000000|{\"blue\":\"x\"}")
 	f.Add("s|c|||u|/a||||||NaN|1|0|x|0||{")
 	f.Add("s||||||||||||||||||")

@@ -8,13 +8,13 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// FuzzReadFramedHeader reads a worker's answer header as the proxy does
+// FuzzReadFramedHeader_RDP1 reads a worker's answer header as the proxy does
 // and checks that an accepted one is framed one way: a body fasthttp
 // will read as chunked comes from an HTTP/1.1 answer in which scanHeader
 // saw the Transfer-Encoding line and no Content-Length line, so the
 // framing check looked at the lines fasthttp used; and its status is a
 // real one (RFC 9112 §6.3, RFC 9110 §15; R-DP-1).
-func FuzzReadFramedHeader(f *testing.F) {
+func FuzzReadFramedHeader_RDP1(f *testing.F) {
 	for _, s := range []string{
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nX-A: a\r\n Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",

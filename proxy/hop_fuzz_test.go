@@ -9,13 +9,13 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// FuzzStripRequestHop parses fuzzed header lines as the server does and
+// FuzzStripRequestHop_RDP1 parses fuzzed header lines as the server does and
 // strips them as the proxy does before forwarding (Proxy.parse's checks,
 // then stripRequestHop): the header written to the worker then carries no
 // hop-by-hop field, no field a Connection line named (but those that
 // frame or route the message), and no pinboard-* field (RFC 9110 §7.6.1,
 // R-TR-5).
-func FuzzStripRequestHop(f *testing.F) {
+func FuzzStripRequestHop_RDP1(f *testing.F) {
 	for _, s := range []string{
 		"Connection: keep-alive, X-Secret-Hop\r\nX-Secret-Hop: 1\r\nKeep-Alive: timeout=5\r\n",
 		"Pinboard-Attestation: forged\r\npinboard-epoch: 1\r\nPINBOARD-X: y\r\nX-Keep: yes\r\n",

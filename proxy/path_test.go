@@ -326,11 +326,11 @@ func TestHasBasePath_RSRV4(t *testing.T) {
 	}
 }
 
-// FuzzParseTargetBasePath checks a target under a base path: HasBasePath
+// FuzzParseTargetBasePath_RDP1_RSRV4 checks a target under a base path: HasBasePath
 // agrees with a byte comparison in which only the hex digits of the base's
 // escapes fold case, and an accepted target is the target the rest of the
 // path is without a base (R-DP-1).
-func FuzzParseTargetBasePath(f *testing.F) {
+func FuzzParseTargetBasePath_RDP1_RSRV4(f *testing.F) {
 	f.Add("/pb/counters/alice/value?x=1", "/pb")
 	f.Add("/pb%c3%b8/c/a", "/pb%C3%B8")
 	f.Add("/pb%zz/c/a", "/pb%zz")

@@ -8,13 +8,13 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// FuzzReadRawHeader reads a worker's handshake answer through a small
+// FuzzReadRawHeader_RDP2 reads a worker's handshake answer through a small
 // buffer, so lines longer than it arrive in pieces, and checks
 // readRawHeader against scanHeader, which reads the same block from one
 // slice: the same end, the bytes kept as sent, never more than the cap.
 // readHandshakeAnswer must not panic on what follows, and a 101 it
 // accepts is one a client may get verbatim (R-DP-2).
-func FuzzReadRawHeader(f *testing.F) {
+func FuzzReadRawHeader_RDP2(f *testing.F) {
 	for _, s := range []string{
 		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nFRAME",
 		"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 101 OK\r\nUpgrade: websocket\r\n\r\n",

@@ -6,12 +6,12 @@ import (
 	"testing"
 )
 
-// FuzzFrameTracker feeds a byte stream to frameTracker in pieces of
+// FuzzFrameTracker_RDP2 feeds a byte stream to frameTracker in pieces of
 // fuzzed sizes and compares the boundaries it reports with those of a
 // whole-stream frame decoder (RFC 6455 §5.2): every frame end, no other
 // offset, and nothing once a length has its top bit set. A Close frame
 // written at a reported boundary is then never inside a frame.
-func FuzzFrameTracker(f *testing.F) {
+func FuzzFrameTracker_RDP2(f *testing.F) {
 	f.Add(append(frame(0x1, []byte("hi"), false), frame(0x9, nil, true)...), []byte{0})
 	f.Add(frame(0x2, make([]byte, 300), true), []byte{2, 0, 6})
 	f.Add([]byte{0x82, 0x7f, 0x80, 0, 0, 0, 0, 0, 0, 1, 0x81, 0}, []byte{3})
