@@ -131,10 +131,11 @@ type Pinboard struct {
 	srv      *fasthttp.Server
 	metrics  *metrics.Metrics
 	access   accessLog
-	// stopping is set by the first shutdown as it starts, and shutDone
-	// closed when it has finished: later ones wait for it (shutdown).
 	stopping atomic.Bool
-	shutDone chan struct{}
+	// shutStarted is set by the first shutdown, and shutDone closed when
+	// it has finished: later ones wait for it (shutdown).
+	shutStarted atomic.Bool
+	shutDone    chan struct{}
 	// unready turns readiness 503 during Options.ShutdownDelay, while
 	// everything else still serves (stopping is set after it).
 	unready atomic.Bool

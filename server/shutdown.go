@@ -70,7 +70,7 @@ func (pb *Pinboard) Shutdown(grace time.Duration, errc <-chan error) error {
 // returns); Serve's own (ln set) closes its listener first, which the
 // first may not have (see onceCloseListener), and returns nil.
 func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Closer) error {
-	if !pb.stopping.CompareAndSwap(false, true) {
+	if !pb.shutStarted.CompareAndSwap(false, true) {
 		if ln != nil {
 			_ = ln.Close()
 		}
@@ -81,6 +81,7 @@ func (pb *Pinboard) shutdown(grace time.Duration, errc <-chan error, ln io.Close
 		return fmt.Errorf("cannot shut down: pinboard was shut down already: %w", net.ErrClosed)
 	}
 	defer close(pb.shutDone)
+	pb.stopping.Store(true)
 	pb.closeResumed()
 	pb.registry.Stop()
 	start := time.Now()
