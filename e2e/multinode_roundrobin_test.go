@@ -134,13 +134,26 @@ func (w *tapWriter) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
-// since returns the heartbeat exchanges whose request went in after t0.
+// since returns the heartbeat exchanges whose request went in after t0:
+// a node read each of them after whatever was done before t0.
 func (rr *roundRobin) since(t0 time.Time) []rrBeat {
+	return rr.beatsWhere(func(b rrBeat) bool { return b.sent.After(t0) })
+}
+
+// answeredSince returns the heartbeat exchanges whose answer came back
+// after t0: every answer that can carry what was done from t0 on,
+// including those to requests that went in before t0 and were still
+// being handled (a heartbeat's challenge probe takes milliseconds).
+func (rr *roundRobin) answeredSince(t0 time.Time) []rrBeat {
+	return rr.beatsWhere(func(b rrBeat) bool { return b.back.After(t0) })
+}
+
+func (rr *roundRobin) beatsWhere(keep func(rrBeat) bool) []rrBeat {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
 	var out []rrBeat
 	for _, b := range rr.beats {
-		if b.sent.After(t0) {
+		if keep(b) {
 			out = append(out, b)
 		}
 	}
@@ -151,9 +164,16 @@ func (rr *roundRobin) since(t0 time.Time) []rrBeat {
 // after t0.
 func (rr *roundRobin) waitBeats(ctx context.Context, t *testing.T, t0 time.Time, what string, ok func([]rrBeat) bool) []rrBeat {
 	t.Helper()
+	return rr.waitFor(ctx, t, func() []rrBeat { return rr.since(t0) }, what, ok)
+}
+
+// waitFor waits (15 s at most) until ok accepts the exchanges list
+// returns.
+func (rr *roundRobin) waitFor(ctx context.Context, t *testing.T, list func() []rrBeat, what string, ok func([]rrBeat) bool) []rrBeat {
+	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		bs := rr.since(t0)
+		bs := list()
 		if ok(bs) {
 			return bs
 		}
@@ -275,7 +295,10 @@ func TestMultiNodeRoundRobin_RCM1_RLS3_RLS5(t *testing.T) {
 	delivered := map[string]int{}  // msgId → answers carrying it
 	ackedBy := map[string]rrBeat{} // msgId → the exchange whose request acked it
 	deliveredBy := map[string]rrBeat{}
-	rr.waitBeats(ctx, t, queued, "delivering and acking both wind-downs, then one more", func(bs []rrBeat) bool {
+	// A heartbeat sent just before the wind-downs were queued may carry
+	// them in its answer, and the worker then acks them in its next: look
+	// at every answer that came back after they were queued.
+	rr.waitFor(ctx, t, func() []rrBeat { return rr.answeredSince(queued) }, "delivering and acking both wind-downs, six exchanges from the ack on", func(bs []rrBeat) bool {
 		order, delivered, ackedBy, deliveredBy = nil, map[string]int{}, map[string]rrBeat{}, map[string]rrBeat{}
 		after := 0 // exchanges since both were acked
 		for _, b := range bs {
@@ -362,10 +385,12 @@ func TestMultiNodeRoundRobin_RCM1_RLS3_RLS5(t *testing.T) {
 			t.Fatalf("unexpected drain in node %d's answer; got draining %v deadline %v; want true and within [%.3f, %.3f]", b.node, ack.Draining, *ack.DrainDeadline, lo, hi)
 		}
 	}
-	undrained := time.Now()
 	if err := nodes[2].Undrain(ctx, recA.ClientID); err != nil {
 		t.Fatalf("cannot undrain A: %v", err)
 	}
+	// Taken once the undrain is answered: a heartbeat sent while it was
+	// on its way may still be answered with the drain.
+	undrained := time.Now()
 	// Every answer to a heartbeat sent after the undrain says A is not
 	// draining, whichever node gave it.
 	rr.waitBeats(ctx, t, undrained, "from every node after the undrain", func(bs []rrBeat) bool {
