@@ -305,11 +305,15 @@ func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 		r.c.B().ClientInfo().Build(),
 		r.c.B().Time().Build())
 	r.noteClock(before, r.now(), res[3])
-	if err := res[0].Error(); err != nil && !rueidis.IsRedisNil(err) {
-		return "", "", unavailable("read", k, err)
-	}
+	// The SET is a no-op while the era exists, and a Redis refusing
+	// writes (OOM under maxmemory with noeviction, NOREPLICAS) still
+	// answers the GET: the check goes on with the era read. Without an
+	// era, the SET's error says why none could be started.
 	era, err := res[1].ToString()
 	if err != nil {
+		if serr := res[0].Error(); serr != nil && !rueidis.IsRedisNil(serr) {
+			err = serr
+		}
 		return "", "", unavailable("read", k, err)
 	}
 	id, err := connIdentity(res[2])
@@ -329,16 +333,23 @@ func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 // connection — where the node's rows were tracked, and a replica's full
 // resync may have freed them — for the one serving the directory
 // (TestRedisClusterConnectionCheckFollowsFailover_RPL1). rueidis moves a
-// MULTI block as a whole (appendTracked). A block Redis refuses (EXECABORT:
-// out of memory, where Redis refuses every command queued in a MULTI) is
-// sent again as a plain pipeline, as before; a block that failed otherwise
-// fails every command with its error.
+// MULTI block as a whole (appendTracked). A block Redis refuses
+// (EXECABORT: one command refused as it was queued, the era's SET under
+// OOM or NOREPLICAS) is sent again as a plain pipeline, where only that
+// command fails (TestRedisEraCheckWhileWritesRefused_RCS1); a block that
+// failed otherwise fails every command with its error.
 func (r *Redis) onSlot(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if !r.cluster.Load() {
 		return r.c.DoMulti(ctx, cmds...)
 	}
 	block := make(rueidis.Commands, 0, len(cmds)+2)
 	block = append(block, r.c.B().Multi().Build())
+	for i := range cmds {
+		// Pinned: rueidis recycles a command once it is answered, and
+		// the fallback below sends these again (without it, the second
+		// DoMulti panics on the recycled commands).
+		cmds[i] = cmds[i].Pin()
+	}
 	block = append(block, cmds...)
 	block = append(block, r.c.B().Exec().Build())
 	res := r.c.DoMulti(ctx, block...)
