@@ -35,15 +35,20 @@ var (
 // AttestationClaims are the claims of an attestation VerifyAttestation
 // accepted.
 type AttestationClaims struct {
+	// Aud is the aud claim, one of the audiences the caller accepted: the
+	// worker's session id for proxied traffic.
 	Aud string
 	// IssuedAt and Expires are Unix seconds. JSON integers are unbounded
 	// in Python, so values beyond int64 are clamped to its range.
 	IssuedAt, Expires int64
 	// Caller ("ns/id") is set when HasCaller.
-	Caller    string
+	Caller string
+	// HasCaller is true when the token has a caller claim (a cluster call,
+	// R-TR-6); Caller may then be any string, "" too.
 	HasCaller bool
 	// Depth is set when HasDepth, clamped to int64 like the times.
-	Depth    int64
+	Depth int64
+	// HasDepth is true when the token has a depth claim; 0 is a real depth.
 	HasDepth bool
 	// Acct is the passport principal pinboard authenticated, or nil.
 	Acct *Account
@@ -51,7 +56,10 @@ type AttestationClaims struct {
 
 // Account is a verified attestation's acct claim.
 type Account struct {
-	Sub    string
+	// Sub is acct.sub: the principal's "<providerId>:<keyName>" when
+	// pinboard minted it (Principal.Sub).
+	Sub string
+	// Scopes are acct.scopes in signed order; nil when absent, empty when [].
 	Scopes []string
 	// Claims is the JSON text of acct.claims ("{}" when absent), as signed.
 	// It may use Python's NaN/Infinity extensions, which encoding/json

@@ -33,7 +33,9 @@ func EnvOf(env string, envs map[string]string, ns string) string {
 
 // BindingState is the current holder of a {hostname}{ns} binding.
 type BindingState struct {
-	Env   string
+	// Env is the env the binding binds the namespace to.
+	Env string
+	// Epoch is the registration epoch the binding was taken at.
 	Epoch int64
 	// Live is true while a live session holds the binding.
 	Live bool

@@ -17,9 +17,10 @@ type PickInput struct {
 	// the caller's own worker when it is eligible.
 	CallerSession string
 	// Key is the rendezvous key (the client IP in the standalone binary, or
-	// the programmatic affinity key). HasKey false means "null": power of
-	// two choices.
-	Key    string
+	// the programmatic affinity key); it counts only with HasKey.
+	Key string
+	// HasKey is true when the request has a key. False means "null": power
+	// of two choices on headroom. The proxy never sets it for an empty key.
 	HasKey bool
 }
 

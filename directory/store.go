@@ -141,8 +141,10 @@ func registrationEnded(clientID, sessionID string, err error) error {
 // Redis, which then claims the first still-eligible ranked candidate. A
 // store keeps nothing of it past Place: callers reuse it.
 type PlaceRequest struct {
-	NS, ID string
-	Now    time.Time
+	NS, ID string // the instance: the namespace with its leading slash, the id
+	// Now is the request's time from the caller's clock: leases are
+	// compared with it and the cold-start stamp is taken from it (R-CS-1).
+	Now time.Time
 	// Policy ranks eligible candidates; nil uses DefaultPolicy.
 	Policy Policy
 	// Pick carries the request's affinity inputs to the policy.
@@ -207,8 +209,9 @@ var (
 // registration; Session and Heartbeat return it for a session displaced by
 // a newer one, whose records were dropped.
 type SupersededError struct {
-	Hostname, NS, Env string
-	Epoch             int64
+	Hostname, NS, Env string // the binding {Hostname}{NS}, and the env it binds NS to now
+	// Epoch is the registration epoch that holds the binding now.
+	Epoch int64
 	// ClientID is the displaced session's client, for logs (not on the
 	// wire).
 	ClientID string
@@ -232,9 +235,13 @@ func FormatEpoch(epoch int64) string { return strconv.FormatFloat(float64(epoch)
 
 // QuarantineError is returned by Place during the cold-start quarantine.
 type QuarantineError struct {
+	// Remaining is how long until placements resume: one lease after the
+	// first placement attempt since the start or wipe. Always positive.
 	Remaining time.Duration
 }
 
+// Error is the data plane's 503 message: the remaining quarantine in
+// whole milliseconds, rounded up.
 func (e *QuarantineError) Error() string {
 	ms := (e.Remaining + time.Millisecond - 1) / time.Millisecond
 	return fmt.Sprintf("cold start: placements resume in %dms", ms)

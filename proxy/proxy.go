@@ -25,7 +25,11 @@ import (
 // Options configure a Proxy. Store and Passport are required; nil or zero
 // fields take the documented defaults.
 type Options struct {
-	Store    directory.Store
+	// Store is the directory ids are resolved, placed and released in:
+	// the one the registry registers workers in.
+	Store directory.Store
+	// Passport authenticates clients' credentials and admits requests,
+	// cluster calls included, by its namespace policies (R-TR-1, R-TR-4).
 	Passport *attest.Passport
 	// Now is the clock; nil uses time.Now.
 	Now func() time.Time

@@ -29,6 +29,8 @@ const (
 	ProbeMismatch
 )
 
+// String is the result's name in logs: "ok", "unreachable", "rejected"
+// or "mismatch" (also for any value past ProbeMismatch).
 func (r ProbeResult) String() string {
 	switch r {
 	case ProbeOK:

@@ -29,7 +29,13 @@ import (
 
 // Options configure a Registry.
 type Options struct {
-	Store    directory.Store
+	// Store is the directory sessions are registered in; required, and
+	// the node's proxy must use the same one.
+	Store directory.Store
+	// Passport authenticates registry requests: register, heartbeat,
+	// release and deregister need the worker scope, the rest the operator
+	// scope (R-TR-2), and claims bound what each may reach (R-TR-3).
+	// Required.
 	Passport *attest.Passport
 	// LeaseTTL is PINBOARD_LEASE_TTL_MS (R-LS-1).
 	LeaseTTL time.Duration
@@ -54,7 +60,10 @@ type Options struct {
 	OpTimeout time.Duration
 	// BasePath is the prefix pinboard is mounted under.
 	BasePath string
-	Logger   *slog.Logger
+	// Logger receives the registry's events (registrations, voids,
+	// degraded probes, supersedes, drains, wind-downs) and, one a second at
+	// most, its store failures; nil discards.
+	Logger *slog.Logger
 	// Observer receives registry events for metrics; nil ignores them.
 	Observer Observer
 	// BodyStall is how long a request body read in pieces may make no

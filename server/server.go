@@ -98,9 +98,11 @@ type Options struct {
 	// admin listener (ServeAdmin); it is also the default for ProxyMetrics
 	// and RegistryObserver. Nil records nothing and costs nothing.
 	Metrics *metrics.Metrics
-	// ProxyMetrics and RegistryObserver receive metrics; nil uses Metrics,
+	// ProxyMetrics receives the data plane's metrics; nil uses Metrics,
 	// or records none.
-	ProxyMetrics     proxy.Metrics
+	ProxyMetrics proxy.Metrics
+	// RegistryObserver receives the registry's heartbeat, probe and queue
+	// events; nil uses Metrics, or records none.
 	RegistryObserver registry.Observer
 	// AccessLogSample is the fraction of requests (0..1) logged at info
 	// level with method, path, status and duration; 0, the default, logs

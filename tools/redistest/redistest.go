@@ -40,6 +40,8 @@ const (
 // Server is one redis-server process on 127.0.0.1. Its methods are safe for
 // concurrent use.
 type Server struct {
+	// Port is the plain TCP port the server listens on at 127.0.0.1, kept
+	// across Stop and Start; a cluster node's bus port is Port+10000.
 	Port int
 	// Addr is 127.0.0.1:Port.
 	Addr string
