@@ -89,6 +89,9 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 		}
 		q.touched = now
 		res.Messages = slices.Clone(q.msgs)
+		for i := range res.Messages {
+			res.Messages[i].Deadline = copyTime(res.Messages[i].Deadline)
+		}
 	}
 	return res, nil
 }

@@ -24,15 +24,20 @@ func testControlMessages(t *testing.T, f Factory) {
 	if err != nil || sid != a || len(msgID) != 16 {
 		t.Fatalf("cannot wind down: %q %q %v", msgID, sid, err)
 	}
+	// The queued deadline is the store's: neither the caller's variable
+	// nor a delivered message's shares memory with it.
+	want := deadline
+	deadline = deadline.Add(time.Hour)
 	revokeID, _, _ := fx.s.WindDown(fx.ctx, "/c", "x", "", nil, fx.now)
 	for range 2 {
 		res := fx.beat(a, 10, false, false)
 		if len(res.Messages) != 2 || res.Messages[0].MsgID != msgID || res.Messages[1].Deadline != nil {
 			t.Fatalf("unexpected messages; got %+v; want both, redelivered until acked", res.Messages)
 		}
-		if !res.Messages[0].Deadline.Equal(deadline) || res.Messages[0].NS != "/c" || res.Messages[0].ID != "x" || res.Messages[0].Type != "wind_down" {
-			t.Fatalf("unexpected message; got %+v", res.Messages[0])
+		if !res.Messages[0].Deadline.Equal(want) || res.Messages[0].NS != "/c" || res.Messages[0].ID != "x" || res.Messages[0].Type != "wind_down" {
+			t.Fatalf("unexpected message; got %+v (deadline %v); want deadline %v", res.Messages[0], res.Messages[0].Deadline, want)
 		}
+		*res.Messages[0].Deadline = want.Add(time.Minute)
 	}
 	res := fx.beat(a, 10, false, false, msgID)
 	if len(res.Messages) != 1 || res.Messages[0].MsgID != revokeID {
