@@ -333,11 +333,13 @@ func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 // connection — where the node's rows were tracked, and a replica's full
 // resync may have freed them — for the one serving the directory
 // (TestRedisClusterConnectionCheckFollowsFailover_RPL1). rueidis moves a
-// MULTI block as a whole (appendTracked). A block Redis refuses
-// (EXECABORT: one command refused as it was queued, the era's SET under
-// OOM or NOREPLICAS) is sent again as a plain pipeline, where only that
-// command fails (TestRedisEraCheckWhileWritesRefused_RCS1); a block that
-// failed otherwise fails every command with its error.
+// MULTI block as a whole (appendTracked). A block Redis refuses (an
+// error reply to EXEC, EXECABORT when a command was refused as it was
+// queued: the era's SET under NOREPLICAS, and under OOM every queued
+// command, reads too, so the revalidator's block as well) is sent again
+// as a plain pipeline, where OOM and NOREPLICAS refuse only the write
+// (TestRedisEraCheckWhileWritesRefused_RCS1); a block that failed
+// otherwise fails every command with its error.
 func (r *Redis) onSlot(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
 	if !r.cluster.Load() {
 		return r.c.DoMulti(ctx, cmds...)

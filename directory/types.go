@@ -180,8 +180,10 @@ type Registration struct {
 	// lower one (R-LS-4). 0 when none was declared.
 	Epoch int64
 	// PrevSessionID is the session this process held before, "" on its
-	// first registration. It is handed over first; other sessions of the
-	// same ClientID and Sub are handed over too, named or not.
+	// first registration. Only a session of the same ClientID and Sub is
+	// handed over (another named here is ignored); it goes first, and the
+	// other sessions of the same ClientID and Sub are handed over too,
+	// named or not.
 	PrevSessionID string
 	// Instances are the ids the worker still hosts, by namespace; on a
 	// re-registration they are reclaimed for the new session unless another
@@ -206,8 +208,10 @@ type RegisterResult struct {
 	LeaseUntil time.Time
 	// Duplicates are the listed instances the session did not get: those
 	// of a namespace it does not serve, and those another live session
-	// held when the registration came, including sessions it superseded
-	// or voided (R-REG-1). The worker aborts them.
+	// held when the registration reached them (it reclaims them
+	// RegisterBatch at a time, so an id placed elsewhere between two
+	// batches is one too), including sessions it superseded or voided
+	// (R-REG-1). The worker aborts them.
 	Duplicates []NSID
 	// Drain is the operator drain on the client id, zero when none. A
 	// timed drain whose deadline plus one lease has passed comes back
