@@ -25,6 +25,10 @@ func TestOpenRedisRefused_RSRV3(t *testing.T) {
 	if _, err := srv.Do("ACL", "SETUSER", "narrow", "on", ">narrow-pass", "~*", "+ping"); err != nil {
 		t.Fatal(err)
 	}
+	// reader may read but never write (used once the era exists, below).
+	if _, err := srv.Do("ACL", "SETUSER", "reader", "on", ">reader-pass", "~*", "+@all", "-@write"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := srv.Do("CONFIG", "SET", "requirepass", "right-pass"); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +59,16 @@ func TestOpenRedisRefused_RSRV3(t *testing.T) {
 		t.Fatalf("cannot open with the right password: %v", err)
 	}
 	s.Close()
+	// With the era in place, a user that may read but never write: the
+	// era's SET NX is refused (NOPERM) while its GET answers. Only a
+	// refusal that passes (OOM) lets the era check go on; this one is a
+	// configuration error, as when no era exists.
+	if s, err := directory.OpenRedis(t.Context(), "redis://reader:reader-pass@"+host, opts); !errors.Is(err, directory.ErrRefused) || !strings.Contains(err.Error(), "NOPERM") {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("unexpected open by a user without writes; got %v; want ErrRefused naming NOPERM", err)
+	}
 	srv.Stop()
 	if _, err := directory.OpenRedis(t.Context(), "redis://:right-pass@"+host, opts); !errors.Is(err, directory.ErrUnavailable) || errors.Is(err, directory.ErrRefused) {
 		t.Fatalf("unexpected error for a Redis that is down; got %v; want ErrUnavailable", err)

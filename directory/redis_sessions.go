@@ -306,12 +306,21 @@ func (r *Redis) ensureEra(ctx context.Context) (string, string, error) {
 		r.c.B().Time().Build())
 	r.noteClock(before, r.now(), res[3])
 	// The SET is a no-op while the era exists, and a Redis refusing
-	// writes (OOM under maxmemory with noeviction, NOREPLICAS) still
-	// answers the GET: the check goes on with the era read. Without an
-	// era, the SET's error says why none could be started.
+	// writes for a while (writesHeld: out of memory, too few replicas, a
+	// failing snapshot) still answers the GET: the check goes on with the
+	// era read. Any other refusal of the SET (NOPERM, READONLY) fails the
+	// check, so that a node that may never write does not open. Without
+	// an era, the SET's error says why none could be started.
+	serr := res[0].Error()
+	if rueidis.IsRedisNil(serr) {
+		serr = nil
+	}
+	if serr != nil && !writesHeld(serr) {
+		return "", "", unavailable("read", k, serr)
+	}
 	era, err := res[1].ToString()
 	if err != nil {
-		if serr := res[0].Error(); serr != nil && !rueidis.IsRedisNil(serr) {
+		if rueidis.IsRedisNil(err) && serr != nil {
 			err = serr
 		}
 		return "", "", unavailable("read", k, err)
@@ -375,6 +384,19 @@ func (r *Redis) onSlot(ctx context.Context, cmds ...rueidis.Completed) []rueidis
 		}
 	}
 	return out
+}
+
+// writesHeld reports whether err is Redis refusing writes until
+// something outside pinboard changes: OOM (maxmemory reached under
+// noeviction), NOREPLICAS (min-replicas-to-write unmet), MISCONF (a
+// snapshot failing under stop-writes-on-bgsave-error).
+func writesHeld(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	code, _, _ := strings.Cut(re.Error(), " ")
+	return code == "OOM" || code == "NOREPLICAS" || code == "MISCONF"
 }
 
 // connIdentity extracts "id=… addr=…" from a CLIENT INFO reply.

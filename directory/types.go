@@ -106,7 +106,9 @@ type Route struct {
 	// Epoch is the placement epoch, minted by the store when the id was
 	// placed and kept when a re-registration of the same process reclaims
 	// it. Each one minted is above every earlier one, across restarts and
-	// wipes too: workers fence on them.
+	// wipes too (minting then resumes at or above the clock's
+	// microseconds), given clocks that do not step back: workers fence on
+	// them.
 	Epoch uint64
 	// Placed is true when this resolution created the placement (a new
 	// activation on the worker); the proxy retries in-band refusals of new
