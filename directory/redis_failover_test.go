@@ -97,12 +97,8 @@ func testClusterFailover(t *testing.T, kill bool) {
 	// Redis 7 replicates a script's effects, not the script: the replica
 	// has none cached, and the first claim there is a NOSCRIPT, then EVAL.
 	scriptsBefore := "?"
-	if info, err := replica.Do("INFO", "memory"); err == nil {
-		for _, line := range strings.Split(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "number_of_cached_scripts:"); ok {
-				scriptsBefore = v
-			}
-		}
+	if info, err := replica.Info("memory"); err == nil {
+		scriptsBefore = info["number_of_cached_scripts"]
 	}
 
 	// Both nodes claim the same new ids, one after another, across the

@@ -124,21 +124,15 @@ func totalCommands(t *testing.T, srv *redistest.Server) int {
 // infoInt is the integer field of an INFO section of srv.
 func infoInt(t *testing.T, srv *redistest.Server, section, field string) int {
 	t.Helper()
-	info, err := srv.Do("INFO", section)
+	info, err := srv.Info(section)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
+	n, err := strconv.Atoi(info[field])
+	if err != nil {
+		t.Fatalf("cannot read %s in INFO %s: %v (%v)", field, section, err, info)
 	}
-	t.Fatalf("no %s in INFO %s: %s", field, section, info)
-	return 0
+	return n
 }
 
 // After a wipe every node drops its cache, the next placement attempt

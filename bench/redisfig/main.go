@@ -154,11 +154,8 @@ func startNodes(ctx context.Context, url string, n int) []node {
 }
 
 func redisVersion(srv *redistest.Server) string {
-	info, _ := srv.Do("INFO", "server")
-	for _, l := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {
-			return "Redis " + v
-		}
+	if info, err := srv.Info("server"); err == nil && info["redis_version"] != "" {
+		return "Redis " + info["redis_version"]
 	}
 	return "Redis ?"
 }

@@ -95,9 +95,9 @@ func (c *Cluster) waitOK(ctx context.Context) error {
 				ok, last = false, info
 				break
 			}
-			repl, err := n.Do("INFO", "replication")
-			if err != nil || (strings.Contains(repl, "role:slave") && !strings.Contains(repl, "master_link_status:up")) {
-				ok, last = false, repl
+			repl, err := n.Info("replication")
+			if err != nil || (repl["role"] == "slave" && repl["master_link_status"] != "up") {
+				ok, last = false, fmt.Sprint(repl, err)
 				break
 			}
 		}
@@ -188,22 +188,16 @@ func (c *Cluster) NodeFor(key string) (*Server, error) {
 // Master returns the node that is master of the replica r now, from r's
 // INFO replication (its master_host and master_port).
 func (c *Cluster) Master(r *Server) (*Server, error) {
-	info, err := r.Do("INFO", "replication")
+	info, err := r.Info("replication")
 	if err != nil {
 		return nil, err
 	}
-	var port string
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_port:"); ok {
-			port = v
-		}
-	}
 	for _, n := range c.Nodes {
-		if strconv.Itoa(n.Port) == port {
+		if strconv.Itoa(n.Port) == info["master_port"] {
 			return n, nil
 		}
 	}
-	return nil, fmt.Errorf("%s is no replica of a node of this cluster: %s", r.Addr, info)
+	return nil, fmt.Errorf("%s is no replica of a node of this cluster: %v", r.Addr, info)
 }
 
 // ReplicaOf returns a node that CLUSTER NODES, as m sees it, lists as a
@@ -253,12 +247,12 @@ func (c *Cluster) MasterAndReplica(key string) (master, replica *Server, err err
 func (s *Server) WaitRole(role string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		info, err := s.Do("INFO", "replication")
-		if err == nil && strings.Contains(info, "role:"+role) {
+		info, err := s.Info("replication")
+		if err == nil && info["role"] == role {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not %s after %v: %v %s", s.Addr, role, timeout, err, info)
+			return fmt.Errorf("%s not %s after %v: %v %v", s.Addr, role, timeout, err, info)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

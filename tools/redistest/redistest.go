@@ -220,16 +220,30 @@ func (s *Server) Start() error {
 // pid is the process id of the server answering on the port (INFO
 // server's process_id).
 func (s *Server) pid() (int, error) {
-	info, err := s.cli("INFO", "server")
+	info, err := s.Info("server")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
-			return strconv.Atoi(v)
+	return strconv.Atoi(info["process_id"])
+}
+
+// Info returns the fields of INFO section ("field:value" lines; the
+// "# Section" headings and blank lines left out).
+func (s *Server) Info(section string) (map[string]string, error) {
+	reply, err := s.cli("INFO", section)
+	if err != nil {
+		return nil, err
+	}
+	fields := make(map[string]string)
+	for _, line := range strings.Split(reply, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.HasPrefix(k, "#") {
+			fields[k] = v
 		}
 	}
-	return 0, fmt.Errorf("no process_id in INFO server: %q", info)
+	if len(fields) == 0 {
+		return nil, fmt.Errorf("unexpected INFO %s reply of %s: %q", section, s.Addr, reply)
+	}
+	return fields, nil
 }
 
 // Stop ends the server without saving (SIGKILL): its data is gone, as after

@@ -100,16 +100,15 @@ func WaitReplicated(master, replica *Server, timeout time.Duration) error {
 
 // replOffset reads field (an offset) from s's INFO replication.
 func replOffset(s *Server, field string) (int64, error) {
-	info, err := s.Do("INFO", "replication")
+	info, err := s.Info("replication")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
+	v, ok := info[field]
+	if !ok {
+		return 0, fmt.Errorf("no %s in INFO replication of %s", field, s.Addr)
 	}
-	return 0, fmt.Errorf("no %s in INFO replication of %s", field, s.Addr)
+	return strconv.ParseInt(v, 10, 64)
 }
 
 // MasterAddr is the master's address as the sentinel reports it.
