@@ -86,9 +86,7 @@ func TestRedisClusterSlotMigrationKeepsTracking_RPL1(t *testing.T) {
 	const ttl = 10 * time.Second
 	a := openNode(t, c.URL(), "mig", ttl)
 	b := openNode(t, c.URL(), "mig", ttl)
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
-	wb := register(t, b, "b", 1, now)
+	now, wa, wb := warmPair(t, a, b)
 	if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "before", Now: now}); err != nil {
 		t.Fatal(err)
 	}

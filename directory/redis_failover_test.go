@@ -3,7 +3,6 @@ package directory_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,9 +66,7 @@ func testClusterFailover(t *testing.T, kill bool) {
 			t.Logf("node A's log:\n%s\nnode B's log:\n%s", logA.String(), logB.String())
 		}
 	}()
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
-	wb := register(t, b, "b", 1, now)
+	now, wa, wb := warmPair(t, a, b)
 
 	// Hot ids, placed through A and resolved through B: cached on both.
 	const hot = 20
@@ -209,20 +206,6 @@ func testClusterFailover(t *testing.T, kill bool) {
 		"scripts cached on the replica before: %s",
 		promoted.Round(time.Millisecond), recovered[0].Round(time.Millisecond), recovered[1].Round(time.Millisecond),
 		recovered[2].Round(time.Millisecond), recovered[3].Round(time.Millisecond), worst.Round(time.Millisecond), len(res.ids), res.errs, res.kinds, scriptsBefore)
-}
-
-// openNodeLogged is openNode logging to log.
-func openNodeLogged(t *testing.T, url, prefix string, ttl time.Duration, log *testlog.Buffer) *directory.Redis {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{LeaseTTL: ttl, Prefix: prefix,
-		Logger: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	if err != nil {
-		t.Fatalf("cannot open the redis directory: %v", err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	return s
 }
 
 // claimRun is two nodes claiming the same ids in turn ("k-0", "k-1", …)
@@ -417,9 +400,7 @@ func TestRedisClusterLostWriteOnFailover_RSRV3_RPL1_RCS1(t *testing.T) {
 			const ttl = 10 * time.Second
 			a := openNode(t, c.URL(), "lost", ttl)
 			b := openNode(t, c.URL(), "lost", ttl)
-			now := warmRedis(t, a, time.Now())
-			wa := register(t, a, "a", 1e6, now)
-			wb := register(t, b, "b", 1, now)
+			now, wa, wb := warmPair(t, a, b)
 			if _, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "kept", Now: now}); err != nil {
 				t.Fatal(err)
 			}

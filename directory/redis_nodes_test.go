@@ -52,9 +52,7 @@ func testInvalidation(t *testing.T, url string) {
 	ctx := ctxT(t)
 	a := openNode(t, url, "inv", 10*time.Second)
 	b := openNode(t, url, "inv", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
-	wb := register(t, b, "b", 1, now)
+	now, wa, wb := warmPair(t, a, b)
 
 	var delays []time.Duration
 	for i := range 100 {

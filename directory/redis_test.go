@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/directory/directorytest"
+	"github.com/pinboard-go/pinboard/internal/testlog"
 	"github.com/pinboard-go/pinboard/tools/redistest"
 )
 
@@ -200,14 +202,34 @@ func TestRedisSentinelFailover_RSRV3(t *testing.T) {
 // openNode opens one more node on an existing directory (same prefix).
 func openNode(t testing.TB, url, prefix string, ttl time.Duration) *directory.Redis {
 	t.Helper()
+	return openNodeLogged(t, url, prefix, ttl, nil)
+}
+
+// openNodeLogged is openNode logging at debug level to log (nil: no log).
+func openNodeLogged(t testing.TB, url, prefix string, ttl time.Duration, log *testlog.Buffer) *directory.Redis {
+	t.Helper()
+	o := directory.RedisOptions{LeaseTTL: ttl, Prefix: prefix}
+	if log != nil {
+		o.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := directory.OpenRedis(ctx, url, directory.RedisOptions{LeaseTTL: ttl, Prefix: prefix})
+	s, err := directory.OpenRedis(ctx, url, o)
 	if err != nil {
 		t.Fatalf("cannot open the redis directory: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// warmPair passes the cold start through a and registers worker "a" on a
+// with far more headroom than worker "b" on b, so that new ids go to a's
+// worker: the set-up of the two-node tests. It returns the time past the
+// quarantine and the two sessions.
+func warmPair(t *testing.T, a, b *directory.Redis) (now time.Time, wa, wb string) {
+	t.Helper()
+	now = warmRedis(t, a, time.Now())
+	return now, register(t, a, "a", 1e6, now), register(t, b, "b", 1, now)
 }
 
 // warmRedis runs the first placement attempt and returns the time the

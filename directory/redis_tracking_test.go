@@ -20,9 +20,7 @@ func TestRedisForeignFlushDropsUntrackedRows_RPL1(t *testing.T) {
 	ctx := ctxT(t)
 	a := openNode(t, srv.URL(), "fdb", 10*time.Second)
 	b := openNode(t, srv.URL(), "fdb", 10*time.Second)
-	now := warmRedis(t, a, time.Now())
-	wa := register(t, a, "a", 1e6, now)
-	wb := register(t, b, "b", 1, now)
+	now, wa, wb := warmPair(t, a, b)
 	r1, err := a.Place(ctx, &directory.PlaceRequest{NS: "/c", ID: "x", Now: now})
 	if err != nil || r1.Owner.SessionID != wa {
 		t.Fatalf("unexpected placement through A; got %+v, %v; want owner %s", r1, err, wa)
