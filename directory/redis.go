@@ -241,6 +241,20 @@ func (r *Redis) probeScripts(ctx context.Context, url string) error {
 	return fmt.Errorf("cannot open the redis directory at %s: %w", redactURL(url), unavailable("run", "a read-only script", err))
 }
 
+// redisErrCode is the code of the Redis error reply in err's chain, its
+// first word ("OOM", "NOPERM", "READONLY"), or "" when there is none.
+func redisErrCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var re *rueidis.RedisError
+	if !errors.As(err, &re) || re.IsNil() {
+		return ""
+	}
+	code, _, _ := strings.Cut(re.Error(), " ")
+	return code
+}
+
 // refusedByRedis reports whether err, from opening the directory, is an
 // answer of Redis's that no retry mends (ErrRefused): authentication
 // (WRONGPASS, NOAUTH, a password the server has none for), an ACL denying
@@ -260,8 +274,7 @@ func refusedByRedis(err error) bool {
 		return false
 	}
 	msg := re.Error()
-	code, _, _ := strings.Cut(msg, " ")
-	switch code {
+	switch redisErrCode(re) {
 	case "WRONGPASS", "NOAUTH", "NOPERM":
 		return true
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -143,8 +142,7 @@ func (r *Redis) noteAnswers(ctx context.Context, res []rueidis.RedisResult) {
 // address. Not on a Redis Cluster: a demoted master redirects (MOVED),
 // which rueidis follows.
 func (r *Redis) noteReadOnly(err error) {
-	re, ok := rueidis.IsRedisErr(err)
-	if !ok || r.cluster.Load() || !strings.HasPrefix(re.Error(), "READONLY") {
+	if r.cluster.Load() || redisErrCode(err) != "READONLY" {
 		return
 	}
 	if !r.demoted.Swap(true) {

@@ -391,12 +391,11 @@ func (r *Redis) onSlot(ctx context.Context, cmds ...rueidis.Completed) []rueidis
 // noeviction), NOREPLICAS (min-replicas-to-write unmet), MISCONF (a
 // snapshot failing under stop-writes-on-bgsave-error).
 func writesHeld(err error) bool {
-	re, ok := rueidis.IsRedisErr(err)
-	if !ok {
-		return false
+	switch redisErrCode(err) {
+	case "OOM", "NOREPLICAS", "MISCONF":
+		return true
 	}
-	code, _, _ := strings.Cut(re.Error(), " ")
-	return code == "OOM" || code == "NOREPLICAS" || code == "MISCONF"
+	return false
 }
 
 // connIdentity extracts "id=… addr=…" from a CLIENT INFO reply.
