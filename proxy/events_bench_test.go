@@ -13,7 +13,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/pinboard-go/pinboard/attest"
 	"github.com/pinboard-go/pinboard/directory"
 )
 
@@ -51,14 +50,8 @@ func BenchmarkEventRelay(b *testing.B) {
 	}, now); err != nil {
 		b.Fatal(err)
 	}
-	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev",`+
-		`"token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],`+
-		`"namespaces":{"*":{"allow":"anonymous"}}}`), func(string) (string, bool) { return "dev-token", true })
-	if err != nil {
-		b.Fatal(err)
-	}
 	var srv *fasthttp.Server
-	p := New(Options{Store: store, Passport: pp, Now: func() time.Time { return now },
+	p := New(Options{Store: store, Passport: benchPassport(b), Now: func() time.Time { return now },
 		Resume: func(c net.Conn) error { return srv.ServeConn(c) }})
 	srv = &fasthttp.Server{
 		Handler: p.ServeHTTP, StreamRequestBody: true, NoDefaultServerHeader: true,

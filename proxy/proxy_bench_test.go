@@ -55,6 +55,19 @@ func standInWorker(tb testing.TB) string {
 	return "http://" + ln.Addr().String() + "/w/0/"
 }
 
+// benchPassport admits anonymous requests to every namespace, as the
+// benchmarks' clients send no credential.
+func benchPassport(tb testing.TB) *attest.Passport {
+	tb.Helper()
+	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev",`+
+		`"token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],`+
+		`"namespaces":{"*":{"allow":"anonymous"}}}`), func(string) (string, bool) { return "dev-token", true })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pp
+}
+
 func newHotPath(tb testing.TB) *hotPath { return newHotPathWith(tb, nil) }
 
 // newHotPathWith is newHotPath with m recording the data plane's metrics
@@ -77,14 +90,8 @@ func newHotPathFor(tb testing.TB, m Metrics, ns, id string) *hotPath {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	pp, err := attest.ParsePassport([]byte(`{"providers":[{"type":"staticToken","id":"pinboard","keys":[{"name":"dev",`+
-		`"token":{"env":"PINBOARD_TOKEN"},"scopes":["pinboard:worker"],"claims":{"pinboard":{"namespaces":["*"],"allowedBackendHosts":["*"]}}}]}],`+
-		`"namespaces":{"*":{"allow":"anonymous"}}}`), func(string) (string, bool) { return "dev-token", true })
-	if err != nil {
-		tb.Fatal(err)
-	}
 	h := &hotPath{store: store, sess: reg.SessionID, now: now}
-	h.p = New(Options{Store: store, Passport: pp, Now: func() time.Time { return h.now }, Metrics: m})
+	h.p = New(Options{Store: store, Passport: benchPassport(tb), Now: func() time.Time { return h.now }, Metrics: m})
 	h.req.Header.SetMethod(fasthttp.MethodGet)
 	h.req.SetRequestURI(ns + "/" + id + "/json")
 	h.req.Header.SetHost("pinboard.test")
