@@ -60,7 +60,13 @@ func (m *Memory) WindDown(_ context.Context, ns, id, owner string, deadline *tim
 		q = &memQueue{}
 		m.queues[sid] = q
 	}
-	msg := ControlMessage{MsgID: NewMsgID(), Type: "wind_down", NS: ns, ID: id, Deadline: copyTime(deadline)}
+	if deadline != nil {
+		// The queue's own copy: the caller's variable is not the queued
+		// deadline (Heartbeat hands out copies in turn).
+		d := *deadline
+		deadline = &d
+	}
+	msg := ControlMessage{MsgID: NewMsgID(), Type: "wind_down", NS: ns, ID: id, Deadline: deadline}
 	q.msgs = append(q.msgs, msg)
 	q.touched = now
 	if deadline != nil {
@@ -70,17 +76,6 @@ func (m *Memory) WindDown(_ context.Context, ns, id, owner string, deadline *tim
 		delete(m.windDowns, key)
 	}
 	return msg.MsgID, sid, nil
-}
-
-// copyTime returns a pointer to a copy of *t, or nil: a queued deadline
-// shares no memory with the caller's, nor with the heartbeats delivering
-// it, as none does on the Redis store, which decodes each anew.
-func copyTime(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
-	}
-	c := *t
-	return &c
 }
 
 // memWindDown is a timed wind-down's placement: ns/id at epoch, freed at

@@ -89,8 +89,15 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 		}
 		q.touched = now
 		res.Messages = slices.Clone(q.msgs)
-		for i := range res.Messages {
-			res.Messages[i].Deadline = copyTime(res.Messages[i].Deadline)
+		// The deadlines are copied too, into one array for the lot: no
+		// answer shares memory with the queue, as none does on the Redis
+		// store, which decodes each anew.
+		deadlines := make([]time.Time, len(res.Messages))
+		for i, msg := range res.Messages {
+			if msg.Deadline != nil {
+				deadlines[i] = *msg.Deadline
+				res.Messages[i].Deadline = &deadlines[i]
+			}
 		}
 	}
 	return res, nil
