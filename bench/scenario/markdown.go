@@ -94,7 +94,8 @@ func Markdown(res *Results, links []string, blocks []string) string {
 		fmt.Fprintf(&b, "pinboard ran with `%s`.\n\n", strings.Join(res.PinboardEnv, " "))
 	}
 	if mean, peak := res.Foreign(); len(res.Runs) > 0 {
-		fmt.Fprintf(&b, "**Other load on the machine** (CPU used by processes outside this run — other sessions share the box): "+
+		fmt.Fprintf(&b, "**Other load on the machine** (busy CPU outside this run's processes, from `/proc/stat`: other sessions' processes on the box, "+
+			"and steal, the time the hypervisor gave to other machines): "+
 			"%.2f CPUs on average over the measured phases, %.2f at most in one phase. Figures from phases with other load "+
 			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it. Before each phase the run "+
 			"waited up to 15 s for such load to drop below %.1f CPUs (%.0f s in all, within a budget).\n\n", mean, peak, quietLoad, res.QuietWait)

@@ -38,7 +38,8 @@ type Record struct {
 	GenCPUus   float64 `json:"generatorCpuUsPerReq,omitempty"`
 	// ForeignCores is CPU the machine spent outside this run's processes
 	// during the phase (/proc/stat busy time minus ours, over wall time):
-	// other tenants of a shared machine.
+	// other tenants of a shared machine, and steal (the hypervisor running
+	// other machines on our CPUs), which slows this run just the same.
 	ForeignCores float64 `json:"foreignCores"`
 }
 
