@@ -246,6 +246,42 @@ func (s *Server) Info(section string) (map[string]string, error) {
 	return fields, nil
 }
 
+// CommandCalls returns, by command name ("evalsha", "get"), how many times
+// the server ran each command since it started or its statistics were last
+// reset (CONFIG RESETSTAT): INFO commandstats, where commands run inside
+// scripts count too, and so does each INFO. A command never run is absent.
+func (s *Server) CommandCalls() (map[string]int64, error) {
+	reply, err := s.cli("INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	calls := make(map[string]int64)
+	for _, line := range strings.Split(reply, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, isCmd := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !isCmd {
+			continue
+		}
+		n, ok := statField(stats, "calls")
+		if !ok {
+			return nil, fmt.Errorf("unexpected INFO commandstats line of %s: %q", s.Addr, line)
+		}
+		calls[name] = n
+	}
+	return calls, nil
+}
+
+// statField reads name's integer from "calls=3,usec=10,…".
+func statField(stats, name string) (int64, bool) {
+	for _, f := range strings.Split(stats, ",") {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
 // Stop ends the server without saving (SIGKILL): its data is gone, as after
 // a crash of a server without persistence.
 func (s *Server) Stop() {

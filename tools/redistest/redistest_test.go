@@ -78,3 +78,54 @@ func TestWaitReplicatedNeedsTheReplicasOffset_RSRV3(t *testing.T) {
 		t.Fatalf("unexpected value on the replica; got %q, %v; want v", reply, err)
 	}
 }
+
+// CommandCalls counts what the server ran since CONFIG RESETSTAT, by
+// command, commands run inside a script included: the Redis
+// figures of BENCHMARKS.md (commands per proxied request, R-SRV-3) and
+// the registry's batch-release test read it.
+func TestCommandCallsCountsSinceReset_RSRV3(t *testing.T) {
+	s := StartServer(t)
+	if _, err := s.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := s.Do("SET", "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Do("EVAL", "return redis.call('GET', KEYS[1])", "1", "k"); err != nil {
+		t.Fatal(err)
+	}
+	calls, err := s.CommandCalls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for cmd, want := range map[string]int64{"set": 3, "eval": 1, "get": 1} {
+		if calls[cmd] != want {
+			t.Errorf("unexpected %s calls; got %d; want %d (all: %v)", cmd, calls[cmd], want, calls)
+		}
+	}
+	if _, ok := calls["hset"]; ok {
+		t.Errorf("unexpected hset in %v; want commands never run absent", calls)
+	}
+}
+
+func TestStatField(t *testing.T) {
+	for _, c := range []struct {
+		stats string
+		name  string
+		want  int64
+		ok    bool
+	}{
+		{"calls=12,usec=40,usec_per_call=3.33", "calls", 12, true},
+		{"usec=40,calls=7", "calls", 7, true},
+		{"usec=40", "calls", 0, false},
+		{"calls=x", "calls", 0, false},
+		{"rejected_calls=2,calls=5", "calls", 5, true},
+	} {
+		got, ok := statField(c.stats, c.name)
+		if got != c.want || ok != c.ok {
+			t.Errorf("statField(%q, %q): got %d, %v; want %d, %v", c.stats, c.name, got, ok, c.want, c.ok)
+		}
+	}
+}
