@@ -54,7 +54,7 @@ var (
 
 func main() {
 	flag.Parse()
-	log.SetFlags(0)
+	log.SetFlags(log.Lshortfile)
 	dir, err := os.MkdirTemp("", "redisfig-")
 	if err != nil {
 		log.Fatal(err)
@@ -160,23 +160,13 @@ func redisVersion(srv *redistest.Server) string {
 	return "Redis ?"
 }
 
-// commandStats sums INFO commandstats by command.
+// commandStats is INFO commandstats: calls by command.
 func commandStats(srv *redistest.Server) map[string]int64 {
-	info, err := srv.Do("INFO", "commandstats")
+	calls, err := srv.CommandCalls()
 	if err != nil {
 		log.Fatal(err)
 	}
-	out := map[string]int64{}
-	for _, l := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(l), ":calls=")
-		if !ok {
-			continue
-		}
-		calls, _, _ := strings.Cut(rest, ",")
-		n, _ := strconv.ParseInt(calls, 10, 64)
-		out[strings.TrimPrefix(name, "cmdstat_")] = n
-	}
-	return out
+	return calls
 }
 
 func get(c *fasthttp.Client, url string) int {
@@ -294,9 +284,11 @@ func visibility(url string) {
 	now := time.Now()
 	_, _ = a.Place(ctx, &directory.PlaceRequest{NS: "/w", ID: "x", Now: now})
 	now = now.Add(time.Hour)
+	// Two processes at one advertise URL void each other (R-LS-3): each
+	// worker has its own, never dialled.
 	for i := range 2 {
 		if _, err := a.Register(ctx, &directory.Registration{ClientID: "v" + strconv.Itoa(i), Sub: "s", Secret: "k",
-			Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:9/", Headroom: 1e9}, now); err != nil {
+			Namespaces: []string{"/c"}, AdvertiseURL: "http://127.0.0.1:" + strconv.Itoa(9+i) + "/", Headroom: 1e9}, now); err != nil {
 			log.Fatal(err)
 		}
 	}
