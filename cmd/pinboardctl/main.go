@@ -21,8 +21,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,7 +55,7 @@ id that starts with "-"):
   --url URL        pinboard base URL (default $PINBOARD_URL)
   --token TOKEN    operator token (default $PINBOARD_TOKEN; prefer the variable:
                    flags show up in process listings)
-  --timeout D      per-request timeout (default 10s)
+  --timeout D      time for the whole command (default 10s; 30s, 2m or seconds)
   --json           print pinboard's JSON answer instead of a summary
 
 Environment:
@@ -79,7 +81,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.url, "url", o.url, "")
 	fs.StringVar(&o.token, "token", o.token, "")
-	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
+	fs.Var((*timeoutFlag)(&o.timeout), "timeout", "")
 	fs.BoolVar(&o.json, "json", false, "")
 	fs.StringVar(&o.deadline, "deadline", "", "")
 	fs.BoolVar(&o.revoke, "revoke", false, "")
@@ -268,4 +270,24 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// timeoutFlag is --timeout: a Go duration (30s, 2m) or seconds, as
+// --deadline reads them; "--timeout 5" was refused with flag's bare
+// "parse error".
+type timeoutFlag time.Duration
+
+func (f *timeoutFlag) String() string { return time.Duration(*f).String() }
+
+func (f *timeoutFlag) Set(s string) error {
+	if n, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(n) && !math.IsInf(n, 0) && math.Abs(n) < 1e9 {
+		*f = timeoutFlag(n * float64(time.Second))
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("must be a duration like 30s or 2m, or seconds, got %q", s)
+	}
+	*f = timeoutFlag(d)
+	return nil
 }

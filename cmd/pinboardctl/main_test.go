@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -209,6 +210,10 @@ func TestBadInputIsUsage(t *testing.T) {
 	}{
 		{url, []string{"--timeout", "0", "workers"}, "--timeout"},
 		{url, []string{"--timeout", "-1s", "workers"}, "--timeout"},
+		{url, []string{"--timeout", "-3", "workers"}, "--timeout"},
+		{url, []string{"--timeout", "abc", "workers"}, "like 30s or 2m, or seconds"},
+		{url, []string{"--timeout", "NaN", "workers"}, "like 30s or 2m, or seconds"},
+		{url, []string{"--timeout", "1e300", "workers"}, "like 30s or 2m, or seconds"},
 		{url, []string{"drain", "c1", "--deadline", "NaN"}, "--deadline"},
 		{url, []string{"drain", "c1", "--deadline", "Inf"}, "--deadline"},
 		{url, []string{"wind-down", "ns", "id", "--deadline", "+Inf"}, "--deadline"},
@@ -954,5 +959,29 @@ func TestDrainAnswerMatchesItsDeadline_RREG6(t *testing.T) {
 		if code != exitAPI || out != "" || !strings.Contains(errs, "unexpected answer") {
 			t.Errorf("unexpected result for %v answered %s; got exit %d, stdout %q, stderr %q; want exit %d and the answer named", tc.args, tc.answer, code, out, errs, exitAPI)
 		}
+	}
+}
+
+// --timeout reads seconds as --deadline does ("--timeout 5"), and a Go
+// duration; it bounds the whole command.
+func TestTimeoutFlagSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"5", 5 * time.Second},
+		{"0.25", 250 * time.Millisecond},
+		{"90s", 90 * time.Second},
+		{"2m", 2 * time.Minute},
+	} {
+		var f timeoutFlag
+		if err := f.Set(tc.in); err != nil || time.Duration(f) != tc.want {
+			t.Errorf("unexpected --timeout %q; got %v, %v; want %v", tc.in, time.Duration(f), err, tc.want)
+		}
+	}
+	f := &fake{}
+	env := map[string]string{"PINBOARD_URL": f.server(t).URL + "/pb", "PINBOARD_TOKEN": "good"}
+	if code, _, errs := runCtl(t, env, "--timeout", "5", "workers"); code != exitOK {
+		t.Fatalf("unexpected result of --timeout 5; got exit %d, stderr %q; want %d", code, errs, exitOK)
 	}
 }
