@@ -75,7 +75,7 @@ func (r *Registry) workers(ctx *fasthttp.RequestCtx) {
 			SessionID:      s.SessionID,
 			AdvertiseURL:   s.AdvertiseURL,
 			Namespaces:     covered,
-			Headroom:       s.Headroom,
+			Headroom:       jsZero(s.Headroom),
 			Draining:       s.Draining || s.Drain.Draining,
 			OperatorDrain:  s.Drain.Draining,
 			Degraded:       s.Degraded,
@@ -443,4 +443,15 @@ func epochNumber(e int64) json.Number {
 		return ""
 	}
 	return json.Number(directory.FormatEpoch(e))
+}
+
+// jsZero is f with -0 read as 0: a worker may report a headroom of -0
+// (JSON allows it), and the reference lists it as JSON.stringify writes
+// it, 0, where Go's encoder writes -0. Go and JavaScript write every other
+// number alike.
+func jsZero(f float64) float64 {
+	if f == 0 {
+		return 0
+	}
+	return f
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -536,6 +537,18 @@ func TestWorkersListingEpochAsJavaScriptNumber_RREG4_RLS4(t *testing.T) {
 		}
 		if strings.Count(res.body, `"epoch"`) != 2 {
 			t.Fatalf("unexpected listing; got %s; want no epoch for the worker without one", res.body)
+		}
+	})
+}
+
+// A headroom of -0, which JSON allows and a worker may send, is listed as
+// the reference lists it: JSON.stringify writes 0 (R-REG-4).
+func TestWorkersListingNegativeZeroHeadroom_RREG4(t *testing.T) {
+	forEachStore(t, func(t *testing.T, h *harness) {
+		h.register(map[string]any{"clientId": "c-zero", "headroom": math.Copysign(0, -1)})
+		res := h.get("/registry/workers", operatorToken)
+		if res.status != 200 || !strings.Contains(res.body, `"headroom":0,`) || strings.Contains(res.body, `-0`) {
+			t.Fatalf("unexpected listing; got %d %s; want \"headroom\":0", res.status, res.body)
 		}
 	})
 }
