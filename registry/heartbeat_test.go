@@ -68,7 +68,7 @@ func TestHeartbeatErrorRows_RREG2(t *testing.T) {
 			{"schema: string", workerToken, `"x"`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			{"schema: empty object", workerToken, `{}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			// challenge and challengeValue are tokens as at register: 1 to 512
-			// characters (an empty challenge probes nothing; a long one would
+			// bytes (an empty challenge probes nothing; a long one would
 			// ride in every probe's request line).
 			{"schema: empty challenge", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"","challengeValue":"v"}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
 			{"schema: empty challengeValue", workerToken, `{"sessionId":"x","headroom":1,"draining":false,"challenge":"c","challengeValue":""}`, 400, `{"error":"expected { sessionId, headroom, draining, challenge, challengeValue, acks? }"}`},
@@ -144,6 +144,9 @@ func TestHeartbeatNotServing_RREG2(t *testing.T) {
 		if res.status != 503 || res.body != `{"error":"not the serving fleet"}` || string(res.header.Peek("Retry-After")) != "1" {
 			t.Fatalf("unexpected reply; got %d %s retry-after=%q", res.status, res.body, res.header.Peek("Retry-After"))
 		}
+		if ct := string(res.header.ContentType()); ct != "application/json" {
+			t.Fatalf("unexpected Content-Type %q; want application/json", ct)
+		}
 		// Credentials come first, as in the table: a bad token hears 401 and
 		// a missing scope 403 from a stopping node too.
 		if res := h.post("/registry/heartbeat", "wrong", h.beatBody(session, nil)); res.status != 401 || res.body != `{"error":"unauthorized"}` {
@@ -193,6 +196,9 @@ func TestHeartbeatVoided_RLS3(t *testing.T) {
 		want := `{"error":"registration voided: challenge value mismatch on the advertise URL","reregister":true}`
 		if res.status != 409 || res.body != want {
 			t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+		if ct := string(res.header.ContentType()); ct != "application/json" {
+			t.Fatalf("unexpected Content-Type %q; want application/json", ct)
 		}
 		h.fw.mode.Store("ok")
 		res = h.post("/registry/heartbeat", workerToken, h.beatBody(session, nil))
@@ -511,6 +517,9 @@ func TestHeartbeatSuperseded_RLS4(t *testing.T) {
 		want := `{"error":"registration superseded: app.example/counters now bound to env green at epoch 2","superseded":true}`
 		if res.status != 409 || res.body != want {
 			t.Fatalf("unexpected reply; got %d %s; want 409 %s", res.status, res.body, want)
+		}
+		if ct := string(res.header.ContentType()); ct != "application/json" {
+			t.Fatalf("unexpected Content-Type %q; want application/json", ct)
 		}
 		if _, err := h.ds.Placement(t.Context(), "/counters", "alice", h.clock()); err == nil {
 			t.Fatalf("unexpected placement left by a superseded session")
@@ -968,7 +977,7 @@ func TestHeartbeatStoreForbidden_RREG2(t *testing.T) {
 	}
 }
 
-// challenge and challengeValue are tokens of 1 to 512 characters
+// challenge and challengeValue are tokens of 1 to 512 bytes
 // (maxTokenLen): the schema rows refuse 513, and 512 is a heartbeat like
 // any other (R-REG-2).
 func TestHeartbeatChallengeAtTokenLimit_RREG2(t *testing.T) {

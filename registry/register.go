@@ -146,6 +146,9 @@ func (b *registerBody) validate() *directory.Registration {
 	return reg
 }
 
+// token reports whether s is a clientId, secret, challenge or challengeValue
+// of 1 to maxTokenLen bytes: the worker sends hex digits, where bytes and
+// characters agree.
 func token(s string) bool { return len(s) > 0 && len(s) <= maxTokenLen }
 
 // registerAck is the register response (pinned.pinboard.registration reads
