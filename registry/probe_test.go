@@ -118,6 +118,11 @@ func TestProbeReadsValueByExactName_RLS3(t *testing.T) {
 		{`{"VALUE":"other","value":"v"}`, ProbeOK},
 		{`{"value":"other","value":"v"}`, ProbeOK},
 		{`{"value":"v","value":"other"}`, ProbeMismatch},
+		// No string value is no value: degraded, not voided (PROTOCOL.md).
+		{`{"value":123}`, ProbeUnreachable},
+		{`{"value":null}`, ProbeUnreachable},
+		{`{"value":["v"]}`, ProbeUnreachable},
+		{`{}`, ProbeUnreachable},
 	} {
 		// The stand-in answers the challenge itself: the answer rides in it.
 		if res, err := p.Probe(srv.URL, "s", tc.answer, "v"); res != tc.want {
