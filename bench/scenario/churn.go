@@ -37,7 +37,9 @@ func (r *runner) churn(ctx context.Context) error {
 				}
 			}
 			l := &bench.Loop{Rate: r.rate, Duration: r.sz.churnPhase, Workers: r.sz.openConns}
+			r.noRepeat = true // the churn runs across the whole phase
 			_, err := r.measure("churn", phase, round, t, l, doers)
+			r.noRepeat = false
 			cp := ChurnPhase{Round: round, Churn: on}
 			if on {
 				var cr fleet.ChurnResult

@@ -98,7 +98,11 @@ func Markdown(res *Results, links []string, blocks []string) string {
 			"and steal, the time the hypervisor gave to other machines): "+
 			"%.2f CPUs on average over the measured phases, %.2f at most in one phase. Figures from phases with other load "+
 			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it. Before each phase the run "+
-			"waited up to 15 s for such load to drop below %.1f CPUs (%.0f s in all, within a budget).\n\n", mean, peak, quietLoad, res.QuietWait)
+			"waited up to 15 s for such load to drop below %.1f CPUs (%.0f s in all, within a budget). A phase that ran under %.1f CPUs "+
+			"or more of it was measured again, up to %d times (within a budget), and the attempt with the least other load kept — chosen by "+
+			"the machine's load, never by the figures, alike for every target (not the churn's and the storm's windows, which "+
+			"run alongside their churn and storm): %d repeats in this run.\n\n",
+			mean, peak, quietLoad, res.QuietWait, otherLoadCores, maxRepeats, res.Repeated)
 	}
 	b.WriteString(`All processes share this one machine on 127.0.0.1: the load generator (` + "`pinbench`" + `), the proxy under test, and
 the simulated worker fleet (` + "`pinbench fleet`" + `: a fasthttp server verifying every request's attestation like the

@@ -62,6 +62,9 @@ type Results struct {
 	// QuietWait is how long the run waited for other processes' load to
 	// settle before phases, in seconds.
 	QuietWait float64 `json:"quietWaitS"`
+	// Repeated counts the phases measured again for the other load they
+	// ran under (runner.measure); Runs holds the attempt kept of each.
+	Repeated int `json:"repeatedPhases"`
 
 	mu sync.Mutex
 }

@@ -2,7 +2,10 @@ package scenario
 
 import (
 	"encoding/json"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -424,5 +427,77 @@ func TestStormSplitKeptApartFromStorm(t *testing.T) {
 		if strings.Contains(g.Name, "node of its own") {
 			t.Fatalf("storm-split goal without the scenario: %+v", g)
 		}
+	}
+}
+
+// A phase run under other load is measured again, at most maxRepeats
+// times and within the budget, and the attempt with the least other load
+// is the one recorded; a quiet phase, the churn's and the storm's run once.
+func TestMeasureRepeatsLoudPhases(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		loads    []float64
+		budget   time.Duration
+		noRepeat bool
+		attempts int
+		kept     float64
+	}{
+		{"quiet at once", []float64{0.05}, time.Minute, false, 1, 0.05},
+		{"quiet on the second", []float64{0.6, 0.1}, time.Minute, false, 2, 0.1},
+		{"loud throughout", []float64{0.6, 0.4, 0.9, 0.01}, time.Minute, false, 3, 0.4},
+		{"budget spent", []float64{0.6, 0.4}, 0, false, 1, 0.6},
+		{"budget spent on the way", []float64{0.6, 0.5, 0.1}, 8 * time.Second, false, 2, 0.5},
+		{"churn", []float64{0.6, 0.1}, time.Minute, true, 1, 0.6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &runner{res: &Results{}, log: io.Discard, repeatBudget: tc.budget, noRepeat: tc.noRepeat}
+			n := 0
+			r.once = func(scn, phase string, round int, _ *target, _ *bench.Loop, _ func(int) (bench.Doer, error)) (*Record, time.Duration, error) {
+				rec := &Record{Scenario: scn, Phase: phase, Round: round, ForeignCores: tc.loads[n]}
+				n++
+				return rec, 8 * time.Second, nil
+			}
+			rec, err := r.measure("hot", "peak", 1, &target{name: "pinboard"}, &bench.Loop{}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != tc.attempts || rec.ForeignCores != tc.kept {
+				t.Fatalf("unexpected measure; got %d attempts, kept load %v; want %d, %v", n, rec.ForeignCores, tc.attempts, tc.kept)
+			}
+			if len(r.res.Runs) != 1 || r.res.Runs[0] != rec || r.res.Repeated != tc.attempts-1 {
+				t.Fatalf("unexpected results; got %d runs, %d repeated; want the kept one, %d", len(r.res.Runs), r.res.Repeated, tc.attempts-1)
+			}
+		})
+	}
+}
+
+// A cold phase measured again sends ids of its own: those of the first
+// attempt are placed already, and would measure hot placements.
+func TestColdDoersNewIdsPerAttempt(t *testing.T) {
+	paths := make(chan string, 8)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { paths <- r.URL.Path }))
+	defer srv.Close()
+	rt := newRoute(&target{name: "pinboard", addrs: []string{strings.TrimPrefix(srv.URL, "http://")}}, nil)
+	mk := rt.coldDoers("/cold", "1p", "json")
+	attempt := func() string {
+		var doers []bench.Doer
+		for w := range 3 { // a loop makes its workers' doers in order
+			d, err := mk(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			doers = append(doers, d)
+		}
+		if err := doers[2].Do(5); err != nil {
+			t.Fatal(err)
+		}
+		return <-paths
+	}
+	if got, want := attempt(), "/cold/c1p-5/json"; got != want {
+		t.Fatalf("unexpected first attempt's request; got %q; want %q", got, want)
+	}
+	if got, want := attempt(), "/cold/c1p.2-5/json"; got != want {
+		t.Fatalf("unexpected second attempt's request; got %q; want %q", got, want)
 	}
 }

@@ -105,13 +105,23 @@ func (r *route) fixedDoers(reqs [][]byte) func(int) (bench.Doer, error) {
 	}
 }
 
-// coldDoers sends every request to a new id ("c<run>-<seq>").
+// coldDoers sends every request to a new id ("c<run>-<seq>"; a phase
+// measured again, "c<run>.<attempt>-<seq>": ids of the first attempt are
+// placed already). A loop makes its doers in order, worker 0 first.
 func (r *route) coldDoers(ns, run, action string) func(int) (bench.Doer, error) {
 	headers := make([][]byte, max(1, len(r.tokens)))
 	for i := range r.tokens {
 		headers[i] = []byte(r.tokens[i] + "\r\n")
 	}
+	attempt := 0
 	return func(w int) (bench.Doer, error) {
+		if w == 0 {
+			attempt++
+		}
+		run := run
+		if attempt > 1 {
+			run += "." + strconv.Itoa(attempt)
+		}
 		t := &bench.HTTPTarget{Addr: r.addr(w), Request: func(dst []byte, seq uint64) []byte {
 			k := int(seq % uint64(max(1, len(r.workers))))
 			dst = append(dst, "GET "...)

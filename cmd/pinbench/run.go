@@ -34,7 +34,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&pbEnv, "pinboard-env", "extra KEY=VALUE for pinboard (repeatable), e.g. GOMAXPROCS=1")
 	nginxWorkers := fs.Int("nginx-workers", 0, "nginx worker_processes (default: one per CPU of -proxy-cpu, or per CPU)")
 	redis := fs.String("redis", "", "also run the Redis-store scenarios (hot ids on a Redis node, storm with a registry node apart): redis://… or auto")
-	timeout := fs.Duration("timeout", 30*time.Minute, "abort the run after this long")
+	timeout := fs.Duration("timeout", 40*time.Minute, "abort the run after this long")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
