@@ -230,9 +230,19 @@ func (s *Server) pid() (int, error) {
 // Info returns the fields of INFO section ("field:value" lines; the
 // "# Section" headings and blank lines left out).
 func (s *Server) Info(section string) (map[string]string, error) {
+	fields, reply, err := s.infoFields(section)
+	if err == nil && len(fields) == 0 {
+		err = fmt.Errorf("unexpected INFO %s reply of %s: %q", section, s.Addr, reply)
+	}
+	return fields, err
+}
+
+// infoFields is INFO section's fields and its reply, which may hold none
+// (INFO commandstats right after CONFIG RESETSTAT).
+func (s *Server) infoFields(section string) (map[string]string, string, error) {
 	reply, err := s.cli("INFO", section)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	fields := make(map[string]string)
 	for _, line := range strings.Split(reply, "\n") {
@@ -240,10 +250,7 @@ func (s *Server) Info(section string) (map[string]string, error) {
 			fields[k] = v
 		}
 	}
-	if len(fields) == 0 {
-		return nil, fmt.Errorf("unexpected INFO %s reply of %s: %q", section, s.Addr, reply)
-	}
-	return fields, nil
+	return fields, reply, nil
 }
 
 // CommandCalls returns, by command name ("evalsha", "get"), how many times
@@ -251,20 +258,19 @@ func (s *Server) Info(section string) (map[string]string, error) {
 // reset (CONFIG RESETSTAT): INFO commandstats, where commands run inside
 // scripts count too, and so does each INFO. A command never run is absent.
 func (s *Server) CommandCalls() (map[string]int64, error) {
-	reply, err := s.cli("INFO", "commandstats")
+	fields, _, err := s.infoFields("commandstats")
 	if err != nil {
 		return nil, err
 	}
-	calls := make(map[string]int64)
-	for _, line := range strings.Split(reply, "\n") {
-		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		name, isCmd := strings.CutPrefix(name, "cmdstat_")
-		if !ok || !isCmd {
+	calls := make(map[string]int64, len(fields))
+	for k, stats := range fields {
+		name, ok := strings.CutPrefix(k, "cmdstat_")
+		if !ok {
 			continue
 		}
 		n, ok := statField(stats, "calls")
 		if !ok {
-			return nil, fmt.Errorf("unexpected INFO commandstats line of %s: %q", s.Addr, line)
+			return nil, fmt.Errorf("unexpected INFO commandstats field of %s: %s:%s", s.Addr, k, stats)
 		}
 		calls[name] = n
 	}
