@@ -394,17 +394,24 @@ func namespace(s string) string {
 // parseDeadline reads a Go duration (5m, 90s, 1h30m) or a number of
 // seconds, and returns seconds.
 func parseDeadline(s string) (float64, error) {
-	if f, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
-		if f < 0 {
-			return 0, badUsage("--deadline must not be negative, got %q", s)
-		}
-		return f, nil
+	n, ok := readSeconds(s)
+	switch {
+	case !ok:
+		return 0, badUsage("--deadline must be a duration like 30s or 5m, or seconds, got %q", s)
+	case n < 0:
+		return 0, badUsage("--deadline must not be negative, got %q", s)
+	}
+	return n, nil
+}
+
+// readSeconds reads a number of seconds ("300", "0.5") or a Go duration
+// ("5m", "90s"), as --deadline and --timeout take them.
+func readSeconds(s string) (float64, bool) {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return f, !math.IsNaN(f) && !math.IsInf(f, 0)
 	}
 	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return 0, badUsage("--deadline must be a duration like 30s or 5m, or seconds, got %q", s)
-	}
-	return d.Seconds(), nil
+	return d.Seconds(), err == nil
 }
 
 // seconds renders a seconds count as a duration ("4m59.5s").

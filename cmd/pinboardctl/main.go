@@ -24,7 +24,6 @@ import (
 	"math"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -280,14 +279,10 @@ type timeoutFlag time.Duration
 func (f *timeoutFlag) String() string { return time.Duration(*f).String() }
 
 func (f *timeoutFlag) Set(s string) error {
-	if n, err := strconv.ParseFloat(s, 64); err == nil && !math.IsNaN(n) && !math.IsInf(n, 0) && math.Abs(n) < 1e9 {
-		*f = timeoutFlag(n * float64(time.Second))
-		return nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
+	n, ok := readSeconds(s)
+	if !ok || math.Abs(n) >= 1e9 { // past time.Duration's range
 		return fmt.Errorf("must be a duration like 30s or 2m, or seconds, got %q", s)
 	}
-	*f = timeoutFlag(d)
+	*f = timeoutFlag(n * float64(time.Second))
 	return nil
 }
