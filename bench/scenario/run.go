@@ -132,7 +132,8 @@ type runner struct {
 	// for other processes' load to settle before phases.
 	quietBudget time.Duration
 	// noQuietWait: the caller already waited (the storm must not hold its
-	// heartbeats past a lease while waiting).
+	// heartbeats past a lease while waiting); nor does measure repeat
+	// such a phase, which would hold them as long.
 	noQuietWait bool
 	// repeatBudget is what is left of the time the run may spend
 	// measuring again phases that ran under other load (measure).
