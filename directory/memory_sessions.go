@@ -91,12 +91,20 @@ func (m *Memory) Heartbeat(_ context.Context, beat *Beat, now time.Time) (*BeatR
 		res.Messages = slices.Clone(q.msgs)
 		// The deadlines are copied too, into one array for the lot: no
 		// answer shares memory with the queue, as none does on the Redis
-		// store, which decodes each anew.
-		deadlines := make([]time.Time, len(res.Messages))
-		for i, msg := range res.Messages {
+		// store, which decodes each anew. Revokes (no deadline) need none.
+		n := 0
+		for _, msg := range res.Messages {
 			if msg.Deadline != nil {
-				deadlines[i] = *msg.Deadline
-				res.Messages[i].Deadline = &deadlines[i]
+				n++
+			}
+		}
+		if n > 0 {
+			deadlines := make([]time.Time, 0, n)
+			for i, msg := range res.Messages {
+				if msg.Deadline != nil {
+					deadlines = append(deadlines, *msg.Deadline)
+					res.Messages[i].Deadline = &deadlines[len(deadlines)-1]
+				}
 			}
 		}
 	}
