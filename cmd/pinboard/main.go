@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/panjf2000/ants/v2"
+
 	"github.com/pinboard-go/pinboard/directory"
 	"github.com/pinboard-go/pinboard/metrics"
 	"github.com/pinboard-go/pinboard/server"
@@ -123,6 +125,11 @@ func serverOptions(cfg *config, store directory.Store, log *slog.Logger, m *metr
 // failure, 2 on bad configuration (one line naming the variable, nothing
 // started).
 func run(args []string, lookup func(string) (string, bool), stderr io.Writer) int {
+	// ants starts a default pool when imported, whose two goroutines wake
+	// three times a second for as long as the process lives; pinboard
+	// submits only to the registry's own pool (registry.New), so an idle
+	// node stops them here.
+	ants.Release()
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "pinboard: takes no arguments; configure it with environment variables (pinboard --help lists them)\n")
 		return 2
