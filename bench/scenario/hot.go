@@ -33,7 +33,7 @@ func (r *runner) hot(ctx context.Context) error {
 			rt := newRoute(t, ws)
 			doers := rt.fixedDoers(rt.hotRequests("/bench", r.sz.hotIDs, "json"))
 			warm := &bench.Loop{Duration: r.sz.warmup, Workers: r.sz.conns}
-			if _, err := warm.Run(doers); err != nil {
+			if _, err := warm.RunContext(ctx, doers); err != nil {
 				return err
 			}
 			if _, err := r.measure("hot", "peak", round, t, &bench.Loop{Duration: r.sz.peak, Workers: r.sz.conns}, doers); err != nil {

@@ -141,6 +141,9 @@ type runner struct {
 	// noRepeat: a phase is measured once whatever the load (the churn's
 	// windows, whose churn runs across the phase).
 	noRepeat bool
+	// ctx is the run's (Run's): Ctrl-C ends the phase under way, its
+	// quiet wait and its repeats, not only the scenarios after it.
+	ctx context.Context
 	// once measures one attempt of a phase: measureOnce, or a test's.
 	once func(scn, phase string, round int, t *target, l *bench.Loop, doers func(int) (bench.Doer, error)) (*Record, time.Duration, error)
 }
@@ -181,7 +184,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		cfg: cfg, sz: sizesFor(cfg.Quick), log: cfg.Log,
 		ps:   &procs{dir: cfg.OutDir, proxyCPU: cfg.ProxyCPU, fleetCPU: cfg.FleetCPU},
 		res:  &Results{Quick: cfg.Quick, Rounds: cfg.Rounds, Started: time.Now(), Facts: map[string]any{}},
-		self: os.Getpid(),
+		self: os.Getpid(), ctx: ctx,
 	}
 	if f, ok := cfg.Log.(*os.File); ok {
 		r.tty = bench.IsTerminal(f)
@@ -430,6 +433,10 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 		if err != nil {
 			return nil, err
 		}
+		if err := r.context().Err(); err != nil {
+			// Interrupted: a phase cut short is no measurement.
+			return nil, err
+		}
 		if kept == nil || run.ForeignCores < kept.ForeignCores {
 			kept = run
 		}
@@ -450,8 +457,9 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 // how long it ran.
 func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.Loop, doers func(int) (bench.Doer, error)) (*Record, time.Duration, error) {
 	label := fmt.Sprintf("%s/%s %s r%d", scn, t.name, phase, round)
+	ctx := r.context()
 	if !r.noQuietWait {
-		r.waitQuiet(context.Background())
+		r.waitQuiet(ctx)
 	}
 	pb0, _ := r.proxyCPU(t)
 	fl0, _ := bench.ReadProc(r.fl.pid())
@@ -463,9 +471,12 @@ func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.L
 	total := l.Duration
 	p := bench.StartProgress(r.log, r.tty, label, total, live)
 	start := time.Now()
-	res, err := l.Run(doers)
+	res, err := l.RunContext(ctx, doers)
 	wall := time.Since(start)
 	p.Stop()
+	if err == nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", label, err)
 	}
@@ -496,6 +507,14 @@ func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.L
 	}
 	r.logf("%s", line)
 	return run, wall, nil
+}
+
+// context is the run's context; Background for a runner a test built.
+func (r *runner) context() context.Context {
+	if r.ctx == nil {
+		return context.Background()
+	}
+	return r.ctx
 }
 
 func (r *runner) proxyCPU(t *target) (bench.ProcStat, error) {

@@ -1,7 +1,9 @@
 package scenario
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"net/http"
@@ -468,6 +470,26 @@ func TestMeasureRepeatsLoudPhases(t *testing.T) {
 				t.Fatalf("unexpected results; got %d runs, %d repeated; want the kept one, %d", len(r.res.Runs), r.res.Repeated, tc.attempts-1)
 			}
 		})
+	}
+}
+
+// Ctrl-C during a loud phase ends it there: no repeat, nothing recorded
+// (the phase was cut short), and the run's error says why.
+func TestMeasureStopsWhenInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runner{res: &Results{}, log: io.Discard, repeatBudget: time.Minute, ctx: ctx}
+	n := 0
+	r.once = func(scn, phase string, round int, _ *target, _ *bench.Loop, _ func(int) (bench.Doer, error)) (*Record, time.Duration, error) {
+		n++
+		cancel() // the signal comes while the phase runs
+		return &Record{Scenario: scn, Phase: phase, Round: round, ForeignCores: 0.9}, 8 * time.Second, nil
+	}
+	rec, err := r.measure("hot", "peak", 1, &target{name: "pinboard"}, &bench.Loop{}, nil)
+	if !errors.Is(err, context.Canceled) || rec != nil {
+		t.Fatalf("unexpected measure of an interrupted phase; got %v, %v; want context.Canceled", rec, err)
+	}
+	if n != 1 || len(r.res.Runs) != 0 || r.res.Repeated != 0 {
+		t.Fatalf("unexpected attempts after the interruption; got %d attempts, %d runs recorded, %d repeated; want 1, 0, 0", n, len(r.res.Runs), r.res.Repeated)
 	}
 }
 
