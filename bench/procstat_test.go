@@ -51,6 +51,12 @@ func TestParseBusy(t *testing.T) {
 	if _, err := BusyCPU(); err != nil {
 		t.Fatal(err)
 	}
+	if got, err := parseStat(stat, 8); err != nil || got != 10*time.Millisecond {
+		t.Fatalf("unexpected steal; got %v, %v; want 10ms (1 tick)", got, err)
+	}
+	if _, err := StealCPU(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A process tree's memory counts the pages its processes share once: RSS

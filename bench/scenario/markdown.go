@@ -99,10 +99,12 @@ func Markdown(res *Results, links []string, blocks []string) string {
 			"%.2f CPUs on average over the measured phases, %.2f at most in one phase. Figures from phases with other load "+
 			"are noisier; medians over rounds and the rotating order blunt it, they do not remove it. Before each phase the run "+
 			"waited up to 15 s for such load to drop below %.1f CPUs (%.0f s in all, within a budget). A phase that ran under %.1f CPUs "+
-			"or more of it was measured again, up to %d times (within a budget), and the attempt with the least other load kept — chosen by "+
+			"or more of it on average, or under %.1f CPUs or more of steal over any half second (a burst of a second or two sets a "+
+			"phase's p99 while hardly moving its average), was measured again, up to %d times (within a budget), and the attempt "+
+			"with the least other load kept — chosen by "+
 			"the machine's load, never by the figures, alike for every target (not the churn's and the storm's windows, which "+
 			"run alongside their churn and storm): %d repeats in this run.\n\n",
-			mean, peak, quietLoad, res.QuietWait, otherLoadCores, maxRepeats, res.Repeated)
+			mean, peak, quietLoad, res.QuietWait, otherLoadCores, stealPeakCores, maxRepeats, res.Repeated)
 	}
 	b.WriteString(`All processes share this one machine on 127.0.0.1: the load generator (` + "`pinbench`" + `), the proxy under test, and
 the simulated worker fleet (` + "`pinbench fleet`" + `: a fasthttp server verifying every request's attestation like the
@@ -272,12 +274,14 @@ func stormSection(b *strings.Builder, res *Results) {
 func stormLoud(st *stormStats) string {
 	switch {
 	case st.loud > 0:
-		return fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during any window are left out of every row "+
+		return fmt.Sprintf(" Rounds in which other processes used %.1f CPUs or more during any window (or steal %.1f CPUs over "+
+			"a half second of one) are left out of every row "+
 			"(%d windows here): the impact is a ratio of two tails, and another tenant moves a tail more than the storm does; "+
-			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, st.loud)
+			"whole rounds go, so that the on/off order alternating per round still cancels drift.", otherLoadCores, stealPeakCores, st.loud)
 	case st.loudKept > 0:
-		return fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (%d windows); all are kept.",
-			otherLoadCores, st.loudKept)
+		return fmt.Sprintf(" Every round had a window in which other processes used %.1f CPUs or more (or steal %.1f CPUs over a "+
+			"half second of it; %d windows); all are kept.",
+			otherLoadCores, stealPeakCores, st.loudKept)
 	}
 	return ""
 }

@@ -41,6 +41,10 @@ type Record struct {
 	// other tenants of a shared machine, and steal (the hypervisor running
 	// other machines on our CPUs), which slows this run just the same.
 	ForeignCores float64 `json:"foreignCores"`
+	// StealPeak is the most steal in any half second of the phase
+	// (peakEvery), in CPUs: a burst lasting a second or two hardly moves
+	// a 10-second phase's average, and sets its p99 all the same.
+	StealPeak float64 `json:"stealPeakCores,omitempty"`
 }
 
 // Results is everything one `pinbench run` measured (results.json).
@@ -219,8 +223,18 @@ func (r *Results) agg(scenario, phase, target string) Agg {
 // the phase to be flagged as measured under other load.
 const otherLoadCores = 0.2
 
+// stealPeakCores is the steal over one half second of a phase
+// (Record.StealPeak) that flags the phase too.
+const stealPeakCores = 0.4
+
+// loudness is how far a phase's other load went past what flags it: at 1
+// or more, its average or its steal's peak reached the threshold.
+func loudness(run *Record) float64 {
+	return max(run.ForeignCores/otherLoadCores, run.StealPeak/stealPeakCores)
+}
+
 // quiet keeps the phases measured without other load.
-func quiet(run *Record) bool { return run.ForeignCores < otherLoadCores }
+func quiet(run *Record) bool { return loudness(run) < 1 }
 
 // aggWhere is agg over the rounds keep accepts (nil: all).
 func (r *Results) aggWhere(scenario, phase, target string, keep func(*Record) bool) Agg {

@@ -416,8 +416,10 @@ const maxRepeats = 2
 
 // measure runs one load phase against t and records it. A phase during
 // which other processes (or the hypervisor's steal) took otherLoadCores
-// or more is measured again, up to maxRepeats times within the run's
-// repeatBudget, and the attempt with the least other load is kept: bursts
+// or more on average, or steal took stealPeakCores or more over any half
+// second (a burst that sets the phase's p99 while hardly moving its
+// average), is measured again, up to maxRepeats times within the run's
+// repeatBudget, and the least loud attempt (loudness) is kept: bursts
 // of steal on this shared machine last seconds, and waiting before a
 // phase (waitQuiet) cannot see one coming. The choice is by the
 // machine's load, never by the figures, and made alike for every target;
@@ -437,7 +439,7 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 			// Interrupted: a phase cut short is no measurement.
 			return nil, err
 		}
-		if kept == nil || run.ForeignCores < kept.ForeignCores {
+		if kept == nil || loudness(run) < loudness(kept) {
 			kept = run
 		}
 		if quiet(run) || r.noQuietWait || r.noRepeat || attempt == maxRepeats || r.repeatBudget <= 0 {
@@ -447,7 +449,7 @@ func (r *runner) measure(scn, phase string, round int, t *target, l *bench.Loop,
 		r.res.mu.Lock()
 		r.res.Repeated++
 		r.res.mu.Unlock()
-		r.logf("    (other load %.1f CPUs during the phase: measuring it again, the attempt with the least kept)", run.ForeignCores)
+		r.logf("    (other load %.1f CPUs during the phase, steal %.1f at its peak: measuring it again, the attempt with the least kept)", run.ForeignCores, run.StealPeak)
 	}
 	r.res.add(kept)
 	return kept, nil
@@ -470,9 +472,11 @@ func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.L
 	l.Live = live
 	total := l.Duration
 	p := bench.StartProgress(r.log, r.tty, label, total, live)
+	peak := r.samplePeak()
 	start := time.Now()
 	res, err := l.RunContext(ctx, doers)
 	wall := time.Since(start)
+	stealPeak := peak()
 	p.Stop()
 	if err == nil {
 		err = ctx.Err()
@@ -494,6 +498,7 @@ func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.L
 	}
 	run.ProxyCores = float64(pb1.CPU-pb0.CPU) / float64(wall)
 	run.ForeignCores = max(0, float64((busy1-busy0)-(ours1-ours0))/float64(wall))
+	run.StealPeak = stealPeak
 	line := fmt.Sprintf("    %-8s %-8s %9s req/s  p50 %7s  p99 %7s  p99.9 %7s", t.name, phase, bench.FmtRate(s.RPS),
 		bench.FmtUs(s.Latency.P50), bench.FmtUs(s.Latency.P99), bench.FmtUs(s.Latency.P999))
 	if t.pid != 0 {
@@ -503,10 +508,45 @@ func (r *runner) measureOnce(scn, phase string, round int, t *target, l *bench.L
 		line += fmt.Sprintf("  errors %d %v", n, s.Errors)
 	}
 	if !quiet(run) {
-		line += fmt.Sprintf("  [other load %.1f CPUs]", run.ForeignCores)
+		line += fmt.Sprintf("  [other load %.1f CPUs, steal %.1f at its peak]", run.ForeignCores, run.StealPeak)
 	}
 	r.logf("%s", line)
 	return run, wall, nil
+}
+
+// peakEvery is the interval over which samplePeak measures steal.
+const peakEvery = 500 * time.Millisecond
+
+// samplePeak measures the machine's steal (bench.StealCPU) every
+// peakEvery until the returned function is called; that function stops
+// it and returns the most seen in one interval, in CPUs.
+func (r *runner) samplePeak() func() float64 {
+	stop, done := make(chan struct{}), make(chan float64, 1)
+	go func() {
+		t := time.NewTicker(peakEvery)
+		defer t.Stop()
+		steal0, _ := bench.StealCPU()
+		at0 := time.Now()
+		var most float64
+		for {
+			select {
+			case <-stop:
+				done <- most
+				return
+			case <-t.C:
+			}
+			steal1, _ := bench.StealCPU()
+			at1 := time.Now()
+			if dt := at1.Sub(at0); dt > 0 {
+				most = max(most, float64(steal1-steal0)/float64(dt))
+			}
+			steal0, at0 = steal1, at1
+		}
+	}()
+	return func() float64 {
+		close(stop)
+		return <-done
+	}
 }
 
 // context is the run's context; Background for a runner a test built.

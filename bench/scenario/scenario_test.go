@@ -437,25 +437,36 @@ func TestStormSplitKeptApartFromStorm(t *testing.T) {
 // is the one recorded; a quiet phase, the churn's and the storm's run once.
 func TestMeasureRepeatsLoudPhases(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		loads    []float64
-		budget   time.Duration
-		noRepeat bool
-		attempts int
-		kept     float64
+		name      string
+		loads     []float64
+		steals    []float64 // each attempt's steal at its peak; none: 0
+		budget    time.Duration
+		noRepeat  bool
+		attempts  int
+		kept      float64
+		keptSteal float64
 	}{
-		{"quiet at once", []float64{0.05}, time.Minute, false, 1, 0.05},
-		{"quiet on the second", []float64{0.6, 0.1}, time.Minute, false, 2, 0.1},
-		{"loud throughout", []float64{0.6, 0.4, 0.9, 0.01}, time.Minute, false, 3, 0.4},
-		{"budget spent", []float64{0.6, 0.4}, 0, false, 1, 0.6},
-		{"budget spent on the way", []float64{0.6, 0.5, 0.1}, 8 * time.Second, false, 2, 0.5},
-		{"churn", []float64{0.6, 0.1}, time.Minute, true, 1, 0.6},
+		{"quiet at once", []float64{0.05}, nil, time.Minute, false, 1, 0.05, 0},
+		{"quiet on the second", []float64{0.6, 0.1}, nil, time.Minute, false, 2, 0.1, 0},
+		{"loud throughout", []float64{0.6, 0.4, 0.9, 0.01}, nil, time.Minute, false, 3, 0.4, 0},
+		{"budget spent", []float64{0.6, 0.4}, nil, 0, false, 1, 0.6, 0},
+		{"budget spent on the way", []float64{0.6, 0.5, 0.1}, nil, 8 * time.Second, false, 2, 0.5, 0},
+		{"churn", []float64{0.6, 0.1}, nil, time.Minute, true, 1, 0.6, 0},
+		// A burst of steal under a quiet average: measured again.
+		{"steal burst", []float64{0.05, 0.05}, []float64{0.9, 0.1}, time.Minute, false, 2, 0.05, 0.1},
+		// Loud every time, by the average or by steal: the least loud
+		// by either measure is kept (0.22 of 0.2 on average, under 0.3
+		// of 0.2 and a steal peak of 0.8 of 0.4), not the least average.
+		{"least loud by either", []float64{0.3, 0.1, 0.22}, []float64{0, 0.8, 0.3}, time.Minute, false, 3, 0.22, 0.3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &runner{res: &Results{}, log: io.Discard, repeatBudget: tc.budget, noRepeat: tc.noRepeat}
 			n := 0
 			r.once = func(scn, phase string, round int, _ *target, _ *bench.Loop, _ func(int) (bench.Doer, error)) (*Record, time.Duration, error) {
 				rec := &Record{Scenario: scn, Phase: phase, Round: round, ForeignCores: tc.loads[n]}
+				if tc.steals != nil {
+					rec.StealPeak = tc.steals[n]
+				}
 				n++
 				return rec, 8 * time.Second, nil
 			}
@@ -463,13 +474,33 @@ func TestMeasureRepeatsLoudPhases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n != tc.attempts || rec.ForeignCores != tc.kept {
-				t.Fatalf("unexpected measure; got %d attempts, kept load %v; want %d, %v", n, rec.ForeignCores, tc.attempts, tc.kept)
+			if n != tc.attempts || rec.ForeignCores != tc.kept || rec.StealPeak != tc.keptSteal {
+				t.Fatalf("unexpected measure; got %d attempts, kept load %v and steal %v; want %d, %v, %v", n, rec.ForeignCores, rec.StealPeak, tc.attempts, tc.kept, tc.keptSteal)
 			}
 			if len(r.res.Runs) != 1 || r.res.Runs[0] != rec || r.res.Repeated != tc.attempts-1 {
 				t.Fatalf("unexpected results; got %d runs, %d repeated; want the kept one, %d", len(r.res.Runs), r.res.Repeated, tc.attempts-1)
 			}
 		})
+	}
+}
+
+// A phase is quiet under both thresholds: other load on average, and
+// steal over its loudest half second. Results written before steal was
+// sampled have none, and are judged by the average alone.
+func TestQuietByAverageAndStealPeak(t *testing.T) {
+	for _, tc := range []struct {
+		load, steal float64
+		want        bool
+	}{
+		{0, 0, true}, {0.19, 0.39, true}, {0.2, 0, false}, {0, 0.4, false}, {0.05, 1.2, false}, {0.5, 0, false},
+	} {
+		if got := quiet(&Record{ForeignCores: tc.load, StealPeak: tc.steal}); got != tc.want {
+			t.Errorf("quiet with other load %.2f and steal peak %.2f; got %v; want %v", tc.load, tc.steal, got, tc.want)
+		}
+	}
+	var old Record
+	if err := json.Unmarshal([]byte(`{"foreignCores":0.1}`), &old); err != nil || !quiet(&old) {
+		t.Fatalf("unexpected reading of a record without steal; got %+v, %v; want quiet", old, err)
 	}
 }
 
