@@ -525,7 +525,7 @@ func (r *runner) samplePeak() func() float64 {
 	go func() {
 		t := time.NewTicker(peakEvery)
 		defer t.Stop()
-		steal0, _ := bench.StealCPU()
+		steal0, err0 := bench.StealCPU()
 		at0 := time.Now()
 		var most float64
 		for {
@@ -535,12 +535,12 @@ func (r *runner) samplePeak() func() float64 {
 				return
 			case <-t.C:
 			}
-			steal1, _ := bench.StealCPU()
+			steal1, err1 := bench.StealCPU()
 			at1 := time.Now()
-			if dt := at1.Sub(at0); dt > 0 {
+			if dt := at1.Sub(at0); dt > 0 && err0 == nil && err1 == nil {
 				most = max(most, float64(steal1-steal0)/float64(dt))
 			}
-			steal0, at0 = steal1, at1
+			steal0, err0, at0 = steal1, err1, at1
 		}
 	}()
 	return func() float64 {
