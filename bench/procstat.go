@@ -130,13 +130,7 @@ func Children(pid int) []int {
 
 // BusyCPU is the machine's busy CPU time so far (/proc/stat: user, nice,
 // system, irq, softirq and steal over every CPU; not idle or iowait).
-func BusyCPU() (time.Duration, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, fmt.Errorf("cannot read /proc/stat: %w", err)
-	}
-	return parseBusy(b)
-}
+func BusyCPU() (time.Duration, error) { return readStat(busyCols...) }
 
 // StealCPU is the CPU time the hypervisor has given other machines on
 // this one's CPUs so far (/proc/stat's steal over every CPU). Unlike the
@@ -145,17 +139,24 @@ func BusyCPU() (time.Duration, error) {
 // fraction of a second (and the kernel's softirq threads serve their
 // loopback traffic without being theirs), so it is exact over short
 // intervals.
-func StealCPU() (time.Duration, error) {
+func StealCPU() (time.Duration, error) { return readStat(stealCol) }
+
+// /proc/stat's columns: busyCols are user, nice, system, irq, softirq and
+// steal; stealCol is steal.
+var busyCols = []int{1, 2, 3, 6, 7, 8}
+
+const stealCol = 8
+
+// readStat reads /proc/stat and sums its columns cols (parseStat).
+func readStat(cols ...int) (time.Duration, error) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0, fmt.Errorf("cannot read /proc/stat: %w", err)
 	}
-	return parseStat(b, 8)
+	return parseStat(b, cols...)
 }
 
-func parseBusy(b []byte) (time.Duration, error) {
-	return parseStat(b, 1, 2, 3, 6, 7, 8) // user nice system irq softirq steal
-}
+func parseBusy(b []byte) (time.Duration, error) { return parseStat(b, busyCols...) }
 
 // parseStat sums the columns cols of /proc/stat's first line (the CPUs
 // together).

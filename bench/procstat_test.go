@@ -51,7 +51,7 @@ func TestParseBusy(t *testing.T) {
 	if _, err := BusyCPU(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := parseStat(stat, 8); err != nil || got != 10*time.Millisecond {
+	if got, err := parseStat(stat, stealCol); err != nil || got != 10*time.Millisecond {
 		t.Fatalf("unexpected steal; got %v, %v; want 10ms (1 tick)", got, err)
 	}
 	if _, err := StealCPU(); err != nil {
