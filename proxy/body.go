@@ -392,7 +392,7 @@ func (b *upstreamBody) CloseWithError(err error) error {
 	if up := b.up; up != nil {
 		// The server recycles the request stream once this returns: the
 		// upload must be over. An unfinished one ends with the connection.
-		if !reuse || !up.finished() {
+		if !reuse || !up.settled() {
 			reuse = false
 			b.pool.discard(b.pc)
 			up.stop()

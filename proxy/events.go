@@ -53,16 +53,16 @@ var lastChunk = []byte("0\r\n\r\n")
 // going up ties the response to the server's request stream: it stays on
 // the server's path.
 func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool {
-	return sse && size < 0 && uploaded(up) && ctx.Request.Header.IsHTTP11()
+	return sse && size < 0 && ctx.Request.Header.IsHTTP11() && uploaded(up)
 }
 
 // uploaded reports whether a request's body has gone up whole: read whole
 // before the round trip (up is nil), or streamed and finished without an
-// error. Before, a streamed one never counted, and an event stream
+// error (settled: an answer may come before the upload's last write ends). Before, a streamed one never counted, and an event stream
 // answering a large POST (a prompt) stayed on the server's path for its
 // whole life, holding twice the memory of a relayed one.
 func uploaded(up *upload) bool {
-	return up == nil || up.finished() && up.wait()
+	return up == nil || up.settled() && up.wait()
 }
 
 // hijackEvents hands the client connection and b to an event relay once

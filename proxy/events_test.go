@@ -24,12 +24,17 @@ import (
 func eventWorker(t *testing.T, rg *rig) (next chan string, gone chan struct{}) {
 	t.Helper()
 	w := newStandin(t, "w")
+	quit := testEnded(t)
 	next, gone = make(chan string), make(chan struct{}, 1)
 	w.route("/events", func(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("Content-Type", "text/event-stream")
 		rw.WriteHeader(200)
 		rw.(http.Flusher).Flush()
-		for ev := range next {
+		for {
+			ev, ok := nextEvent(next, quit)
+			if !ok {
+				return
+			}
 			_, err := fmt.Fprintf(rw, "data: %s\n\n", ev)
 			rw.(http.Flusher).Flush()
 			if err != nil {
@@ -40,6 +45,27 @@ func eventWorker(t *testing.T, rg *rig) (next chan string, gone chan struct{}) {
 	})
 	rg.add(w, 1, "/t")
 	return next, gone
+}
+
+// testEnded returns a channel closed when t ends, before the cleanups
+// registered earlier run: a stand-in handler still streaming when a test
+// failed returns then, and the stand-in's Close, which waits for it, does
+// not hang the package until go test's timeout.
+func testEnded(t *testing.T) <-chan struct{} {
+	quit := make(chan struct{})
+	t.Cleanup(func() { close(quit) })
+	return quit
+}
+
+// nextEvent receives the next event a test sends; false when the test
+// ended the stream (closed next) or ended itself.
+func nextEvent(next <-chan string, quit <-chan struct{}) (string, bool) {
+	select {
+	case ev, ok := <-next:
+		return ev, ok
+	case <-quit:
+		return "", false
+	}
 }
 
 // streamConn is a raw client connection reading one chunked response at a
@@ -847,6 +873,7 @@ func TestEventStreamAfterUploadRelayed_RDP2(t *testing.T) {
 			rg := newRig(t, nil)
 			rg.warm()
 			w := newStandin(t, "w")
+			quit := testEnded(t)
 			next := make(chan string)
 			w.route("/ask", func(rw http.ResponseWriter, r *http.Request) {
 				if b, err := io.ReadAll(r.Body); err != nil || string(b) != tc.body {
@@ -856,7 +883,11 @@ func TestEventStreamAfterUploadRelayed_RDP2(t *testing.T) {
 				rw.Header().Set("Content-Type", "text/event-stream")
 				rw.WriteHeader(200)
 				rw.(http.Flusher).Flush()
-				for ev := range next {
+				for {
+					ev, ok := nextEvent(next, quit)
+					if !ok {
+						return
+					}
 					fmt.Fprintf(rw, "data: %s\n\n", ev)
 					rw.(http.Flusher).Flush()
 				}

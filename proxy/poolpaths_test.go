@@ -103,7 +103,10 @@ func TestExpectAndChunkedUploadsShareOneConnection_RDP1_RDP2(t *testing.T) {
 		res, err := http.ReadResponse(br, nil)
 		if err != nil {
 			// Seen once under make test (unexpected EOF: the connection
-			// closed unanswered), never reproduced alone: say which.
+			// closed unanswered): the worker's answer was read before
+			// the upload's last write returned, and stop interrupted a
+			// client read no longer waited for (upload.settled, stop;
+			// upload_settle_test.go holds that window every run).
 			t.Fatalf("request %d (%s): cannot read the answer: %v; buffered %q", i, kind, err, peekAll(br))
 		}
 		got, _ := io.ReadAll(res.Body)

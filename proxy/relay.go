@@ -175,7 +175,7 @@ func (p *Proxy) readSmallBody(ctx *fasthttp.RequestCtx, pool *connPool, pc *pcon
 // worker that answered while the upload still runs is mid-request: its
 // connection closes, which also ends the upload.
 func (p *Proxy) finish(pool *connPool, pc *pconn, keep bool, up *upload) {
-	if up != nil && !up.finished() {
+	if keep && up != nil && !up.settled() {
 		keep = false
 	}
 	if !keep {

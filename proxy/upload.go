@@ -54,6 +54,9 @@ type upload struct {
 	// other arms nothing.
 	waiting  bool
 	stopping bool // stop interrupted the client's read: renew no deadline
+	// bodyIn: the client's whole body was read; only writes to the
+	// worker may be left. stop leaves the client's connection alone then.
+	bodyIn bool
 
 	// The wait for the answer: the pool's header timeout, the client
 	// checked every check (startWait).
@@ -141,6 +144,9 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 			u.err = copyChunked(bw, er, *bp)
 		}
 		if u.err == nil {
+			u.mu.Lock()
+			u.bodyIn = true
+			u.mu.Unlock()
 			u.err = bw.Flush()
 		}
 		// A client read that stop interrupted is no failure of the
@@ -208,17 +214,71 @@ func (u *upload) wait() bool {
 // stop ends an upload that may still wait for the client, then waits for
 // it: the client's read is interrupted (its connection cannot carry
 // another request after a body cut short, and the server closes it).
+//
+// An upload that read the client's whole body is not waiting for the
+// client: a worker that read it all and answered at once is often read
+// before the upload's goroutine got past its last write. Interrupted
+// then, the client's keep-alive connection kept a read deadline in the
+// past (a server without a read or idle timeout, as in tests, closed it
+// unanswered at the client's next request) and lingered at its close
+// for bytes that were never due; and so it does when the interruption
+// met the body's last read already under way, which is undone here.
 func (u *upload) stop() {
+	interrupted := false
 	if !u.finished() && u.client != nil {
-		// The rest of the body may still come: closed, the connection
-		// lingers so that the client gets the answer, not a reset.
-		rawio.MoreInput(u.client)
 		u.mu.Lock()
-		u.stopping = true
-		_ = u.client.SetReadDeadline(time.Now())
+		if !u.bodyIn {
+			// The rest of the body may still come: closed, the
+			// connection lingers so that the client gets the answer,
+			// not a reset.
+			rawio.MoreInput(u.client)
+			u.stopping = true
+			_ = u.client.SetReadDeadline(time.Now())
+			interrupted = true
+		}
 		u.mu.Unlock()
 	}
 	<-u.done
+	if interrupted && u.bodyIn {
+		rawio.InputDone(u.client)
+		_ = u.client.SetReadDeadline(time.Time{})
+	}
+}
+
+// settleWait bounds how long a handler that read the worker's answer
+// waits for an upload whose body is all in to end (settled). Its last
+// write goes to a worker that, having answered, most often read the body
+// whole: the write ends within microseconds, but the answer may be read
+// first. A worker that answered without reading it all may leave that
+// write blocked until its socket buffer drains or the stall timeout: the
+// wait is short, and what follows it works either way, only less well.
+const settleWait = 50 * time.Millisecond
+
+// settled reports whether the upload ended, giving one that read the
+// client's whole body up to settleWait to finish its last write to the
+// worker. Before, an answer read in that window (uvicorn answers as soon
+// as it has the body) found the upload unfinished: the worker connection
+// closed instead of going back to the pool, and an event stream
+// answering the upload stayed on the server's path for its whole life.
+// Only that window waits, so its timer costs nothing in steady state.
+func (u *upload) settled() bool {
+	if u.finished() {
+		return true
+	}
+	u.mu.Lock()
+	in := u.bodyIn
+	u.mu.Unlock()
+	if !in {
+		return false
+	}
+	t := time.NewTimer(settleWait)
+	defer t.Stop()
+	select {
+	case <-u.done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // finished reports whether the upload already ended.

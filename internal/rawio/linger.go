@@ -106,6 +106,15 @@ func MoreInput(c net.Conn) {
 	}
 }
 
+// InputDone takes back MoreInput: the request body a stop was to cut
+// short had been read to its end after all, so nothing more is due from
+// the client, and c's Close lingers again only for bytes that wait unread.
+func InputDone(c net.Conn) {
+	if rc, ok := c.(*Conn); ok {
+		rc.moreInput.Store(false)
+	}
+}
+
 // Close implements net.Conn: at once, or lingering (Linger) when the
 // connection has one and the client's bytes wait unread or may follow
 // (MoreInput).

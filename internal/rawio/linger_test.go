@@ -122,6 +122,17 @@ func TestLingerClose_RDP2(t *testing.T) {
 		waitFor(t, func() bool { return l.Lingering() == 0 })
 	})
 
+	t.Run("InputDone takes MoreInput back", func(t *testing.T) {
+		l := NewLinger(4, 2*time.Second, 10*time.Second)
+		_, server := lingerPair(t, l)
+		MoreInput(server)
+		InputDone(server)
+		_ = server.Close()
+		if l.Lingering() != 0 {
+			t.Fatalf("unexpected lingering count; got %d; want 0", l.Lingering())
+		}
+	})
+
 	t.Run("nothing unread closes at once", func(t *testing.T) {
 		l := NewLinger(4, 2*time.Second, 10*time.Second)
 		client, server := lingerPair(t, l)
