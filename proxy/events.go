@@ -58,7 +58,8 @@ func relayable(ctx *fasthttp.RequestCtx, sse bool, size int64, up *upload) bool 
 
 // uploaded reports whether a request's body has gone up whole: read whole
 // before the round trip (up is nil), or streamed and finished without an
-// error (settled: an answer may come before the upload's last write ends). Before, a streamed one never counted, and an event stream
+// error (settled: the answer may come before the upload's last write
+// returns). Before, a streamed one never counted, and an event stream
 // answering a large POST (a prompt) stayed on the server's path for its
 // whole life, holding twice the memory of a relayed one.
 func uploaded(up *upload) bool {
