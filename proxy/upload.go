@@ -54,9 +54,12 @@ type upload struct {
 	// other arms nothing.
 	waiting  bool
 	stopping bool // stop interrupted the client's read: renew no deadline
-	// bodyIn: the client's whole body was read; only writes to the
-	// worker may be left. stop leaves the client's connection alone then.
+	// bodyIn: the client's whole body was read (markBodyIn); only writes
+	// to the worker may be left. stop leaves the client's connection
+	// alone then.
 	bodyIn bool
+	// unsettled: a settled wait ran out; later ones do not wait again.
+	unsettled bool
 
 	// The wait for the answer: the pool's header timeout, the client
 	// checked every check (startWait).
@@ -139,14 +142,12 @@ func startUpload(body io.Reader, bw *bufio.Writer, cl int, release func(*bufio.W
 		defer uploadBufPool.Put(bp)
 		er := &errReader{r: body, u: u}
 		if cl >= 0 {
-			u.err = copyFixed(bw, er, int64(cl), *bp)
+			u.err = copyFixed(bw, er, int64(cl), *bp, u.markBodyIn)
 		} else {
-			u.err = copyChunked(bw, er, *bp)
+			u.err = copyChunked(bw, er, *bp, u.markBodyIn)
 		}
 		if u.err == nil {
-			u.mu.Lock()
-			u.bodyIn = true
-			u.mu.Unlock()
+			u.markBodyIn() // an empty body read nothing
 			u.err = bw.Flush()
 		}
 		// A client read that stop interrupted is no failure of the
@@ -245,6 +246,15 @@ func (u *upload) stop() {
 	}
 }
 
+// markBodyIn notes that the client's whole body was read, before its last
+// bytes are written: a write larger than bw's free space goes to the
+// worker at once, which may then answer before the write returns.
+func (u *upload) markBodyIn() {
+	u.mu.Lock()
+	u.bodyIn = true
+	u.mu.Unlock()
+}
+
 // settleWait bounds how long a handler that read the worker's answer
 // waits for an upload whose body is all in to end (settled). Its last
 // write goes to a worker that, having answered, most often read the body
@@ -260,15 +270,17 @@ const settleWait = 50 * time.Millisecond
 // as it has the body) found the upload unfinished: the worker connection
 // closed instead of going back to the pool, and an event stream
 // answering the upload stayed on the server's path for its whole life.
-// Only that window waits, so its timer costs nothing in steady state.
+// Only that window waits, so its timer costs nothing in steady state; a
+// wait that ran out is not repeated (an event stream asks when relayed and
+// again when its body closes).
 func (u *upload) settled() bool {
 	if u.finished() {
 		return true
 	}
 	u.mu.Lock()
-	in := u.bodyIn
+	wait := u.bodyIn && !u.unsettled
 	u.mu.Unlock()
-	if !in {
+	if !wait {
 		return false
 	}
 	t := time.NewTimer(settleWait)
@@ -277,6 +289,9 @@ func (u *upload) settled() bool {
 	case <-u.done:
 		return true
 	case <-t.C:
+		u.mu.Lock()
+		u.unsettled = true
+		u.mu.Unlock()
 		return false
 	}
 }
@@ -291,7 +306,9 @@ func (u *upload) finished() bool {
 	}
 }
 
-func copyFixed(bw *bufio.Writer, r io.Reader, n int64, buf []byte) error {
+// copyFixed copies the n bytes of a sized body from r to bw; in runs once
+// the last of them are read, before they are written.
+func copyFixed(bw *bufio.Writer, r io.Reader, n int64, buf []byte, in func()) error {
 	for n > 0 {
 		chunk := buf
 		if int64(len(chunk)) > n {
@@ -299,6 +316,9 @@ func copyFixed(bw *bufio.Writer, r io.Reader, n int64, buf []byte) error {
 		}
 		m, err := r.Read(chunk)
 		if m > 0 {
+			if int64(m) == n {
+				in()
+			}
 			if _, werr := bw.Write(chunk[:m]); werr != nil {
 				return werr
 			}
@@ -324,10 +344,15 @@ func copyFixed(bw *bufio.Writer, r io.Reader, n int64, buf []byte) error {
 	return nil
 }
 
-func copyChunked(bw *bufio.Writer, r io.Reader, buf []byte) error {
+// copyChunked copies an unsized body from r to bw in chunked framing; in
+// runs once r reported its end, before the last bytes are written.
+func copyChunked(bw *bufio.Writer, r io.Reader, buf []byte, in func()) error {
 	var size [20]byte
 	for {
 		m, err := r.Read(buf)
+		if err == io.EOF {
+			in()
+		}
 		if m > 0 {
 			bw.Write(strconv.AppendInt(size[:0], int64(m), 16))
 			bw.WriteString("\r\n")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -166,6 +167,15 @@ func TestSettledWaitsForTheLastWriteOnly_RDP1_RDP2(t *testing.T) {
 			if waited := time.Since(start); waited != settleWait {
 				t.Errorf("unexpected wait; got %v; want settleWait (%v)", waited, settleWait)
 			}
+			// An event stream asks twice (relayable, then its body's
+			// close): a wait that ran out is not made again.
+			start = time.Now()
+			if u.settled() {
+				t.Error("unexpected settled the second time; got true; want false while the write is blocked")
+			}
+			if waited := time.Since(start); waited != 0 {
+				t.Errorf("unexpected second wait; got %v; want none", waited)
+			}
 			close(gate)
 			u.wait()
 		})
@@ -185,6 +195,38 @@ func TestSettledWaitsForTheLastWriteOnly_RDP1_RDP2(t *testing.T) {
 			close(read)
 			u.wait()
 		})
+	})
+}
+
+// A last read larger than bw's free space is written to the worker
+// directly, inside the copy loop: the worker may have the whole body, and
+// answer, before that write returns. The body counts as in from its read
+// (R-DP-1, R-DP-2).
+func TestLastBytesWrittenPastTheBufferCountAsIn_RDP1_RDP2(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		body := strings.Repeat("b", 100) // bw holds 64 (newGatedUpload)
+		client := &clientConn{}
+		gate := make(chan struct{})
+		u := newGatedUpload(&gateReader{gate: closedChan(), body: body}, len(body), gateWriter{gate}, client)
+		synctest.Wait() // the upload waits in its write of the last bytes
+		stopped := make(chan struct{})
+		go func() { u.stop(); close(stopped) }()
+		settled := make(chan bool, 1)
+		go func() { settled <- u.settled() }()
+		synctest.Wait()
+		for _, d := range client.deadlines() {
+			if !d.IsZero() {
+				t.Errorf("unexpected read deadline set on the client's connection; got %v; want none (its body was read whole)", d)
+			}
+		}
+		close(gate)
+		<-stopped
+		if !<-settled {
+			t.Error("unexpected settled; got false; want true once the write ended")
+		}
+		if !u.wait() {
+			t.Errorf("unexpected upload failure; got %v; want the body sent", u.err)
+		}
 	})
 }
 
