@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -161,6 +162,24 @@ func TestMetricsScrape(t *testing.T) {
 			t.Errorf("unexpected %s; got %v; want at least 1", series, after[series])
 		}
 	}
+
+	// Streamed uploads (past the 64 KiB read whole) keep their worker
+	// connection, the real worker answering each once it has the body:
+	// no connection opened past the pooled one (R-DP-1, R-DP-2).
+	get("/counters/m1/value", http.StatusOK) // a connection in the pool
+	before = scrapeMetrics(ctx, t, admin)
+	upload := bytes.Repeat([]byte("u"), 200<<10)
+	for i := range 4 {
+		r, err := do(ctx, http.MethodPost, pb.URL+"/counters/m1/sha256", http.Header{"Content-Type": {"application/octet-stream"}}, bytes.NewReader(upload))
+		if err != nil || r.Status != http.StatusOK {
+			t.Fatalf("upload %d: unexpected answer; got %s %v; want 200", i, r, err)
+		}
+	}
+	after = scrapeMetrics(ctx, t, admin)
+	if got := delta(`pinboard_proxy_upstream_connections_total`); got != 0 {
+		t.Errorf("unexpected worker connections opened by 4 streamed uploads; got %v; want 0 (the pooled one reused)", got)
+	}
+
 	// Ids never become labels.
 	r, _ := do(ctx, http.MethodGet, admin+"/metrics", nil, nil)
 	for _, id := range []string{"m1", "b@d", "/nosuch"} {

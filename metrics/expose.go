@@ -58,6 +58,8 @@ func (m *Metrics) appendDataPlane(e *expo) {
 	for i, k := range upstreamKinds {
 		e.sample("pinboard_proxy_upstream_errors_total", "kind", k, "", "", m.upstream[i].Load())
 	}
+	e.family("pinboard_proxy_upstream_connections_total", "counter", "Connections opened to workers (TCP connected, and TLS handshaken for https advertise URLs): pooled ones and WebSockets'. Growing with requests rather than with WebSockets and load means worker connections are not reused.")
+	e.sample("pinboard_proxy_upstream_connections_total", "", "", "", "", m.connects.Load())
 	e.family("pinboard_directory_lookups_total", "counter", "Data-plane resolutions: hit is a live placement found in the directory cache, miss went to the store to place.")
 	e.sample("pinboard_directory_lookups_total", "result", "hit", "", "", m.cacheHit.Load())
 	e.sample("pinboard_directory_lookups_total", "result", "miss", "", "", m.cacheMiss.Load())

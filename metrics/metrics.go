@@ -117,6 +117,7 @@ type Metrics struct {
 	requests   labelSet[[nClasses]atomic.Uint64] // by namespace
 	latency    *histogram
 	upstream   [len(upstreamKinds)]atomic.Uint64
+	connects   atomic.Uint64
 	cacheHit   atomic.Uint64
 	cacheMiss  atomic.Uint64
 	placed     atomic.Uint64
@@ -189,6 +190,9 @@ func (m *Metrics) Request(ns []byte, status int, d time.Duration) {
 
 // UpstreamError implements proxy.Metrics.
 func (m *Metrics) UpstreamError(kind string) { m.upstream[upstreamKind(kind)].Add(1) }
+
+// UpstreamConnect implements proxy.Metrics.
+func (m *Metrics) UpstreamConnect() { m.connects.Add(1) }
 
 // Resolve implements proxy.Metrics: hit is a live placement found by the
 // directory's cached lookup; a miss goes to the store to place.

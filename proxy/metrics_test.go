@@ -20,6 +20,7 @@ type recorder struct {
 	misses   int
 	placed   int
 	replaced int
+	connects int
 }
 
 type recorded struct {
@@ -58,6 +59,19 @@ func (r *recorder) Placement(replaced bool) {
 		r.placed++
 	}
 	r.mu.Unlock()
+}
+
+func (r *recorder) UpstreamConnect() {
+	r.mu.Lock()
+	r.connects++
+	r.mu.Unlock()
+}
+
+// connectsSeen returns how many worker connections were opened.
+func (r *recorder) connectsSeen() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.connects
 }
 
 func (r *recorder) requestsSeen() []recorded {

@@ -63,7 +63,12 @@ func TestFailedDialsFreePoolSlots_RDP3(t *testing.T) {
 // the Expect line, and none leaves the next request out of step (R-DP-1,
 // R-DP-2).
 func TestExpectAndChunkedUploadsShareOneConnection_RDP1_RDP2(t *testing.T) {
-	rg, w := newRigWorker(t, func(o *Options) { o.Upstream.MaxConns = 1; o.Upstream.ConnWait = 300 * time.Millisecond })
+	var m recorder
+	rg, w := newRigWorker(t, func(o *Options) {
+		o.Upstream.MaxConns = 1
+		o.Upstream.ConnWait = 300 * time.Millisecond
+		o.Metrics = &m
+	})
 	w.route("/hash", func(rw http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -113,6 +118,11 @@ func TestExpectAndChunkedUploadsShareOneConnection_RDP1_RDP2(t *testing.T) {
 		if res.StatusCode != 200 || !strings.HasPrefix(string(got), want+` ""`) {
 			t.Fatalf("request %d: unexpected answer %d %q; want prefix %q", i, res.StatusCode, got, want)
 		}
+	}
+	// One worker connection: an answer read before the upload's last
+	// write returned closed it (upload.settled).
+	if n := m.connectsSeen(); n != 1 {
+		t.Errorf("unexpected worker connections opened; got %d; want 1", n)
 	}
 }
 

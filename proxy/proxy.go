@@ -83,6 +83,10 @@ type Metrics interface {
 	// worker that refused it in-band (R-PL-6) or off an owner whose lease
 	// had passed (R-LS-2).
 	Placement(replaced bool)
+	// UpstreamConnect counts a connection opened to a worker: a pooled
+	// one or a WebSocket's. Requests that open connections at the rate
+	// they come are not reusing them, a cost no error shows.
+	UpstreamConnect()
 }
 
 type nopMetrics struct{}
@@ -91,6 +95,7 @@ func (nopMetrics) Request([]byte, int, time.Duration) {}
 func (nopMetrics) UpstreamError(string)               {}
 func (nopMetrics) Resolve(bool)                       {}
 func (nopMetrics) Placement(bool)                     {}
+func (nopMetrics) UpstreamConnect()                   {}
 
 // Proxy is the data plane handler. It is safe for concurrent use.
 type Proxy struct {
@@ -159,6 +164,7 @@ func New(o Options) *Proxy {
 		p.metrics = nopMetrics{}
 	}
 	p.streams.metrics = p.metrics
+	p.ups.metrics = p.metrics
 	if p.trusted == nil {
 		p.trusted = &TrustedProxies{}
 	}

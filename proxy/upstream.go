@@ -93,9 +93,10 @@ type upstream struct {
 // upstreams maps advertise URLs to pools. Pools outlive sessions: a worker
 // that re-registers under the same URL keeps its warm connections.
 type upstreams struct {
-	opts UpstreamOptions
-	mu   sync.RWMutex
-	m    map[string]*upstream
+	opts    UpstreamOptions
+	metrics Metrics // counts connections opened; nil counts nothing
+	mu      sync.RWMutex
+	m       map[string]*upstream
 }
 
 func newUpstreams(o UpstreamOptions) *upstreams {
@@ -154,6 +155,7 @@ func (us *upstreams) build(advertiseURL string) (*upstream, error) {
 		// writes fit in the send buffer, and no write deadline sees them.
 		rawio.SetUserTimeout(c, o.StallTimeout)
 		if tlsConfig == nil {
+			us.connected()
 			return c, nil
 		}
 		// The handshake is part of connecting and has the dial's bound:
@@ -167,10 +169,18 @@ func (us *upstreams) build(advertiseURL string) (*upstream, error) {
 			return nil, err
 		}
 		_ = c.SetDeadline(time.Time{})
+		us.connected()
 		return tc, nil
 	}
 	u.pool = newConnPool(u.addr, u.dial, o)
 	return u, nil
+}
+
+// connected counts a connection opened to a worker.
+func (us *upstreams) connected() {
+	if us.metrics != nil {
+		us.metrics.UpstreamConnect()
+	}
 }
 
 func hostPort(u *url.URL, def string) string {
