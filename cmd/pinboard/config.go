@@ -223,9 +223,15 @@ func loadConfig(lookup func(string) (string, bool)) (*config, error) {
 		// The port must be 0..65535 or a service name, and the host what
 		// HOST accepts, or net.Listen would refuse it only after the store
 		// was opened.
-		mport, perr := net.LookupPort("tcp", p)
-		if err != nil || perr != nil || checkListenHost(h) != nil {
+		if err != nil {
 			return nil, bad("PINBOARD_METRICS_ADDR", "must be host:port, got %q", c.MetricsAddr)
+		}
+		mport, perr := net.LookupPort("tcp", p)
+		if perr != nil {
+			return nil, bad("PINBOARD_METRICS_ADDR", "port must be 0-65535 or a service name, got %q", c.MetricsAddr)
+		}
+		if herr := checkListenHost(h); herr != nil {
+			return nil, bad("PINBOARD_METRICS_ADDR", "host %v, got %q", herr, c.MetricsAddr)
 		}
 		// The public listener binds first: on its port the admin one
 		// could only fail after it, exit 1, restarted for ever.

@@ -73,8 +73,9 @@ func TestConfigErrors_RSRV2(t *testing.T) {
 		{"HOST with space", map[string]string{"HOST": "local host"}, nil, "HOST:"},
 		{"HOST a short dotted number", map[string]string{"HOST": "1.2.3"}, nil, `HOST: is not an IP address (a host name's last label is not all digits), got "1.2.3"`},
 		{"HOST an address with a trailing dot", map[string]string{"HOST": "1.2.3.4."}, nil, "HOST: is not an IP address"},
-		{"metrics port not a number", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:metrics"}, nil, "PINBOARD_METRICS_ADDR:"},
-		{"metrics port out of range", map[string]string{"PINBOARD_METRICS_ADDR": ":99999"}, nil, "PINBOARD_METRICS_ADDR:"},
+		{"metrics port not a number", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:metrics"}, nil, `PINBOARD_METRICS_ADDR: port must be 0-65535 or a service name, got "127.0.0.1:metrics"`},
+		{"metrics port out of range", map[string]string{"PINBOARD_METRICS_ADDR": "127.0.0.1:99999"}, nil, `PINBOARD_METRICS_ADDR: port must be 0-65535 or a service name, got "127.0.0.1:99999"`},
+		{"metrics host not a host", map[string]string{"PINBOARD_METRICS_ADDR": "1.2.3:9090"}, nil, `PINBOARD_METRICS_ADDR: host is not an IP address (a host name's last label is not all digits), got "1.2.3:9090"`},
 		{"pprof without admin listener", map[string]string{"PINBOARD_PPROF": "1"}, nil, "PINBOARD_PPROF: needs PINBOARD_METRICS_ADDR"},
 		// The admin listener on the public listener's port failed to bind
 		// after the public one started: exit 1, restarted for ever.

@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -94,7 +95,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return exitUsage
 	}
 	if err != nil {
-		return usageError(stderr, "%v", err)
+		return usageError(stderr, "%s", longFlagNames(err))
 	}
 	cmd, rest := pos[0], pos[1:]
 	cmdFn, ok := commands[cmd]
@@ -241,6 +242,20 @@ func usageError(stderr io.Writer, format string, args ...any) int {
 	return exitUsage
 }
 
+// longFlagNames writes the flag package's parse errors with the flags'
+// names as usage and the docs spell them ("--url", not "-url"): the
+// package names a flag with one dash whatever the command line used.
+func longFlagNames(err error) string {
+	msg := err.Error()
+	for _, prefix := range []string{"flag provided but not defined: -", "flag needs an argument: -", "for flag -"} {
+		if i := strings.Index(msg, prefix); i >= 0 && !strings.HasPrefix(msg[i+len(prefix):], "-") {
+			j := i + len(prefix)
+			return msg[:j] + "-" + msg[j:]
+		}
+	}
+	return msg
+}
+
 // flagSet reports whether the command line set flag name, to any value.
 func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
@@ -281,7 +296,8 @@ func (f *timeoutFlag) String() string { return time.Duration(*f).String() }
 func (f *timeoutFlag) Set(s string) error {
 	n, ok := readSeconds(s)
 	if !ok || math.Abs(n) >= 1e9 { // past time.Duration's range
-		return fmt.Errorf("must be a duration like 30s or 2m, or seconds, got %q", s)
+		// The flag package's error quotes the value already.
+		return errors.New("must be a duration like 30s or 2m, or seconds")
 	}
 	*f = timeoutFlag(n * float64(time.Second))
 	return nil

@@ -985,3 +985,23 @@ func TestTimeoutFlagSeconds(t *testing.T) {
 		t.Fatalf("unexpected result of --timeout 5; got exit %d, stderr %q; want %d", code, errs, exitOK)
 	}
 }
+
+// A flag the parser refuses is named as usage and the docs spell it, with
+// two dashes, and a bad value is quoted once.
+func TestFlagErrorsNameLongFlags(t *testing.T) {
+	env := map[string]string{"PINBOARD_URL": "http://127.0.0.1:1", "PINBOARD_TOKEN": "good"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"workers", "--foo"}, "pinboardctl: flag provided but not defined: --foo\n"},
+		{[]string{"workers", "-foo"}, "pinboardctl: flag provided but not defined: --foo\n"},
+		{[]string{"--url"}, "pinboardctl: flag needs an argument: --url\n"},
+		{[]string{"workers", "--timeout", "soon"}, "pinboardctl: invalid value \"soon\" for flag --timeout: must be a duration like 30s or 2m, or seconds\n"},
+	} {
+		code, _, errs := runCtl(t, env, tc.args...)
+		if code != exitUsage || !strings.HasPrefix(errs, tc.want) {
+			t.Errorf("unexpected result for %q; got exit %d, stderr %q; want exit %d, stderr starting %q", tc.args, code, errs, exitUsage, tc.want)
+		}
+	}
+}
