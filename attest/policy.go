@@ -220,23 +220,34 @@ func (p *Passport) Admit(ns []byte, pr *Principal) Decision {
 // reached only by its fleet's calls) needs the account, still in the
 // passport, to cover it, and to hold the scopes the namespace's policy
 // asks of clients: before, a key without them, refused at /admin itself,
-// reached it through its worker's calls. AdmitCall allocates nothing.
-func (p *Passport) AdmitCall(ns []byte, sub string) bool {
+// reached it through its worker's calls. A refusal says which of the two
+// failed, so that the operator knows whether the key's namespaces claim or
+// its scopes need the change. AdmitCall allocates nothing.
+func (p *Passport) AdmitCall(ns []byte, sub string) CallVerdict {
 	ns = trimNamespace(ns)
 	pol := p.policies.lookup(ns)
 	if pol != nil && pol.allow == allowAnonymous {
-		return true
+		return CallVerdict{OK: true}
 	}
 	pr := p.bySub[sub]
 	if pr == nil || !coversNamespace(&pr.Claims, ns) {
-		return false
+		return CallVerdict{}
 	}
 	if pol != nil {
 		for _, s := range pol.scopes {
 			if !pr.HasScope(s) {
-				return false
+				return CallVerdict{MissingScope: s}
 			}
 		}
 	}
-	return true
+	return CallVerdict{OK: true}
+}
+
+// CallVerdict is AdmitCall's answer. A refusal with MissingScope empty is
+// a namespace the registering key does not cover (or a key no longer in
+// the passport); with it set, the key covers the namespace but lacks that
+// scope, the first of the policy's it does not hold.
+type CallVerdict struct {
+	OK           bool
+	MissingScope string
 }

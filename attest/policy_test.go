@@ -121,24 +121,27 @@ func TestAdmitCall_RTR6_RTR3(t *testing.T) {
 	for _, c := range []struct {
 		ns, sub string
 		want    bool
+		missing string // the scope a refusal names
 	}{
-		{"/public", "p:none", true},
-		{"/public", "p:gone", true},
-		{"public-x", "p:gone", true},
-		{"/counters", "p:counters", true},
-		{"counters", "p:counters", true},
-		{"/counters", "p:none", false},
-		{"/counters", "p:gone", false},
-		{"/chat-eu", "p:counters", true},
-		{"/chat-eu", "p:none", false},
-		{"/locked", "p:all", true},
-		{"/locked", "p:counters", false},
-		{"/writes", "p:counters", false},
-		{"/other", "p:all", true},
-		{"/other", "p:counters", false},
+		{"/public", "p:none", true, ""},
+		{"/public", "p:gone", true, ""},
+		{"public-x", "p:gone", true, ""},
+		{"/counters", "p:counters", true, ""},
+		{"counters", "p:counters", true, ""},
+		{"/counters", "p:none", false, ""},
+		{"/counters", "p:gone", false, ""},
+		{"/chat-eu", "p:counters", true, ""},
+		{"/chat-eu", "p:none", false, ""},
+		{"/locked", "p:all", true, ""},
+		{"/locked", "p:counters", false, ""},
+		{"/writes", "p:counters", false, ""},
+		{"/writes", "p:all", true, ""},
+		{"/chat-admin-x", "p:counters", false, "app:write"},
+		{"/other", "p:all", true, ""},
+		{"/other", "p:counters", false, ""},
 	} {
-		if got := p.AdmitCall([]byte(c.ns), c.sub); got != c.want {
-			t.Errorf("unexpected AdmitCall(%q, %q); got %v; want %v", c.ns, c.sub, got, c.want)
+		if got := p.AdmitCall([]byte(c.ns), c.sub); got.OK != c.want || got.MissingScope != c.missing {
+			t.Errorf("unexpected AdmitCall(%q, %q); got %+v; want OK %v, MissingScope %q", c.ns, c.sub, got, c.want, c.missing)
 		}
 	}
 }

@@ -37,7 +37,10 @@ func TestClusterCallBoundByPolicyScopes_RTR4_RTR6(t *testing.T) {
 	res, body := rg.get("/admin/root/value", map[string]string{
 		"Pinboard-Session": a.session.Load().(string), "Pinboard-Session-Secret": a.secret, "Pinboard-From": "/a/alice",
 	})
-	if res.StatusCode != 403 {
-		t.Fatalf("cluster call from that key's worker: got %d %s (%d hits at /admin's worker); want 403", res.StatusCode, body, b.hits.Load())
+	// The refusal names the scope, so an operator knows to add it to the
+	// worker key rather than widen its namespaces claim.
+	const want = `{"error":"calling session's credential lacks scope \"admin\" that the namespace's policy asks of clients"}`
+	if res.StatusCode != 403 || string(body) != want {
+		t.Fatalf("cluster call from that key's worker: got %d %s (%d hits at /admin's worker); want 403 %s", res.StatusCode, body, b.hits.Load(), want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -52,8 +53,12 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 		writeError(ctx, fasthttp.StatusForbidden, "caller namespace not served by the calling session", 0)
 		return false
 	}
-	if !p.passport.AdmitCall(rq.ns, info.Sub) {
-		writeError(ctx, fasthttp.StatusForbidden, "namespace not covered by the calling session's credential", 0)
+	if v := p.passport.AdmitCall(rq.ns, info.Sub); !v.OK {
+		if v.MissingScope != "" {
+			writeError(ctx, fasthttp.StatusForbidden, "calling session's credential lacks scope "+strconv.Quote(v.MissingScope)+" that the namespace's policy asks of clients", 0)
+		} else {
+			writeError(ctx, fasthttp.StatusForbidden, "namespace not covered by the calling session's credential", 0)
+		}
 		return false
 	}
 	depth := 1
