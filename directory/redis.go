@@ -452,7 +452,9 @@ type redisStats struct {
 	fills, invalidations, flushes, wipes, reconnects, refreshes, refreshPasses, claims atomic.Uint64
 }
 
-// RedisStats is a snapshot of a Redis store's counters.
+// RedisStats is a snapshot of a Redis store's counters. Invalidations,
+// Flushes, Wipes and Reconnects are counted once the node has acted on
+// them: a caller that sees a count grow finds the rows it covers dropped.
 type RedisStats struct {
 	// Fills: placements inserted into the node-local cache.
 	Fills uint64

@@ -208,8 +208,8 @@ func (r *Redis) onInvalidations(msgs []rueidis.RedisMessage) {
 		name := key[len(r.prefix)+2:]
 		switch key[len(r.prefix)] {
 		case 'p':
-			r.stats.invalidations.Add(1)
 			r.invalidate(key)
+			r.stats.invalidations.Add(1)
 		case 'l':
 			r.leaseChanged(name)
 		case 'n':
@@ -227,8 +227,8 @@ func (r *Redis) flushed() {
 	if !r.cluster.Load() {
 		r.untracked.Store(true)
 	}
-	r.stats.flushes.Add(1)
 	r.leaseGen.Add(1)
+	r.stats.flushes.Add(1) // after what it counts, as reconnects and wipes
 	select {
 	case r.reval <- struct{}{}:
 	default:

@@ -529,7 +529,6 @@ func (r *Redis) noteEpoch(ep uint64) {
 // tracking table flushed), so their next change would not be pushed.
 // Callers hold eraMu.
 func (r *Redis) untrack() {
-	r.stats.reconnects.Add(1)
 	r.dropRows()
 	r.leaseGen.Add(1)
 	r.smu.RLock()
@@ -537,6 +536,9 @@ func (r *Redis) untrack() {
 		s.dirty.Store(true)
 	}
 	r.smu.RUnlock()
+	// Counted last, as wipes are: a reader that sees the count finds the
+	// rows dropped and the leases due for a re-read.
+	r.stats.reconnects.Add(1)
 }
 
 // leaveReplica closes the connection when a write was refused with
@@ -640,7 +642,6 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		return err
 	}
 	r.era, r.connID = era, id
-	r.stats.wipes.Add(1)
 	r.dropRows()
 	r.beats.clear()
 	// Epochs read before the wipe say nothing about the new era's counter.
@@ -655,6 +656,10 @@ func (r *Redis) revalidate(ctx context.Context) error {
 		s.dirty.Store(true)
 	}
 	r.smu.RUnlock()
+	// Counted once handled: a reader that sees the count finds nothing of
+	// the old era cached (a test waiting for it read a row in between,
+	// when it was counted before the drop).
+	r.stats.wipes.Add(1)
 	if _, err := r.refreshDue(ctx, true); err != nil {
 		return err
 	}
