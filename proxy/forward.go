@@ -259,7 +259,7 @@ func (p *Proxy) Expect(ctx *fasthttp.RequestCtx) bool {
 func (p *Proxy) parse(ctx *fasthttp.RequestCtx, rq *request) bool {
 	// First of all: any answer on a connection whose request is framed
 	// ambiguously leaves what follows it to be read as the next request.
-	if RefuseAmbiguousFraming(ctx) {
+	if RefuseUnreadable(ctx) {
 		return false
 	}
 	if ctx.Request.Header.IsConnect() {

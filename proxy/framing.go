@@ -28,18 +28,41 @@ import (
 // (nginx has refused both since 1.21.1). What is forwarded then carries
 // exactly one framing field: writeRequest re-asserts it.
 
-// ambiguousFraming reports whether a request must be refused for its
-// framing fields (above): one pass over the raw header lines, allocating
-// nothing. The parsed header cannot tell: a skipped identity leaves the
-// length of a request without a body (0 once fasthttp read it).
-func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+// A third passes fasthttp too: a framing field whose value is folded onto
+// the next line (obs-fold, "Transfer-Encoding:" then " chunked"), which
+// fasthttp unfolds and frames by. An edge that neither unfolds nor
+// refuses it frames the request without a body, and the bytes pinboard
+// reads as its chunks are that edge's next request. RFC 9112 §5.2 allows
+// unfolding; nginx refuses it, and so does pinboard: 400, "malformed
+// request" as for the other framing fields fasthttp refuses.
+
+// framingRefusal is the 400's message for a request that must be refused
+// for its framing fields (above), or "": one pass over the raw header
+// lines, allocating nothing. The parsed header cannot tell: a skipped
+// identity leaves the length of a request without a body (0 once
+// fasthttp read it).
+func framingRefusal(h *fasthttp.RequestHeader) string {
 	_, f := scanHeader(h.RawHeaders())
-	return f.te && (f.cl || h.ContentLength() != -1)
+	switch {
+	case f.folded:
+		return "malformed request"
+	case f.te && (f.cl || h.ContentLength() != -1):
+		return "ambiguous request framing: Transfer-Encoding must be chunked alone"
+	}
+	return ""
+}
+
+// ambiguousFraming reports whether framingRefusal refuses h.
+func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+	return framingRefusal(h) != ""
 }
 
 // headerFields is what scanHeader finds among a block's header lines.
 type headerFields struct {
 	te, cl bool // a Transfer-Encoding, a Content-Length field
+	// folded: a Transfer-Encoding or Content-Length line continued on
+	// the next (obs-fold).
+	folded bool
 	// encodings counts Content-Encoding lines: fasthttp keeps the last
 	// one alone (joinContentEncodings).
 	encodings int
@@ -56,6 +79,7 @@ func scanHeader(b []byte) (end int, f headerFields) {
 	for i < len(b) && (b[i] == '\r' || b[i] == '\n') {
 		i++
 	}
+	framing := false // the field being read is a framing field
 	for i < len(b) {
 		line := b[i:]
 		j := bytes.IndexByte(line, '\n')
@@ -63,12 +87,18 @@ func scanHeader(b []byte) (end int, f headerFields) {
 			line = line[:j]
 		}
 		switch {
+		case len(line) > 0 && (line[0] == ' ' || line[0] == '\t'):
+			// obs-fold: this line continues the field before it.
+			f.folded = f.folded || framing
 		case fieldNamed(line, "Transfer-Encoding"):
-			f.te = true
+			f.te, framing = true, true
 		case fieldNamed(line, "Content-Length"):
-			f.cl = true
+			f.cl, framing = true, true
 		case fieldNamed(line, "Content-Encoding"):
 			f.encodings++
+			framing = false
+		default:
+			framing = false
 		}
 		if j < 0 {
 			break
@@ -98,16 +128,25 @@ func fieldNamed(line []byte, name string) bool {
 	return len(rest) > 0 && rest[0] == ':'
 }
 
-// RefuseAmbiguousFraming answers a request whose framing is ambiguous
-// (above) 400 and closes the connection, leaving the body fasthttp has not
-// read unread, and reports whether it did. ServeHTTP checks every request
-// itself; a server that routes other paths past it (the node's registry
-// and probes) calls it first.
-func RefuseAmbiguousFraming(ctx *fasthttp.RequestCtx) bool {
-	if !ambiguousFraming(&ctx.Request.Header) {
+// RefuseUnreadable answers a request pinboard must not read on: one in an
+// HTTP version whose major is not 1 (505: fasthttp reads "HTTP/2.0" or
+// "HTTP/9.9" as HTTP/1.0, and the worker got it as HTTP/1.1; RFC 9110
+// §15.6.6), or one whose framing is ambiguous (above, 400). It closes the
+// connection, leaving the body fasthttp has not read unread, and reports
+// whether it answered. ServeHTTP checks every request itself; a server
+// that routes other paths past it (the node's registry and probes) calls
+// it first.
+func RefuseUnreadable(ctx *fasthttp.RequestCtx) bool {
+	if proto := ctx.Request.Header.Protocol(); len(proto) > 5 && proto[5] != '1' {
+		writeError(ctx, fasthttp.StatusHTTPVersionNotSupported, "HTTP version not supported", 0)
+		ctx.SetConnectionClose()
+		return true
+	}
+	msg := framingRefusal(&ctx.Request.Header)
+	if msg == "" {
 		return false
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, "ambiguous request framing: Transfer-Encoding must be chunked alone", 0)
+	writeError(ctx, fasthttp.StatusBadRequest, msg, 0)
 	ctx.SetConnectionClose()
 	return true
 }
@@ -132,6 +171,14 @@ func RefuseAmbiguousFraming(ctx *fasthttp.RequestCtx) bool {
 //   - A status below 100 ("000"): taken for an interim answer, so the
 //     bytes behind it were read as the final answer (RFC 9110 §15: three
 //     digits, 100 to 599).
+//   - A Transfer-Encoding or Content-Length value folded onto the next
+//     line (obs-fold, "Transfer-Encoding:" then " chunked"): fasthttp
+//     unfolds it and frames by it. §5.2 lets a proxy unfold a field or
+//     answer 502; a framing field is where peers that do and do not
+//     unfold part ways, and nginx answers 502.
+//   - A field name with a space in it ("X A: 1"): fasthttp refuses every
+//     other byte a token cannot hold (RFC 9110 §5.1) and lets this one
+//     through; relayed, a client's parser refused the whole answer.
 //   - A header block not ended by CRLF CRLF (bare LF line ends, §2.2): a
 //     bare LF inside the block is read as a line end, but fasthttp waits
 //     for a CRLF CRLF that never comes, until the header timeout, while
@@ -142,9 +189,10 @@ func RefuseAmbiguousFraming(ctx *fasthttp.RequestCtx) bool {
 // the close.
 
 var (
-	errResponseFraming = errors.New("ambiguous response framing from worker: Transfer-Encoding must be chunked alone, on HTTP/1.1")
-	errResponseStatus  = errors.New("invalid response status from worker")
-	errResponseLineEnd = errors.New("response header from worker not ended by CRLF CRLF")
+	errResponseFraming   = errors.New("ambiguous response framing from worker: Transfer-Encoding must be chunked alone, on HTTP/1.1")
+	errResponseStatus    = errors.New("invalid response status from worker")
+	errResponseLineEnd   = errors.New("response header from worker not ended by CRLF CRLF")
+	errResponseFieldName = errors.New("response header from worker with a space in a field name")
 )
 
 // peekResponseHeader waits until br holds a whole response header block
@@ -231,8 +279,16 @@ func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, f headerFie
 	if statusBelow100(block) || rh.StatusCode() > 599 {
 		return errResponseStatus
 	}
-	if f.te && (f.cl || !rh.IsHTTP11()) {
+	if f.folded || f.te && (f.cl || !rh.IsHTTP11()) {
 		return errResponseFraming
+	}
+	// A field name is a token (RFC 9110 §5.1). fasthttp refuses every
+	// other byte a token cannot hold, and lets a space through: relayed,
+	// a client's parser (Node's llhttp) failed the whole answer.
+	for k := range rh.All() {
+		if bytes.IndexByte(k, ' ') >= 0 {
+			return errResponseFieldName
+		}
 	}
 	return nil
 }

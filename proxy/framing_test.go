@@ -22,6 +22,13 @@ func TestAmbiguousFraming_RDP1(t *testing.T) {
 		"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n":         true,
 		"Transfer-Encoding: chunked\r\ncontent-length: 5\r\n":         true,
 		"X-A: a\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n": true,
+		// obs-fold: a framing field's value on the next line is refused;
+		// another field's fold is unfolded and passes.
+		"Transfer-Encoding:\r\n chunked\r\n":    true,
+		"Transfer-Encoding:\r\n\tchunked\r\n":   true,
+		"Content-Length:\r\n 5\r\n":             true,
+		"X-A: a\r\n b\r\nContent-Length: 5\r\n": false,
+		"Content-Length: 5\r\nX-A: a\r\n b\r\n": false,
 	} {
 		h := parseHeader(t, "POST /a/b HTTP/1.1\r\nHost: x\r\n"+head+"\r\n")
 		if got := ambiguousFraming(h); got != want {
@@ -69,6 +76,10 @@ func TestResponseFraming_RDP1_RDP3(t *testing.T) {
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\n":                                  errResponseLineEnd,
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\n\r\n":                                  errResponseLineEnd,
 		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n" + strings.Repeat("X: y\r\n", 1000): errHeaderTooLarge,
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n chunked\r\n\r\n":                   errResponseFraming,
+		"HTTP/1.1 200 OK\r\nContent-Length:\r\n 5\r\n\r\n":                            errResponseFraming,
+		"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 5\r\n\r\n":                nil,
+		"HTTP/1.1 200 OK\r\nX A: 1\r\nContent-Length: 5\r\n\r\n":                      errResponseFieldName,
 	} {
 		var rh fasthttp.ResponseHeader
 		br := bufio.NewReaderSize(strings.NewReader(resp+"hello"), 4096)

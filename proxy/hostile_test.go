@@ -1527,3 +1527,23 @@ func TestEscapedLineBreaksStayEscaped_RDP1(t *testing.T) {
 		}
 	}
 }
+
+// A request in an HTTP version whose major is not 1 is answered 505 and
+// its connection closed, nothing forwarded: fasthttp reads "HTTP/2.0" as
+// HTTP/1.0, and the worker got it relabelled HTTP/1.1 (RFC 9110 §2.5,
+// §15.6.6; nginx answers 505 too) (R-DP-1).
+func TestOtherMajorVersionRefused_RDP1(t *testing.T) {
+	for _, proto := range []string{"HTTP/2.0", "HTTP/9.9", "HTTP/0.9"} {
+		rg, cl := newCapRig(t, nil)
+		got := rg.raw("GET /counters/alice/x "+proto+"\r\nHost: a\r\n\r\n", 10*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 505 ") || !strings.HasSuffix(got, `{"error":"HTTP version not supported"}`) {
+			t.Errorf("unexpected answer to %s; got %q; want 505 HTTP version not supported", proto, got)
+		}
+		if !strings.Contains(strings.ToLower(got), "connection: close") {
+			t.Errorf("unexpected answer to %s without Connection: close; got %q", proto, got)
+		}
+		if wire := cl.String(); wire != "" {
+			t.Errorf("unexpected request at the worker for %s: %q", proto, wire)
+		}
+	}
+}

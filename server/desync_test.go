@@ -118,6 +118,15 @@ var desyncCases = []desyncCase{
 	// obs-fold (RFC 9112 §5.2): in a framing field, or first, refused; in
 	// another field unfolded to one line with a space.
 	{name: "te_obs_fold", req: desyncHead + "Transfer-Encoding: identity\r\n chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", status: refused},
+	// A framing value folded onto the next line, the first one empty:
+	// fasthttp unfolds it and frames by it; an edge that does not sees no
+	// body, and the chunks would be its next request. Refused, as nginx
+	// refuses it.
+	{name: "te_fold_empty_first_line", req: desyncHead + "Transfer-Encoding:\r\n chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", status: refused},
+	{name: "te_fold_tab", req: desyncHead + "Transfer-Encoding:\r\n\tchunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", status: refused},
+	{name: "te_fold_two_lines", req: desyncHead + "Transfer-Encoding:\r\n \r\n chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", status: refused},
+	{name: "cl_fold_empty_first_line", req: desyncHead + "Content-Length:\r\n 5\r\n\r\nhello", status: refused},
+	{name: "cl_fold_zero_smuggles", req: desyncHead + "Content-Length:\r\n 0\r\n\r\n", status: refused},
 	{name: "obs_fold_first_line", req: "POST /counters/a/x HTTP/1.1\r\n Transfer-Encoding: chunked\r\nHost: pb\r\nContent-Length: 5\r\n\r\nhello", status: refused},
 	{name: "obs_fold_hides_te", req: desyncHead + "X-A: a\r\n Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello", status: answered2, fwd: []string{fwdX, fwdProbe}},
 	// Line ends: a bare LF ends a line (RFC 9112 §2.2 allows it) and the

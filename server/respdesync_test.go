@@ -98,6 +98,12 @@ var respCases = []respCase{
 	{name: "two_cl_equal", script: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello", status: 502},
 	{name: "two_cl_different", script: "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 13\r\n\r\nhello" + respSmuggled, status: 502},
 	{name: "cl_list", script: "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello", status: 502},
+	// A framing value folded onto the next line (obs-fold; nginx: 502),
+	// and a field name with a space in it, which fasthttp lets through
+	// and a client's parser refuses (RFC 9110 §5.1).
+	{name: "te_fold_empty_first_line", script: "HTTP/1.1 200 OK\r\nTransfer-Encoding:\r\n chunked\r\n\r\n" + chunked5, status: 502},
+	{name: "cl_fold_empty_first_line", script: "HTTP/1.1 200 OK\r\nContent-Length:\r\n 5\r\n\r\nhello", status: 502},
+	{name: "name_with_space", script: "HTTP/1.1 200 OK\r\nX A: 1\r\nContent-Length: 5\r\n\r\nhello", status: 502},
 	{name: "cl_plus", script: "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello", status: 502},
 	{name: "cl_negative", script: "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nhello", status: 502},
 	{name: "cl_hex", script: "HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\nhello", status: 502},

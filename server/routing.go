@@ -123,16 +123,16 @@ func (pb *Pinboard) route(ctx *fasthttp.RequestCtx) {
 	// paths must too, or what follows it is read as the next request.
 	switch dest, path := pb.destination(ctx); dest {
 	case toRegistry:
-		if !proxy.RefuseAmbiguousFraming(ctx) {
+		if !proxy.RefuseUnreadable(ctx) {
 			pb.registry.ServeHTTP(ctx, path)
 		}
 	case toLivez:
-		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
+		if !proxy.RefuseUnreadable(ctx) && getOrHead(ctx) {
 			pb.livez(ctx)
 		}
 		closeIfChunkedBody(ctx)
 	case toReadyz:
-		if !proxy.RefuseAmbiguousFraming(ctx) && getOrHead(ctx) {
+		if !proxy.RefuseUnreadable(ctx) && getOrHead(ctx) {
 			pb.readyz(ctx)
 		}
 		closeIfChunkedBody(ctx)
