@@ -29,6 +29,18 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 		// have the calling instance retry a call that can never pass.
 		var se *directory.SupersededError
 		if errors.Is(err, directory.ErrUnknownSession) || errors.As(err, &se) {
+			// During the cold-start quarantine the session is most
+			// likely one the wipe or restart took, whose worker
+			// re-registers at its next heartbeat: the call would meet
+			// the quarantine's 503 anyway once it passes, so it gets
+			// that, and its Retry-After, rather than a 403 that reads
+			// as final. Never for a superseded session.
+			if se == nil {
+				if rem, qerr := p.store.Quarantine(c, now); qerr == nil && rem > 0 {
+					placeFailed(ctx, &directory.QuarantineError{Remaining: rem})
+					return false
+				}
+			}
 			writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
 		} else {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "directory unavailable", 1)

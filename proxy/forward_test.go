@@ -1360,3 +1360,35 @@ func TestRequestResetClearsScalars(t *testing.T) {
 		}
 	}
 }
+
+// A cluster call naming a session the directory does not know, during the
+// cold-start quarantine, gets the quarantine's 503 and Retry-After: after
+// a wipe or a memory: restart the session is most likely one the wipe
+// took, whose worker re-registers at its next heartbeat, and the call
+// would meet the quarantine anyway. Once the quarantine has passed, the
+// same call is the 403 it always was (R-TR-6, R-CS-1).
+func TestClusterCallUnknownSessionDuringQuarantine_RTR6_RCS1(t *testing.T) {
+	rg := newRig(t, nil)
+	// The first placement attempt starts the quarantine.
+	_, err := rg.store.Place(t.Context(), &directory.PlaceRequest{NS: "/warm", ID: "x", Now: rg.now()})
+	var q *directory.QuarantineError
+	if !errors.As(err, &q) {
+		t.Fatalf("unexpected first placement; got %v; want a quarantine", err)
+	}
+	call := map[string]string{
+		"Pinboard-Session":        "0123456789abcdef0123456789abcdef",
+		"Pinboard-Session-Secret": "s",
+		"Pinboard-From":           "/counters/alice",
+	}
+	res, body := rg.get("/counters/bob/value", call)
+	if res.StatusCode != 503 || !strings.HasPrefix(body, `{"error":"cold start: placements resume in `) || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("unexpected reply during the quarantine; got %d %s (Retry-After %q); want 503 cold start with Retry-After",
+			res.StatusCode, body, res.Header.Get("Retry-After"))
+	}
+	rg.advance(q.Remaining)
+	res, body = rg.get("/counters/bob/value", call)
+	if res.StatusCode != 403 || body != `{"error":"unknown caller session"}` || res.Header.Get("Retry-After") != "" {
+		t.Fatalf("unexpected reply after the quarantine; got %d %s (Retry-After %q); want 403 unknown caller session",
+			res.StatusCode, body, res.Header.Get("Retry-After"))
+	}
+}
