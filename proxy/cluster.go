@@ -24,25 +24,26 @@ func (p *Proxy) clusterCall(ctx *fasthttp.RequestCtx, rq *request, sess []byte, 
 	c := p.opCtx.get()
 	info, err := p.store.Session(c, string(sess), now)
 	if err != nil {
-		// A superseded session (R-LS-4) is as gone as a lapsed one: the
-		// stores answer it with their superseded error, and a 503 would
-		// have the calling instance retry a call that can never pass.
 		var se *directory.SupersededError
-		if errors.Is(err, directory.ErrUnknownSession) || errors.As(err, &se) {
+		switch {
+		case errors.As(err, &se):
+			// A superseded session (R-LS-4) is as gone as a lapsed one:
+			// a 503 would have the calling instance retry a call that can
+			// never pass.
+			writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
+		case errors.Is(err, directory.ErrUnknownSession):
 			// During the cold-start quarantine the session is most
 			// likely one the wipe or restart took, whose worker
 			// re-registers at its next heartbeat: the call would meet
 			// the quarantine's 503 anyway once it passes, so it gets
 			// that, and its Retry-After, rather than a 403 that reads
-			// as final. Never for a superseded session.
-			if se == nil {
-				if rem, qerr := p.store.Quarantine(c, now); qerr == nil && rem > 0 {
-					placeFailed(ctx, &directory.QuarantineError{Remaining: rem})
-					return false
-				}
+			// as final.
+			if rem, qerr := p.store.Quarantine(c, now); qerr == nil && rem > 0 {
+				placeFailed(ctx, &directory.QuarantineError{Remaining: rem})
+			} else {
+				writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
 			}
-			writeError(ctx, fasthttp.StatusForbidden, "unknown caller session", 0)
-		} else {
+		default:
 			writeError(ctx, fasthttp.StatusServiceUnavailable, "directory unavailable", 1)
 		}
 		return false

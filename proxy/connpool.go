@@ -43,6 +43,9 @@ type pconn struct {
 	capture    bool
 	checkQuiet bool
 	sendErr    error
+	// respHop holds the hop-by-hop names of the answer read last
+	// (readResponseHeader), for relay to strip without a second pass.
+	respHop uint16
 	// deadline is the read deadline last set on c.
 	deadline lazyDeadline
 	// reused is true once the connection carried a response; a read error

@@ -52,11 +52,6 @@ func framingRefusal(h *fasthttp.RequestHeader) string {
 	return ""
 }
 
-// ambiguousFraming reports whether framingRefusal refuses h.
-func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	return framingRefusal(h) != ""
-}
-
 // headerFields is what scanHeader finds among a block's header lines.
 type headerFields struct {
 	te, cl bool // a Transfer-Encoding, a Content-Length field
@@ -218,17 +213,18 @@ func peekResponseHeader(br *bufio.Reader) (block []byte, f headerFields, err err
 var crlfcrlf = []byte("\r\n\r\n")
 
 // readFramedHeader reads a response header from br into rh and refuses the
-// framings above.
-func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
+// framings above; it returns the hop-by-hop names checkResponseFraming
+// found in it.
+func readFramedHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) (hop uint16, err error) {
 	block, f, err := peekResponseHeader(br)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !bytes.HasSuffix(block, crlfcrlf) {
-		return errResponseLineEnd
+		return 0, errResponseLineEnd
 	}
 	if err := rh.Read(br); err != nil {
-		return err
+		return 0, err
 	}
 	// block is intact: a whole block in the buffer is parsed without a
 	// read, and the buffer moves only on a read.
@@ -271,26 +267,27 @@ func joinContentEncodings(rh *fasthttp.ResponseHeader, block []byte) {
 
 // checkResponseFraming refuses a parsed response header whose raw block
 // (status line included), with the fields scanHeader found in it, is
-// framed as above.
-func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, f headerFields) error {
+// framed as above. The names are classified in the same pass (hopScan),
+// and the hop-by-hop ones returned for stripResponseHop, so that an
+// answer's header is walked once for both.
+func checkResponseFraming(rh *fasthttp.ResponseHeader, block []byte, f headerFields) (hop uint16, err error) {
 	// RFC 9110 §15: every valid status is 100 to 599. fasthttp takes any
 	// three digits; a status past 599 means nothing to a client, and one
 	// below 100 reads as 200 (statusBelow100).
 	if statusBelow100(block) || rh.StatusCode() > 599 {
-		return errResponseStatus
+		return 0, errResponseStatus
 	}
 	if f.folded || f.te && (f.cl || !rh.IsHTTP11()) {
-		return errResponseFraming
+		return 0, errResponseFraming
 	}
 	// A field name is a token (RFC 9110 §5.1). fasthttp refuses every
-	// other byte a token cannot hold, and lets a space through: relayed,
-	// a client's parser (Node's llhttp) failed the whole answer.
-	for k := range rh.All() {
-		if bytes.IndexByte(k, ' ') >= 0 {
-			return errResponseFieldName
-		}
+	// other byte a token cannot hold, and lets a space through (hopBadName):
+	// relayed, a client's parser (Node's llhttp) failed the whole answer.
+	hop, _ = hopScan(rh.All())
+	if hop&hopBadName != 0 {
+		return 0, errResponseFieldName
 	}
-	return nil
+	return hop, nil
 }
 
 // statusBelow100 reports whether the status code of a status line that

@@ -29,7 +29,7 @@ func FuzzReadFramedHeader_RDP1(f *testing.F) {
 		br := bufio.NewReaderSize(bytes.NewReader(in), 256)
 		block, _, _ := peekResponseHeader(br)
 		block = bytes.Clone(block)
-		if readFramedHeader(&rh, br) != nil {
+		if _, err := readFramedHeader(&rh, br); err != nil {
 			return
 		}
 		_, fields := scanHeader(block)

@@ -31,7 +31,7 @@ func TestAmbiguousFraming_RDP1(t *testing.T) {
 		"Content-Length: 5\r\nX-A: a\r\n b\r\n": false,
 	} {
 		h := parseHeader(t, "POST /a/b HTTP/1.1\r\nHost: x\r\n"+head+"\r\n")
-		if got := ambiguousFraming(h); got != want {
+		if got := framingRefusal(h) != ""; got != want {
 			t.Errorf("unexpected verdict for %q; got %v; want %v", head, got, want)
 		}
 	}
@@ -40,7 +40,7 @@ func TestAmbiguousFraming_RDP1(t *testing.T) {
 func TestAmbiguousFramingAllocatesNothing_RDP1(t *testing.T) {
 	skipUnderRace(t)
 	h := parseHeader(t, "GET /a/b HTTP/1.1\r\nHost: x\r\nAccept: */*\r\nUser-Agent: t\r\nCookie: a=1\r\n\r\n")
-	if n := testing.AllocsPerRun(1000, func() { _ = ambiguousFraming(h) }); n != 0 {
+	if n := testing.AllocsPerRun(1000, func() { _ = framingRefusal(h) }); n != 0 {
 		t.Fatalf("unexpected allocations; got %v; want 0", n)
 	}
 }
@@ -83,7 +83,7 @@ func TestResponseFraming_RDP1_RDP3(t *testing.T) {
 	} {
 		var rh fasthttp.ResponseHeader
 		br := bufio.NewReaderSize(strings.NewReader(resp+"hello"), 4096)
-		if err := readFramedHeader(&rh, br); err != want {
+		if _, err := readFramedHeader(&rh, br); err != want {
 			t.Errorf("unexpected verdict for %q; got %v; want %v", resp, err, want)
 		}
 	}
@@ -98,7 +98,7 @@ func TestResponseFramingAllocatesNothing_RDP1(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, func() {
 		sr.Reset(resp)
 		br.Reset(sr)
-		if err := readFramedHeader(&rh, br); err != nil {
+		if _, err := readFramedHeader(&rh, br); err != nil {
 			t.Fatal(err)
 		}
 	}); n != 0 {
@@ -117,11 +117,37 @@ func TestOneContentEncodingAllocatesNothing_RDP1(t *testing.T) {
 		sr.Reset(resp)
 		br.Reset(sr)
 		rh.Reset()
-		if err := readFramedHeader(&rh, br); err != nil {
+		if _, err := readFramedHeader(&rh, br); err != nil {
 			t.Fatal(err)
 		}
 	})
 	if allocs != 0 || string(rh.ContentEncoding()) != "gzip" {
 		t.Fatalf("unexpected read of one Content-Encoding line; got %v allocations, %q; want 0, gzip", allocs, rh.ContentEncoding())
+	}
+}
+
+// The hop-by-hop names readFramedHeader returns are the ones relay would
+// find itself after its own changes to the header (the Connection: close
+// flag cleared, its own version): relay strips by them without walking
+// the header a second time (R-DP-1).
+func TestFramedHeaderHopMatchesRelays_RDP1(t *testing.T) {
+	for _, resp := range []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: close, X-Foo\r\nX-Foo: 1\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nProxy-Connection: x\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTrailer: X\r\nUpgrade: h2c\r\nTransfer-Encoding: chunked\r\nPinboard-X: 1\r\n\r\n",
+	} {
+		var rh fasthttp.ResponseHeader
+		hop, err := readFramedHeader(&rh, bufio.NewReader(strings.NewReader(resp)))
+		if err != nil {
+			t.Fatalf("cannot read %q: %v", resp, err)
+		}
+		rh.ResetConnectionClose()
+		ownVersion(&rh)
+		if want := hopFound(rh.All()); hop != want {
+			t.Errorf("unexpected hop-by-hop names for %q; got %b; want %b", resp, hop, want)
+		}
 	}
 }

@@ -372,7 +372,12 @@ func underscoreAlias(k []byte, name string) bool {
 // The lines of a field sent more than once keep the worker's order
 // (stripResponseHopInOrder).
 func stripResponseHop(h *fasthttp.ResponseHeader) {
-	found := hopFound(h.All())
+	stripFoundResponseHop(hopFound(h.All()), h)
+}
+
+// stripFoundResponseHop is stripResponseHop for the names found in h
+// already (checkResponseFraming's pass).
+func stripFoundResponseHop(found uint16, h *fasthttp.ResponseHeader) {
 	if found&^(hopExpect|hopReserved) == 0 {
 		return // Fast path: nothing to remove.
 	}

@@ -28,7 +28,7 @@ func (p *Proxy) relay(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, owner
 	keep := !rh.ConnectionClose()
 	rh.ResetConnectionClose()
 	ownVersion(rh)
-	stripResponseHop(rh)
+	stripFoundResponseHop(pc.respHop, rh)
 	noBody := ctx.Request.Header.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified
 	if refusedInBand(rh) {
 		// The refusal body is small; drain it so the connection stays warm.

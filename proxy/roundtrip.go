@@ -181,7 +181,8 @@ func clientClosed(ctx *fasthttp.RequestCtx) {
 func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.Time) error {
 	pc.armHeaderDeadline(now, pc.startWait(now, pool.headerTimeout, clientCheckEvery))
 	for {
-		err := readResponseHeader(&ctx.Response.Header, pc.br)
+		hop, err := readResponseHeader(&ctx.Response.Header, pc.br)
+		pc.respHop = hop
 		if err == nil {
 			return nil
 		}
@@ -200,7 +201,8 @@ func awaitHeader(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now time.T
 func awaitUploadHeader(ctx *fasthttp.RequestCtx, pc *pconn, up *upload) error {
 	defer up.headerDone()
 	for {
-		err := readResponseHeader(&ctx.Response.Header, pc.br)
+		hop, err := readResponseHeader(&ctx.Response.Header, pc.br)
+		pc.respHop = hop
 		// Only the upload's deadline can pass here, set as it ended:
 		// wait orders its setting of the wait before keepWaiting reads it.
 		if err == nil || !isTimeout(err) || !up.wait() {
@@ -384,20 +386,22 @@ func writeRequest11(ctx *fasthttp.RequestCtx, pool *connPool, pc *pconn, now tim
 //
 // An answer framed ambiguously is an error too (framing.go): its
 // connection is closed and the client gets 502.
-func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) error {
+//
+// It returns the final answer's hop-by-hop names (checkResponseFraming).
+func readResponseHeader(rh *fasthttp.ResponseHeader, br *bufio.Reader) (hop uint16, err error) {
 	for i := 0; ; i++ {
-		if err := readFramedHeader(rh, br); err != nil {
-			return err
+		if hop, err = readFramedHeader(rh, br); err != nil {
+			return 0, err
 		}
 		s := rh.StatusCode()
 		if s == fasthttp.StatusSwitchingProtocols {
-			return errUnaskedSwitch
+			return 0, errUnaskedSwitch
 		}
 		if s >= 200 {
-			return nil
+			return hop, nil
 		}
 		if i == 8 {
-			return errTooManyInterim
+			return 0, errTooManyInterim
 		}
 	}
 }

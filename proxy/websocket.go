@@ -319,7 +319,7 @@ func readHandshakeAnswer(br *bufio.Reader, rh *fasthttp.ResponseHeader) ([]byte,
 		// is relayed as a response, and a status below 100 would make
 		// the answer behind it the handshake's.
 		_, f := scanHeader(raw)
-		if err := checkResponseFraming(rh, raw, f); err != nil {
+		if _, err := checkResponseFraming(rh, raw, f); err != nil {
 			return nil, err
 		}
 		if s := rh.StatusCode(); s == fasthttp.StatusSwitchingProtocols && !verbatimSafe(raw) {
