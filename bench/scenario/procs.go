@@ -249,17 +249,26 @@ func (ps *procs) startFleet(name, pinbench, pinboardURL string, workers, listene
 	if err != nil {
 		return nil, err
 	}
-	type ready struct {
+	var r struct {
 		Control string `json:"control"`
 		Ports   []int  `json:"ports"`
 	}
-	got := make(chan ready, 1)
+	if err := awaitReady(p, pr, pw, &r, func() bool { return r.Control != "" }, timeout+10*time.Second, "registered"); err != nil {
+		return nil, err
+	}
+	return &fleetProc{proc: p, control: r.Control, ports: r.Ports}, nil
+}
+
+// awaitReady waits for the JSON line on p's standard output (pr, the
+// read side of pw) that decodes into v and makes ok true. what is the
+// state the line announces, for the errors.
+func awaitReady(p *proc, pr *io.PipeReader, pw *io.PipeWriter, v any, ok func() bool, timeout time.Duration, what string) error {
+	got := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			var r ready
-			if json.Unmarshal(sc.Bytes(), &r) == nil && r.Control != "" {
-				got <- r
+			if json.Unmarshal(sc.Bytes(), v) == nil && ok() {
+				close(got)
 				break
 			}
 		}
@@ -270,13 +279,13 @@ func (ps *procs) startFleet(name, pinbench, pinboardURL string, workers, listene
 		pw.Close()
 	}()
 	select {
-	case r := <-got:
-		return &fleetProc{proc: p, control: r.Control, ports: r.Ports}, nil
+	case <-got:
+		return nil
 	case <-p.done:
-		return nil, fmt.Errorf("fleet %s exited before it registered (%v); see %s.log", name, p.err, name)
-	case <-time.After(timeout + 10*time.Second):
+		return fmt.Errorf("%s exited before it %s (%v); see %s.log", p.name, what, p.err, p.name)
+	case <-time.After(timeout):
 		p.stop(5 * time.Second)
-		return nil, fmt.Errorf("fleet %s did not register within %v", name, timeout)
+		return fmt.Errorf("%s not %s within %v", p.name, what, timeout)
 	}
 }
 
@@ -348,3 +357,35 @@ func cpuOf(pid int, tree bool) (bench.ProcStat, error) {
 	}
 	return bench.ReadProc(pid)
 }
+
+// relayProc is a running `pinbench relay` (package bench/relay).
+type relayProc struct {
+	*proc
+	addr string
+}
+
+// startRelay starts a relay of the given mode in front of the fleet's
+// listeners and waits for its address; it runs on the proxies' CPUs.
+func (ps *procs) startRelay(name, pinbench, mode string, upstreamPorts []int) (*relayProc, error) {
+	ups := make([]string, len(upstreamPorts))
+	for i, p := range upstreamPorts {
+		ups[i] = "127.0.0.1:" + strconv.Itoa(p)
+	}
+	pr, pw := io.Pipe()
+	p, err := ps.start(name, ps.proxyCPU, baseEnv(), []string{pinbench, "relay", "-mode", mode,
+		"-listen", "127.0.0.1:0", "-upstream", strings.Join(ups, ","), "-loops", strconv.Itoa(relayLoops(ps.proxyCPU))}, pw)
+	if err != nil {
+		return nil, err
+	}
+	var r struct {
+		Addr string `json:"addr"`
+	}
+	if err := awaitReady(p, pr, pw, &r, func() bool { return r.Addr != "" }, 10*time.Second, "listening"); err != nil {
+		return nil, err
+	}
+	return &relayProc{proc: p, addr: r.Addr}, nil
+}
+
+// relayLoops is the epoll relay's event loops: one per CPU it may run
+// on, as nginx's worker_processes (nginxWorkers).
+func relayLoops(proxyCPU string) int { return nginxWorkers(proxyCPU) }

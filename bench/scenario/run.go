@@ -296,6 +296,15 @@ func (r *runner) run(ctx context.Context) error {
 		nginx:    {name: nginx, addrs: []string{r.ng.addr}, pid: r.ng.pid(), tree: true, viaWorker: true},
 		pinboard: {name: pinboard, addrs: []string{r.pb.addr}, pid: r.pb.pid()},
 	}
+	if r.want("hot") {
+		for _, m := range []struct{ name, mode string }{{relayGoroutine, "goroutine"}, {relayEpoll, "epoll"}} {
+			rp, err := r.ps.startRelay(m.name, r.cfg.PinbenchBin, m.mode, r.fl.ports)
+			if err != nil {
+				return err
+			}
+			r.tgt[m.name] = &target{name: m.name, addrs: []string{rp.addr}, pid: rp.pid(), viaWorker: true}
+		}
+	}
 	r.logf("pinboard %s, nginx %s (%d workers), fleet of %d workers on ports %v",
 		r.pb.addr, r.ng.addr, r.cfg.NginxWorkers, r.sz.fleetWorkers, r.fl.ports)
 	r.logf("waiting out the cold-start quarantine (one lease, R-CS-1)…")

@@ -554,3 +554,45 @@ func TestColdDoersNewIdsPerAttempt(t *testing.T) {
 		t.Fatalf("unexpected second attempt's request; got %q; want %q", got, want)
 	}
 }
+
+// TestHotTablesShowTheRelays: the relays' rows sit between nginx and
+// pinboard in both hot-ids tables, with the note saying what they are;
+// results without them (runs before the relays, other scenarios) render
+// neither rows nor note.
+func TestHotTablesShowTheRelays(t *testing.T) {
+	res := &Results{Rounds: 1, Machine: Machine{NProc: 2}}
+	h := bench.NewHist()
+	h.RecordN(500_000, 10)
+	for _, name := range []string{direct, nginx, pinboard} {
+		for _, phase := range []string{"peak", "latency"} {
+			res.add(&Record{Scenario: "hot", Target: name, Phase: phase, Round: 1,
+				Summary: bench.Summary{Rate: 3000, RPS: 1000, OK: 10, LatHist: bench.BucketsOf(h)}})
+		}
+	}
+	without := Markdown(res, nil, nil)
+	if strings.Contains(without, "relay-") || strings.Contains(without, "floors, not proxies") {
+		t.Fatal("unexpected relay rows or note in a run without relays")
+	}
+	for _, name := range []string{relayGoroutine, relayEpoll} {
+		for _, phase := range []string{"peak", "latency"} {
+			res.add(&Record{Scenario: "hot", Target: name, Phase: phase, Round: 1,
+				Summary: bench.Summary{Rate: 3000, RPS: 900, OK: 10, LatHist: bench.BucketsOf(h)}})
+		}
+	}
+	doc := Markdown(res, nil, nil)
+	hot := doc[strings.Index(doc, "## Hot ids"):]
+	hot = hot[:strings.Index(hot[1:], "\n## ")+1]
+	if !strings.Contains(hot, "floors, not proxies") {
+		t.Fatal("unexpected hot-ids section; got no note on the relays")
+	}
+	var rows []string
+	for _, line := range strings.Split(hot, "\n") {
+		if name, _, ok := strings.Cut(strings.TrimPrefix(line, "| "), " |"); ok && strings.HasPrefix(line, "| ") && name != "target" {
+			rows = append(rows, name)
+		}
+	}
+	want := "direct nginx relay-goroutine relay-epoll pinboard"
+	if got := strings.Join(rows, " "); got != want+" "+want {
+		t.Fatalf("unexpected rows in the hot-ids tables; got %q; want %q in each", got, want)
+	}
+}

@@ -14,6 +14,10 @@ const (
 	direct   = "direct"
 	nginx    = "nginx"
 	pinboard = "pinboard"
+	// The floors of the hot-ids scenario (package bench/relay): Go relays
+	// that do no HTTP work, one per shape.
+	relayGoroutine = "relay-goroutine"
+	relayEpoll     = "relay-epoll"
 )
 
 // target is one way to reach the fleet.

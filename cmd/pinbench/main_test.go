@@ -44,6 +44,10 @@ func TestBadInput(t *testing.T) {
 		{[]string{"run", "-timeout", "5x"}, 2, `invalid value "5x" for flag -timeout`},
 		{[]string{"fleet", "-heartbeat", "5x"}, 2, `invalid value "5x" for flag -heartbeat`},
 		{[]string{"report"}, 2, "-results is required"},
+		{[]string{"relay"}, 2, "-upstream is required"},
+		{[]string{"relay", "-upstream", "127.0.0.1:1", "-loops", "-1"}, 2, "-loops -1: want 0 or more"},
+		{[]string{"relay", "-upstream", "127.0.0.1:1", "-mode", "threads"}, 1, `unknown mode "threads"`},
+		{[]string{"relay", "-upstream", "127.0.0.1:1", "-listen", busy.Addr().String()}, 1, "address already in use"},
 	}
 	for _, tc := range cases {
 		var stdout, stderr bytes.Buffer

@@ -1,0 +1,137 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pinboard-go/pinboard/internal/rawio"
+)
+
+// serveGoroutines is the Goroutine shape: pinboard's I/O (a goroutine per
+// connection, raw reads and writes through internal/rawio, Go's poller
+// for readiness) without its HTTP work.
+func serveGoroutines(ctx context.Context, o Options) error {
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return err
+	}
+	ln = rawio.Listener(ln)
+	if o.Ready != nil {
+		o.Ready(ln.Addr().String())
+	}
+	var (
+		mu    sync.Mutex
+		open  = map[net.Conn]struct{}{}
+		wg    sync.WaitGroup
+		turn  atomic.Uint64
+		track = func(c net.Conn, add bool) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			if !add {
+				delete(open, c)
+				return true
+			}
+			if open == nil {
+				return false // closing
+			}
+			open[c] = struct{}{}
+			return true
+		}
+	)
+	stop := context.AfterFunc(ctx, func() {
+		ln.Close()
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		open = nil
+		mu.Unlock()
+	})
+	defer stop()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			wg.Wait()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		up := o.Upstreams[turn.Add(1)%uint64(len(o.Upstreams))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			if !track(c, true) {
+				return
+			}
+			defer track(c, false)
+			u, err := net.Dial("tcp", up)
+			if err != nil {
+				return
+			}
+			u = rawio.Wrap(u)
+			if !track(u, true) {
+				u.Close()
+				return
+			}
+			defer track(u, false)
+			defer u.Close()
+			_ = relayConn(c, u)
+		}()
+	}
+}
+
+// relayConn carries requests from c to u and their answers back, one at
+// a time, until either side closes or breaks the relay's rules.
+func relayConn(c, u net.Conn) error {
+	in := make([]byte, bufSize)
+	out := make([]byte, bufSize)
+	n := 0
+	for {
+		he := headEnd(in[:n])
+		for he < 0 {
+			if n == len(in) {
+				return errTooLarge
+			}
+			m, err := c.Read(in[n:])
+			if err != nil {
+				return err
+			}
+			n += m
+			he = headEnd(in[:n])
+		}
+		if err := requestHead(in[:he]); err != nil {
+			return err
+		}
+		if _, err := u.Write(in[:he]); err != nil {
+			return err
+		}
+		n = copy(in, in[he:n])
+		o := 0
+		for {
+			m, err := u.Read(out[o:])
+			if err != nil {
+				return err
+			}
+			o += m
+			l, err := answerLen(out[:o])
+			if err != nil {
+				return err
+			}
+			if l < 0 {
+				continue
+			}
+			if l != o {
+				return errors.New("relay: bytes after the answer")
+			}
+			break
+		}
+		if _, err := c.Write(out[:o]); err != nil {
+			return err
+		}
+	}
+}
