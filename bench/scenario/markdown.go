@@ -116,6 +116,9 @@ so that drift on a noisy machine cancels out. Three ways to reach the same backe
   no buffering for SSE and large bodies, WebSocket upgrade headers;
 - **pinboard** — ` + "`cmd/pinboard`" + ` (` + "`REDIS_URL=memory:`" + `) in front of the fleet.
 
+The hot-ids scenario measures two more targets beside them, Go relays that do no HTTP work: the floor under
+pinboard's CPU per request ("Hot ids" says what they are).
+
 **pinboard does more per request than nginx:** it parses ` + "`/{ns}/{id}/…`" + `, resolves the id's owner in the directory,
 checks the namespace policy, strips reserved headers and attaches the ` + "`Pinboard-Attestation`" + ` the worker
 verifies (an HMAC-SHA256 JWS, minted once per session, account and second and reused within it — the token is
