@@ -18,9 +18,12 @@ import (
 // reading again to see EAGAIN, as nginx does.
 func serveEpoll(ctx context.Context, o Options) error {
 	lis := make([]int, 0, o.Loops)
+	started := false
 	defer func() {
-		for _, fd := range lis {
-			syscall.Close(fd)
+		if !started { // once started, each loop closes its own
+			for _, fd := range lis {
+				syscall.Close(fd)
+			}
 		}
 	}()
 	ap, err := netip.ParseAddrPort(o.Listen)
@@ -46,13 +49,21 @@ func serveEpoll(ctx context.Context, o Options) error {
 	if o.Ready != nil {
 		o.Ready(ap.String())
 	}
+	// A loop that fails stops the others: a listener left open behind a
+	// loop that no longer accepts would hold its share of new connections
+	// in its backlog.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	errs := make([]error, len(lis))
 	var wg sync.WaitGroup
+	started = true
 	for i, fd := range lis {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = runLoop(ctx, fd, ups, i)
+			if errs[i] = runLoop(ctx, fd, ups, i); errs[i] != nil {
+				cancel()
+			}
 		}()
 	}
 	wg.Wait()
@@ -96,6 +107,10 @@ type econn struct {
 	in, out  []byte
 	n, o     int  // bytes held in in and out
 	busy     bool // a request went to the backend; its answer is due
+	// inFull: the last read of the client stopped because in was full,
+	// not because the socket was drained; no edge will come for what is
+	// left, so it is read once send makes room.
+	inFull bool
 }
 
 // loop is one event loop's state.
@@ -109,7 +124,10 @@ type loop struct {
 
 const epollET = 1 << 31 // EPOLLET, negative as an int32 in package syscall
 
+// runLoop serves lfd's connections until ctx ends or the loop fails, and
+// closes lfd.
 func runLoop(ctx context.Context, lfd int, upstreams []netip.AddrPort, turn int) error {
+	defer syscall.Close(lfd)
 	// The loop owns a thread, as an nginx worker owns a process.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -138,27 +156,39 @@ func runLoop(ctx context.Context, lfd int, upstreams []netip.AddrPort, turn int)
 		if err != nil {
 			return fmt.Errorf("relay: epoll_wait: %w", err)
 		}
+		// New connections are taken after the batch: one accepted in it
+		// could get the number of a descriptor closed earlier in it, and
+		// a later event of the batch for the old one would hit the new.
+		accept := false
 		for _, ev := range events[:n] {
 			fd := int(ev.Fd)
 			if fd == lfd {
-				l.accept()
+				accept = true
 				continue
 			}
 			if fd >= len(l.conns) || l.conns[fd] == nil {
 				continue // closed earlier in this batch
 			}
 			c := l.conns[fd]
+			// With the peer's FIN pending, a short read does not mean
+			// drained: read on to the end (nginx's rule too).
+			hup := ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP) != 0
 			var err error
 			switch {
-			case ev.Events&(syscall.EPOLLERR|syscall.EPOLLHUP) != 0:
+			case ev.Events&syscall.EPOLLERR != 0:
 				err = errClosed
 			case fd == c.cfd:
-				err = l.fromClient(c)
+				err = l.fromClient(c, hup)
 			default:
-				err = l.fromBackend(c)
+				err = l.fromBackend(c, hup)
 			}
 			if err != nil {
 				l.close(c)
+			}
+		}
+		if accept {
+			if err := l.accept(); err != nil {
+				return err
 			}
 		}
 	}
@@ -175,18 +205,27 @@ func (l *loop) add(fd int, events uint32) error {
 	return nil
 }
 
-func (l *loop) accept() {
+// accept takes every pending connection. An error other than "none
+// left" ends the loop: the listener is level-triggered, and a loop that
+// went on (out of descriptors, say) would spin on it.
+func (l *loop) accept() error {
 	for {
 		cfd, _, err := syscall.Accept4(l.lfd, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
-		if err != nil {
-			return // EAGAIN: accepted all there were
+		switch err {
+		case nil:
+		case syscall.EAGAIN:
+			return nil
+		case syscall.EINTR, syscall.ECONNABORTED:
+			continue
+		default:
+			return fmt.Errorf("relay: accept: %w", err)
 		}
 		c, err := l.open(cfd)
 		if err != nil {
 			syscall.Close(cfd)
-			continue
+			return fmt.Errorf("relay: a backend connection: %w", err)
 		}
-		if l.fromClient(c) != nil { // bytes may have come with the handshake
+		if l.fromClient(c, false) != nil { // bytes may have come with the handshake
 			l.close(c)
 		}
 	}
@@ -241,10 +280,10 @@ func (l *loop) closeAll() {
 }
 
 // fromClient reads what the client sent (edge-triggered: until a short
-// read or EAGAIN) and sends a complete request on.
-func (l *loop) fromClient(c *econn) error {
+// read or EAGAIN, to the end with hup) and sends a complete request on.
+func (l *loop) fromClient(c *econn, hup bool) error {
 	var err error
-	if c.n, err = drain(c.cfd, c.in, c.n); err != nil {
+	if c.n, c.inFull, err = drain(c.cfd, c.in, c.n, hup); err != nil {
 		return err
 	}
 	return l.send(c)
@@ -271,15 +310,18 @@ func (l *loop) send(c *econn) error {
 	}
 	c.n = copy(c.in, c.in[he:c.n])
 	c.busy = true
+	if c.inFull { // room now for what the client sent beyond the buffer
+		return l.fromClient(c, false)
+	}
 	return nil
 }
 
 // fromBackend reads the answer and, once it is whole, writes it to the
 // client and sends the next request if one is waiting.
-func (l *loop) fromBackend(c *econn) error {
+func (l *loop) fromBackend(c *econn, hup bool) error {
 	var err error
-	if c.o, err = drain(c.ufd, c.out, c.o); err != nil {
-		return err
+	if c.o, _, err = drain(c.ufd, c.out, c.o, hup); err != nil {
+		return err // a full out holds no whole answer: answerLen refused it
 	}
 	if c.o == 0 {
 		return nil
@@ -302,24 +344,25 @@ func (l *loop) fromBackend(c *econn) error {
 }
 
 // drain reads fd into buf after its first n bytes until a read comes
-// back short (the socket is drained: nginx's rule), EAGAIN or buf is
-// full, and returns the bytes now held.
-func drain(fd int, buf []byte, n int) (int, error) {
+// back short (the socket is drained: nginx's rule; not with hup, when the
+// peer's FIN is pending and only the end of the stream tells), EAGAIN or
+// buf is full, and returns the bytes now held and whether buf filled.
+func drain(fd int, buf []byte, n int, hup bool) (int, bool, error) {
 	for n < len(buf) {
 		m, errno := rawRead(fd, buf[n:])
 		if errno == syscall.EAGAIN {
-			break
+			return n, false, nil
 		}
 		if errno != 0 || m == 0 {
-			return n, errClosed
+			return n, false, errClosed
 		}
 		short := m < len(buf)-n
 		n += m
-		if short {
-			break
+		if short && !hup {
+			return n, false, nil
 		}
 	}
-	return n, nil
+	return n, true, nil
 }
 
 // rawRead and rawWrite are read(2) and write(2) on non-blocking sockets:

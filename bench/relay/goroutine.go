@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -10,9 +11,10 @@ import (
 	"github.com/pinboard-go/pinboard/internal/rawio"
 )
 
-// serveGoroutines is the Goroutine shape: pinboard's I/O (a goroutine per
+// serveGoroutines is the Goroutine shape: pinboard's (a goroutine per
 // connection, raw reads and writes through internal/rawio, Go's poller
-// for readiness) without its HTTP work.
+// for readiness) without its HTTP work — and without rawio.SendRead,
+// which pinboard uses to send a request inside the wait for its answer.
 func serveGoroutines(ctx context.Context, o Options) error {
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -41,7 +43,7 @@ func serveGoroutines(ctx context.Context, o Options) error {
 			return true
 		}
 	)
-	stop := context.AfterFunc(ctx, func() {
+	shutdown := func() {
 		ln.Close()
 		mu.Lock()
 		for c := range open {
@@ -49,16 +51,21 @@ func serveGoroutines(ctx context.Context, o Options) error {
 		}
 		open = nil
 		mu.Unlock()
-	})
+	}
+	stop := context.AfterFunc(ctx, shutdown)
 	defer stop()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			wg.Wait()
 			if ctx.Err() != nil {
+				wg.Wait()
 				return nil
 			}
-			return err
+			// Not asked to stop: the listener failed. The open relays
+			// close too, or waiting for them would wait on their clients.
+			shutdown()
+			wg.Wait()
+			return fmt.Errorf("relay: accept: %w", err)
 		}
 		up := o.Upstreams[turn.Add(1)%uint64(len(o.Upstreams))]
 		wg.Add(1)

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -51,10 +53,11 @@ func TestHeadFraming(t *testing.T) {
 	}
 }
 
-// backend answers each request with its target as the body; a target
-// containing "split" gets its answer in two writes 2 ms apart, so that
-// the relay must read an answer in parts.
-func backend(t *testing.T) string {
+// backend answers each request with its target as the body, and names
+// itself in an X-Backend field; a target containing "split" gets its
+// answer in two writes 2 ms apart, so that the relay must read an answer
+// in parts.
+func backend(t *testing.T, name string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -90,7 +93,7 @@ func backend(t *testing.T) string {
 							break
 						}
 					}
-					answer := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(target), target)
+					answer := fmt.Sprintf("HTTP/1.1 200 OK\r\nX-Backend: %s\r\nContent-Length: %d\r\n\r\n%s", name, len(target), target)
 					if strings.Contains(target, "split") {
 						c.Write([]byte(answer[:len(answer)-3]))
 						time.Sleep(2 * time.Millisecond)
@@ -147,11 +150,18 @@ func dial(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 
 // readAnswer reads one Content-Length answer and returns its body.
 func readAnswer(br *bufio.Reader) (string, error) {
+	body, _, err := readAnswerFrom(br)
+	return body, err
+}
+
+// readAnswerFrom reads one answer and returns its body and the backend
+// that sent it.
+func readAnswerFrom(br *bufio.Reader) (body, from string, err error) {
 	n := -1
 	for {
 		l, err := br.ReadString('\n')
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		if l == "\r\n" {
 			break
@@ -159,20 +169,42 @@ func readAnswer(br *bufio.Reader) (string, error) {
 		if v, ok := strings.CutPrefix(l, "Content-Length: "); ok {
 			fmt.Sscanf(v, "%d", &n)
 		}
+		if v, ok := strings.CutPrefix(l, "X-Backend: "); ok {
+			from = strings.TrimSpace(v)
+		}
+	}
+	if n < 0 {
+		return "", from, errors.New("an answer without Content-Length")
 	}
 	b := make([]byte, n)
-	_, err := io.ReadFull(br, b)
-	return string(b), err
+	_, err = io.ReadFull(br, b)
+	return string(b), from, err
 }
 
 var modes = []Mode{Goroutine, Epoll}
 
-func TestRelayCarriesRequestsAndAnswers(t *testing.T) {
+// runModes runs f for each shape; the Epoll shape needs Linux.
+func runModes(t *testing.T, f func(t *testing.T, mode Mode)) {
 	for _, mode := range modes {
 		t.Run(string(mode), func(t *testing.T) {
-			up1, up2 := backend(t), backend(t)
+			if mode == Epoll && runtime.GOOS != "linux" {
+				t.Skip("the epoll shape needs Linux")
+			}
+			f(t, mode)
+		})
+	}
+}
+
+func TestRelayCarriesRequestsAndAnswers(t *testing.T) {
+	runModes(t, func(t *testing.T, mode Mode) {
+		{
+			up1, up2 := backend(t, "one"), backend(t, "two")
 			addr, _, _ := startRelay(t, Options{Mode: mode, Upstreams: []string{up1, up2}, Loops: 2})
-			var wg sync.WaitGroup
+			var (
+				wg   sync.WaitGroup
+				mu   sync.Mutex
+				seen = map[string]int{}
+			)
 			for k := 0; k < 8; k++ {
 				c, br := dial(t, addr)
 				wg.Add(1)
@@ -184,10 +216,15 @@ func TestRelayCarriesRequestsAndAnswers(t *testing.T) {
 							target += "/split"
 						}
 						fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", target)
-						got, err := readAnswer(br)
+						got, from, err := readAnswerFrom(br)
 						if err != nil || got != target {
 							t.Errorf("conn %d request %d: got %q, %v; want %q", k, i, got, err, target)
 							return
+						}
+						if i == 0 {
+							mu.Lock()
+							seen[from]++
+							mu.Unlock()
 						}
 					}
 					// Three requests in one write: answered in order.
@@ -201,31 +238,70 @@ func TestRelayCarriesRequestsAndAnswers(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-		})
-	}
+			// Client connections take the backends in turn.
+			if seen["one"] == 0 || seen["two"] == 0 {
+				t.Errorf("unexpected spread of 8 connections over two backends; got %v; want both used", seen)
+			}
+		}
+	})
+}
+
+// More requests in one write than the relay's buffer holds: the relay
+// must come back for the rest once it has room, though no new data
+// arrives to signal it.
+func TestRelayPipelinedBeyondItsBuffer(t *testing.T) {
+	runModes(t, func(t *testing.T, mode Mode) {
+		addr, _, _ := startRelay(t, Options{Mode: mode, Upstreams: []string{backend(t, "one")}, Loops: 1})
+		c, br := dial(t, addr)
+		const n = 2000
+		var batch strings.Builder
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&batch, "GET /r%d HTTP/1.1\r\nHost: x\r\n\r\n", i)
+		}
+		if batch.Len() <= 2*bufSize {
+			t.Fatalf("the batch is %d bytes; want more than twice the buffer", batch.Len())
+		}
+		go c.Write([]byte(batch.String()))
+		for i := 0; i < n; i++ {
+			want := fmt.Sprintf("/r%d", i)
+			if got, err := readAnswer(br); err != nil || got != want {
+				t.Fatalf("answer %d of %d: got %q, %v; want %q", i, n, got, err, want)
+			}
+		}
+	})
 }
 
 func TestRelayClosesOnARequestBody(t *testing.T) {
-	for _, mode := range modes {
-		t.Run(string(mode), func(t *testing.T) {
-			addr, _, _ := startRelay(t, Options{Mode: mode, Upstreams: []string{backend(t)}, Loops: 1})
+	runModes(t, func(t *testing.T, mode Mode) {
+		{
+			addr, _, _ := startRelay(t, Options{Mode: mode, Upstreams: []string{backend(t, "one")}, Loops: 1})
 			c, br := dial(t, addr)
 			fmt.Fprintf(c, "GET /ok HTTP/1.1\r\n\r\n")
 			if got, err := readAnswer(br); err != nil || got != "/ok" {
 				t.Fatalf("got %q, %v", got, err)
 			}
 			fmt.Fprintf(c, "POST /body HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
-			if b, err := br.ReadByte(); err != io.EOF {
-				t.Fatalf("a request with a body: read %q, %v; want the connection closed (EOF)", b, err)
-			}
-		})
+			requireClosed(t, c, br, "a request with a body")
+		}
+	})
+}
+
+// requireClosed fails unless the relay closed c within 2 s (EOF, or a
+// reset if unread bytes were left).
+func requireClosed(t *testing.T, c net.Conn, br *bufio.Reader, what string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b, err := br.ReadByte()
+	if err == io.EOF || errors.Is(err, syscall.ECONNRESET) {
+		return
 	}
+	t.Fatalf("%s: read %q, %v; want the connection closed (EOF or reset)", what, b, err)
 }
 
 func TestRelayStopsWithItsContext(t *testing.T) {
-	for _, mode := range modes {
-		t.Run(string(mode), func(t *testing.T) {
-			addr, cancel, done := startRelay(t, Options{Mode: mode, Upstreams: []string{backend(t)}, Loops: 2})
+	runModes(t, func(t *testing.T, mode Mode) {
+		{
+			addr, cancel, done := startRelay(t, Options{Mode: mode, Upstreams: []string{backend(t, "one")}, Loops: 2})
 			c, br := dial(t, addr)
 			fmt.Fprintf(c, "GET /a HTTP/1.1\r\n\r\n")
 			if _, err := readAnswer(br); err != nil {
@@ -241,11 +317,9 @@ func TestRelayStopsWithItsContext(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("Serve still running 5 s after its context ended")
 			}
-			if _, err := br.ReadByte(); err == nil {
-				t.Fatal("a client connection still open after the relay stopped")
-			}
-		})
-	}
+			requireClosed(t, c, br, "a client connection after the relay stopped")
+		}
+	})
 }
 
 func TestServeRefusesBadOptions(t *testing.T) {

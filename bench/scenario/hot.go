@@ -44,7 +44,7 @@ func (r *runner) hot(ctx context.Context) error {
 		return err
 	}
 	for round := 1; round <= r.cfg.Rounds; round++ {
-		order := orderFor(r.targetsIn(hotTargets), round)
+		order := spreadOrder(r.targetsIn(hotTargets), round, r.cfg.Rounds)
 		for _, name := range order {
 			if err := ctx.Err(); err != nil {
 				return err

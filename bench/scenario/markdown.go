@@ -115,10 +115,15 @@ so that drift on a noisy machine cancels out. Three ways to reach the same backe
 - **nginx** — Debian's nginx-light in front of the fleet: upstream keepalive, ` + "`reuseport`" + `, no access log,
   no buffering for SSE and large bodies, WebSocket upgrade headers;
 - **pinboard** — ` + "`cmd/pinboard`" + ` (` + "`REDIS_URL=memory:`" + `) in front of the fleet.
-
+`)
+	if res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0 {
+		b.WriteString(`
 The hot-ids scenario measures two more targets beside them, Go relays that do no HTTP work: the floor under
-pinboard's CPU per request ("Hot ids" says what they are).
-
+pinboard's CPU per request ("Hot ids" says what they are). With five targets in three rounds its rotation moves
+two places a round, so that each runs early, midway and late.
+`)
+	}
+	b.WriteString(`
 **pinboard does more per request than nginx:** it parses ` + "`/{ns}/{id}/…`" + `, resolves the id's owner in the directory,
 checks the namespace policy, strips reserved headers and attaches the ` + "`Pinboard-Attestation`" + ` the worker
 verifies (an HMAC-SHA256 JWS, minted once per session, account and second and reused within it — the token is
@@ -212,7 +217,7 @@ func hotSection(b *strings.Builder, res *Results, links []string) {
 		return
 	}
 	b.WriteString("\n## Hot ids (steady state)\n\n1,000 placed ids, `GET /{ns}/{id}/json` answered with ~40 bytes of JSON.\n\n")
-	if res.agg("hot", "peak", relayGoroutine).N > 0 {
+	if res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0 {
 		b.WriteString(relayNote)
 	}
 	b.WriteString("### Peak throughput (closed loop, 64 connections)\n\n")

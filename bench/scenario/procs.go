@@ -365,15 +365,16 @@ type relayProc struct {
 }
 
 // startRelay starts a relay of the given mode in front of the fleet's
-// listeners and waits for its address; it runs on the proxies' CPUs.
-func (ps *procs) startRelay(name, pinbench, mode string, upstreamPorts []int) (*relayProc, error) {
+// listeners and waits for its address; it runs on the proxies' CPUs, the
+// epoll shape with loops event loops (nginx's worker_processes).
+func (ps *procs) startRelay(name, pinbench, mode string, loops int, upstreamPorts []int) (*relayProc, error) {
 	ups := make([]string, len(upstreamPorts))
 	for i, p := range upstreamPorts {
 		ups[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
 	pr, pw := io.Pipe()
 	p, err := ps.start(name, ps.proxyCPU, baseEnv(), []string{pinbench, "relay", "-mode", mode,
-		"-listen", "127.0.0.1:0", "-upstream", strings.Join(ups, ","), "-loops", strconv.Itoa(relayLoops(ps.proxyCPU))}, pw)
+		"-listen", "127.0.0.1:0", "-upstream", strings.Join(ups, ","), "-loops", strconv.Itoa(loops)}, pw)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +386,3 @@ func (ps *procs) startRelay(name, pinbench, mode string, upstreamPorts []int) (*
 	}
 	return &relayProc{proc: p, addr: r.Addr}, nil
 }
-
-// relayLoops is the epoll relay's event loops: one per CPU it may run
-// on, as nginx's worker_processes (nginxWorkers).
-func relayLoops(proxyCPU string) int { return nginxWorkers(proxyCPU) }

@@ -20,6 +20,46 @@ import (
 	"github.com/pinboard-go/pinboard/bench/fleet"
 )
 
+// TestSpreadOrderMovesEveryTarget: the hot-ids scenario's five targets
+// in three rounds each run early, midway and late — pinboard is not
+// always behind the relays — and no target runs first or last twice;
+// with as many rounds as targets it is orderFor.
+func TestSpreadOrderMovesEveryTarget(t *testing.T) {
+	pos := map[string][]int{}
+	first, last := map[string]int{}, map[string]int{}
+	for round := 1; round <= 3; round++ {
+		o := spreadOrder(hotTargets, round, 3)
+		if len(o) != len(hotTargets) {
+			t.Fatalf("unexpected order; got %v", o)
+		}
+		for i, name := range o {
+			pos[name] = append(pos[name], i)
+		}
+		first[o[0]]++
+		last[o[len(o)-1]]++
+	}
+	for _, name := range hotTargets {
+		p := pos[name]
+		if len(p) != 3 || p[0] == p[1] || p[1] == p[2] || p[0] == p[2] || first[name] > 1 || last[name] > 1 {
+			t.Errorf("unexpected places of %s over three rounds; got %v (first %d, last %d times); want three different, first and last at most once", name, p, first[name], last[name])
+		}
+	}
+	ahead := 0 // rounds with pinboard ahead of both relays (orderFor: none)
+	for r := 0; r < 3; r++ {
+		if pos[pinboard][r] < pos[relayGoroutine][r] && pos[pinboard][r] < pos[relayEpoll][r] {
+			ahead++
+		}
+	}
+	if ahead == 0 {
+		t.Errorf("unexpected order: pinboard behind both relays in every round; got places %v", pos)
+	}
+	for round := 1; round <= 5; round++ {
+		if got, want := spreadOrder(hotTargets, round, 5), orderFor(hotTargets, round); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("round %d of 5: got %v; want orderFor's %v", round, got, want)
+		}
+	}
+}
+
 func TestOrderForRotates(t *testing.T) {
 	first := map[string]int{}
 	for round := 1; round <= 3; round++ {
@@ -570,8 +610,8 @@ func TestHotTablesShowTheRelays(t *testing.T) {
 		}
 	}
 	without := Markdown(res, nil, nil)
-	if strings.Contains(without, "relay-") || strings.Contains(without, "floors, not proxies") {
-		t.Fatal("unexpected relay rows or note in a run without relays")
+	if strings.Contains(without, "relay") {
+		t.Fatal("unexpected relay rows, note or introduction in a run without relays")
 	}
 	for _, name := range []string{relayGoroutine, relayEpoll} {
 		for _, phase := range []string{"peak", "latency"} {
@@ -580,6 +620,9 @@ func TestHotTablesShowTheRelays(t *testing.T) {
 		}
 	}
 	doc := Markdown(res, nil, nil)
+	if !strings.Contains(doc, "two more targets beside them, Go relays") {
+		t.Fatal("unexpected introduction; got no word of the relays")
+	}
 	hot := doc[strings.Index(doc, "## Hot ids"):]
 	hot = hot[:strings.Index(hot[1:], "\n## ")+1]
 	if !strings.Contains(hot, "floors, not proxies") {
