@@ -43,6 +43,8 @@ func (r *runner) hot(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Recorded for the report: runs before it rotated one place a round.
+	r.res.fact("hot.order", "spread")
 	for round := 1; round <= r.cfg.Rounds; round++ {
 		order := spreadOrder(r.targetsIn(hotTargets), round, r.cfg.Rounds)
 		for _, name := range order {

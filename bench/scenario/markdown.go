@@ -119,9 +119,12 @@ so that drift on a noisy machine cancels out. Three ways to reach the same backe
 	if res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0 {
 		b.WriteString(`
 The hot-ids scenario measures two more targets beside them, Go relays that do no HTTP work: the floor under
-pinboard's CPU per request ("Hot ids" says what they are). With five targets in three rounds its rotation moves
-two places a round, so that each runs early, midway and late.
-`)
+pinboard's CPU per request ("Hot ids" says what they are). `)
+		if res.factString("hot.order") == "spread" {
+			b.WriteString("Its rotation moves ⌈targets/rounds⌉ places a round (two for five targets in three rounds), so that each\nruns early, midway and late.\n")
+		} else {
+			b.WriteString("In this run its rotation moved one place a round, which ran pinboard behind both relays in\nevery round.\n")
+		}
 	}
 	b.WriteString(`
 **pinboard does more per request than nginx:** it parses ` + "`/{ns}/{id}/…`" + `, resolves the id's owner in the directory,

@@ -126,6 +126,14 @@ func (r *Results) fact(k string, v any) {
 	r.mu.Unlock()
 }
 
+// factString returns the string under k, "" if there is none.
+func (r *Results) factString(k string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v, _ := r.Facts[k].(string)
+	return v
+}
+
 // appendFact adds v to the list of per-round values under k.
 func (r *Results) appendFact(k string, v float64) {
 	r.mu.Lock()

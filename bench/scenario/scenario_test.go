@@ -620,8 +620,12 @@ func TestHotTablesShowTheRelays(t *testing.T) {
 		}
 	}
 	doc := Markdown(res, nil, nil)
-	if !strings.Contains(doc, "two more targets beside them, Go relays") {
-		t.Fatal("unexpected introduction; got no word of the relays")
+	if !strings.Contains(doc, "two more targets beside them, Go relays") || !strings.Contains(doc, "rotation moved one place a round") {
+		t.Fatal("unexpected introduction; got no word of the relays or of the old rotation")
+	}
+	res.fact("hot.order", "spread")
+	if spread := Markdown(throughJSON(t, res), nil, nil); !strings.Contains(spread, "early, midway and late") || strings.Contains(spread, "moved one place") {
+		t.Fatal("unexpected introduction of a run with the spread rotation")
 	}
 	hot := doc[strings.Index(doc, "## Hot ids"):]
 	hot = hot[:strings.Index(hot[1:], "\n## ")+1]
