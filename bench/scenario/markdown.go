@@ -121,7 +121,7 @@ so that drift on a noisy machine cancels out. Three ways to reach the same backe
 The hot-ids scenario measures two more targets beside them, Go relays that do no HTTP work: the floor under
 pinboard's CPU per request ("Hot ids" says what they are). `)
 		if res.factString("hot.order") == "spread" {
-			b.WriteString("Its rotation moves ⌈targets/rounds⌉ places a round (two for five targets in three rounds), so that each\nruns early, midway and late.\n")
+			b.WriteString("Its rotation moves ⌈targets/rounds⌉ places a round (two for five targets in three rounds), so that no\ntarget keeps its place or its neighbours: the last runs fifth, third and first.\n")
 		} else {
 			b.WriteString("In this run its rotation moved one place a round, which ran pinboard behind both relays in\nevery round.\n")
 		}

@@ -386,9 +386,9 @@ func orderFor(names []string, round int) []string {
 
 // spreadOrder is orderFor for more targets than rounds: each round
 // rotates by ceil(n/rounds) places instead of one, so that over the
-// rounds every target runs early, midway and late (five targets in three
-// rounds: the last runs fifth, third and first) rather than keeping its
-// neighbours in the same order behind or ahead of it. With as many rounds
+// rounds no target keeps its place or its neighbours in the same order
+// behind or ahead of it (five targets in three rounds: the last runs
+// fifth, third and first). With as many rounds
 // as targets, or more, it is orderFor.
 func spreadOrder(names []string, round, rounds int) []string {
 	n := len(names)
