@@ -25,24 +25,25 @@ func serveGoroutines(ctx context.Context, o Options) error {
 		o.Ready(ln.Addr().String())
 	}
 	var (
-		mu    sync.Mutex
-		open  = map[net.Conn]struct{}{}
-		wg    sync.WaitGroup
-		turn  atomic.Uint64
-		track = func(c net.Conn, add bool) bool {
-			mu.Lock()
-			defer mu.Unlock()
-			if !add {
-				delete(open, c)
-				return true
-			}
-			if open == nil {
-				return false // closing
-			}
-			open[c] = struct{}{}
-			return true
-		}
+		mu   sync.Mutex
+		open = map[net.Conn]struct{}{} // nil once shutting down
+		wg   sync.WaitGroup
+		turn atomic.Uint64
 	)
+	// hold tracks c for shutdown, or reports that it is under way.
+	hold := func(c net.Conn) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if open != nil {
+			open[c] = struct{}{}
+		}
+		return open != nil
+	}
+	release := func(c net.Conn) {
+		mu.Lock()
+		delete(open, c)
+		mu.Unlock()
+	}
 	shutdown := func() {
 		ln.Close()
 		mu.Lock()
@@ -72,20 +73,20 @@ func serveGoroutines(ctx context.Context, o Options) error {
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			if !track(c, true) {
+			if !hold(c) {
 				return
 			}
-			defer track(c, false)
+			defer release(c)
 			u, err := net.Dial("tcp", up)
 			if err != nil {
 				return
 			}
 			u = rawio.Wrap(u)
-			if !track(u, true) {
+			if !hold(u) {
 				u.Close()
 				return
 			}
-			defer track(u, false)
+			defer release(u)
 			defer u.Close()
 			_ = relayConn(c, u)
 		}()

@@ -35,6 +35,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+
+	"github.com/valyala/fasthttp"
 )
 
 // Mode is a relay's shape.
@@ -128,15 +130,12 @@ func answerLen(b []byte) (int, error) {
 		return 0, errFraming
 	}
 	v, ok := field(head, "content-length")
-	if !ok || len(v) == 0 || len(v) > 9 {
+	if !ok || len(v) > 9 {
 		return 0, errFraming
 	}
-	n := 0
-	for _, c := range v {
-		if c < '0' || c > '9' {
-			return 0, errFraming
-		}
-		n = n*10 + int(c-'0')
+	n, err := fasthttp.ParseUint(v) // digits only, none empty
+	if err != nil {
+		return 0, errFraming
 	}
 	if he+n > bufSize {
 		return 0, errTooLarge
@@ -147,8 +146,8 @@ func answerLen(b []byte) (int, error) {
 	return he + n, nil
 }
 
-// field returns the value of the first field called name (lower case) in
-// head, trimmed of spaces and tabs.
+// field returns the value of the first field called name in head (any
+// case), trimmed of spaces and tabs.
 func field(head []byte, name string) ([]byte, bool) {
 	for {
 		i := bytes.Index(head, []byte("\r\n"))
@@ -156,7 +155,7 @@ func field(head []byte, name string) ([]byte, bool) {
 			return nil, false
 		}
 		head = head[i+2:]
-		if len(head) > len(name) && head[len(name)] == ':' && asciiEqualFold(head[:len(name)], name) {
+		if len(head) > len(name) && head[len(name)] == ':' && bytes.EqualFold(head[:len(name)], []byte(name)) {
 			v := head[len(name)+1:]
 			if j := bytes.IndexByte(v, '\r'); j >= 0 {
 				v = v[:j]
@@ -164,17 +163,4 @@ func field(head []byte, name string) ([]byte, bool) {
 			return bytes.Trim(v, " \t"), true
 		}
 	}
-}
-
-func asciiEqualFold(b []byte, lower string) bool {
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lower[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -116,7 +116,7 @@ so that drift on a noisy machine cancels out. Three ways to reach the same backe
   no buffering for SSE and large bodies, WebSocket upgrade headers;
 - **pinboard** — ` + "`cmd/pinboard`" + ` (` + "`REDIS_URL=memory:`" + `) in front of the fleet.
 `)
-	if res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0 {
+	if hasRelays(res) {
 		b.WriteString(`
 The hot-ids scenario measures two more targets beside them, Go relays that do no HTTP work: the floor under
 pinboard's CPU per request ("Hot ids" says what they are). `)
@@ -205,6 +205,11 @@ func latencyTable(res *Results, scn, phase string, targets []string, unit string
 	return t.Markdown()
 }
 
+// hasRelays reports whether res has hot-ids figures of either relay.
+func hasRelays(res *Results) bool {
+	return res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0
+}
+
 // relayNote says what the relays' rows are.
 const relayNote = "Two more rows are floors, not proxies (`pinbench relay`, package `bench/relay`): Go relays that move each " +
 	"request's bytes to the fleet and the answer's bytes back and do no HTTP work at all — no parsing beyond finding the " +
@@ -220,7 +225,7 @@ func hotSection(b *strings.Builder, res *Results, links []string) {
 		return
 	}
 	b.WriteString("\n## Hot ids (steady state)\n\n1,000 placed ids, `GET /{ns}/{id}/json` answered with ~40 bytes of JSON.\n\n")
-	if res.agg("hot", "peak", relayGoroutine).N > 0 || res.agg("hot", "peak", relayEpoll).N > 0 {
+	if hasRelays(res) {
 		b.WriteString(relayNote)
 	}
 	b.WriteString("### Peak throughput (closed loop, 64 connections)\n\n")

@@ -388,8 +388,8 @@ func orderFor(names []string, round int) []string {
 // rotates by ceil(n/rounds) places instead of one, so that over the
 // rounds no target keeps its place or its neighbours in the same order
 // behind or ahead of it (five targets in three rounds: the last runs
-// fifth, third and first). With as many rounds
-// as targets, or more, it is orderFor.
+// fifth, third and first). With as many rounds as targets, or more, it
+// is orderFor.
 func spreadOrder(names []string, round, rounds int) []string {
 	n := len(names)
 	step := 1
